@@ -1,0 +1,3 @@
+from sbxkit.cli import main
+
+main()

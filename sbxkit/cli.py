@@ -1,0 +1,284 @@
+"""``sbxkit`` command line: ``run`` one sandboxed command, or ``demo`` the limits holding.
+
+Exit codes (also in README and docs/cli.md):
+  the payload's own code when it exited normally (0–255);
+  124 timed out; 123 output exceeded; 137 OOM-killed;
+  2 refused input (bad flag or spec, image missing or refused);
+  69 engine unavailable; 74 cleanup failed (the lease is kept); 70 any other sbxkit error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import msgspec
+import trio
+
+from sbxkit.errors import (
+    CleanupError,
+    EngineUnavailable,
+    ImageError,
+    SbxError,
+    SpecError,
+)
+from sbxkit.result import RunResult, Status
+from sbxkit.runner import run
+from sbxkit.spec import Limits, SandboxSpec, parse_size
+
+EXIT_REFUSED = 2
+EXIT_OUTPUT_EXCEEDED = 123
+EXIT_TIMED_OUT = 124
+EXIT_OOM_KILLED = 137
+EXIT_ENGINE_UNAVAILABLE = 69
+EXIT_INTERNAL = 70
+EXIT_CLEANUP_FAILED = 74
+
+STATUS_EXIT: dict[Status, int] = {
+    "timed_out": EXIT_TIMED_OUT,
+    "output_exceeded": EXIT_OUTPUT_EXCEEDED,
+    "oom_killed": EXIT_OOM_KILLED,
+}
+
+DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
+
+
+class JsonResult(msgspec.Struct, kw_only=True):
+    """The ``--json`` document: one object, text decoded as UTF-8 with replacement."""
+
+    status: Status
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    overflowed: str | None
+    container_id: str
+    lease: str
+    oom_evidence: str | None
+    timings: dict[str, float]
+
+
+def to_json(result: RunResult) -> bytes:
+    doc = JsonResult(
+        status=result.status,
+        exit_code=result.exit_code,
+        stdout=result.stdout.decode("utf-8", "replace"),
+        stderr=result.stderr.decode("utf-8", "replace"),
+        stdout_bytes=len(result.stdout),
+        stderr_bytes=len(result.stderr),
+        overflowed=result.overflowed,
+        container_id=result.container_id,
+        lease=result.lease,
+        oom_evidence=result.oom_evidence,
+        timings=msgspec.structs.asdict(result.timings),
+    )
+    return msgspec.json.encode(doc)
+
+
+def exit_code_for(result: RunResult) -> int:
+    if result.status == "exited":
+        return result.exit_code if result.exit_code is not None else EXIT_INTERNAL
+    return STATUS_EXIT[result.status]
+
+
+def exit_code_for_error(error: SbxError) -> int:
+    if isinstance(error, SpecError | ImageError):
+        return EXIT_REFUSED
+    if isinstance(error, EngineUnavailable):
+        return EXIT_ENGINE_UNAVAILABLE
+    if isinstance(error, CleanupError):
+        return EXIT_CLEANUP_FAILED
+    return EXIT_INTERNAL
+
+
+def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise SpecError(field, f"expected a number, got {text!r}") from None
+
+
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    """``K=V`` sets a value; a bare ``K`` passes the host's value, by name only."""
+    env: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in os.environ:
+                raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+def spec_from_args(args: argparse.Namespace) -> SandboxSpec:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    limits = Limits(
+        cpus=_number(args.cpus, "--cpus", float),
+        memory_bytes=parse_size(args.memory, "--memory"),
+        pids=int(_number(args.pids, "--pids", int)),
+        output_bytes=parse_size(args.max_output, "--max-output"),
+        timeout_s=_number(args.timeout, "--timeout", float),
+        **({"fsize_bytes": parse_size(args.fsize, "--fsize")} if args.fsize else {}),
+        **({"scratch_bytes": parse_size(args.scratch, "--scratch")} if args.scratch else {}),
+    )
+    return SandboxSpec(
+        image=args.image,
+        command=command,
+        limits=limits,
+        env=_env(args.env),
+        **({"user": args.user} if args.user else {}),
+        workdir=args.workdir,
+        runtime=args.runtime,
+    )
+
+
+def _read_stdin(source: str | None) -> bytes | None:
+    if source is None:
+        return None
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SpecError("--stdin", f"cannot read {source}: {exc.strerror}") from None
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the sandbox was removed before this was raised."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+async def run_interruptibly(
+    spec: SandboxSpec, stdin: bytes | None, socket_path: str | None
+) -> RunResult:
+    """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
+    (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short)."""
+    received: list[int] = []
+    result: RunResult | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    received.append(signum)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            async def work() -> None:
+                nonlocal result
+                result = await run(spec, stdin, socket_path=socket_path)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            nursery.start_soon(work)
+    if result is None and received:
+        raise Interrupted(received[0])
+    assert result is not None
+    return result
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    stdin = _read_stdin(args.stdin)
+    result = trio.run(run_interruptibly, spec, stdin, args.socket)
+    if args.json:
+        sys.stdout.buffer.write(to_json(result) + b"\n")
+    else:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stderr.buffer.write(result.stderr)
+        if result.status != "exited":
+            detail = f" ({result.overflowed})" if result.overflowed else ""
+            print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
+    sys.stdout.flush()
+    return exit_code_for(result)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sbxkit.demo import main as demo_main
+
+    return demo_main(image=args.image, socket_path=args.socket)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sbxkit", description="Run untrusted commands in hardened Docker sandboxes."
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+
+    p_run = sub.add_parser(
+        "run",
+        help="run one command in a fresh sandbox, then remove it",
+        usage="sbxkit run [options] IMAGE -- CMD...",
+        epilog="exit status: the payload's own when it exited; 124 timed out; 123 output "
+        "exceeded; 137 OOM-killed; 2 refused input; 69 engine unavailable; "
+        "74 cleanup failed; 70 other error",
+    )
+    p_run.add_argument("--cpus", default=DEFAULTS["cpus"], help="CPU quota (default: %(default)s)")
+    p_run.add_argument(
+        "--memory",
+        default=DEFAULTS["memory"],
+        help="memory ceiling, no swap (default: %(default)s)",
+    )
+    p_run.add_argument(
+        "--pids", default=DEFAULTS["pids"], help="process count ceiling (default: %(default)s)"
+    )
+    p_run.add_argument(
+        "--max-output",
+        default=DEFAULTS["max_output"],
+        help="bytes kept per stream; one more is 'output exceeded' (default: %(default)s)",
+    )
+    p_run.add_argument(
+        "--timeout",
+        default=DEFAULTS["timeout"],
+        help="elapsed-time limit in seconds (default: %(default)s)",
+    )
+    p_run.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
+    p_run.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
+    p_run.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable; a bare K passes the host's value",
+    )
+    p_run.add_argument("--stdin", metavar="FILE|-", help="feed a file (or - for stdin)")
+    p_run.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
+    p_run.add_argument("--workdir", help="absolute working directory")
+    p_run.add_argument("--runtime", help="OCI runtime registered in the daemon (default: runc)")
+    p_run.add_argument("--socket", help="Docker socket path (default: discovered)")
+    p_run.add_argument("--json", action="store_true", help="print one JSON object")
+    p_run.add_argument("image", metavar="IMAGE")
+    p_run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD")
+    p_run.set_defaults(handler=cmd_run)
+
+    p_demo = sub.add_parser("demo", help="show the hardened defaults and limits holding")
+    p_demo.add_argument("--image", default="sbxkit-test/busybox:latest")
+    p_demo.add_argument("--socket", help="Docker socket path (default: discovered)")
+    p_demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.handler(args)
+    except SbxError as exc:
+        print(f"sbxkit: error: {exc}", file=sys.stderr)
+        code = exit_code_for_error(exc)
+    except Interrupted as exc:
+        print(f"sbxkit: interrupted by {exc}; sandbox removed", file=sys.stderr)
+        code = exc.exit_code
+    sys.exit(code)

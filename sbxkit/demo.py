@@ -1,0 +1,159 @@
+"""``sbxkit demo``: run a handful of hostile payloads and show each limit holding.
+
+Each check is one real sandbox on the local engine. The demo exits 0 only if every limit held
+and every container is gone afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import trio
+
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.policy import LEASE_LABEL
+from sbxkit.result import RunResult
+from sbxkit.runner import run
+from sbxkit.spec import Limits, MiB, SandboxSpec
+
+
+class Check(msgspec.Struct, frozen=True):
+    title: str
+    script: str
+    expect: str
+    holds: Callable[[RunResult], bool]
+    limits: dict[str, float] = {}
+    stdin: bytes | None = None
+
+
+def _out(result: RunResult) -> str:
+    return result.stdout.decode("utf-8", "replace").strip()
+
+
+CHECKS = [
+    Check(
+        "runs as nobody",
+        "id -u; id -g",
+        "65534 / 65534",
+        lambda r: r.ok and _out(r).split() == ["65534", "65534"],
+    ),
+    Check(
+        "root filesystem is read-only",
+        "echo x > /etc/owned",
+        "write refused",
+        lambda r: r.status == "exited" and r.exit_code != 0,
+    ),
+    Check(
+        "scratch /tmp is writable",
+        "echo ok > /tmp/f && cat /tmp/f",
+        "ok",
+        lambda r: r.ok and _out(r) == "ok",
+    ),
+    Check(
+        "per-file size ceiling (1 MiB)",
+        "dd if=/dev/zero of=/tmp/big bs=64k count=32",
+        "write past 1 MiB fails",
+        lambda r: r.status == "exited" and r.exit_code != 0,
+        {"fsize_bytes": MiB},
+    ),
+    Check(
+        "no network but loopback",
+        "ls /sys/class/net | tr '\\n' ' '",
+        "lo only",
+        lambda r: r.ok and _out(r) == "lo",
+    ),
+    Check(
+        "process ceiling (32)",
+        "i=0; while [ $i -lt 64 ]; do sleep 5 & i=$((i+1)); done; echo started $i",
+        "fork refused",
+        lambda r: b"can't fork" in r.stderr and b"started" not in r.stdout,
+        {"pids": 32},
+    ),
+    Check(
+        "memory ceiling (32 MiB)",
+        "tail /dev/zero",
+        "OOM-killed",
+        lambda r: r.status == "oom_killed",
+        {"memory_bytes": 32 * MiB},
+    ),
+    Check(
+        "elapsed-time limit (1 s)",
+        "sleep 30",
+        "timed out",
+        lambda r: r.status == "timed_out",
+        {"timeout_s": 1.0},
+    ),
+    Check(
+        "output cap (64 KiB per stream)",
+        "yes",
+        "output exceeded, 65536 bytes kept",
+        lambda r: r.status == "output_exceeded" and len(r.stdout) == 64 * 1024,
+        {"output_bytes": 64 * 1024},
+    ),
+    Check(
+        "stdin then EOF", "wc -c", "5 bytes read", lambda r: r.ok and _out(r) == "5", stdin=b"hello"
+    ),
+]
+
+BASE = {"cpus": 0.5, "memory_bytes": 64 * MiB, "pids": 64, "output_bytes": MiB, "timeout_s": 20.0}
+
+
+def _describe(result: RunResult) -> str:
+    if result.status == "exited":
+        first = (_out(result) or result.stderr.decode("utf-8", "replace").strip()).splitlines()
+        return f"exit {result.exit_code}" + (f": {first[0][:40]}" if first else "")
+    return result.status.replace("_", " ")
+
+
+def _total(result: RunResult) -> float:
+    t = result.timings
+    return t.create_s + t.start_s + t.run_s + t.remove_s
+
+
+async def _run_all(engine: Engine, image: str) -> list[tuple[Check, RunResult]]:
+    results: list[tuple[Check, RunResult] | None] = [None] * len(CHECKS)
+
+    async def one(index: int, check: Check) -> None:
+        limits = Limits(**{**BASE, **check.limits})  # type: ignore[arg-type]
+        spec = SandboxSpec(image=image, command=["sh", "-c", check.script], limits=limits)
+        results[index] = (check, await run(spec, check.stdin, engine=engine))
+
+    limiter = trio.CapacityLimiter(2)
+
+    async def limited(index: int, check: Check) -> None:
+        async with limiter:
+            await one(index, check)
+
+    async with trio.open_nursery() as nursery:
+        for index, check in enumerate(CHECKS):
+            nursery.start_soon(limited, index, check)
+    return [r for r in results if r is not None]
+
+
+async def _demo(image: str, socket_path: str | None) -> int:
+    async with open_engine(socket_path) as engine:
+        print(
+            f"sbxkit demo: {len(CHECKS)} hostile payloads in {image} on {engine.socket_path} "
+            f"(API {engine.api_version})\n"
+        )
+        outcomes = await _run_all(engine, image)
+        width = max(len(c.title) for c in CHECKS)
+        failures = 0
+        for check, result in outcomes:
+            held = check.holds(result)
+            failures += not held
+            mark = "holds " if held else "BROKEN"
+            print(
+                f"  {mark}  {check.title:<{width}}  expected {check.expect:<34} "
+                f"got {_describe(result)}  [{_total(result):.2f} s]"
+            )
+        leftovers = await engine.container_list(label=LEASE_LABEL)
+        print(f"\n  containers left behind: {len(leftovers)}")
+        ok = failures == 0 and not leftovers
+        print("  every limit held." if ok else f"  {failures} check(s) failed.")
+        return 0 if ok else 1
+
+
+def main(*, image: str, socket_path: str | None) -> int:
+    return trio.run(_demo, image, socket_path)

@@ -1,0 +1,215 @@
+"""Typed Engine API calls over the transport, with API version negotiation.
+
+The engine knows nothing of sandboxes: it speaks the endpoints sbxkit needs and returns msgspec
+models. ``open_engine`` pings the daemon, reads ``Api-Version`` and uses
+``min(server, NEWEST_API)`` for every path; servers older than 1.41 are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import msgspec
+
+from sbxkit.engine import models
+from sbxkit.engine.discovery import PingResult, discover_socket, parse_api_version, ping_socket
+from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, join_query
+from sbxkit.errors import EngineProtocolError, EngineUnavailable, NotFound
+
+OLDEST_API = (1, 41)  # Docker 20.10, what CI runs
+NEWEST_API = (1, 56)  # the newest specification this client was written against
+
+T = TypeVar("T")
+
+
+class Deadlines(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-call deadlines in seconds. Starting a container is the slow step of the daemon."""
+
+    ping: float = 5.0
+    inspect: float = 15.0
+    create: float = 30.0
+    start: float = 60.0
+    attach: float = 15.0
+    kill: float = 15.0
+    remove: float = 30.0
+    list: float = 15.0
+
+
+def negotiate(server: tuple[int, int]) -> str:
+    """The API version to speak with a server that announced ``server``."""
+    if server < OLDEST_API:
+        raise EngineUnavailable(
+            "(negotiation)",
+            f"API {server[0]}.{server[1]} is older than {OLDEST_API[0]}.{OLDEST_API[1]}, the "
+            "oldest sbxkit speaks (Docker 20.10); upgrade the daemon",
+        )
+    major, minor = min(server, NEWEST_API)
+    return f"{major}.{minor}"
+
+
+class Waiter:
+    """A registered ``wait`` call. Its head arrived, so the daemon is watching the container."""
+
+    def __init__(self, stream: StreamResponse, path: str) -> None:
+        self._stream = stream
+        self._path = path
+
+    async def result(self) -> models.ContainerWaitReply:
+        """Block until the condition is met; no deadline here, the caller scopes it."""
+        body = await self._stream.read_all(64 * 1024)
+        try:
+            return msgspec.json.decode(body, type=models.ContainerWaitReply)
+        except msgspec.DecodeError as exc:
+            raise EngineProtocolError(f"POST {self._path}: malformed wait reply: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class Engine:
+    """One daemon, one negotiated API version, one connection pool."""
+
+    def __init__(
+        self, transport: Transport, ping: PingResult, api_version: str, deadlines: Deadlines
+    ) -> None:
+        self._transport = transport
+        self.ping_result = ping
+        self.api_version = api_version
+        self.deadlines = deadlines
+        self._decoders: dict[type[object], msgspec.json.Decoder[object]] = {}
+
+    @property
+    def socket_path(self) -> str:
+        return self._transport.socket_path
+
+    def _path(self, path: str) -> str:
+        return f"/v{self.api_version}{path}"
+
+    def _decode(self, data: bytes, kind: type[T], what: str) -> T:
+        decoder = self._decoders.get(kind)
+        if decoder is None:
+            decoder = self._decoders[kind] = msgspec.json.Decoder(kind)
+        try:
+            return decoder.decode(data)  # type: ignore[return-value]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise EngineProtocolError(f"{what}: malformed reply: {exc}") from exc
+
+    async def _get(self, path: str, kind: type[T], timeout: float) -> T:
+        target = self._path(path)
+        response = await self._transport.request("GET", target, timeout=timeout)
+        return self._decode(response.body, kind, f"GET {target}")
+
+    async def _post(self, path: str, *, body: bytes | None = None, timeout: float) -> bytes:
+        headers = [("Content-Type", "application/json")] if body is not None else []
+        response = await self._transport.request(
+            "POST", self._path(path), body=body, headers=headers, timeout=timeout
+        )
+        return response.body
+
+    # -- system -------------------------------------------------------------------------------
+
+    async def version(self) -> models.VersionReply:
+        return await self._get("/version", models.VersionReply, self.deadlines.inspect)
+
+    async def info(self) -> models.InfoReply:
+        return await self._get("/info", models.InfoReply, self.deadlines.inspect)
+
+    # -- images ---------------------------------------------------------------------------------
+
+    async def image_inspect(self, name: str) -> models.ImageInspect:
+        return await self._get(f"/images/{name}/json", models.ImageInspect, self.deadlines.inspect)
+
+    # -- containers ---------------------------------------------------------------------------
+
+    async def container_create(self, body: models.ContainerCreate, *, name: str) -> str:
+        path = join_query("/containers/create", [("name", name)])
+        reply = await self._post(
+            path, body=msgspec.json.encode(body), timeout=self.deadlines.create
+        )
+        return self._decode(reply, models.ContainerCreateReply, f"POST {path}").id
+
+    async def container_inspect(self, container: str) -> models.ContainerInspect:
+        return await self._get(
+            f"/containers/{container}/json", models.ContainerInspect, self.deadlines.inspect
+        )
+
+    async def container_start(self, container_id: str) -> None:
+        await self._post(f"/containers/{container_id}/start", timeout=self.deadlines.start)
+
+    async def container_attach(self, container_id: str, *, stdin: bool) -> HijackedStream:
+        """Hijacked attach to stdout/stderr (and stdin); call before start to lose nothing."""
+        path = join_query(
+            f"/containers/{container_id}/attach",
+            [("stream", "1"), ("stdout", "1"), ("stderr", "1"), ("stdin", "1" if stdin else "0")],
+        )
+        return await self._transport.hijack("POST", self._path(path), timeout=self.deadlines.attach)
+
+    async def container_wait(self, container_id: str, condition: str = "next-exit") -> Waiter:
+        """Register a wait; returns once the daemon confirmed it by sending the head."""
+        path = self._path(
+            join_query(f"/containers/{container_id}/wait", [("condition", condition)])
+        )
+        stream = await self._transport.open_stream("POST", path, timeout=self.deadlines.attach)
+        return Waiter(stream, path)
+
+    async def container_kill(self, container_id: str, signal: str = "KILL") -> None:
+        path = join_query(f"/containers/{container_id}/kill", [("signal", signal)])
+        await self._post(path, timeout=self.deadlines.kill)
+
+    async def container_remove(self, container_id: str) -> bool:
+        """Remove with ``force&v``. Returns False when the container was already gone."""
+        path = join_query(f"/containers/{container_id}", [("force", "true"), ("v", "true")])
+        try:
+            await self._transport.request("DELETE", self._path(path), timeout=self.deadlines.remove)
+        except NotFound:
+            return False
+        return True
+
+    async def container_list(
+        self, *, label: str | None = None, name: str | None = None
+    ) -> list[models.ContainerSummary]:
+        """All containers (running or not), optionally filtered by label and name."""
+        filters: dict[str, list[str]] = {}
+        if label is not None:
+            filters["label"] = [label]
+        if name is not None:
+            filters["name"] = [name]
+        params = [("all", "1")]
+        if filters:
+            params.append(("filters", msgspec.json.encode(filters).decode()))
+        return await self._get(
+            join_query("/containers/json", params),
+            list[models.ContainerSummary],
+            self.deadlines.list,
+        )
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+async def connect(socket_path: str | None = None, *, deadlines: Deadlines | None = None) -> Engine:
+    """Find the daemon (explicit path, ``DOCKER_HOST``, standard sockets), ping, negotiate."""
+    deadlines = deadlines or Deadlines()
+    if socket_path is None:
+        ping = await discover_socket(timeout=deadlines.ping)
+    else:
+        ping = await ping_socket(socket_path, timeout=deadlines.ping)
+    try:
+        api_version = negotiate(parse_api_version(ping.api_version))
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(ping.socket_path, exc.reason) from None
+    return Engine(Transport(ping.socket_path), ping, api_version, deadlines)
+
+
+@asynccontextmanager
+async def open_engine(
+    socket_path: str | None = None, *, deadlines: Deadlines | None = None
+) -> AsyncIterator[Engine]:
+    """An engine connection pool for the duration of the block."""
+    engine = await connect(socket_path, deadlines=deadlines)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()

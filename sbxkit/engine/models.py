@@ -1,0 +1,227 @@
+"""msgspec models for the Engine API endpoints sbxkit uses.
+
+Request bodies omit unset fields so the daemon applies nothing we did not ask for. Response
+models accept unknown fields: the daemon adds fields in every release. Field names follow the
+API's PascalCase; the few keys that do not (``OOMKilled``, ``message``) are renamed explicitly.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Body(msgspec.Struct, rename="pascal", omit_defaults=True):
+    """Base for request bodies we send: unset means absent from the JSON."""
+
+
+class Reply(msgspec.Struct, rename="pascal"):
+    """Base for daemon responses: unknown fields are ignored, missing ones take defaults."""
+
+
+# --- container create -------------------------------------------------------------------------
+
+
+class Ulimit(Body):
+    name: str
+    soft: int
+    hard: int
+
+
+class RestartPolicy(Body):
+    name: str
+
+
+class LogConfig(Body):
+    type: str
+
+
+class HealthConfig(Body):
+    test: list[str]
+
+
+class DeviceRequest(Body):
+    driver: str | None = None
+    count: int | None = None
+    device_ids: list[str] | None = msgspec.field(default=None, name="DeviceIDs")
+    capabilities: list[list[str]] | None = None
+
+
+class MountSpec(Body):
+    """An entry of HostConfig.Mounts (bind, volume or tmpfs)."""
+
+    type: str
+    target: str
+    source: str | None = None
+    read_only: bool | None = None
+    bind_options: dict[str, object] | None = None
+    volume_options: dict[str, object] | None = None
+    tmpfs_options: dict[str, object] | None = None
+
+
+class HostConfig(Body):
+    nano_cpus: int | None = None
+    memory: int | None = None
+    memory_swap: int | None = None
+    pids_limit: int | None = None
+    ulimits: list[Ulimit] | None = None
+    readonly_rootfs: bool | None = None
+    ipc_mode: str | None = None
+    cgroupns_mode: str | None = None
+    cap_drop: list[str] | None = None
+    cap_add: list[str] | None = None
+    security_opt: list[str] | None = None
+    restart_policy: RestartPolicy | None = None
+    log_config: LogConfig | None = None
+    network_mode: str | None = None
+    init: bool | None = None
+    privileged: bool | None = None
+    auto_remove: bool | None = None
+    tmpfs: dict[str, str] | None = None
+    mounts: list[MountSpec] | None = None
+    runtime: str | None = None
+    extra_hosts: list[str] | None = None
+    device_requests: list[DeviceRequest] | None = None
+
+
+class ContainerCreate(Body):
+    image: str
+    cmd: list[str] | None = None
+    entrypoint: list[str] | None = None
+    env: list[str] | None = None
+    user: str | None = None
+    working_dir: str | None = None
+    labels: dict[str, str] | None = None
+    attach_stdin: bool | None = None
+    attach_stdout: bool | None = None
+    attach_stderr: bool | None = None
+    open_stdin: bool | None = None
+    stdin_once: bool | None = None
+    tty: bool | None = None
+    network_disabled: bool | None = None
+    healthcheck: HealthConfig | None = None
+    stop_signal: str | None = None
+    host_config: HostConfig | None = None
+
+
+class ContainerCreateReply(Reply):
+    id: str
+    warnings: list[str] | None = None
+
+
+# --- inspect, list, wait ------------------------------------------------------------------------
+
+
+class ContainerState(Reply):
+    status: str = ""
+    running: bool = False
+    oom_killed: bool = msgspec.field(default=False, name="OOMKilled")
+    exit_code: int = 0
+    error: str = ""
+    pid: int = 0
+
+
+class ContainerConfigReply(Reply):
+    image: str = ""
+    user: str = ""
+    labels: dict[str, str] | None = None
+    cmd: list[str] | None = None
+
+
+class UlimitReply(Reply):
+    name: str = ""
+    soft: int = 0
+    hard: int = 0
+
+
+class HostConfigReply(Reply):
+    nano_cpus: int = 0
+    memory: int = 0
+    memory_swap: int = 0
+    pids_limit: int | None = None
+    readonly_rootfs: bool = False
+    privileged: bool = False
+    network_mode: str = ""
+    cap_add: list[str] | None = None
+    cap_drop: list[str] | None = None
+    security_opt: list[str] | None = None
+    ulimits: list[UlimitReply] | None = None
+    tmpfs: dict[str, str] | None = None
+    init: bool | None = None
+    runtime: str = ""
+    binds: list[str] | None = None
+
+
+class MountPoint(Reply):
+    type: str = ""
+    name: str = ""
+    source: str = ""
+    destination: str = ""
+    rw: bool = msgspec.field(default=False, name="RW")
+
+
+class ContainerInspect(Reply):
+    id: str
+    name: str = ""
+    state: ContainerState = msgspec.field(default_factory=ContainerState)
+    config: ContainerConfigReply = msgspec.field(default_factory=ContainerConfigReply)
+    host_config: HostConfigReply = msgspec.field(default_factory=HostConfigReply)
+    mounts: list[MountPoint] | None = None
+
+
+class ContainerSummary(Reply):
+    id: str
+    names: list[str] | None = None
+    labels: dict[str, str] | None = None
+    state: str = ""
+
+
+class WaitError(Reply):
+    message: str = ""
+
+
+class ContainerWaitReply(Reply):
+    status_code: int
+    error: WaitError | None = None
+
+
+# --- images, system ----------------------------------------------------------------------------
+
+
+class ImageConfig(Reply):
+    volumes: dict[str, object] | None = None
+    user: str = ""
+    cmd: list[str] | None = None
+    entrypoint: list[str] | None = None
+
+
+class ImageInspect(Reply):
+    id: str
+    config: ImageConfig | None = None
+
+
+class VersionReply(Reply):
+    version: str = ""
+    api_version: str = ""
+    min_api_version: str = msgspec.field(default="", name="MinAPIVersion")
+    os: str = msgspec.field(default="", name="Os")
+    arch: str = ""
+    kernel_version: str = ""
+
+
+class RuntimeInfo(Reply):
+    path: str = msgspec.field(default="", name="path")
+
+
+class InfoReply(Reply):
+    runtimes: dict[str, RuntimeInfo] | None = None
+    default_runtime: str = ""
+    cgroup_version: str = ""
+    cgroup_driver: str = ""
+    server_version: str = ""
+    ncpu: int = msgspec.field(default=0, name="NCPU")
+    mem_total: int = 0
+    cdi_spec_dirs: list[str] | None = msgspec.field(default=None, name="CDISpecDirs")
+
+
+class ErrorReply(msgspec.Struct):
+    message: str = ""

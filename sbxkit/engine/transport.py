@@ -1,0 +1,416 @@
+"""HTTP/1.1 to the Docker daemon over its Unix socket, with h11 as the state machine.
+
+Three shapes of call, each on the right kind of connection:
+
+- ``request``: a short call whose whole response body is read. Keep-alive connections for these
+  are pooled; a connection goes back to the pool only after a clean exit (both sides idle, no
+  error, no cancellation — urllib3's ``clean_exit`` discipline), and a pooled connection the
+  daemon has closed meanwhile is detected before reuse, never retried blindly.
+- ``open_stream``: a long call (wait, events) on a dedicated connection; the caller gets the
+  status and headers as soon as the daemon sends them, then reads the body at its own pace.
+- ``hijack``: attach/exec with ``Connection: Upgrade`` + ``Upgrade: tcp``. After ``101`` the
+  bytes h11 already read past the response (``trailing_data``) are replayed before the raw
+  socket (httpcore's upgrade stream does the same). ``send_eof`` half-closes the socket, which is
+  how stdin EOF reaches the container.
+
+Every call runs under a deadline. trio, OS and h11 exceptions never escape: they are mapped to
+``sbxkit.errors``.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from urllib.parse import urlencode
+
+import h11
+import msgspec
+import trio
+
+from sbxkit.errors import (
+    Conflict,
+    EngineConnectionError,
+    EngineError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+    NotFound,
+)
+
+READ_CHUNK = 64 * 1024
+# A short call's body is small JSON; a daemon answering with more is broken or hostile.
+MAX_SHORT_BODY = 32 * 1024 * 1024
+Headers = Sequence[tuple[str, str]]
+
+
+class Response(msgspec.Struct, frozen=True):
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+
+def error_for(method: str, path: str, status: int, body: bytes) -> EngineError:
+    """Map an error status and the daemon's JSON message to the precise EngineError subclass."""
+    try:
+        message = msgspec.json.decode(body, type=dict[str, object]).get("message", "")
+    except msgspec.DecodeError:
+        message = body.decode("utf-8", "replace")
+    text = str(message).strip() or f"HTTP {status}"
+    cls = {404: NotFound, 409: Conflict}.get(status, EngineError)
+    return cls(method, path, status, text)
+
+
+class _Connection:
+    """One socket plus its h11 state machine."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
+
+    def looks_closed(self) -> bool:
+        """An idle keep-alive socket that is readable was closed (or spoke out of turn)."""
+        try:
+            readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    async def send(self, *events: h11.Event) -> None:
+        data = b"".join(self.h11.send(event) or b"" for event in events)
+        await self.stream.send_all(data)
+
+    async def next_event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            data = await self.stream.receive_some(READ_CHUNK)
+            self.h11.receive_data(data)
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+class StreamResponse:
+    """A response whose body is read incrementally from a dedicated connection."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        conn: _Connection,
+        method: str,
+        path: str,
+        status: int,
+        headers: dict[str, str],
+    ) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._method = method
+        self._path = path
+        self.status = status
+        self.headers = headers
+        self._done = False
+
+    async def receive_some(self) -> bytes:
+        """The next piece of the body; ``b""`` at its end."""
+        if self._done:
+            return b""
+        with self._transport.mapped_errors(self._method, self._path):
+            event = await self._conn.next_event()
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            self._done = True
+            return b""
+        raise EngineProtocolError(f"{self._method} {self._path}: unexpected {event!r} in body")
+
+    async def read_all(self, limit: int = MAX_SHORT_BODY) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.receive_some():
+            size += len(chunk)
+            if size > limit:
+                raise EngineProtocolError(f"{self._method} {self._path}: body over {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        await self._conn.aclose()
+
+
+class HijackedStream:
+    """The raw bidirectional stream after ``101 UPGRADED``; replays h11's trailing data first."""
+
+    def __init__(self, conn: _Connection, initial: bytes, method: str, path: str) -> None:
+        self._stream = conn.stream
+        self._pending = initial
+        self._method = method
+        self._path = path
+
+    async def receive_some(self, max_bytes: int = READ_CHUNK) -> bytes:
+        """Up to ``max_bytes`` of the daemon's output; ``b""`` at EOF."""
+        if self._pending:
+            data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+            return data
+        try:
+            return bytes(await self._stream.receive_some(max_bytes))
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise EngineConnectionError(
+                self._method, self._path, str(exc) or type(exc).__name__
+            ) from exc
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise EngineConnectionError(
+                self._method, self._path, str(exc) or type(exc).__name__
+            ) from exc
+
+    async def send_eof(self) -> None:
+        """Half-close: the daemon sees stdin EOF, the read side stays open for output."""
+        try:
+            await self._stream.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise EngineConnectionError(
+                self._method, self._path, str(exc) or type(exc).__name__
+            ) from exc
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self._stream)
+
+
+class Transport:
+    """HTTP/1.1 client for one daemon socket."""
+
+    def __init__(self, socket_path: str, *, max_idle: int = 16) -> None:
+        self.socket_path = socket_path
+        self._idle: list[_Connection] = []
+        self._max_idle = max_idle
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _deadline(self, method: str, path: str, seconds: float) -> AsyncIterator[None]:
+        try:
+            with trio.fail_after(seconds):
+                yield
+        except trio.TooSlowError:
+            raise EngineTimeout(method, path, seconds) from None
+
+    def mapped_errors(self, method: str, path: str) -> _ErrorMap:
+        return _ErrorMap(method, path)
+
+    async def _connect(self) -> _Connection:
+        try:
+            stream = await trio.open_unix_socket(self.socket_path)
+        except OSError as exc:
+            raise EngineUnavailable(self.socket_path, exc.strerror or str(exc)) from exc
+        return _Connection(stream)
+
+    async def _checkout(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.h11.our_state is h11.IDLE and not conn.looks_closed():
+                return conn
+            await conn.aclose()
+        return await self._connect()
+
+    async def _checkin(self, conn: _Connection) -> None:
+        reusable = (
+            not self._closed
+            and conn.h11.our_state is h11.DONE
+            and conn.h11.their_state is h11.DONE
+            and len(self._idle) < self._max_idle
+        )
+        if reusable:
+            conn.h11.start_next_cycle()
+            self._idle.append(conn)
+        else:
+            await conn.aclose()
+
+    @staticmethod
+    def _request_events(
+        method: str, target: str, body: bytes | None, headers: Headers
+    ) -> list[h11.Event]:
+        all_headers = [("Host", "docker"), *headers]
+        if body is not None:
+            all_headers.append(("Content-Length", str(len(body))))
+        else:
+            all_headers.append(("Content-Length", "0"))
+        events: list[h11.Event] = [h11.Request(method=method, target=target, headers=all_headers)]
+        if body:
+            events.append(h11.Data(data=body))
+        events.append(h11.EndOfMessage())
+        return events
+
+    async def _read_head(self, conn: _Connection) -> h11.Response | h11.InformationalResponse:
+        event = await conn.next_event()
+        if isinstance(event, h11.Response | h11.InformationalResponse):
+            return event
+        if isinstance(event, h11.ConnectionClosed):
+            raise trio.BrokenResourceError("the daemon closed the connection")
+        raise EngineProtocolError(f"expected a response head, got {event!r}")
+
+    @staticmethod
+    def _headers(event: h11.Response | h11.InformationalResponse) -> dict[str, str]:
+        return {
+            bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in event.headers
+        }
+
+    # -- the three call shapes -----------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        *,
+        body: bytes | None = None,
+        headers: Headers = (),
+        timeout: float,
+    ) -> Response:
+        """A short call on a pooled connection; raises the mapped error for status >= 400."""
+        async with self._deadline(method, target, timeout):
+            conn = await self._checkout()
+            clean_exit = False
+            try:
+                with self.mapped_errors(method, target):
+                    await conn.send(*self._request_events(method, target, body, headers))
+                    head = await self._read_head(conn)
+                    if not isinstance(head, h11.Response):
+                        raise EngineProtocolError(
+                            f"{method} {target}: unexpected {head.status_code}"
+                        )
+                    parts: list[bytes] = []
+                    size = 0
+                    while True:
+                        event = await conn.next_event()
+                        if isinstance(event, h11.EndOfMessage):
+                            break
+                        if not isinstance(event, h11.Data):
+                            raise EngineProtocolError(f"{method} {target}: unexpected {event!r}")
+                        size += len(event.data)
+                        if size > MAX_SHORT_BODY:
+                            raise EngineProtocolError(
+                                f"{method} {target}: body over {MAX_SHORT_BODY} bytes"
+                            )
+                        parts.append(bytes(event.data))
+                clean_exit = True
+            finally:
+                if clean_exit:
+                    await self._checkin(conn)
+                else:
+                    await conn.aclose()
+        response = Response(head.status_code, self._headers(head), b"".join(parts))
+        if response.status >= 400:
+            raise error_for(method, target, response.status, response.body)
+        return response
+
+    async def open_stream(
+        self,
+        method: str,
+        target: str,
+        *,
+        body: bytes | None = None,
+        headers: Headers = (),
+        timeout: float,
+    ) -> StreamResponse:
+        """A long call on its own connection; returns once the response head has arrived.
+
+        ``timeout`` bounds only the wait for the head. Error statuses are read and raised here.
+        """
+        conn = await self._connect()
+        try:
+            async with self._deadline(method, target, timeout):
+                with self.mapped_errors(method, target):
+                    await conn.send(*self._request_events(method, target, body, headers))
+                    head = await self._read_head(conn)
+            if not isinstance(head, h11.Response):
+                raise EngineProtocolError(f"{method} {target}: unexpected {head.status_code}")
+            stream = StreamResponse(
+                self, conn, method, target, head.status_code, self._headers(head)
+            )
+            if head.status_code >= 400:
+                async with self._deadline(method, target, timeout):
+                    error_body = await stream.read_all(64 * 1024)
+                raise error_for(method, target, head.status_code, error_body)
+        except BaseException:
+            await conn.aclose()
+            raise
+        return stream
+
+    async def hijack(
+        self,
+        method: str,
+        target: str,
+        *,
+        body: bytes | None = None,
+        headers: Headers = (),
+        timeout: float,
+    ) -> HijackedStream:
+        """Upgrade a call to a raw stream (attach, exec start)."""
+        conn = await self._connect()
+        upgrade = [("Connection", "Upgrade"), ("Upgrade", "tcp"), *headers]
+        try:
+            async with self._deadline(method, target, timeout):
+                with self.mapped_errors(method, target):
+                    await conn.send(*self._request_events(method, target, body, upgrade))
+                    head = await self._read_head(conn)
+                    if isinstance(head, h11.Response):
+                        error_body = b""
+                        while isinstance(event := await conn.next_event(), h11.Data):
+                            error_body += bytes(event.data)
+                        if head.status_code >= 400:
+                            raise error_for(method, target, head.status_code, error_body)
+                        raise EngineProtocolError(
+                            f"{method} {target}: expected 101 Switching Protocols, "
+                            f"got {head.status_code}"
+                        )
+                    if head.status_code != 101:
+                        raise EngineProtocolError(
+                            f"{method} {target}: unexpected {head.status_code}"
+                        )
+            trailing, _closed = conn.h11.trailing_data
+            return HijackedStream(conn, bytes(trailing), method, target)
+        except BaseException:
+            await conn.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+
+class _ErrorMap:
+    """Maps transport-level failures inside a call to sbxkit errors."""
+
+    def __init__(self, method: str, path: str) -> None:
+        self.method = method
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, h11.RemoteProtocolError):
+            raise EngineProtocolError(f"{self.method} {self.path}: {exc}") from exc
+        if isinstance(exc, h11.LocalProtocolError):
+            raise EngineProtocolError(f"{self.method} {self.path}: local: {exc}") from exc
+        if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
+            reason = str(exc) or type(exc).__name__
+            raise EngineConnectionError(self.method, self.path, reason) from exc
+        return False
+
+
+def join_query(path: str, params: Iterable[tuple[str, str]]) -> str:
+    """``path?k=v&…`` with percent-encoding; parameters with an empty key are dropped."""
+    query = urlencode([(k, v) for k, v in params if k])
+    return f"{path}?{query}" if query else path

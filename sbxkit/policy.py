@@ -1,0 +1,125 @@
+"""Turn a validated SandboxSpec into the one hardened container-create body sbxkit sends.
+
+Pure: no I/O, no randomness, no environment. Every hardening choice is fixed here rather than
+configurable, so a spec cannot weaken it: the spec only supplies the workload and its bounds.
+The body is explicit about each protection (``Privileged=False``, ``AutoRemove=False`` ...)
+instead of relying on daemon defaults, so an inspect after create can compare field by field.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+from sbxkit.engine.models import (
+    ContainerCreate,
+    HealthConfig,
+    HostConfig,
+    LogConfig,
+    RestartPolicy,
+    Ulimit,
+)
+from sbxkit.errors import SpecError
+from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, validate_spec
+
+__all__ = [
+    "LEASE_LABEL",
+    "SCRATCH_PATH",
+    "build_create_body",
+    "container_name",
+    "scratch_options",
+]
+
+_T = TypeVar("_T")
+
+SCRATCH_PATH = "/tmp"
+"""Where the bounded tmpfs scratch space is mounted; the root filesystem is read-only."""
+
+_LEASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""Lease ids become part of a container name, which Docker restricts to this alphabet."""
+
+
+def _check_lease(lease: str) -> None:
+    if not isinstance(lease, str) or _LEASE_RE.fullmatch(lease) is None:
+        raise SpecError("lease", "must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def container_name(lease: str) -> str:
+    """The container's name for a lease; unique per lease, so a retried create conflicts."""
+    _check_lease(lease)
+    return f"sbxkit-{lease}"
+
+
+def scratch_options(spec: SandboxSpec) -> str:
+    """tmpfs options for /tmp: bounded, non-executable, owned by the sandbox user.
+
+    ``mode=1777`` is lost when the image already has a /tmp (Docker copies the directory's
+    mode up), but ``uid``/``gid`` survive, so the sandbox user can always write its scratch.
+    """
+    uid, gid = parse_user(spec.user)
+    return f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777,uid={uid},gid={gid}"
+
+
+def _required(value: _T | None, field: str) -> _T:
+    """Narrow an Optional that validate_spec already checked (kept correct under python -O)."""
+    if value is None:
+        raise SpecError(field, "mandatory: set a finite bound")
+    return value
+
+
+def _env_list(env: dict[str, str]) -> list[str]:
+    """Sorted so the same spec always produces byte-identical bodies."""
+    return [f"{key}={value}" for key, value in sorted(env.items())]
+
+
+def build_create_body(spec: SandboxSpec, lease: str) -> ContainerCreate:
+    """Validate the spec and return the hardened create body for a stopped container.
+
+    ``Entrypoint`` is an empty list, not omitted: omitted means "use the image's entrypoint",
+    which would run image-chosen code in front of the command (and turn the command into its
+    arguments). Docker treats a present-but-empty Entrypoint as "none", so the command runs
+    exactly as given, under tini (``Init=True``).
+    """
+    validate_spec(spec)
+    _check_lease(lease)
+    limits = spec.limits
+    cpus = _required(limits.cpus, "limits.cpus")
+    memory = _required(limits.memory_bytes, "limits.memory_bytes")
+    host_config = HostConfig(
+        nano_cpus=round(cpus * 1e9),
+        memory=memory,
+        memory_swap=memory,
+        pids_limit=_required(limits.pids, "limits.pids"),
+        ulimits=[Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes)],
+        readonly_rootfs=True,
+        ipc_mode="private",
+        cgroupns_mode="private",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        restart_policy=RestartPolicy(name="no"),
+        log_config=LogConfig(type="none"),
+        network_mode="none",
+        init=True,
+        privileged=False,
+        auto_remove=False,
+        tmpfs={SCRATCH_PATH: scratch_options(spec)},
+        runtime=spec.runtime,
+    )
+    return ContainerCreate(
+        image=spec.image,
+        cmd=list(spec.command),
+        entrypoint=[],
+        env=_env_list(spec.env),
+        user=spec.user,
+        working_dir=spec.workdir,
+        labels={**spec.labels, LEASE_LABEL: lease},
+        attach_stdin=True,
+        attach_stdout=True,
+        attach_stderr=True,
+        open_stdin=True,
+        stdin_once=True,
+        tty=False,
+        network_disabled=True,
+        healthcheck=HealthConfig(test=["NONE"]),
+        host_config=host_config,
+    )

@@ -1,0 +1,41 @@
+"""The typed outcome of a sandboxed run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed"]
+Stream = Literal["stdout", "stderr"]
+
+
+class PhaseTimings(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds spent in each phase of the lifecycle (monotonic clock)."""
+
+    create_s: float = 0.0  # owner create + post-create inspection
+    start_s: float = 0.0  # attach + wait registration + start
+    run_s: float = 0.0  # start returned → exit, timeout or overflow
+    remove_s: float = 0.0  # forced removal confirmed by the daemon
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What happened. ``exit_code`` is the payload's own when it exited, else None.
+
+    ``oom_evidence`` says what decided ``oom_killed``: Docker's ``OOMKilled`` flag, or — since
+    the flag is not always set (moby #15621) — exit status 137 (SIGKILL) that sbxkit did not send.
+    """
+
+    status: Status
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    overflowed: Stream | None
+    container_id: str
+    lease: str
+    timings: PhaseTimings
+    oom_evidence: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "exited" and self.exit_code == 0

@@ -1,0 +1,209 @@
+"""The one-shot lifecycle: validate, create stopped, inspect, attach, start, stream, wait, remove.
+
+Design.md §3 step by step. Whatever happens after creation — exit, timeout, output overflow, a
+transport error, the caller's cancellation — ends in the same shielded, time-bounded removal
+through the owner, and a removal failure is raised, never swallowed.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from sbxkit.engine.client import Engine, Waiter, open_engine
+from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
+from sbxkit.output import OutputCapture
+from sbxkit.owner import InProcessOwner, Owner
+from sbxkit.policy import build_create_body, container_name
+from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.spec import SandboxSpec, validate_spec
+from sbxkit.verify import check_created
+
+# After the payload exits, its attach stream closes almost at once; don't hang on it
+# (moby #41922: an attach stream can outlive its container).
+DRAIN_GRACE_S = 2.0
+STDIN_CHUNK = 64 * 1024
+SIGKILL_EXIT = 137
+
+
+def new_lease_id() -> str:
+    """A fresh lease id: 128 random bits, hex (also the container name's suffix)."""
+    return secrets.token_hex(16)
+
+
+async def check_image(engine: Engine, image: str) -> None:
+    """The image must exist locally (never pulled) and declare no volumes."""
+    try:
+        inspected = await engine.image_inspect(image)
+    except NotFound:
+        raise ImageError(
+            image, "not present locally; sbxkit never pulls images (load or build it first)"
+        ) from None
+    volumes = (inspected.config.volumes if inspected.config else None) or {}
+    if volumes:
+        raise ImageError(
+            image,
+            "declares VOLUME " + ", ".join(sorted(volumes)) + "; anonymous "
+            "volumes bypass the sandbox's writable-storage limits",
+        )
+
+
+@asynccontextmanager
+async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
+    if engine is not None:
+        yield engine
+    else:
+        async with open_engine(socket_path) as own:
+            yield own
+
+
+async def run(
+    spec: SandboxSpec,
+    stdin: bytes | None = None,
+    *,
+    engine: Engine | None = None,
+    owner: Owner | None = None,
+    socket_path: str | None = None,
+) -> RunResult:
+    """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
+
+    Bad input raises SpecError before the daemon is contacted. The caller's trio cancel scope is
+    honoured: the container is removed before Cancelled propagates.
+    """
+    validate_spec(spec)
+    lease = new_lease_id()
+    body = build_create_body(spec, lease)
+    async with _engine_for(engine, socket_path) as eng:
+        await check_image(eng, spec.image)
+        return await run_created(eng, owner or InProcessOwner(eng), spec, body, lease, stdin)
+
+
+async def run_created(
+    engine: Engine,
+    owner: Owner,
+    spec: SandboxSpec,
+    body: ContainerCreate,
+    lease: str,
+    stdin: bytes | None,
+) -> RunResult:
+    """Steps 3–9 for an already validated body."""
+    assert spec.limits.output_bytes is not None
+    assert spec.limits.timeout_s is not None
+    name = container_name(lease)
+    clock = trio.current_time
+    container_id: str | None = None
+    t0 = clock()
+    timings: dict[str, float] = {}
+    try:
+        container_id = await owner.create(lease, name, body)
+        check_created(await engine.container_inspect(container_id), body, lease=lease, name=name)
+        t1 = clock()
+        timings["create_s"] = t1 - t0
+        attach = await engine.container_attach(container_id, stdin=True)
+        try:
+            waiter = await engine.container_wait(container_id, "next-exit")
+            try:
+                await engine.container_start(container_id)
+                t2 = clock()
+                timings["start_s"] = t2 - t1
+                outcome = await _supervise(
+                    attach, waiter, stdin, spec.limits.output_bytes, spec.limits.timeout_s
+                )
+                timings["run_s"] = clock() - t2
+            finally:
+                await waiter.aclose()
+        finally:
+            await attach.aclose()
+        status, exit_code, evidence = outcome.status, outcome.exit_code, None
+        if status == "exited":
+            state = (await engine.container_inspect(container_id)).state
+            status, evidence = _classify_exit(state.oom_killed, outcome.exit_code)
+            if status == "oom_killed":
+                exit_code = outcome.exit_code
+    finally:
+        t_remove = clock()
+        with trio.CancelScope(shield=True):
+            await owner.remove(lease, name, container_id)
+        timings["remove_s"] = clock() - t_remove
+    assert container_id is not None
+    return RunResult(
+        status=status,
+        exit_code=exit_code,
+        stdout=outcome.capture.stdout,
+        stderr=outcome.capture.stderr,
+        overflowed=outcome.capture.overflowed,
+        container_id=container_id,
+        lease=lease,
+        timings=PhaseTimings(**timings),
+        oom_evidence=evidence,
+    )
+
+
+def _classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
+    """Docker's OOMKilled flag is not always set (moby #15621); 137 is SIGKILL we did not send."""
+    if oom_flag:
+        return "oom_killed", "State.OOMKilled"
+    if exit_code == SIGKILL_EXIT:
+        return "oom_killed", "exit status 137 (SIGKILL not sent by sbxkit; OOMKilled unset)"
+    return "exited", None
+
+
+class _Outcome:
+    def __init__(self, capture: OutputCapture) -> None:
+        self.capture = capture
+        self.status: Status = "exited"
+        self.exit_code: int | None = None
+
+
+async def _supervise(
+    attach: HijackedStream, waiter: Waiter, stdin: bytes | None, max_output: int, timeout_s: float
+) -> _Outcome:
+    """Feed stdin, stream output under the caps, wait for exit — all within the time limit."""
+    outcome = _Outcome(OutputCapture(max_output))
+    drained = trio.Event()
+    with trio.move_on_after(timeout_s) as timer:
+        async with trio.open_nursery() as nursery:
+
+            async def pump_output() -> None:
+                demuxer = Demuxer()
+                while chunk := await attach.receive_some():
+                    for stream_id, data in demuxer.feed(chunk):
+                        if outcome.capture.add(stream_id, data):
+                            outcome.status = "output_exceeded"
+                            nursery.cancel_scope.cancel()
+                            return
+                demuxer.close()
+                drained.set()
+
+            nursery.start_soon(_feed_stdin, attach, stdin)
+            nursery.start_soon(pump_output)
+            reply = await waiter.result()
+            if reply.error is not None and reply.error.message:
+                raise EngineError("POST", "wait", 500, reply.error.message)
+            if outcome.status == "exited":
+                outcome.exit_code = reply.status_code
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+    if timer.cancelled_caught and outcome.status == "exited" and outcome.exit_code is None:
+        outcome.status = "timed_out"
+    return outcome
+
+
+async def _feed_stdin(attach: HijackedStream, stdin: bytes | None) -> None:
+    """Write stdin, then half-close so the payload sees EOF. A payload that stopped reading
+    (or already exited) closes the pipe: that is its business, not an error."""
+    try:
+        if stdin:
+            view = memoryview(stdin)
+            for offset in range(0, len(view), STDIN_CHUNK):
+                await attach.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
+        await attach.send_eof()
+    except EngineConnectionError:
+        pass

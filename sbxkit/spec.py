@@ -1,0 +1,342 @@
+"""The user-facing sandbox spec and the rules it must satisfy before any container exists.
+
+Everything here is pure: structs in, `SpecError` out. Validation refuses rather than repairs,
+because a silently "fixed" limit is a limit the caller did not ask for. Docker spells
+"unlimited" as 0 or -1 in most resource fields, so every mandatory bound must be a finite,
+strictly positive number; anything else would reach the daemon as "no limit at all".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+
+import msgspec
+
+from sbxkit.errors import SpecError
+
+MiB = 1024 * 1024
+
+LEASE_LABEL = "sbxkit.lease"
+"""Label naming the lease that owns a container; reserved, set only by sbxkit."""
+
+INT64_MAX = 2**63 - 1
+"""Docker stores byte counts as int64; larger values overflow in the daemon."""
+
+MIN_MEMORY_BYTES = 6 * MiB
+"""Docker refuses memory limits below 6 MiB (``linuxMinMemory``)."""
+
+MIN_CPUS = 0.01
+"""The kernel's smallest CFS quota (1 ms per 100 ms period); smaller values round to no limit."""
+
+MAX_CPUS = 1024.0
+MAX_PIDS = 4_194_304
+"""The kernel's ceiling for ``pid_max`` on 64-bit systems."""
+
+MAX_ID = 2**32 - 2
+"""Largest usable uid/gid: 2**32 - 1 is the kernel's "no id" sentinel."""
+
+_MANDATORY = "mandatory: set a finite bound"
+_UNBOUNDED = "must be > 0 (0 and -1 mean unbounded to Docker)"
+_NOT_FINITE = "must be a finite number (NaN and infinity are not bounds)"
+_ROOT = "root users are refused"
+_NETWORK = "only 'none' is supported; bridge/host/container networking is refused"
+
+_USER_RE = re.compile(r"([0-9]+):([0-9]+)")
+_RUNTIME_RE = re.compile(r"[A-Za-z0-9._-]+")
+_SIZE_RE = re.compile(r"([0-9]+)([a-z]*)")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "m": MiB,
+    "mib": MiB,
+    "g": 1024 * MiB,
+    "gib": 1024 * MiB,
+}
+_MAX_SIZE_DIGITS = 19
+"""INT64_MAX has 19 digits; longer inputs are refused before int() sees them."""
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Resource ceilings. The first five default to None only so their absence can be named."""
+
+    cpus: float | None = None
+    """CPUs as a fraction of cores; sent to Docker as NanoCpus = cpus * 1e9."""
+    memory_bytes: int | None = None
+    """Memory ceiling; swap is disabled, so this is the whole budget."""
+    pids: int | None = None
+    """Maximum number of processes and threads in the container."""
+    output_bytes: int | None = None
+    """Per stream (stdout and stderr each): exactly N bytes pass, N + 1 is an overflow."""
+    timeout_s: float | None = None
+    """Elapsed (wall clock) time from start to exit."""
+    fsize_bytes: int = 64 * MiB
+    """Largest file a process may write (RLIMIT_FSIZE)."""
+    scratch_bytes: int = 64 * MiB
+    """Size of the tmpfs mounted at /tmp, the only writable place by default."""
+
+
+class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What to run and within which bounds. Hardening is not configurable here."""
+
+    image: str
+    command: list[str]
+    limits: Limits
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    user: str = "65534:65534"
+    workdir: str | None = None
+    network: str = "none"
+    runtime: str | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _has_control(text: str) -> bool:
+    """True if any character is a control character (C0, DEL or C1)."""
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+def _is_zero(digits: str) -> bool:
+    """True for every spelling of id 0 ("0", "00" ...); text-only, so huge inputs skip int()."""
+    return digits != "" and digits.strip("0") == ""
+
+
+def _check_positive_int(field: str, value: object, *, maximum: int = INT64_MAX) -> int:
+    """A strictly positive int no larger than maximum (bool refused: True is not a count)."""
+    if value is None:
+        raise SpecError(field, _MANDATORY)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(field, _NOT_FINITE)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field, f"must be an integer, got {type(value).__name__}")
+    if value <= 0:
+        raise SpecError(field, _UNBOUNDED)
+    if value > maximum:
+        raise SpecError(field, f"must be <= {maximum}")
+    return value
+
+
+def _check_positive_float(field: str, value: object) -> float:
+    """A finite, strictly positive number (ints accepted, as msgspec converts them too)."""
+    if value is None:
+        raise SpecError(field, _MANDATORY)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(field, f"must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(field, _NOT_FINITE)
+    if number <= 0:
+        raise SpecError(field, _UNBOUNDED)
+    return number
+
+
+def parse_user(user: str, field: str = "user") -> tuple[int, int]:
+    """Split a numeric "UID:GID" into ids, refusing root and anything not checkable offline.
+
+    Names are refused because their meaning depends on the image's /etc/passwd, which we
+    cannot read before start; a missing GID would default to the image's (often 0).
+    """
+    if not isinstance(user, str):
+        raise SpecError(field, "must be a string 'UID:GID'")
+    if any(part == "root" or _is_zero(part) for part in user.split(":")):
+        raise SpecError(field, _ROOT)
+    match = _USER_RE.fullmatch(user)
+    if match is None:
+        raise SpecError(
+            field, "must be numeric 'UID:GID'; names are refused as they cannot be checked"
+        )
+    ids: list[int] = []
+    for part in match.groups():
+        if len(part) > 10:
+            raise SpecError(field, f"ids must be <= {MAX_ID}")
+        number = int(part)
+        if part != str(number):
+            raise SpecError(field, "ids must be plain decimal without leading zeros")
+        if number > MAX_ID:
+            raise SpecError(field, f"ids must be <= {MAX_ID}")
+        ids.append(number)
+    return ids[0], ids[1]
+
+
+def parse_size(text: str, field: str) -> int:
+    """Parse a byte size such as "256m", "1g", "512KiB" or "1024" (binary units only).
+
+    Decimal-looking units ("kb", "mb") and fractions are refused rather than guessed:
+    a limit that is off by 2.4 % or rounded is not the limit the user wrote.
+    """
+    if not isinstance(text, str):
+        raise SpecError(field, "size must be a string such as '256m'")
+    cleaned = text.strip().lower()
+    if not cleaned:
+        raise SpecError(field, "size is empty")
+    if cleaned.startswith("-"):
+        raise SpecError(field, f"negative sizes are refused: {text!r}")
+    match = _SIZE_RE.fullmatch(cleaned)
+    if match is None:
+        raise SpecError(
+            field,
+            f"not a size: {text!r} (use whole numbers with b, k, m, g, kib, mib or gib)",
+        )
+    digits, unit = match.groups()
+    if unit not in _SIZE_UNITS:
+        raise SpecError(field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kib, mib, gib)")
+    if len(digits.lstrip("0")) > _MAX_SIZE_DIGITS:
+        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
+    size = int(digits) * _SIZE_UNITS[unit]
+    if size > INT64_MAX:
+        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
+    return size
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def validate_limits(limits: Limits) -> None:
+    """Refuse absent, unbounded or out-of-range limits, naming the first offending field."""
+    cpus = _check_positive_float("limits.cpus", limits.cpus)
+    if cpus < MIN_CPUS:
+        raise SpecError("limits.cpus", f"must be >= {MIN_CPUS} (smaller rounds to no limit)")
+    if cpus > MAX_CPUS:
+        raise SpecError("limits.cpus", f"must be <= {MAX_CPUS:g}")
+    memory = _check_positive_int("limits.memory_bytes", limits.memory_bytes)
+    if memory < MIN_MEMORY_BYTES:
+        raise SpecError("limits.memory_bytes", f"must be >= {MIN_MEMORY_BYTES} (Docker's minimum)")
+    _check_positive_int("limits.pids", limits.pids, maximum=MAX_PIDS)
+    _check_positive_int("limits.output_bytes", limits.output_bytes)
+    _check_positive_float("limits.timeout_s", limits.timeout_s)
+    _check_positive_int("limits.fsize_bytes", limits.fsize_bytes)
+    _check_positive_int("limits.scratch_bytes", limits.scratch_bytes)
+
+
+def _validate_image(image: object) -> None:
+    if not isinstance(image, str) or not image:
+        raise SpecError("image", "must be a non-empty image reference")
+    if any(ch.isspace() for ch in image) or _has_control(image):
+        raise SpecError("image", "must not contain whitespace or control characters")
+
+
+def _validate_command(command: object) -> None:
+    if not isinstance(command, list) or not command:
+        raise SpecError("command", "must be a non-empty list of arguments")
+    for index, arg in enumerate(command):
+        field = f"command[{index}]"
+        if not isinstance(arg, str):
+            raise SpecError(field, "must be a string")
+        if "\0" in arg:
+            raise SpecError(field, "must not contain NUL")
+    if command[0] == "":
+        raise SpecError("command[0]", "the program name must not be empty")
+
+
+def _env_key_problem(key: str) -> str | None:
+    """Why a key cannot be a portable environment variable name, or None if it can."""
+    if not key:
+        return "key must not be empty"
+    if "=" in key:
+        return "key must not contain '='"
+    if key.startswith("#"):
+        return "key must not start with '#'"
+    if any(ch.isspace() for ch in key):
+        return "key must not contain whitespace"
+    if _has_control(key):
+        return "key must not contain control characters (NUL included)"
+    return None
+
+
+def _validate_env(env: object) -> None:
+    if not isinstance(env, dict):
+        raise SpecError("env", "must be a mapping of strings")
+    for key, value in env.items():
+        field = f"env[{key!r}]"
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SpecError(field, "keys and values must be strings")
+        problem = _env_key_problem(key)
+        if problem is not None:
+            raise SpecError(field, problem)
+        if "\0" in value:
+            raise SpecError(field, "value must not contain NUL")
+
+
+def _validate_labels(labels: object) -> None:
+    if not isinstance(labels, dict):
+        raise SpecError("labels", "must be a mapping of strings")
+    for key, value in labels.items():
+        field = f"labels[{key!r}]"
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise SpecError(field, "keys and values must be strings")
+        if key == LEASE_LABEL:
+            raise SpecError(field, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
+        if not key:
+            raise SpecError(field, "key must not be empty")
+        if _has_control(key) or _has_control(value):
+            raise SpecError(field, "keys and values must not contain control characters")
+
+
+def validate_spec(spec: SandboxSpec) -> None:
+    """Raise SpecError for the first rule the spec breaks; return None if it may run.
+
+    Defensive about types: a spec built in Python skips msgspec's type checks, and a wrong
+    type must surface as SpecError, never as TypeError deep inside the engine client.
+    """
+    if not isinstance(spec.limits, Limits):
+        raise SpecError("limits", "must be a Limits")
+    validate_limits(spec.limits)
+    _validate_image(spec.image)
+    _validate_command(spec.command)
+    _validate_env(spec.env)
+    parse_user(spec.user)
+    if spec.workdir is not None:
+        if not isinstance(spec.workdir, str) or not spec.workdir.startswith("/"):
+            raise SpecError("workdir", "must be an absolute path")
+        if _has_control(spec.workdir):
+            raise SpecError("workdir", "must not contain control characters")
+    if spec.network != "none":
+        raise SpecError("network", _NETWORK)
+    if spec.runtime is not None and (
+        not isinstance(spec.runtime, str) or _RUNTIME_RE.fullmatch(spec.runtime) is None
+    ):
+        raise SpecError("runtime", "must be a plain runtime name matching [A-Za-z0-9._-]+")
+    _validate_labels(spec.labels)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+_LOCATION_RE = re.compile(r" - at `(?:key` in `)?\$(?P<path>[^`]*)`$")
+_UNKNOWN_RE = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`")
+_MISSING_RE = re.compile(r"^Object missing required field `(?P<name>[^`]*)`")
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _spec_error_from(error: msgspec.ValidationError) -> SpecError:
+    """Turn msgspec's "<message> - at `$.a.b`" into SpecError("a.b", "<message>")."""
+    message = str(error)
+    path = ""
+    location = _LOCATION_RE.search(message)
+    if location is not None:
+        path = location["path"].removeprefix(".")
+        message = message[: location.start()]
+    unknown = _UNKNOWN_RE.match(message)
+    if unknown is not None:
+        return SpecError(_join(path, unknown["name"]), "unknown field")
+    missing = _MISSING_RE.match(message)
+    if missing is not None:
+        return SpecError(_join(path, missing["name"]), "required field is missing")
+    return SpecError(path or "spec", message)
+
+
+def spec_from_dict(data: object) -> SandboxSpec:
+    """Build a spec from decoded JSON/TOML data and validate it; every refusal is a SpecError."""
+    try:
+        spec = msgspec.convert(data, SandboxSpec)
+    except msgspec.ValidationError as error:
+        raise _spec_error_from(error) from None
+    validate_spec(spec)
+    return spec

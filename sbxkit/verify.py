@@ -1,0 +1,55 @@
+"""Post-create inspection: the container the daemon made must be the one we asked for.
+
+Pure: an inspect reply and the create body in, a ContainerMismatch out. Run before start, so a
+mismatch means the payload never ran (the caller removes the container).
+"""
+
+from __future__ import annotations
+
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.errors import ContainerMismatch
+from sbxkit.policy import LEASE_LABEL
+
+
+def check_created(info: ContainerInspect, body: ContainerCreate, *, lease: str, name: str) -> None:
+    """Raise ContainerMismatch naming the first field that differs from the request."""
+    labels = info.config.labels or {}
+
+    def mismatch(what: str) -> ContainerMismatch:
+        return ContainerMismatch(info.id, what)
+
+    if labels.get(LEASE_LABEL) != lease:
+        raise mismatch(f"label {LEASE_LABEL}={labels.get(LEASE_LABEL)!r}, expected {lease!r}")
+    if info.name.lstrip("/") != name:
+        raise mismatch(f"name {info.name!r}, expected {name!r}")
+    if info.state.status != "created" or info.state.running:
+        raise mismatch(f"state {info.state.status!r}, expected a stopped 'created' container")
+    if info.mounts:
+        found = ", ".join(f"{m.type}:{m.destination}" for m in info.mounts)
+        raise mismatch(f"unexpected mounts ({found}); only sbxkit's own tmpfs is allowed")
+    asked = body.host_config
+    got = info.host_config
+    if asked is None:
+        return
+    pairs: list[tuple[str, object, object]] = [
+        ("HostConfig.Memory", asked.memory, got.memory),
+        ("HostConfig.MemorySwap", asked.memory_swap, got.memory_swap),
+        ("HostConfig.NanoCpus", asked.nano_cpus, got.nano_cpus),
+        ("HostConfig.PidsLimit", asked.pids_limit, got.pids_limit),
+        ("HostConfig.ReadonlyRootfs", asked.readonly_rootfs, got.readonly_rootfs),
+        ("HostConfig.NetworkMode", asked.network_mode, got.network_mode),
+        ("HostConfig.Tmpfs", asked.tmpfs, got.tmpfs),
+    ]
+    for field, want, have in pairs:
+        if want is not None and want != have:
+            raise mismatch(f"{field} is {have!r}, expected {want!r}")
+    if got.privileged:
+        raise mismatch("HostConfig.Privileged is true")
+    if got.cap_add:
+        raise mismatch(f"HostConfig.CapAdd is {got.cap_add!r}, expected none")
+    if got.binds:
+        raise mismatch(f"HostConfig.Binds is {got.binds!r}, expected none")
+    if asked.runtime is not None and got.runtime != asked.runtime:
+        raise mismatch(f"HostConfig.Runtime is {got.runtime!r}, expected {asked.runtime!r}")
+    if body.user is not None and info.config.user != body.user:
+        raise mismatch(f"Config.User is {info.config.user!r}, expected {body.user!r}")

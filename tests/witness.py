@@ -1,0 +1,79 @@
+"""An independent view of the daemon (requests-unixsocket), never the code under test.
+
+Real-engine tests prove what happened — containers left behind, events seen, images present —
+through this client, so a bug in sbxkit's own engine client cannot hide a leak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.parse
+from typing import Any
+
+import requests_unixsocket
+
+SOCKET = os.environ.get("SBXKIT_TEST_SOCKET", "/var/run/docker.sock")
+BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
+PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
+LEASE_LABEL = "sbxkit.lease"
+
+
+class Witness:
+    def __init__(self, socket_path: str = SOCKET) -> None:
+        self.socket_path = socket_path
+        self.base = "http+unix://" + urllib.parse.quote(socket_path, safe="")
+        self.session = requests_unixsocket.Session()
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = self.session.get(self.base + path, params=params, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def ping(self) -> bool:
+        try:
+            return self.session.get(self.base + "/_ping", timeout=5).text == "OK"
+        except Exception:
+            return False
+
+    def image_exists(self, name: str) -> bool:
+        return self.session.get(f"{self.base}/images/{name}/json", timeout=30).status_code == 200
+
+    def containers(self, label: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"all": "1"}
+        if label:
+            params["filters"] = json.dumps({"label": [label]})
+        result: list[dict[str, Any]] = self.get("/containers/json", **params)
+        return result
+
+    def sbxkit_containers(self) -> list[dict[str, Any]]:
+        """Every container sbxkit could own: by lease label or by our name prefix."""
+        return [
+            c
+            for c in self.containers()
+            if LEASE_LABEL in (c.get("Labels") or {})
+            or any(n.lstrip("/").startswith("sbxkit-") for n in c.get("Names") or [])
+        ]
+
+    def wait_until_no_sbxkit_containers(self, seconds: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = self.sbxkit_containers()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
+
+    def events(self, since: float, until: float, **filters: list[str]) -> list[dict[str, Any]]:
+        """Daemon events in [since, until] (unix seconds) matching the filters."""
+        params = {"since": f"{since:.9f}", "until": f"{until:.9f}"}
+        if filters:
+            params["filters"] = json.dumps(filters)
+        response = self.session.get(self.base + "/events", params=params, timeout=30)
+        response.raise_for_status()
+        return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+    def remove(self, container_id: str) -> None:
+        self.session.delete(
+            f"{self.base}/containers/{container_id}", params={"force": "1", "v": "1"}, timeout=30
+        )
