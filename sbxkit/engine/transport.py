@@ -20,8 +20,8 @@ Every call runs under a deadline. trio, OS and h11 exceptions never escape: they
 from __future__ import annotations
 
 import select
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import urlencode
 
 import h11
@@ -116,7 +116,7 @@ class StreamResponse:
         """The next piece of the body; ``b""`` at its end."""
         if self._done:
             return b""
-        with self._transport.mapped_errors(self._method, self._path):
+        with mapped_errors(self._method, self._path):
             event = await self._conn.next_event()
         if isinstance(event, h11.Data):
             return bytes(event.data)
@@ -200,9 +200,6 @@ class Transport:
         except trio.TooSlowError:
             raise EngineTimeout(method, path, seconds) from None
 
-    def mapped_errors(self, method: str, path: str) -> _ErrorMap:
-        return _ErrorMap(method, path)
-
     async def _connect(self) -> _Connection:
         try:
             stream = await trio.open_unix_socket(self.socket_path)
@@ -276,7 +273,7 @@ class Transport:
             conn = await self._checkout()
             clean_exit = False
             try:
-                with self.mapped_errors(method, target):
+                with mapped_errors(method, target):
                     await conn.send(*self._request_events(method, target, body, headers))
                     head = await self._read_head(conn)
                     if not isinstance(head, h11.Response):
@@ -324,7 +321,7 @@ class Transport:
         conn = await self._connect()
         try:
             async with self._deadline(method, target, timeout):
-                with self.mapped_errors(method, target):
+                with mapped_errors(method, target):
                     await conn.send(*self._request_events(method, target, body, headers))
                     head = await self._read_head(conn)
             if not isinstance(head, h11.Response):
@@ -355,7 +352,7 @@ class Transport:
         upgrade = [("Connection", "Upgrade"), ("Upgrade", "tcp"), *headers]
         try:
             async with self._deadline(method, target, timeout):
-                with self.mapped_errors(method, target):
+                with mapped_errors(method, target):
                     await conn.send(*self._request_events(method, target, body, upgrade))
                     head = await self._read_head(conn)
                     if isinstance(head, h11.Response):
@@ -385,29 +382,17 @@ class Transport:
             await conn.aclose()
 
 
-class _ErrorMap:
-    """Maps transport-level failures inside a call to sbxkit errors."""
-
-    def __init__(self, method: str, path: str) -> None:
-        self.method = method
-        self.path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> bool:
-        if exc is None:
-            return False
-        if isinstance(exc, h11.RemoteProtocolError):
-            raise EngineProtocolError(f"{self.method} {self.path}: {exc}") from exc
-        if isinstance(exc, h11.LocalProtocolError):
-            raise EngineProtocolError(f"{self.method} {self.path}: local: {exc}") from exc
-        if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | OSError):
-            reason = str(exc) or type(exc).__name__
-            raise EngineConnectionError(self.method, self.path, reason) from exc
-        return False
+@contextmanager
+def mapped_errors(method: str, path: str) -> Iterator[None]:
+    """Map transport-level failures inside a call to sbxkit errors."""
+    try:
+        yield
+    except h11.RemoteProtocolError as exc:
+        raise EngineProtocolError(f"{method} {path}: {exc}") from exc
+    except h11.LocalProtocolError as exc:
+        raise EngineProtocolError(f"{method} {path}: local: {exc}") from exc
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise EngineConnectionError(method, path, str(exc) or type(exc).__name__) from exc
 
 
 def join_query(path: str, params: Iterable[tuple[str, str]]) -> str:
