@@ -44,6 +44,7 @@ _ROOT = "root users are refused"
 _NETWORK = "only 'none' is supported; bridge/host/container networking is refused"
 
 _USER_RE = re.compile(r"([0-9]+):([0-9]+)")
+_IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
 _RUNTIME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _SIZE_RE = re.compile(r"([0-9]+)([a-z]*)")
 _SIZE_UNITS = {
@@ -218,6 +219,9 @@ def _validate_image(image: object) -> None:
         raise SpecError("image", "must be a non-empty image reference")
     if any(ch.isspace() for ch in image) or _has_control(image):
         raise SpecError("image", "must not contain whitespace or control characters")
+    # It travels in a URL path (/images/{name}/json): only reference characters, no traversal.
+    if not _IMAGE_RE.fullmatch(image) or ".." in image.split("@")[0].split("/"):
+        raise SpecError("image", "must be an image reference (letters, digits and ._-/:@ only)")
 
 
 def _validate_command(command: object) -> None:

@@ -447,3 +447,10 @@ def test_parse_size_returns_int_or_raises_spec_error(text: str) -> None:
     else:
         assert size is not None
         assert 0 <= size <= 2**63 - 1
+
+
+@pytest.mark.parametrize("image", ["../x", "busybox?x=1", "busybox#1", "a/../b", "-rm"])
+def test_image_references_that_would_break_the_url_path_are_refused(image: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        validate_spec(good_spec(image=image))
+    assert caught.value.field == "image"
