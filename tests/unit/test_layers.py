@@ -1,0 +1,50 @@
+"""The import graph design.md §1 promises: dependencies point down, pure cores import no I/O."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "sbxkit"
+
+# Pure cores: bytes or structs in, structs or events out. No trio, no sockets, no os.
+PURE = ["engine/frames.py", "engine/models.py", "output.py", "spec.py", "policy.py",
+        "verify.py", "result.py", "errors.py"]
+IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_cores_do_no_io(module: str) -> None:
+    roots = {name.split(".")[0] for name in imports_of(ROOT / module)}
+    assert not roots & IO_MODULES, f"{module} imports {sorted(roots & IO_MODULES)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "engine").glob("*.py")), ids=lambda p: p.name)
+def test_engine_knows_nothing_of_sandboxes(path: Path) -> None:
+    ours = {name for name in imports_of(path) if name.startswith("sbxkit")}
+    allowed = {"sbxkit.errors"} | {n for n in ours if n.startswith("sbxkit.engine")}
+    assert ours <= allowed, f"{path.name} imports {sorted(ours - allowed)}"
+
+
+def test_policy_knows_nothing_of_the_engine_client() -> None:
+    for module in ("spec.py", "policy.py", "verify.py"):
+        ours = {n for n in imports_of(ROOT / module) if n.startswith("sbxkit.engine")}
+        assert ours <= {"sbxkit.engine.models"}, f"{module} imports {sorted(ours)}"
+
+
+def test_the_test_can_fail() -> None:
+    # A module importing trio must be caught by the same check the pure modules pass.
+    assert "trio" in imports_of(ROOT / "runner.py")
