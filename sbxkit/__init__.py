@@ -32,7 +32,7 @@ from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.runner import run
-from sbxkit.spec import MiB, Limits, SandboxSpec, parse_size, spec_from_dict, validate_spec
+from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
 
 __all__ = [
     "LEASE_LABEL",

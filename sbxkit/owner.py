@@ -25,8 +25,14 @@ from sbxkit.policy import LEASE_LABEL
 class Owner(Protocol):
     """Creates and removes a lease's container."""
 
-    async def create(self, lease: str, name: str, body: ContainerCreate) -> str:
+    async def create(
+        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+    ) -> str:
         """Create the stopped container; return its immutable id.
+
+        ``lifetime_s`` is the backstop: an owner that can act on its own (the supervisor)
+        removes the container once that long has passed since registration, whatever the
+        caller does.
 
         Must run to completion even if the caller is cancelled meanwhile (the id must be known
         so the container can be removed); the caller then removes it.
@@ -49,9 +55,12 @@ class InProcessOwner:
         self._engine = engine
         self._remove_budget_s = remove_budget_s
 
-    async def create(self, lease: str, name: str, body: ContainerCreate) -> str:
-        # Shielded: once the request may have reached the daemon, give up only with the id in
-        # hand. The engine's own create deadline bounds this.
+    async def create(
+        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+    ) -> str:
+        # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
+        # timeout alone. Shielded: once the request may have reached the daemon, give up only
+        # with the id in hand. The engine's own create deadline bounds this.
         with trio.CancelScope(shield=True):
             container_id = await self._engine.container_create(body, name=name)
         return container_id

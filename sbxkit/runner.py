@@ -19,10 +19,11 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
 from sbxkit.output import OutputCapture
-from sbxkit.owner import InProcessOwner, Owner
+from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.spec import SandboxSpec, validate_spec
+from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.verify import check_created
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
@@ -30,6 +31,8 @@ from sbxkit.verify import check_created
 DRAIN_GRACE_S = 2.0
 STDIN_CHUNK = 64 * 1024
 SIGKILL_EXIT = 137
+# The owner's backstop beyond the payload's own time limit: create, start and removal.
+LIFETIME_MARGIN_S = 120.0
 
 
 def new_lease_id() -> str:
@@ -73,6 +76,10 @@ async def run(
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
+    By default the container is owned by the supervisor process (auto-launched), so it is
+    removed even if this process is killed; pass ``owner=InProcessOwner(engine)`` to keep
+    ownership in-process (it does not survive a killed caller).
+
     Bad input raises SpecError before the daemon is contacted. The caller's trio cancel scope is
     honoured: the container is removed before Cancelled propagates.
     """
@@ -81,7 +88,7 @@ async def run(
     body = build_create_body(spec, lease)
     async with _engine_for(engine, socket_path) as eng:
         await check_image(eng, spec.image)
-        return await run_created(eng, owner or InProcessOwner(eng), spec, body, lease, stdin)
+        return await run_created(eng, owner or SupervisedOwner(eng), spec, body, lease, stdin)
 
 
 async def run_created(
@@ -101,7 +108,8 @@ async def run_created(
     t0 = clock()
     timings: dict[str, float] = {}
     try:
-        container_id = await owner.create(lease, name, body)
+        lifetime = spec.limits.timeout_s + LIFETIME_MARGIN_S
+        container_id = await owner.create(lease, name, body, lifetime_s=lifetime)
         check_created(await engine.container_inspect(container_id), body, lease=lease, name=name)
         t1 = clock()
         timings["create_s"] = t1 - t0

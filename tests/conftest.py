@@ -1,0 +1,13 @@
+"""Suite-wide setup: a private supervisor state directory for this test session.
+
+Runs go through the auto-launched supervisor by default; giving the session its own state dir
+keeps its leases apart from a developer's ~/.sbxkit and from other sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+_STATE_ROOT = tempfile.mkdtemp(prefix="sbxkit-tests-")
+os.environ.setdefault("SBXKIT_STATE_DIR", os.path.join(_STATE_ROOT, "leases"))

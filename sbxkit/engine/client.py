@@ -185,8 +185,48 @@ class Engine:
             self.deadlines.list,
         )
 
+    @asynccontextmanager
+    async def events(self, filters: dict[str, list[str]]) -> AsyncIterator[EventStream]:
+        """Stream daemon events matching ``filters`` from now on (dedicated connection)."""
+        path = self._path(
+            join_query("/events", [("filters", msgspec.json.encode(filters).decode())])
+        )
+        stream = await self._transport.open_stream("GET", path, timeout=self.deadlines.attach)
+        try:
+            yield EventStream(stream, path)
+        finally:
+            await stream.aclose()
+
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+class EventStream:
+    """Newline-delimited JSON events, decoded one by one."""
+
+    _decoder = msgspec.json.Decoder(models.Event)
+
+    def __init__(self, stream: StreamResponse, path: str) -> None:
+        self._stream = stream
+        self._path = path
+        self._buffer = b""
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> models.Event:
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > 1024 * 1024:
+                raise EngineProtocolError(f"GET {self._path}: event line over 1 MiB")
+            chunk = await self._stream.receive_some()
+            if not chunk:
+                raise StopAsyncIteration
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            return self._decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise EngineProtocolError(f"GET {self._path}: malformed event: {exc}") from exc
 
 
 async def connect(socket_path: str | None = None, *, deadlines: Deadlines | None = None) -> Engine:

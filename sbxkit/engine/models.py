@@ -225,3 +225,20 @@ class InfoReply(Reply):
 
 class ErrorReply(msgspec.Struct):
     message: str = ""
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+class EventActor(Reply):
+    id: str = msgspec.field(default="", name="ID")
+    attributes: dict[str, str] | None = None
+
+
+class Event(msgspec.Struct):
+    """One line of ``/events`` (lower-case top-level keys in this endpoint)."""
+
+    type: str = msgspec.field(default="", name="Type")
+    action: str = msgspec.field(default="", name="Action")
+    actor: EventActor = msgspec.field(default_factory=EventActor, name="Actor")
+    time_nano: int = msgspec.field(default=0, name="timeNano")

@@ -1,0 +1,748 @@
+"""Benchmark ``oneshot``: the median one-shot ``true`` run, sbxkit against two baselines.
+
+Contenders, interleaved round-robin in one trio program (see README.md for the method):
+
+``sbxkit``
+    ``await sbxkit.runner.run(spec, engine=engine)`` on one engine opened up front, as a
+    long-lived application would hold it. The full hardened lifecycle of design.md §3.
+``raw``
+    The floor the daemon sets: the fewest Engine API calls a correct one-shot runner needs
+    (create, start, wait, delete), standard library only, one keep-alive connection, run in a
+    worker thread (``trio.to_thread.run_sync``).
+``docker_run``
+    ``docker run --rm --network none IMAGE true`` as a subprocess (``trio.run_process``).
+
+Target (the issue): sbxkit ≤ 1.10 × the raw floor, as a ratio of medians from one run. A missed
+target is reported, not fatal; a failing contender or a leaked container is (exit status 1).
+
+``--profile`` adds two contenders — ``raw_hardened`` (the raw sequence with sbxkit's exact create
+body) and ``raw_netns`` (the raw body without ``NetworkDisabled``) — and times every Engine call
+sbxkit makes, to say where sbxkit's time goes. It writes ``oneshot-profile.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from bench.harness import (
+    RESULTS_DIR,
+    Contender,
+    ContenderFailed,
+    StepTimings,
+    fmt_ms,
+    machine_facts,
+    ratio_of_medians,
+    run_interleaved,
+    say,
+    summarise_ms,
+    write_atomically,
+    write_json,
+)
+from bench.rawapi import RawEngine
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.policy import build_create_body
+from sbxkit.runner import run as sbxkit_run
+from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
+
+NAME = "oneshot"
+SUMMARY = "median one-shot `true`: sbxkit vs the raw Engine API floor vs `docker run --rm`"
+
+TARGET_RATIO = 1.10
+"""sbxkit / raw floor, ratio of medians (the issue's target)."""
+
+DEFAULT_ROUNDS = 30
+QUICK_ROUNDS = 5
+DEFAULT_WARMUP = 3
+QUICK_WARMUP = 1
+
+BENCH_LABEL = "sbxkit.bench"
+"""Marks every container this benchmark asks for (value: the contender)."""
+RAW_PREFIX = "sbxbench-raw-"
+
+CPUS = 1.0
+MEMORY_BYTES = 64 * MiB
+PIDS = 64
+OUTPUT_BYTES = 1 * MiB
+TIMEOUT_S = 30.0
+
+PHASES = ("create", "start", "run", "remove")
+RAW_STEPS = ("create", "start", "wait", "delete")
+
+
+def default_socket() -> str:
+    explicit = os.environ.get("SBXKIT_TEST_SOCKET")
+    if explicit:
+        return explicit
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def default_image() -> str:
+    return os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"measured rounds (default {DEFAULT_ROUNDS})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help=f"discarded rounds (default {DEFAULT_WARMUP})"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_ROUNDS} rounds, {QUICK_WARMUP} warm-up (a smoke run, not a figure)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="add raw_hardened and raw_netns contenders and time each of sbxkit's engine calls",
+    )
+    parser.add_argument("--socket", default=default_socket(), help="daemon socket")
+    parser.add_argument("--image", default=default_image(), help="busybox image (local)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help="directory for oneshot.json / oneshot.md ('-' to write nothing)",
+    )
+
+
+# --- the workload ------------------------------------------------------------------------------
+
+
+def sbxkit_spec(image: str) -> SandboxSpec:
+    return SandboxSpec(
+        image=image,
+        command=["true"],
+        limits=Limits(
+            cpus=CPUS,
+            memory_bytes=MEMORY_BYTES,
+            pids=PIDS,
+            output_bytes=OUTPUT_BYTES,
+            timeout_s=TIMEOUT_S,
+        ),
+        labels={BENCH_LABEL: "sbxkit"},
+    )
+
+
+def raw_create_body(image: str) -> dict[str, Any]:
+    """The floor's create body: the workload, the same bounds and the same (absent) network.
+
+    Same image and command; the same memory (swap off: ``MemorySwap == Memory``), CPU and pids
+    limits; and no network the cheapest way the daemon offers, which is also sbxkit's:
+    ``NetworkDisabled: true`` with ``NetworkMode: none``. (``NetworkMode: none`` alone, what
+    ``docker run --network none`` sends, still makes libnetwork build a sandbox for the "none"
+    network — about 110 ms of start on CI's daemon; the container is equally isolated either
+    way, in a fresh netns holding only ``lo``. A floor paying that would sit above sbxkit, so it
+    would not be a floor: ``--profile`` measures it as ``raw_netns``.) No hardening: no init, no
+    tmpfs, no read-only rootfs, no capability drop, the daemon's default log driver, no attach.
+    """
+    return {
+        "Image": image,
+        "Cmd": ["true"],
+        "Labels": {BENCH_LABEL: "raw"},
+        "NetworkDisabled": True,
+        "HostConfig": {
+            "AutoRemove": False,
+            "Memory": MEMORY_BYTES,
+            "MemorySwap": MEMORY_BYTES,
+            "NanoCpus": round(CPUS * 1e9),
+            "PidsLimit": PIDS,
+            "NetworkMode": "none",
+        },
+    }
+
+
+def netns_create_body(image: str) -> dict[str, Any]:
+    """The floor's body without ``NetworkDisabled`` (profile only): what the issue's sketch and
+    ``docker run --network none`` ask for, so the network-sandbox cost can be seen."""
+    body = raw_create_body(image)
+    del body["NetworkDisabled"]
+    body["Labels"] = {BENCH_LABEL: "raw_netns"}
+    return body
+
+
+def hardened_create_body(image: str) -> dict[str, Any]:
+    """sbxkit's exact create body for the same spec, labelled as the bench's (profile only)."""
+    body = build_create_body(sbxkit_spec(image), secrets.token_hex(16))
+    data: dict[str, Any] = msgspec.to_builtins(body)
+    data["Labels"] = {BENCH_LABEL: "raw_hardened"}
+    return data
+
+
+def raw_one_shot(api: RawEngine, body: bytes, prefix: str = RAW_PREFIX) -> StepTimings:
+    """create → start → wait → DELETE ?force=1&v=1, timing each call; blocking.
+
+    The container is removed whatever happens after the create request was sent: by id, or by
+    its unique name when the id never arrived. A non-zero exit is an error.
+    """
+    name = prefix + secrets.token_hex(8)
+    clock = time.perf_counter
+    steps: StepTimings = {}
+    container_id: str | None = None
+    t0 = clock()
+    try:
+        _, reply = api.call("POST", f"/containers/create?name={name}", body, ok=(201,))
+        container_id = str(json.loads(reply)["Id"])
+        t1 = clock()
+        steps["create"] = t1 - t0
+        api.call("POST", f"/containers/{container_id}/start", ok=(204,))
+        t2 = clock()
+        steps["start"] = t2 - t1
+        _, reply = api.call("POST", f"/containers/{container_id}/wait", ok=(200,))
+        t3 = clock()
+        steps["wait"] = t3 - t2
+        wait_reply = json.loads(reply)
+        if wait_reply.get("StatusCode") != 0 or (wait_reply.get("Error") or {}).get("Message"):
+            raise RuntimeError(f"raw: container {name} ended with {wait_reply!r}")
+    finally:
+        t3 = clock()
+        api.remove(container_id or name)
+        steps["delete"] = clock() - t3
+    return steps
+
+
+# --- contenders ----------------------------------------------------------------------------
+
+
+@dataclass
+class SbxkitRuns:
+    leases: list[str] = field(default_factory=list)
+    outside_phases_s: list[float] = field(default_factory=list)
+
+
+def sbxkit_contender(engine: Engine, spec: SandboxSpec, runs: SbxkitRuns) -> Contender:
+    async def once() -> StepTimings:
+        t0 = time.perf_counter()
+        result = await sbxkit_run(spec, engine=engine)
+        elapsed = time.perf_counter() - t0
+        runs.leases.append(result.lease)
+        if not result.ok:
+            raise RuntimeError(
+                f"sbxkit: status {result.status}, exit {result.exit_code}, "
+                f"stderr {result.stderr[:200]!r}"
+            )
+        t = result.timings
+        runs.outside_phases_s.append(elapsed - (t.create_s + t.start_s + t.run_s + t.remove_s))
+        return {"create": t.create_s, "start": t.start_s, "run": t.run_s, "remove": t.remove_s}
+
+    return Contender(
+        "sbxkit",
+        "sbxkit",
+        "await sbxkit.runner.run(spec, engine=engine): image inspect, create, inspect, attach, "
+        "wait registration, start, stream to exit, inspect, remove; engine opened once",
+        once,
+    )
+
+
+def raw_contender(
+    api: RawEngine, body: dict[str, Any], *, key: str, label: str, what: str
+) -> Contender:
+    encoded = json.dumps(body, separators=(",", ":")).encode()
+    prefix = "sbxbench-" + key.replace("_", "-") + "-"
+
+    async def once() -> StepTimings:
+        return await trio.to_thread.run_sync(raw_one_shot, api, encoded, prefix)
+
+    return Contender(
+        key,
+        label,
+        f"stdlib http.client over AF_UNIX, one keep-alive connection, in a worker thread: "
+        f"POST /v1.41/containers/create ({what}), POST start, POST wait, "
+        f"DELETE ?force=1&v=1; no attach",
+        once,
+    )
+
+
+def docker_run_contender(command: Sequence[str], env: dict[str, str]) -> Contender:
+    async def once() -> StepTimings:
+        done = await trio.run_process(
+            list(command), capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"docker run exited {done.returncode}: {done.stderr.decode(errors='replace')}"
+            )
+        return {}
+
+    return Contender(
+        "docker_run",
+        "docker run --rm",
+        "subprocess: " + " ".join(command),
+        once,
+    )
+
+
+# --- call tracing (profile only) -------------------------------------------------------------
+
+TRACED = (
+    "image_inspect",
+    "container_create",
+    "container_inspect",
+    "container_attach",
+    "container_wait",
+    "container_start",
+    "container_remove",
+)
+
+
+class CallTracer:
+    """Times each Engine call sbxkit makes, by wrapping the shared engine's methods (bench-side
+    instrumentation only: sbxkit's code is untouched; the wrappers cost microseconds)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.calls: list[tuple[str, float]] = []
+        self.per_run: list[dict[str, float]] = []
+        for name in TRACED:
+            setattr(engine, name, self._wrap(name, getattr(engine, name)))
+
+    def _wrap(self, name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+        async def traced(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            result = await method(*args, **kwargs)
+            self.calls.append((name, time.perf_counter() - t0))
+            if name == "container_wait":
+                result_method = result.result
+
+                async def waited() -> Any:
+                    t1 = time.perf_counter()
+                    reply = await result_method()
+                    self.calls.append(("wait.result", time.perf_counter() - t1))
+                    return reply
+
+                result.result = waited
+            return result
+
+        return traced
+
+    def begin(self) -> None:
+        self.calls = []
+
+    def end(self, total_s: float) -> None:
+        seen: dict[str, int] = {}
+        row: dict[str, float] = {}
+        for name, seconds in self.calls:
+            seen[name] = seen.get(name, 0) + 1
+            key = name if seen[name] == 1 else f"{name}#{seen[name]}"
+            row[key] = seconds
+        row["python (outside engine calls)"] = total_s - sum(s for _, s in self.calls)
+        self.per_run.append(row)
+
+
+def traced_sbxkit_contender(
+    engine: Engine, spec: SandboxSpec, runs: SbxkitRuns, tracer: CallTracer
+) -> Contender:
+    inner = sbxkit_contender(engine, spec, runs)
+    untraced = inner.once
+
+    async def once() -> StepTimings:
+        tracer.begin()
+        t0 = time.perf_counter()
+        steps = await untraced()
+        tracer.end(time.perf_counter() - t0)
+        return steps
+
+    inner.once = once
+    return inner
+
+
+# --- leaks -------------------------------------------------------------------------------------
+
+
+def _names(container: dict[str, Any]) -> list[str]:
+    return [n.lstrip("/") for n in container.get("Names") or []]
+
+
+def attributable(container: dict[str, Any], image: str, leases: Sequence[str] = ()) -> bool:
+    """Did this benchmark make it? Precise on purpose: other clients (a test run) may share the
+    daemon, and their containers are neither reported nor touched.
+
+    Ours: the bench label (sbxkit's spec carries it too, so even a run that raised before
+    returning its lease is covered), one of our sbxkit leases, our name prefix, or — for
+    ``docker run``, whose command is left exactly as the issue wrote it — an unlabelled ``true``
+    from the bench image.
+    """
+    labels = container.get("Labels") or {}
+    return (
+        BENCH_LABEL in labels
+        or labels.get(LEASE_LABEL) in set(leases)
+        or any(n.startswith("sbxbench-") for n in _names(container))
+        or (container.get("Image") == image and not labels and container.get("Command") == "true")
+    )
+
+
+def sweep_leaks(
+    witness: RawEngine, before: set[str], image: str, leases: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Containers this run made that still exist; each is reported, then removed."""
+    leaks = []
+    for container in witness.containers():
+        if container["Id"] in before or not attributable(container, image, leases):
+            continue
+        removed = witness.remove(container["Id"])
+        leaks.append(
+            {
+                "id": container["Id"][:12],
+                "names": _names(container),
+                "labels": container.get("Labels") or {},
+                "state": container.get("State"),
+                "removed_by_bench": removed,
+            }
+        )
+    return leaks
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+async def docker_cli_facts(docker: str, env: dict[str, str]) -> dict[str, Any]:
+    facts: dict[str, Any] = {"path": docker}
+    for key, argv in (
+        ("version_string", [docker, "--version"]),
+        ("client", [docker, "version", "--format", "{{json .Client}}"]),
+    ):
+        done = await trio.run_process(argv, capture_stdout=True, check=False, env=env)
+        text = done.stdout.decode(errors="replace").strip()
+        facts[key] = json.loads(text) if key == "client" and text.startswith("{") else text
+    return facts
+
+
+async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[str, Any]:
+    docker = shutil.which("docker")
+    if docker is None:
+        raise SystemExit("bench oneshot: no `docker` on PATH (needed for the docker run baseline)")
+    env = dict(os.environ, DOCKER_HOST=f"unix://{args.socket}")
+    docker_cmd = [docker, "run", "--rm", "--network", "none", args.image, "true"]
+    spec = sbxkit_spec(args.image)
+    witness = RawEngine(args.socket)
+    raw_api = RawEngine(args.socket)
+    raw_body = raw_create_body(args.image)
+    errors: list[str] = []
+    async with open_engine(args.socket) as engine:
+        facts = await machine_facts(engine)
+        facts["docker_cli"] = await docker_cli_facts(docker, env)
+        await engine.image_inspect(args.image)  # fail early (and clearly) if it is missing
+        snapshot = await trio.to_thread.run_sync(witness.containers)
+        before = {c["Id"] for c in snapshot}
+        leftovers = [
+            {"id": c["Id"][:12], "names": _names(c)}
+            for c in snapshot
+            if attributable(c, args.image)
+        ]
+        runs = SbxkitRuns()
+        tracer = CallTracer(engine) if args.profile else None
+        contenders = [
+            traced_sbxkit_contender(engine, spec, runs, tracer)
+            if tracer
+            else sbxkit_contender(engine, spec, runs),
+            raw_contender(
+                raw_api,
+                raw_body,
+                key="raw",
+                label="raw floor",
+                what="same limits, NetworkDisabled, no hardening",
+            ),
+            docker_run_contender(docker_cmd, env),
+        ]
+        if args.profile:
+            contenders += [
+                raw_contender(
+                    raw_api,
+                    hardened_create_body(args.image),
+                    key="raw_hardened",
+                    label="raw, sbxkit body",
+                    what="sbxkit's exact hardened body",
+                ),
+                raw_contender(
+                    raw_api,
+                    netns_create_body(args.image),
+                    key="raw_netns",
+                    label="raw, netns",
+                    what="the floor's body without NetworkDisabled",
+                ),
+            ]
+        say(
+            f"oneshot: {warmup} warm-up + {rounds} measured rounds of "
+            + " → ".join(c.key for c in contenders)
+        )
+        try:
+            await run_interleaved(
+                contenders,
+                rounds=rounds,
+                warmup=warmup,
+                progress=lambda text: say(f"  {text}"),
+            )
+        except ContenderFailed as exc:
+            errors.append(str(exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                leaks = await trio.to_thread.run_sync(
+                    sweep_leaks, witness, before, args.image, runs.leases
+                )
+                witness.close()
+                raw_api.close()
+        facts["loadavg_at_end"] = list(os.getloadavg())
+    return build_report(
+        args=args,
+        rounds=rounds,
+        warmup=warmup,
+        facts=facts,
+        contenders=contenders,
+        runs=runs,
+        tracer=tracer,
+        raw_connects=raw_api.connects,
+        docker_cmd=docker_cmd,
+        spec=spec,
+        raw_body=raw_body,
+        errors=errors,
+        leaks=leaks,
+        leftovers=leftovers,
+    )
+
+
+def _medians_ms(table: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(values) * 1000.0 for name, values in table.items() if values}
+
+
+def build_report(
+    *,
+    args: argparse.Namespace,
+    rounds: int,
+    warmup: int,
+    facts: dict[str, Any],
+    contenders: Sequence[Contender],
+    runs: SbxkitRuns,
+    tracer: CallTracer | None,
+    raw_connects: int,
+    docker_cmd: Sequence[str],
+    spec: SandboxSpec,
+    raw_body: dict[str, Any],
+    errors: list[str],
+    leaks: list[dict[str, Any]],
+    leftovers: list[dict[str, Any]],
+) -> dict[str, Any]:
+    by_key = {c.key: c for c in contenders}
+    complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
+    ratios: dict[str, Any] = {}
+    if complete and rounds > 0:
+        sbx = by_key["sbxkit"].totals_s
+        ratios["sbxkit/raw"] = ratio_of_medians(sbx, by_key["raw"].totals_s)
+        ratios["sbxkit/docker_run"] = ratio_of_medians(sbx, by_key["docker_run"].totals_s)
+        ratios["docker_run/raw"] = ratio_of_medians(
+            by_key["docker_run"].totals_s, by_key["raw"].totals_s
+        )
+        if "raw_hardened" in by_key:
+            hardened = by_key["raw_hardened"].totals_s
+            ratios["sbxkit/raw_hardened"] = ratio_of_medians(sbx, hardened)
+            ratios["raw_hardened/raw"] = ratio_of_medians(hardened, by_key["raw"].totals_s)
+            ratios["raw_netns/raw"] = ratio_of_medians(
+                by_key["raw_netns"].totals_s, by_key["raw"].totals_s
+            )
+    measured = ratios.get("sbxkit/raw", {}).get("ratio")
+    report: dict[str, Any] = {
+        "bench": NAME,
+        "summary": SUMMARY,
+        "machine": facts,
+        "config": {
+            "rounds": rounds,
+            "warmup": warmup,
+            "quick": bool(args.quick),
+            "profile": bool(args.profile),
+            "order": [c.key for c in contenders],
+            "interleaving": "round-robin, fixed order, one trio event loop",
+            "clock": "time.perf_counter around the awaited call",
+            "image": args.image,
+            "sbxkit_spec": msgspec.to_builtins(spec),
+            "raw_create_body": raw_body,
+            "docker_command": list(docker_cmd),
+        },
+        "contenders": {
+            c.key: {
+                "label": c.label,
+                "description": c.description,
+                "total_ms": summarise_ms(c.totals_s),
+                "steps_median_ms": _medians_ms(c.steps_s),
+                "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
+            }
+            for c in contenders
+        },
+        "ratios": ratios,
+        "target": {
+            "expression": f"sbxkit/raw <= {TARGET_RATIO:.2f}",
+            "ratio": measured,
+            "met": None if measured is None else measured <= TARGET_RATIO,
+        },
+        "errors": errors,
+        "leaks": leaks,
+        "leftovers_before_run": leftovers,
+        "ok": not errors and not leaks,
+    }
+    sbx_info = report["contenders"].get("sbxkit")
+    if sbx_info is not None and runs.outside_phases_s:
+        sbx_info["outside_phases_median_ms"] = statistics.median(runs.outside_phases_s) * 1000.0
+    raw_info = report["contenders"].get("raw")
+    if raw_info is not None:
+        raw_info["connections_opened"] = raw_connects
+        raw_steps = by_key["raw"].steps_s
+        if raw_steps and by_key["raw"].totals_s:
+            sums = [sum(vals) for vals in zip(*(raw_steps[s] for s in RAW_STEPS), strict=True)]
+            gaps = [t - s for t, s in zip(by_key["raw"].totals_s, sums, strict=True)]
+            raw_info["outside_steps_median_ms"] = statistics.median(gaps) * 1000.0
+    if tracer is not None and tracer.per_run:
+        columns: dict[str, list[float]] = {}
+        for row in tracer.per_run:
+            for name, seconds in row.items():
+                columns.setdefault(name, []).append(seconds)
+        report["profile"] = {
+            "sbxkit_calls_median_ms": _medians_ms(columns),
+            "note": "per-call wall time of each Engine call sbxkit made, in call order; "
+            "'wait.result' is start-returned → exit reply; "
+            "'python' is everything else (validation, body, msgspec, nursery, drain)",
+        }
+    return report
+
+
+# --- presentation ------------------------------------------------------------------------------
+
+
+def _ratio_line(name: str, info: dict[str, Any]) -> str:
+    halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+    low, high = info["bootstrap95"]
+    return f"{name:<22} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"oneshot `true` — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
+        + " → ".join(cfg["order"]),
+        f"{'contender':<18} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
+    ]
+    for info in report["contenders"].values():
+        t = info["total_ms"]
+        lines.append(
+            f"{info['label']:<18} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
+            f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
+            f"{t['n']:>4}"
+        )
+    lines.append("(ms, wall time per one-shot run)")
+    for name, info in report["ratios"].items():
+        lines.append(_ratio_line(name, info))
+    target = report["target"]
+    if target["ratio"] is not None:
+        verdict = "MET" if target["met"] else "NOT met"
+        lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
+    for key, heading in (
+        ("sbxkit", "sbxkit phases"),
+        ("raw", "raw steps"),
+        ("raw_hardened", ""),
+        ("raw_netns", ""),
+    ):
+        info = report["contenders"].get(key)
+        if not info or not info["steps_median_ms"]:
+            continue
+        parts = "  ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
+        extra = info.get("outside_phases_median_ms", info.get("outside_steps_median_ms"))
+        tail = f"  (outside: {extra:.1f})" if extra is not None else ""
+        lines.append(f"{heading or info['label']:<18} median ms: {parts}{tail}")
+    profile = report.get("profile")
+    if profile:
+        lines.append("sbxkit engine calls (median ms):")
+        for name, ms in profile["sbxkit_calls_median_ms"].items():
+            lines.append(f"  {name:<32} {ms:7.2f}")
+    for error in report["errors"]:
+        lines.append(f"ERROR: {error}")
+    for leak in report["leaks"]:
+        lines.append(f"LEAK: {leak}")
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    m = report["machine"]
+    cli = m.get("docker_cli", {})
+    out = [
+        "# oneshot — one-shot `true`",
+        "",
+        f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
+        f"`{' → '.join(cfg['order'])}` · Docker {m['docker_server_version']} "
+        f"(API {m['docker_server_api']}, runtime {m['default_runtime']}, cgroup "
+        f"v{m['cgroup_version']}) · kernel {m['kernel']} · {m['nproc']} CPUs · "
+        f"CLI {cli.get('version_string', '?')}",
+        "",
+        "| contender | median ms | p10 | p90 | min | max | n |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for info in report["contenders"].values():
+        t = info["total_ms"]
+        out.append(
+            f"| {info['label']} | {fmt_ms(t.get('median'))} | {fmt_ms(t.get('p10'))} | "
+            f"{fmt_ms(t.get('p90'))} | {fmt_ms(t.get('min'))} | {fmt_ms(t.get('max'))} | "
+            f"{t['n']} |"
+        )
+    if report["ratios"]:
+        out += [
+            "",
+            "| ratio of medians | value | first half / second half | bootstrap 95 % |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, info in report["ratios"].items():
+            low, high = info["bootstrap95"]
+            halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+            out.append(f"| {name} | {info['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    target = report["target"]
+    if target["ratio"] is not None:
+        verdict = "**met**" if target["met"] else "**not met**"
+        out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
+    out += ["", "Median ms per step:", ""]
+    for key in ("sbxkit", "raw", "raw_hardened", "raw_netns"):
+        info = report["contenders"].get(key)
+        if info and info["steps_median_ms"]:
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
+            extra = info.get("outside_phases_median_ms", info.get("outside_steps_median_ms"))
+            tail = f", outside {extra:.1f}" if extra is not None else ""
+            out.append(f"- {info['label']}: {parts}{tail}")
+    profile = report.get("profile")
+    if profile:
+        out += ["", "sbxkit's engine calls (median ms, call order):", ""]
+        out += ["| call | ms |", "|---|---:|"]
+        for name, ms in profile["sbxkit_calls_median_ms"].items():
+            out.append(f"| {name} | {ms:.2f} |")
+    if report["errors"] or report["leaks"]:
+        out += ["", "**Errors / leaks:**", ""]
+        out += [f"- {e}" for e in report["errors"]]
+        out += [f"- leaked {leak}" for leak in report["leaks"]]
+    return "\n".join(out) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    rounds = (
+        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    )
+    warmup = (
+        args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    )
+    if rounds < 1 or warmup < 0:
+        raise SystemExit("bench oneshot: --rounds must be >= 1 and --warmup >= 0")
+    report = trio.run(measure, args, rounds, warmup)
+    print(render_text(report))
+    if str(args.out) != "-":
+        stem = "oneshot-profile" if args.profile else "oneshot"
+        write_json(args.out / f"{stem}.json", report)
+        write_atomically(args.out / f"{stem}.md", render_markdown(report))
+        say(f"wrote {args.out / stem}.json and .md")
+    return 0 if report["ok"] else 1

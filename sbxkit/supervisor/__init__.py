@@ -1,0 +1,1 @@
+"""The independent supervisor process and its client (design.md §4)."""

@@ -1,0 +1,3 @@
+from sbxkit.supervisor.service import main
+
+main()

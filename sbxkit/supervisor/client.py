@@ -1,0 +1,282 @@
+"""The caller's side of supervision: an ``Owner`` that delegates create and remove.
+
+``SupervisedOwner`` connects to the supervisor of a state directory, launching it when absent
+(in its own session, so it survives its caller), and holds one connection per lease. The
+connection itself is the caller's liveness: when the caller dies, the kernel closes it and the
+supervisor removes the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from sbxkit.engine.client import Engine
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.errors import CleanupError, SbxError
+from sbxkit.supervisor.fingerprint import implementation_fingerprint
+from sbxkit.supervisor.journal import SOCKET_NAME, check_state_dir, default_state_dir
+from sbxkit.supervisor.wire import (
+    PROTOCOL_VERSION,
+    Close,
+    Closed,
+    Created,
+    Failed,
+    FrameReader,
+    Hello,
+    Message,
+    Orphaned,
+    Refused,
+    Register,
+    Registered,
+    Reservation,
+    ServerMessage,
+    Welcome,
+    decode_server,
+    encode,
+)
+
+LAUNCH_TIMEOUT_S = 15.0
+REPLY_TIMEOUT_S = 30.0
+
+
+class SupervisorError(SbxError):
+    """The supervisor refused or failed a request, or could not be reached."""
+
+    def __init__(self, reason: str, *, code: str = "error", lease: str | None = None) -> None:
+        super().__init__(f"supervisor: {reason}")
+        self.reason = reason
+        self.code = code
+        self.lease = lease
+
+
+class CapacityExhausted(SupervisorError):
+    """Admission refused: records, connections, workers, memory or CPU budget are used up."""
+
+
+def supervisor_argv(state_dir: Path) -> list[str]:
+    """How to start the helper: ``SBXKIT_SUPERVISOR`` names an executable taking
+    ``--state-dir``; the default is this interpreter running ``sbxkit.supervisor``."""
+    override = os.environ.get("SBXKIT_SUPERVISOR", "").strip()
+    base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
+    return [*base, "--state-dir", str(state_dir)]
+
+
+def launch_detached(argv: list[str], log_path: Path) -> None:
+    """Start the supervisor in a new session whose parent is not us, so it survives us and we
+    leave no zombie: a shell backgrounds it and exits at once."""
+    subprocess.run(
+        [
+            "/bin/sh",
+            "-c",
+            'umask 077; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
+            "sbxkit-launch",
+            str(log_path),
+            *argv,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        check=True,
+        timeout=10,
+    )
+
+
+class _Session:
+    """One connection carrying one lease."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.reader = FrameReader()
+        self.pending: list[bytes] = []
+
+    async def send(self, message: Message) -> None:
+        await self.stream.send_all(encode(message))
+
+    async def receive(self) -> ServerMessage | None:
+        while not self.pending:
+            try:
+                data = await self.stream.receive_some(64 * 1024)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return None
+            if not data:
+                return None
+            self.pending.extend(self.reader.feed(data))
+        return decode_server(self.pending.pop(0))
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+class SupervisedOwner:
+    """Owner whose containers survive nothing: the supervisor removes them even if we die."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        state_dir: Path | None = None,
+        startup_deadline_s: float = 30.0,
+        close_timeout_s: float = 60.0,
+    ) -> None:
+        self._engine = engine
+        self.state_dir = state_dir or default_state_dir()
+        self.startup_deadline_s = startup_deadline_s
+        self.close_timeout_s = close_timeout_s
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def socket_path(self) -> Path:
+        return self.state_dir / SOCKET_NAME
+
+    # -- connecting -----------------------------------------------------------------------------
+
+    async def _connect_once(self) -> trio.SocketStream | None:
+        path = self.socket_path
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            raise SupervisorError(
+                f"{path} is not a socket owned by uid {os.geteuid()}", code="storage"
+            )
+        try:
+            return await trio.open_unix_socket(str(path))
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                return None
+            raise SupervisorError(f"cannot connect to {path}: {exc.strerror}") from exc
+
+    async def connect(self) -> _Session:
+        """Connect (launching the supervisor if needed) and complete the handshake."""
+        await trio.to_thread.run_sync(lambda: check_state_dir(self.state_dir, create=True))
+        stream = await self._connect_once()
+        if stream is None:
+            argv = supervisor_argv(self.state_dir)
+            log_path = self.state_dir / "supervisor.log"
+            try:
+                await trio.to_thread.run_sync(launch_detached, argv, log_path)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SupervisorError(f"cannot launch {shlex.join(argv)}: {exc}") from exc
+            with trio.move_on_after(LAUNCH_TIMEOUT_S):
+                while stream is None:
+                    await trio.sleep(0.02)
+                    stream = await self._connect_once()
+            if stream is None:
+                raise SupervisorError(
+                    f"{shlex.join(argv)} did not open {self.socket_path} "
+                    f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
+                )
+        session = _Session(stream)
+        try:
+            await session.send(
+                Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
+            )
+            reply = await self._reply(session, "handshake")
+        except BaseException:
+            await session.aclose()
+            raise
+        if isinstance(reply, Welcome):
+            return session
+        await session.aclose()
+        if isinstance(reply, Refused):
+            raise SupervisorError(reply.reason, code=reply.code)
+        raise SupervisorError(f"unexpected {type(reply).__name__} in the handshake")
+
+    async def _reply(
+        self, session: _Session, what: str, timeout: float = REPLY_TIMEOUT_S
+    ) -> ServerMessage:
+        with trio.move_on_after(timeout):
+            try:
+                message = await session.receive()
+            except SbxError as exc:
+                raise SupervisorError(f"{what}: {exc}") from exc
+            if message is None:
+                raise SupervisorError(f"{what}: the supervisor closed the connection")
+            return message
+        raise SupervisorError(f"{what}: no answer within {timeout:g} s")
+
+    # -- the owner seam -------------------------------------------------------------------------
+
+    async def create(
+        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+    ) -> str:
+        host = body.host_config
+        if host is None or host.memory is None or host.nano_cpus is None:
+            raise SupervisorError("the create body must bound memory and CPU", lease=lease)
+        session = await self.connect()
+        self._sessions[lease] = session
+        await session.send(
+            Register(
+                lease=lease,
+                name=name,
+                engine_socket=self._engine.socket_path,
+                body=body,
+                reservation=Reservation(memory_bytes=host.memory, nano_cpus=host.nano_cpus),
+                startup_deadline_s=self.startup_deadline_s,
+                lifetime_deadline_s=lifetime_s,
+            )
+        )
+        reply = await self._reply(session, "register")
+        if isinstance(reply, Refused):
+            self._sessions.pop(lease, None)
+            await session.aclose()
+            cls = CapacityExhausted if reply.code == "capacity" else SupervisorError
+            raise cls(reply.reason, code=reply.code, lease=lease)
+        if not isinstance(reply, Registered):
+            raise SupervisorError(f"unexpected {type(reply).__name__} after register", lease=lease)
+        # From here the supervisor owns the container: cancelling us only closes the session.
+        reply = await self._reply(
+            session, "create", timeout=self.startup_deadline_s + REPLY_TIMEOUT_S
+        )
+        if isinstance(reply, Created):
+            return reply.container_id
+        if isinstance(reply, Failed):
+            raise SupervisorError(reply.reason, code="failed", lease=lease)
+        raise SupervisorError(f"unexpected {type(reply).__name__} during create", lease=lease)
+
+    async def remove(self, lease: str, name: str, container_id: str | None) -> None:
+        session = self._sessions.pop(lease, None)
+        if session is None:
+            return  # never registered: nothing was created
+        try:
+            with trio.CancelScope(shield=True):
+                await self._close(session, lease, container_id)
+        finally:
+            await session.aclose()
+
+    async def _close(self, session: _Session, lease: str, container_id: str | None) -> None:
+        """Ask for removal and wait for the verdict: only ``Closed`` means cleaned up."""
+        lost = (
+            "the connection to the supervisor was lost before cleanup was acknowledged; "
+            "durable recovery is required (the supervisor's restart recovery removes it)"
+        )
+        # The send may fail if the supervisor already ended the lease; its verdict is buffered.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await session.send(Close(lease=lease))
+        with trio.move_on_after(self.close_timeout_s):
+            while True:
+                try:
+                    message = await session.receive()
+                except SbxError as exc:
+                    raise CleanupError(lease, container_id, f"{lost} ({exc})") from exc
+                if message is None:
+                    raise CleanupError(lease, container_id, lost)
+                if isinstance(message, Closed):
+                    return
+                if isinstance(message, Orphaned):
+                    raise CleanupError(lease, container_id, message.reason)
+                # Created or Failed from a create that ended after we gave up: keep waiting.
+        raise CleanupError(
+            lease, container_id, f"no acknowledgement within {self.close_timeout_s:g} s"
+        )

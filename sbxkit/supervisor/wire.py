@@ -1,0 +1,172 @@
+"""The supervisor's wire protocol: length-prefixed msgspec messages, tagged unions, capped.
+
+Pure: bytes in, messages out. Each frame is a 4-byte big-endian length and a JSON document
+whose ``type`` field names the message. A frame larger than ``MAX_FRAME`` or a document that is
+not one of the expected messages is a ``WireError``; the connection is then dropped.
+
+One connection carries one lease:
+
+    client                                  supervisor
+    Hello(protocol, fingerprint)     ─►
+                                     ◄─     Welcome | Refused
+    Register(lease, name, body, …)   ─►     (journal fsync'd: intent recorded)
+                                     ◄─     Registered
+                                     ◄─     Created(container_id) | Failed(reason)
+    Close                            ─►     (container removed, record deleted)
+                                     ◄─     Closed | Orphaned
+
+EOF from the client at any point means "remove". After ``Registered`` every lease ends in
+exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
+``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
+``Closed`` means cleaned up. ``Failed`` only says the caller must not start anything.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal
+
+import msgspec
+
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.errors import SbxError
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class WireError(SbxError):
+    """A peer broke the supervisor protocol (oversized, malformed or unexpected message)."""
+
+
+class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
+    """Base of every wire message; our own data, so unknown fields are refused."""
+
+
+# -- client → supervisor -----------------------------------------------------------------------
+
+
+class Hello(Message, tag="hello"):
+    protocol: int
+    fingerprint: str
+
+
+class Reservation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """What a lease asks the supervisor to admit; checked again on the created container."""
+
+    memory_bytes: int
+    nano_cpus: int
+
+
+class Register(Message, tag="register"):
+    lease: str
+    name: str
+    engine_socket: str
+    body: ContainerCreate
+    reservation: Reservation
+    startup_deadline_s: float
+    lifetime_deadline_s: float
+
+
+class Close(Message, tag="close"):
+    lease: str
+
+
+# -- supervisor → client -----------------------------------------------------------------------
+
+RefusalCode = Literal["version", "peer", "capacity", "storage", "request", "shutdown"]
+
+
+class Welcome(Message, tag="welcome"):
+    protocol: int
+    fingerprint: str
+
+
+class Refused(Message, tag="refused"):
+    code: RefusalCode
+    reason: str
+
+
+class Registered(Message, tag="registered"):
+    lease: str
+
+
+class Created(Message, tag="created"):
+    lease: str
+    container_id: str
+
+
+class Failed(Message, tag="failed"):
+    """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
+
+    lease: str
+    reason: str
+
+
+class Closed(Message, tag="closed"):
+    """The lease is released: its container is confirmed gone and its record deleted."""
+
+    lease: str
+
+
+class Orphaned(Message, tag="orphaned"):
+    """Cleanup could not be confirmed; the record is kept and recovery will finish it."""
+
+    lease: str
+    reason: str
+
+
+ClientMessage = Hello | Register | Close
+ServerMessage = Welcome | Refused | Registered | Created | Failed | Closed | Orphaned
+
+_encoder = msgspec.json.Encoder()
+_client_decoder = msgspec.json.Decoder(ClientMessage)
+_server_decoder = msgspec.json.Decoder(ServerMessage)
+
+
+def encode(message: Message) -> bytes:
+    payload = _encoder.encode(message)
+    if len(payload) > MAX_FRAME:
+        raise WireError(f"message of {len(payload)} bytes exceeds the {MAX_FRAME}-byte cap")
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Incremental frame splitter; ``feed`` returns complete payloads in order."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        frames: list[bytes] = []
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if size > self._max_frame:
+                raise WireError(f"frame of {size} bytes exceeds the {self._max_frame}-byte cap")
+            end = _HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            frames.append(bytes(self._buffer[_HEADER.size : end]))
+            del self._buffer[:end]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+
+def decode_client(payload: bytes) -> ClientMessage:
+    try:
+        return _client_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"malformed client message: {exc}") from exc
+
+
+def decode_server(payload: bytes) -> ServerMessage:
+    try:
+        return _server_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"malformed supervisor message: {exc}") from exc

@@ -1,0 +1,203 @@
+"""Shared helpers for the real-engine behaviour tests (hardening, outcomes, CLI).
+
+Specs are built with small, explicit limits; anything that proves what the daemon did (containers,
+events, images) goes through the independent witness, never through sbxkit's own client, and
+anything that proves what processes exist goes through the host's /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sbxkit.spec import Limits, MiB, SandboxSpec
+from tests.witness import Witness
+
+BASE_LIMITS: dict[str, Any] = {
+    "cpus": 0.5,
+    "memory_bytes": 64 * MiB,
+    "pids": 64,
+    "output_bytes": MiB,
+    "timeout_s": 20.0,
+}
+"""Sane small limits; each test overrides only the one it is about."""
+
+
+def limits(**overrides: Any) -> Limits:
+    return msgspec.convert({**BASE_LIMITS, **overrides}, Limits)
+
+
+def spec(image: str, script: str, *, env: dict[str, str] | None = None, **overrides: Any) -> SandboxSpec:
+    """``sh -c script`` in ``image`` under BASE_LIMITS with ``overrides``."""
+    return SandboxSpec(
+        image=image, command=["sh", "-c", script], limits=limits(**overrides), env=env or {}
+    )
+
+
+def python_spec(
+    image: str, code: str, *args: str, env: dict[str, str] | None = None, **overrides: Any
+) -> SandboxSpec:
+    """``python3 -c code args...`` in ``image`` under BASE_LIMITS with ``overrides``."""
+    return SandboxSpec(
+        image=image,
+        command=["python3", "-c", code, *args],
+        limits=limits(**overrides),
+        env=env or {},
+    )
+
+
+def unique(prefix: str = "sbxt") -> str:
+    """A name nobody else uses: prefix plus 64 random bits."""
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+def text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def wait_until(predicate: Callable[[], bool], seconds: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``seconds`` passed; return its last value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+# --- host process table ------------------------------------------------------------------------
+
+
+class HostProcess(msgspec.Struct, frozen=True):
+    pid: int
+    ns_pids: tuple[int, ...]
+    """NSpid: the pid in each pid namespace, outermost first (length 1 = a host process)."""
+    session: int
+
+    @property
+    def in_container(self) -> bool:
+        return len(self.ns_pids) > 1
+
+    @property
+    def is_container_init(self) -> bool:
+        return self.ns_pids[-1] == 1
+
+
+def _read_process(pid: int) -> HostProcess | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ns_pids: tuple[int, ...] = (pid,)
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            ns_pids = tuple(int(x) for x in line.split()[1:])
+    return HostProcess(pid=pid, ns_pids=ns_pids, session=int(fields[3]))
+
+
+def processes_with_marker(marker: str) -> list[HostProcess]:
+    """Host processes inside some container whose command line contains ``marker``."""
+    needle = marker.encode()
+    found: list[HostProcess] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            proc = _read_process(int(entry))
+            if proc is not None and proc.in_container:
+                found.append(proc)
+    return found
+
+
+def container_file_lines(pid: int, path: str) -> int | None:
+    """Lines of ``path`` as seen by host process ``pid`` (through /proc/PID/root), if readable."""
+    try:
+        return Path(f"/proc/{pid}/root{path}").read_bytes().count(b"\n")
+    except OSError:
+        return None
+
+
+# --- the witness, beyond what tests/witness.py offers ----------------------------------------
+
+
+def container_exists(witness: Witness, container_id: str) -> bool:
+    """GET /containers/{id}/json through the witness: 200 → True, 404 → False, else raise."""
+    response = witness.session.get(f"{witness.base}/containers/{container_id}/json", timeout=30)
+    if response.status_code == 404:
+        return False
+    response.raise_for_status()
+    return True
+
+
+def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]]:
+    """Containers (any state) whose command contains ``marker`` — robust to other tenants."""
+    return [c for c in witness.containers() if marker in (c.get("Command") or "")]
+
+
+def tag_image(witness: Witness, source: str, repo: str, tag: str) -> str:
+    """Tag ``source`` as ``repo:tag`` through the witness; return the new reference."""
+    response = witness.session.post(
+        f"{witness.base}/images/{source}/tag", params={"repo": repo, "tag": tag}, timeout=30
+    )
+    response.raise_for_status()
+    return f"{repo}:{tag}"
+
+
+def delete_image(witness: Witness, reference: str) -> None:
+    """Remove an image reference through the witness (404: already gone).
+
+    Never forced: for a reference that shares its image with other tags this only untags it.
+    """
+    response = witness.session.delete(f"{witness.base}/images/{reference}", timeout=30)
+    if response.status_code != 404:
+        response.raise_for_status()
+
+
+def create_plain_container(witness: Witness, image: str, name: str) -> str:
+    """A stopped helper container the witness owns: no sbxkit name prefix, no lease label."""
+    assert not name.startswith("sbxkit-")
+    response = witness.session.post(
+        f"{witness.base}/containers/create",
+        params={"name": name},
+        json={"Image": image, "Cmd": ["true"], "Labels": {"sbxkit-tests.helper": "1"}},
+        timeout=30,
+    )
+    response.raise_for_status()
+    container_id: str = response.json()["Id"]
+    return container_id
+
+
+def commit_with_volume(witness: Witness, container_id: str, repo: str, tag: str) -> str:
+    """Commit ``container_id`` as ``repo:tag`` with ``VOLUME /data``; return the reference."""
+    response = witness.session.post(
+        f"{witness.base}/commit",
+        params={"container": container_id, "repo": repo, "tag": tag, "changes": "VOLUME /data"},
+        timeout=60,
+    )
+    response.raise_for_status()
+    return f"{repo}:{tag}"
+
+
+def image_volumes(witness: Witness, reference: str) -> dict[str, Any]:
+    info = witness.get(f"/images/{reference}/json")
+    return (info.get("Config") or {}).get("Volumes") or {}
+
+
+def actions(events: list[dict[str, Any]]) -> list[str]:
+    """The ``Action`` of each daemon event, in order."""
+    return [str(e.get("Action") or e.get("status")) for e in events]
+

@@ -1,0 +1,454 @@
+"""Caller cancellation at every await point of the one-shot lifecycle, then proof nothing leaked.
+
+Modelled on httpcore's ``test_cancellations.py``: an engine subclass calls a hook before and
+after each engine call the runner makes (and around the first read of the attach stream and of
+the wait reply); the hook cancels the caller's scope at exactly one (point, phase). After each
+run the independent witness — never sbxkit — proves that no container of the lease exists and,
+for every point before ``container_start``, that the payload never started (the daemon's event
+log for the lease has no ``start``).
+
+Outcome of each cancel point (``#n`` is the n-th call of that method in one run):
+
+==============================  ==========  ==============================================
+point                           phase       ends in
+==============================  ==========  ==============================================
+image_inspect#1                 before      Cancelled; no container was ever created
+image_inspect#1                 after       Cancelled; the create is still sent (known issue,
+                                            see test_cancel_before_create_sends_no_create),
+                                            the container is removed, never started
+container_create#1              before      Cancelled; create is shielded and completes, the
+                                            container is removed, never started
+container_create#1              after       Cancelled; removed, never started
+container_inspect#1             both        Cancelled; removed, never started
+container_attach#1              both        Cancelled; removed, never started
+container_wait#1                both        Cancelled; removed, never started
+container_start#1               before      Cancelled; removed, never started
+container_start#1               after       Cancelled; started, then removed (killed)
+waiter.result#1                 before      Cancelled; started, then removed
+attach.receive_some#1           before      Cancelled; started, then removed
+--- reached only by a payload that exits (``true``) ---
+attach.receive_some#1           after       Cancelled (the drain wait is a checkpoint)
+waiter.result#1                 after       Cancelled (the drain wait is a checkpoint)
+container_inspect#2             before      Cancelled; removed
+container_inspect#2             after       returns normally: only the shielded removal is
+                                            left, and a shielded await delivers no Cancelled
+container_remove#1              both        returns normally (removal is shielded and it is
+                                            the last await of the run)
+==============================  ==========  ==============================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from sbxkit.engine import models
+from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
+from sbxkit.engine.discovery import parse_api_version, ping_socket
+from sbxkit.engine.transport import HijackedStream, Transport
+from sbxkit.result import RunResult
+from sbxkit.runner import run
+from sbxkit.spec import Limits, MiB, SandboxSpec
+from tests.witness import LEASE_LABEL, Witness
+
+Point = tuple[str, str]
+
+# A cancelled run must be over well within this (removal of a running container included).
+QUICK_S = 10.0
+
+# Cancel points reached by a payload that never exits on its own (``sleep 30``), in the order
+# the runner reaches them.
+PRE_START: list[Point] = [
+    ("image_inspect#1", "before"),
+    ("image_inspect#1", "after"),
+    ("container_create#1", "before"),
+    ("container_create#1", "after"),
+    ("container_inspect#1", "before"),
+    ("container_inspect#1", "after"),
+    ("container_attach#1", "before"),
+    ("container_attach#1", "after"),
+    ("container_wait#1", "before"),
+    ("container_wait#1", "after"),
+    ("container_start#1", "before"),
+]
+POST_START: list[Point] = [
+    ("container_start#1", "after"),
+    ("waiter.result#1", "before"),
+    ("attach.receive_some#1", "before"),
+]
+SLOW_POINTS = PRE_START + POST_START
+# Reached only when the payload exits by itself (``true``).
+EXIT_POINTS: list[Point] = [
+    ("attach.receive_some#1", "after"),
+    ("waiter.result#1", "after"),
+    ("container_inspect#2", "before"),
+    ("container_inspect#2", "after"),
+    ("container_remove#1", "before"),
+    ("container_remove#1", "after"),
+]
+FAST_POINTS = SLOW_POINTS + EXIT_POINTS
+# After these nothing cancellable is left: run() returns its result despite the cancel.
+RETURNS_NORMALLY: set[Point] = {
+    ("container_inspect#2", "after"),
+    ("container_remove#1", "before"),
+    ("container_remove#1", "after"),
+}
+
+
+def point_id(point: Point) -> str:
+    return f"{point[0]}-{point[1]}"
+
+
+class HookedWaiter(Waiter):
+    """The runner's wait registration, with hooks around ``result()``."""
+
+    def __init__(self, inner: Waiter, engine: CancellingEngine) -> None:
+        super().__init__(inner._stream, inner._path)
+        self._engine = engine
+
+    async def result(self) -> models.ContainerWaitReply:
+        name = self._engine.numbered("waiter.result")
+        self._engine.hook(name, "before")
+        reply = await super().result()
+        self._engine.hook(name, "after")
+        return reply
+
+
+class HookedAttach(HijackedStream):
+    """The runner's attach stream, with hooks around every read and a byte count."""
+
+    def __init__(self, inner: HijackedStream, engine: CancellingEngine) -> None:
+        # Take over the inner stream's state (socket, replayed bytes) rather than re-hijack.
+        self.__dict__.update(vars(inner))
+        self._engine = engine
+
+    async def receive_some(self, max_bytes: int = 64 * 1024) -> bytes:
+        name = self._engine.numbered("attach.receive_some")
+        self._engine.hook(name, "before")
+        data = await super().receive_some(max_bytes)
+        self._engine.output_bytes += len(data)
+        if data:
+            self._engine.first_output.set()
+        self._engine.hook(name, "after")
+        return data
+
+
+class CancellingEngine(Engine):
+    """An Engine that cancels ``scope`` when the lifecycle reaches ``target``.
+
+    Every overridden call is ``hook(name#n, "before")``, the real call, ``hook(name#n,
+    "after")``; the hook is synchronous, so the cancel is delivered at the next checkpoint.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.target: Point | None = None
+        self.scope: trio.CancelScope | None = None
+        self.fired = False
+        self.log: list[Point] = []
+        self.counts: Counter[str] = Counter()
+        self.create_names: list[str] = []
+        self.created_ids: list[str] = []
+        self.started_ids: list[str] = []
+        self.removed: list[tuple[str, bool]] = []
+        self.output_bytes = 0
+        self.first_output = trio.Event()
+
+    def arm(self, target: Point | None, scope: trio.CancelScope) -> None:
+        self.target = target
+        self.scope = scope
+
+    def numbered(self, method: str) -> str:
+        self.counts[method] += 1
+        return f"{method}#{self.counts[method]}"
+
+    def hook(self, name: str, phase: str) -> None:
+        self.log.append((name, phase))
+        if (name, phase) == self.target and self.scope is not None:
+            self.scope.cancel()
+            self.fired = True
+
+    @property
+    def lease(self) -> str | None:
+        """The lease, read from the ``name=`` the owner passed to ``container_create``."""
+        if not self.create_names:
+            return None
+        name = self.create_names[0]
+        assert name.startswith("sbxkit-"), name
+        return name.removeprefix("sbxkit-")
+
+    async def image_inspect(self, name: str) -> models.ImageInspect:
+        point = self.numbered("image_inspect")
+        self.hook(point, "before")
+        reply = await super().image_inspect(name)
+        self.hook(point, "after")
+        return reply
+
+    async def container_create(self, body: models.ContainerCreate, *, name: str) -> str:
+        point = self.numbered("container_create")
+        self.create_names.append(name)
+        self.hook(point, "before")
+        container_id = await super().container_create(body, name=name)
+        self.created_ids.append(container_id)
+        self.hook(point, "after")
+        return container_id
+
+    async def container_inspect(self, container: str) -> models.ContainerInspect:
+        point = self.numbered("container_inspect")
+        self.hook(point, "before")
+        reply = await super().container_inspect(container)
+        self.hook(point, "after")
+        return reply
+
+    async def container_attach(self, container_id: str, *, stdin: bool) -> HijackedStream:
+        point = self.numbered("container_attach")
+        self.hook(point, "before")
+        stream = await super().container_attach(container_id, stdin=stdin)
+        self.hook(point, "after")
+        return HookedAttach(stream, self)
+
+    async def container_wait(self, container_id: str, condition: str = "next-exit") -> Waiter:
+        point = self.numbered("container_wait")
+        self.hook(point, "before")
+        waiter = await super().container_wait(container_id, condition)
+        self.hook(point, "after")
+        return HookedWaiter(waiter, self)
+
+    async def container_start(self, container_id: str) -> None:
+        point = self.numbered("container_start")
+        self.hook(point, "before")
+        await super().container_start(container_id)
+        self.started_ids.append(container_id)
+        self.hook(point, "after")
+
+    async def container_remove(self, container_id: str) -> bool:
+        point = self.numbered("container_remove")
+        self.hook(point, "before")
+        removed = await super().container_remove(container_id)
+        self.removed.append((container_id, removed))
+        self.hook(point, "after")
+        return removed
+
+
+@asynccontextmanager
+async def cancelling_engine(path: str) -> AsyncIterator[CancellingEngine]:
+    """Built the way ``connect()`` builds an Engine."""
+    ping = await ping_socket(path, timeout=5)
+    engine = CancellingEngine(
+        Transport(path), ping, negotiate(parse_api_version(ping.api_version)), Deadlines()
+    )
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+def make_spec(image: str, command: list[str], *, output_bytes: int = MiB) -> SandboxSpec:
+    return SandboxSpec(
+        image=image,
+        command=command,
+        limits=Limits(
+            cpus=1.0, memory_bytes=64 * MiB, pids=64, output_bytes=output_bytes, timeout_s=60.0
+        ),
+    )
+
+
+def lease_actions(witness: Witness, lease: str, since: float) -> list[str]:
+    """The daemon's container event actions for this lease, in order (witness, not sbxkit)."""
+    events = witness.events(
+        since, time.time(), type=["container"], label=[f"{LEASE_LABEL}={lease}"]
+    )
+    return [str(e.get("Action") or e.get("status")) for e in events]
+
+
+class Outcome:
+    def __init__(self) -> None:
+        self.result: RunResult | None = None
+        self.cancelled = False
+        self.elapsed = 0.0
+
+
+async def run_with_cancel(
+    engine: CancellingEngine, spec: SandboxSpec, target: Point | None
+) -> Outcome:
+    outcome = Outcome()
+    # A backstop only; a hang fails the test instead of wedging the suite.
+    with trio.fail_after(30):
+        t0 = trio.current_time()
+        with trio.CancelScope() as scope:
+            engine.arm(target, scope)
+            outcome.result = await run(spec, engine=engine)
+        outcome.elapsed = trio.current_time() - t0
+    outcome.cancelled = scope.cancelled_caught
+    return outcome
+
+
+def assert_gone_and_started(
+    witness: Witness, engine: CancellingEngine, since: float, *, started: bool
+) -> None:
+    """Witness: the lease's container does not exist; its event log shows (no) start."""
+    lease = engine.lease
+    assert lease is not None, "container_create was never called"
+    assert engine.created_ids, "create did not complete"
+    assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
+    actions = lease_actions(witness, lease, since)
+    # Positive controls: the label filter does match this lease's events.
+    assert "create" in actions, actions
+    assert "destroy" in actions, actions
+    if started:
+        assert "start" in actions, actions
+    else:
+        assert "start" not in actions, actions
+        assert engine.started_ids == []
+    assert [cid for cid, _ in engine.removed][:1] == engine.created_ids
+
+
+def expect_outcome(point: Point, outcome: Outcome) -> None:
+    assert outcome.elapsed < QUICK_S, f"cancelled run took {outcome.elapsed:.1f} s"
+    if point in RETURNS_NORMALLY:
+        assert not outcome.cancelled
+        assert outcome.result is not None
+        assert outcome.result.status == "exited"
+        assert outcome.result.exit_code == 0
+    else:
+        assert outcome.cancelled, f"{point}: run() returned {outcome.result!r}"
+        assert outcome.result is None
+
+
+async def check_point(witness: Witness, command: list[str], point: Point, busybox: str) -> None:
+    since = time.time()
+    async with cancelling_engine(witness.socket_path) as engine:
+        outcome = await run_with_cancel(engine, make_spec(busybox, command), point)
+        assert engine.fired, f"{point} was never reached; calls: {engine.log}"
+        expect_outcome(point, outcome)
+        if point[0] == "image_inspect#1" and not engine.create_names:
+            # Cancelled before the create was attempted: there is nothing to remove. (After
+            # image_inspect the create currently still goes ahead inside the owner's shield;
+            # see test_cancel_before_create_sends_no_create.)
+            assert engine.removed == []
+            assert witness.sbxkit_containers() == []
+            return
+        assert point != ("image_inspect#1", "before"), "create attempted after an early cancel"
+        assert_gone_and_started(witness, engine, since, started=point not in PRE_START)
+
+
+@pytest.mark.parametrize("point", SLOW_POINTS, ids=point_id)
+async def test_cancel_long_running_payload(witness: Witness, busybox: str, point: Point) -> None:
+    await check_point(witness, ["sh", "-c", "sleep 30"], point, busybox)
+
+
+@pytest.mark.parametrize("point", FAST_POINTS, ids=point_id)
+async def test_cancel_exiting_payload(witness: Witness, busybox: str, point: Point) -> None:
+    await check_point(witness, ["true"], point, busybox)
+
+
+async def test_point_lists_cover_every_hook_of_a_run(witness: Witness, busybox: str) -> None:
+    """An uncancelled ``true`` run passes exactly the FAST_POINTS, in that order (so the
+    parametrizations above cannot silently miss an engine call the runner starts making)."""
+    since = time.time()
+    async with cancelling_engine(witness.socket_path) as engine:
+        outcome = await run_with_cancel(engine, make_spec(busybox, ["true"]), None)
+        assert outcome.result is not None and outcome.result.ok
+        assert not engine.fired
+        # Every hook fired, once; only the attach stream is read more than once.
+        seen = [p for p in engine.log if not p[0].startswith("attach.receive_some#")]
+        seen += [p for p in engine.log if p[0] == "attach.receive_some#1"]
+        assert sorted(seen) == sorted(FAST_POINTS)
+        calls = [n for n, phase in engine.log if phase == "before" and "." not in n]
+        assert calls == [
+            "image_inspect#1",
+            "container_create#1",
+            "container_inspect#1",
+            "container_attach#1",
+            "container_wait#1",
+            "container_start#1",
+            "container_inspect#2",
+            "container_remove#1",
+        ]
+        assert_gone_and_started(witness, engine, since, started=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sbxkit bug: InProcessOwner.create enters its shield without a checkpoint, so a "
+    "cancel delivered before the create still creates (and then removes) a container",
+)
+async def test_cancel_before_create_sends_no_create(witness: Witness, busybox: str) -> None:
+    """Cancelled after the image check, before the create request exists: design.md §3 shields
+    only creation that is already under way, so no create should reach the daemon."""
+    async with cancelling_engine(witness.socket_path) as engine:
+        outcome = await run_with_cancel(
+            engine, make_spec(busybox, ["sh", "-c", "sleep 30"]), ("image_inspect#1", "after")
+        )
+        assert outcome.cancelled
+        assert engine.create_names == []
+
+
+async def test_cancel_during_shielded_create(witness: Witness, busybox: str) -> None:
+    """The caller gives up while the create request is under way: the create still completes
+    (the id is needed to clean up), then the container is removed and never started."""
+    since = time.time()
+    async with cancelling_engine(witness.socket_path) as engine:
+        outcome = await run_with_cancel(
+            engine, make_spec(busybox, ["sh", "-c", "sleep 30"]), ("container_create#1", "before")
+        )
+        assert outcome.cancelled
+        assert outcome.elapsed < QUICK_S
+        # The create ran to completion inside the shield ...
+        assert ("container_create#1", "after") in engine.log
+        assert len(engine.created_ids) == 1
+        # ... the runner's next engine call was cancelled before it reached the daemon ...
+        assert ("container_inspect#1", "before") in engine.log
+        assert ("container_inspect#1", "after") not in engine.log
+        assert engine.counts["container_start"] == 0
+        # ... and the created id was removed.
+        assert engine.removed == [(engine.created_ids[0], True)]
+        assert_gone_and_started(witness, engine, since, started=False)
+        lease = engine.lease
+        assert lease is not None
+        destroyed = [
+            e
+            for e in witness.events(
+                since, time.time(), type=["container"], label=[f"{LEASE_LABEL}={lease}"]
+            )
+            if (e.get("Action") or e.get("status")) == "destroy"
+        ]
+        assert [e["id"] for e in destroyed] == engine.created_ids
+
+
+async def test_cancel_while_output_is_streaming(witness: Witness, busybox: str) -> None:
+    """``yes`` floods the attach stream; the caller cancels 0.3 s into the flood."""
+    since = time.time()
+    spec = make_spec(busybox, ["yes"], output_bytes=512 * MiB)
+    async with cancelling_engine(witness.socket_path) as engine:
+        outcome = Outcome()
+        bytes_at_cancel = 0
+        t0 = trio.current_time()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                scope = trio.CancelScope()
+
+                async def canceller() -> None:
+                    nonlocal bytes_at_cancel
+                    await engine.first_output.wait()
+                    await trio.sleep(0.3)
+                    bytes_at_cancel = engine.output_bytes
+                    scope.cancel()
+
+                nursery.start_soon(canceller)
+                with scope:
+                    outcome.result = await run(spec, engine=engine)
+        elapsed = trio.current_time() - t0
+        assert scope.cancelled_caught
+        assert outcome.result is None
+        assert elapsed < QUICK_S
+        # The cancel landed mid-stream: output was flowing and far from the cap.
+        assert bytes_at_cancel > 64 * 1024
+        assert bytes_at_cancel < 512 * MiB
+        assert_gone_and_started(witness, engine, since, started=True)

@@ -1,0 +1,236 @@
+"""The ``sbxkit`` command line, run as a real subprocess against the real engine.
+
+The process exit code is the contract scripts rely on; each mapping is checked with a payload
+that really produces that outcome. Claims about the daemon go through the witness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.engine.helpers import actions, container_exists, delete_image, tag_image, unique
+from tests.witness import Witness
+
+SMALL = ["--cpus", "0.5", "--memory", "64m", "--pids", "64", "--timeout", "20"]
+JSON_KEYS = {
+    "status",
+    "exit_code",
+    "stdout",
+    "stderr",
+    "stdout_bytes",
+    "stderr_bytes",
+    "container_id",
+}
+
+
+def sbxkit(
+    *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "sbxkit", *args],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_cli(
+    witness: Witness,
+    image: str,
+    *command: str,
+    options: tuple[str, ...] = (),
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """``sbxkit run SMALL options --socket S image -- command...``."""
+    return sbxkit(
+        "run",
+        *SMALL,
+        *options,
+        "--socket",
+        witness.socket_path,
+        image,
+        "--",
+        *command,
+        stdin=stdin,
+        env=env,
+    )
+
+
+def one_json_object(proc: subprocess.CompletedProcess[bytes]) -> dict[str, object]:
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout[:500]
+    doc = json.loads(lines[0])
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture
+def private_tag(witness: Witness, busybox: str) -> Iterator[str]:
+    """busybox under a tag no one else uses, so daemon events can be filtered to this test."""
+    reference = tag_image(witness, busybox, "sbxkit-test/busybox", unique("cli"))
+    try:
+        yield reference
+    finally:
+        delete_image(witness, reference)
+
+
+def test_cli_json_prints_one_object_and_exits_with_the_payload_code(
+    witness: Witness, busybox: str
+) -> None:
+    proc = run_cli(witness, busybox, "sh", "-c", "echo out; echo err >&2; exit 17", options=("--json",))
+
+    assert proc.returncode == 17, proc.stderr
+    doc = one_json_object(proc)
+    assert set(doc) >= JSON_KEYS
+    assert doc["status"] == "exited"
+    assert doc["exit_code"] == 17
+    assert doc["stdout"] == "out\n"
+    assert doc["stderr"] == "err\n"
+    assert doc["stdout_bytes"] == 4
+    assert doc["stderr_bytes"] == 4
+    container_id = doc["container_id"]
+    assert isinstance(container_id, str) and len(container_id) == 64
+    assert not container_exists(witness, container_id)
+
+
+def test_cli_timeout_exits_124(witness: Witness, busybox: str) -> None:
+    proc = run_cli(witness, busybox, "sleep", "30", options=("--timeout", "1"))
+
+    assert proc.returncode == 124, proc.stderr
+    assert b"timed out" in proc.stderr
+
+
+def test_cli_output_exceeded_exits_123(witness: Witness, busybox: str) -> None:
+    proc = run_cli(
+        witness, busybox, "sh", "-c", "head -c 1001 /dev/zero", options=("--max-output", "1000")
+    )
+
+    assert proc.returncode == 123, proc.stderr
+    assert len(proc.stdout) == 1000
+    assert b"output exceeded (stdout)" in proc.stderr
+
+
+def test_cli_oom_exits_137(witness: Witness, busybox: str) -> None:
+    proc = run_cli(witness, busybox, "tail", "/dev/zero", options=("--memory", "64m", "--json"))
+
+    assert proc.returncode == 137, proc.stderr
+    doc = one_json_object(proc)
+    assert doc["status"] == "oom_killed"
+    assert doc["oom_evidence"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [(("--memory", "0"), "limits.memory_bytes"), (("--user", "0:0"), "user")],
+)
+def test_cli_refused_input_exits_2_naming_the_field_and_creates_nothing(
+    witness: Witness, private_tag: str, flags: tuple[str, ...], field: str
+) -> None:
+    marker = unique("refused")
+    since = time.time()
+    refused = run_cli(witness, private_tag, "echo", marker, options=flags)
+    between = time.time()
+    # Positive control: the same command without the bad flag does create (and remove) one.
+    accepted = run_cli(witness, private_tag, "echo", marker)
+    until = time.time()
+
+    assert refused.returncode == 2, refused.stderr
+    assert f"{field}:".encode() in refused.stderr, refused.stderr
+    assert refused.stdout == b""
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout == f"{marker}\n".encode()
+    refused_events = witness.events(since, between, type=["container"], image=[private_tag])
+    accepted_events = witness.events(between, until, type=["container"], image=[private_tag])
+    assert "create" not in actions(refused_events), refused_events
+    assert "create" in actions(accepted_events)
+
+
+def test_cli_missing_image_exits_2(witness: Witness) -> None:
+    reference = f"sbxkit-test/missing:{unique('cli-absent')}"
+    proc = run_cli(witness, reference, "true")
+
+    assert proc.returncode == 2, proc.stderr
+    assert b"not present locally" in proc.stderr
+    assert b"never pulls" in proc.stderr
+    assert not witness.image_exists(reference)
+
+
+def test_cli_engine_unavailable_exits_69(busybox: str) -> None:
+    proc = sbxkit("run", *SMALL, "--socket", "/nonexistent.sock", busybox, "--", "true")
+
+    assert proc.returncode == 69, proc.stderr
+    assert b"/nonexistent.sock" in proc.stderr
+    assert b"unavailable" in proc.stderr
+
+
+def test_cli_stdin_from_a_file(witness: Witness, busybox: str, tmp_path: Path) -> None:
+    data = os.urandom(256 * 1024)
+    source = tmp_path / "input.bin"
+    source.write_bytes(data)
+
+    proc = run_cli(witness, busybox, "cat", options=("--stdin", str(source)))
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == data
+
+
+def test_cli_stdin_from_dash_reads_the_cli_stdin(witness: Witness, busybox: str) -> None:
+    data = os.urandom(256 * 1024)
+
+    proc = run_cli(witness, busybox, "cat", options=("--stdin", "-"), stdin=data)
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == data
+
+
+def test_cli_env_is_visible_to_the_payload(witness: Witness, busybox: str) -> None:
+    value = unique("value")
+    host_value = unique("host-value")
+    proc = run_cli(
+        witness,
+        busybox,
+        "sh",
+        "-c",
+        'echo "explicit=$SBXKIT_CLI_VAR"; echo "bare=$SBXKIT_CLI_BARE"; echo "other=$SBXKIT_CLI_OTHER"',
+        options=("--env", f"SBXKIT_CLI_VAR={value}", "--env", "SBXKIT_CLI_BARE"),
+        env={"SBXKIT_CLI_BARE": host_value, "SBXKIT_CLI_OTHER": "must-not-pass"},
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().splitlines() == [
+        f"explicit={value}",
+        f"bare={host_value}",
+        "other=",
+    ]
+
+
+def test_cli_json_replaces_invalid_utf8_but_counts_raw_bytes(witness: Witness, busybox: str) -> None:
+    proc = run_cli(
+        witness, busybox, "sh", "-c", r"printf '\377\376ok\n'; printf 'caf\303\251\n' >&2", options=("--json",)
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    doc = one_json_object(proc)
+    assert doc["stdout"] == "\ufffd\ufffdok\n"
+    assert doc["stdout_bytes"] == 5
+    assert doc["stderr"] == "café\n"  # valid UTF-8 passes untouched
+    assert doc["stderr_bytes"] == 6
+
+
+def test_cli_demo_exits_0_and_every_limit_held(witness: Witness) -> None:
+    proc = sbxkit("demo", "--socket", witness.socket_path)
+
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    assert b"every limit held" in proc.stdout
+    assert b"BROKEN" not in proc.stdout

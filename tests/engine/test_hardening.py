@@ -1,0 +1,253 @@
+"""The hardened defaults hold against a real payload on the real engine.
+
+Every check here is made from inside the sandbox (what the payload can see and do) and, where a
+host-side fact is the point (a listener, a canary file), from the host as well. Each negative
+check has a positive control next to it, so a broken probe cannot pass for a working limit.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from sbxkit.engine.client import Engine
+from sbxkit.runner import run
+from sbxkit.spec import MiB
+from tests.engine.helpers import python_spec, spec, text, unique
+
+NOBODY = "65534"
+
+
+async def test_payload_runs_as_uid_and_gid_65534(engine: Engine, busybox: str) -> None:
+    result = await run(spec(busybox, "id -u; id -g; id -G"), engine=engine)
+
+    assert result.ok, result
+    assert text(result.stdout).split() == [NOBODY, NOBODY, NOBODY]
+
+
+async def test_root_filesystem_is_read_only(engine: Engine, busybox: str) -> None:
+    script = (
+        "echo x > /etc/owned; etc=$?; "
+        "echo x > /owned; root=$?; "
+        "echo x > /tmp/owned && echo tmp=ok; "  # positive control: the probe itself works
+        'echo "etc=$etc root=$root"; '
+        '[ "$etc" -ne 0 ] && [ "$root" -ne 0 ] && exit 3; exit 0'
+    )
+    result = await run(spec(busybox, script), engine=engine)
+
+    assert result.status == "exited"
+    assert result.exit_code == 3, result
+    stdout = text(result.stdout)
+    assert "tmp=ok" in stdout
+    assert "etc=0" not in stdout and "root=0" not in stdout
+    errors = text(result.stderr).splitlines()
+    for path in ("/etc/owned", "/owned"):
+        lines = [line for line in errors if f"{path}:" in line]
+        assert lines, (path, errors)
+        assert all("Read-only file system" in line for line in lines), lines
+
+
+async def test_tmp_is_writable_by_the_sandbox_user_up_to_its_size(
+    engine: Engine, busybox: str
+) -> None:
+    script = (
+        "dd if=/dev/zero of=/tmp/half bs=64k count=8 && echo half=ok; "
+        "wc -c < /tmp/half; rm -f /tmp/half; "
+        "dd if=/dev/zero of=/tmp/double bs=64k count=32; echo double=$?"
+    )
+    result = await run(spec(busybox, script, scratch_bytes=MiB), engine=engine)
+
+    assert result.status == "exited", result
+    lines = text(result.stdout).split()
+    assert "half=ok" in lines
+    assert str(512 * 1024) in lines
+    assert "double=0" not in lines
+    assert any(line.startswith("double=") for line in lines), lines
+    assert "No space left" in text(result.stderr)
+
+
+async def test_a_write_past_fsize_fails(engine: Engine, busybox: str) -> None:
+    script = "dd if=/dev/zero of=/tmp/big bs=64k count=32; rc=$?; wc -c < /tmp/big; exit $rc"
+    result = await run(spec(busybox, script, fsize_bytes=MiB), engine=engine)
+
+    assert result.status == "exited", result
+    assert result.exit_code not in (None, 0), result
+    size = int(text(result.stdout).strip())
+    assert 0 < size <= MiB
+
+
+async def test_host_environment_is_invisible_but_spec_env_is_passed(
+    engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary = unique("host-canary")
+    explicit = unique("explicit-value")
+    monkeypatch.setenv("SBXKIT_TEST_CANARY", canary)
+    assert os.environ["SBXKIT_TEST_CANARY"] == canary
+
+    result = await run(spec(busybox, "env", env={"SBXKIT_EXPLICIT": explicit}), engine=engine)
+
+    assert result.ok, result
+    env = text(result.stdout)
+    assert canary not in env
+    assert "SBXKIT_TEST_CANARY" not in env
+    assert f"SBXKIT_EXPLICIT={explicit}" in env.splitlines()
+
+
+async def test_host_canary_files_are_invisible(
+    engine: Engine, busybox: str, tmp_path: Path
+) -> None:
+    name = unique("canary")
+    content = unique("canary-content")
+    in_tmp = tmp_path / name
+    in_root = Path("/root") / name
+    in_tmp.write_text(content + "\n")
+    try:
+        in_root.write_text(content + "\n")
+        own = f"/tmp/{name}-inner"
+        script = (
+            f"echo {content} > {own}; "
+            f"echo FIND; find / /tmp -xdev -name '{name}*' 2>/dev/null | sort -u; "
+            f"echo GREP; grep -rl {content} /tmp /work /etc /root 2>/dev/null; "
+            "echo END"
+        )
+        result = await run(spec(busybox, script), engine=engine)
+    finally:
+        in_root.unlink(missing_ok=True)
+
+    assert result.status == "exited", result
+    lines = text(result.stdout).split()
+    find_hits = lines[lines.index("FIND") + 1 : lines.index("GREP")]
+    grep_hits = lines[lines.index("GREP") + 1 : lines.index("END")]
+    # Positive control: the same searches do find the payload's own file — and nothing else.
+    assert find_hits == [own]
+    assert grep_hits == [own]
+
+
+async def test_a_listener_on_host_loopback_is_unreachable(
+    engine: Engine, busybox: str, python_image: str
+) -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    try:
+        nc = await run(
+            spec(busybox, f"nc -w 2 127.0.0.1 {port} </dev/null; echo nc=$?", timeout_s=10.0),
+            engine=engine,
+        )
+        probe = (
+            "import socket, sys\n"
+            "try:\n"
+            "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n"
+            "    print('failed', type(exc).__name__)\n"
+        )
+        py = await run(python_spec(python_image, probe, str(port), timeout_s=10.0), engine=engine)
+
+        assert nc.status == "exited", nc
+        assert "nc=0" not in text(nc.stdout)
+        assert "nc=" in text(nc.stdout)
+        assert "can't connect" in text(nc.stderr), nc
+        assert py.ok, py
+        assert text(py.stdout).split()[0] == "failed", py
+
+        # Nothing ever completed a handshake with the listener...
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        # ...and that check can fail: a real connection is seen.
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            listener.setblocking(True)
+            listener.settimeout(2)
+            peer, _ = listener.accept()
+            peer.close()
+    finally:
+        listener.close()
+
+
+async def test_only_loopback_interface_exists(engine: Engine, busybox: str) -> None:
+    result = await run(spec(busybox, "ls /sys/class/net"), engine=engine)
+
+    assert result.ok, result
+    assert text(result.stdout).split() == ["lo"]
+
+
+async def test_a_fork_loop_hits_the_pids_ceiling(engine: Engine, busybox: str) -> None:
+    script = 'i=0; while [ $i -lt 64 ]; do sleep 5 & i=$((i+1)); echo $i; done; echo "finished $i"'
+    result = await run(spec(busybox, script, pids=32, timeout_s=10.0), engine=engine)
+
+    assert result.status == "exited", result
+    assert result.exit_code != 0
+    assert "can't fork" in text(result.stderr)
+    assert "finished" not in text(result.stdout)
+    started = [int(n) for n in text(result.stdout).split()]
+    assert started, result  # it did fork a while ...
+    assert max(started) < 32  # ... but never past the ceiling
+
+
+async def test_a_large_python_allocation_is_oom_killed(engine: Engine, python_image: str) -> None:
+    code = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
+    result = await run(python_spec(python_image, code, memory_bytes=64 * MiB), engine=engine)
+
+    assert result.status == "oom_killed", result
+    assert result.oom_evidence
+    assert result.exit_code == 137
+
+
+async def test_tail_of_dev_zero_is_oom_killed(engine: Engine, busybox: str) -> None:
+    result = await run(spec(busybox, "tail /dev/zero", memory_bytes=64 * MiB), engine=engine)
+
+    assert result.status == "oom_killed", result
+    assert result.oom_evidence
+    assert result.exit_code == 137
+
+
+CGROUP_PROBE = """
+if [ -f /sys/fs/cgroup/cpu.max ]; then
+  echo "version 2"
+  echo "cpu $(cat /sys/fs/cgroup/cpu.max)"
+  echo "pids $(cat /sys/fs/cgroup/pids.max)"
+  echo "memory $(cat /sys/fs/cgroup/memory.max)"
+else
+  echo "version 1"
+  echo "cpu $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
+  echo "pids $(cat /sys/fs/cgroup/pids/pids.max)"
+  echo "memory $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)"
+fi
+"""
+
+
+async def test_cgroup_shows_the_cpu_pids_and_memory_limits(engine: Engine, busybox: str) -> None:
+    result = await run(
+        spec(busybox, CGROUP_PROBE, cpus=0.5, pids=48, memory_bytes=96 * MiB), engine=engine
+    )
+
+    assert result.ok, result
+    values = {
+        line.split()[0]: line.split()[1:] for line in text(result.stdout).strip().splitlines()
+    }
+    assert values["version"] in (["1"], ["2"]), values
+    quota, period = (int(x) for x in values["cpu"])
+    assert quota > 0 and period > 0
+    assert quota / period == 0.5
+    assert values["pids"] == ["48"]
+    assert values["memory"] == [str(96 * MiB)]
+
+
+async def test_payload_has_no_capabilities_and_no_new_privileges(
+    engine: Engine, busybox: str
+) -> None:
+    result = await run(spec(busybox, "cat /proc/self/status"), engine=engine)
+
+    assert result.ok, result
+    status = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in text(result.stdout).splitlines())
+    )
+    for field in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"):
+        assert int(status[field], 16) == 0, (field, status[field])
+    assert status["NoNewPrivs"] == "1"

@@ -1,0 +1,351 @@
+"""Every way a run can end, observed on the real engine.
+
+Exit, output cap, timeout, OOM's cousins, caller cancellation and refused images: each outcome is
+checked in the result AND, where the claim is about the daemon or the host (nothing left running,
+nothing created), through the independent witness and the host's /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from sbxkit.engine.client import Engine
+from sbxkit.errors import ImageError
+from sbxkit.runner import run
+from sbxkit.spec import MiB
+from tests.engine.helpers import (
+    actions,
+    commit_with_volume,
+    container_exists,
+    container_file_lines,
+    containers_with_marker,
+    create_plain_container,
+    delete_image,
+    image_volumes,
+    processes_with_marker,
+    python_spec,
+    spec,
+    text,
+    unique,
+    wait_until,
+)
+from tests.witness import LEASE_LABEL, Witness
+
+N = 100_000
+PATTERN = b"abcdefghi\n"
+
+
+def _pattern(size: int) -> bytes:
+    return (PATTERN * (size // len(PATTERN) + 1))[:size]
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
+    engine: Engine, busybox: str, stream: str
+) -> None:
+    other = "stderr" if stream == "stdout" else "stdout"
+    redirect = "" if stream == "stdout" else " >&2"
+
+    exact = await run(
+        spec(busybox, f"yes abcdefghi | head -c {N}{redirect}", output_bytes=N), engine=engine
+    )
+    assert exact.ok, exact
+    assert exact.overflowed is None
+    assert getattr(exact, stream) == _pattern(N)
+    assert getattr(exact, other) == b""
+
+    over = await run(
+        spec(busybox, f"yes abcdefghi | head -c {N + 1}{redirect}", output_bytes=N), engine=engine
+    )
+    assert over.status == "output_exceeded", over
+    assert over.overflowed == stream
+    assert getattr(over, stream) == _pattern(N)  # exactly N bytes kept: the head
+    assert getattr(over, other) == b""
+
+
+async def test_exit_code_is_reported(engine: Engine, busybox: str) -> None:
+    result = await run(spec(busybox, "exit 17"), engine=engine)
+
+    assert result.status == "exited"
+    assert result.exit_code == 17
+    assert not result.ok
+
+
+async def test_one_mib_of_random_stdin_round_trips_through_cat(
+    engine: Engine, busybox: str
+) -> None:
+    data = os.urandom(MiB)
+    result = await run(spec(busybox, "cat", output_bytes=2 * MiB), data, engine=engine)
+
+    assert result.ok, (result.status, result.exit_code, result.stderr)
+    assert len(result.stdout) == len(data)
+    assert result.stdout == data
+
+
+async def test_no_stdin_gives_the_payload_immediate_eof(engine: Engine, busybox: str) -> None:
+    start = trio.current_time()
+    result = await run(spec(busybox, "cat; echo eof", timeout_s=5.0), None, engine=engine)
+
+    assert result.ok, result
+    assert result.stdout == b"eof\n"
+    assert trio.current_time() - start < 4.0
+
+
+async def test_a_sleeping_payload_times_out_promptly(engine: Engine, busybox: str) -> None:
+    start = trio.current_time()
+    result = await run(spec(busybox, "sleep 30; echo woke", timeout_s=1.0), engine=engine)
+    elapsed = trio.current_time() - start
+
+    assert result.status == "timed_out", result
+    assert result.exit_code is None
+    assert b"woke" not in result.stdout
+    assert result.timings.run_s >= 0.9  # the limit was the one asked for, not an early exit
+    assert elapsed < 10.0
+
+
+async def _watch_running_container(witness: Witness, marker: str, seen: list[str]) -> None:
+    """Record the id of the running container whose command carries ``marker``."""
+    while True:
+        found = await trio.to_thread.run_sync(containers_with_marker, witness, marker)
+        running = [c["Id"] for c in found if c.get("State") == "running"]
+        if running:
+            seen.extend(running)
+            return
+        await trio.sleep(0.05)
+
+
+async def test_cancellation_mid_run_removes_the_container(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    marker = unique("cancel")
+    seen: list[str] = []
+    start = trio.current_time()
+    with trio.move_on_after(1.0) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_running_container, witness, marker, seen)
+            await run(spec(busybox, f"sleep 30; echo {marker}", timeout_s=20.0), engine=engine)
+    elapsed = trio.current_time() - start
+
+    assert scope.cancelled_caught
+    assert elapsed < 5.0
+    assert len(seen) == 1, seen  # it really was running when the cancel hit
+    # Immediately, not eventually: run() must not return before removal is confirmed.
+    assert not container_exists(witness, seen[0])
+    assert containers_with_marker(witness, marker) == []
+
+
+TICKER = """
+import os, sys, time
+TICKS = "/tmp/ticks"
+child = os.fork()
+if child == 0:
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    while True:  # the detached grandchild: its own session, reparented to init
+        with open(TICKS, "a") as f:
+            f.write("tick\\n")
+        time.sleep(0.1)
+os.waitpid(child, 0)
+while True:
+    try:
+        with open(TICKS) as f:
+            count = sum(1 for _ in f)
+    except FileNotFoundError:
+        count = 0
+    print(count, flush=True)
+    time.sleep(0.2)
+"""
+
+
+class _Sighting(msgspec.Struct):
+    """What the host saw of the payload's processes while it ran."""
+
+    detached_pids: set[int] = msgspec.field(default_factory=set)
+    max_ticks: int = 0
+    container_ids: set[str] = msgspec.field(default_factory=set)
+
+
+def _look(marker: str, witness: Witness, sighting: _Sighting) -> None:
+    procs = processes_with_marker(marker)
+    inits = [p for p in procs if p.is_container_init]
+    if len(inits) == 1:
+        for proc in procs:
+            if not proc.is_container_init and proc.session != inits[0].session:
+                sighting.detached_pids.add(proc.pid)
+                ticks = container_file_lines(proc.pid, "/tmp/ticks")
+                if ticks is not None:
+                    sighting.max_ticks = max(sighting.max_ticks, ticks)
+    sighting.container_ids.update(c["Id"] for c in containers_with_marker(witness, marker))
+
+
+async def _observe(
+    marker: str,
+    witness: Witness,
+    sighting: _Sighting,
+    cancel_at_ticks: int | None = None,
+    scope: trio.CancelScope | None = None,
+) -> None:
+    while True:
+        await trio.to_thread.run_sync(_look, marker, witness, sighting)
+        if scope is not None and cancel_at_ticks is not None:
+            if sighting.max_ticks >= cancel_at_ticks:
+                scope.cancel()
+                return
+        await trio.sleep(0.05)
+
+
+def _assert_descendants_gone(marker: str, witness: Witness, container_id: str) -> None:
+    """Within 2 s no process carries the marker, and it stays so while we watch 1.5 s more."""
+    assert not container_exists(witness, container_id)
+    assert wait_until(lambda: not processes_with_marker(marker), 2.0), processes_with_marker(marker)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert processes_with_marker(marker) == []
+        assert containers_with_marker(witness, marker) == []
+        time.sleep(0.1)
+
+
+async def test_a_setsid_descendant_stops_ticking_after_timeout(
+    engine: Engine, python_image: str, witness: Witness
+) -> None:
+    marker = unique("ticker-timeout")
+    sighting = _Sighting()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_observe, marker, witness, sighting)
+        result = await run(python_spec(python_image, TICKER, marker, timeout_s=2.0), engine=engine)
+        nursery.cancel_scope.cancel()
+
+    assert result.status == "timed_out", result
+    counts = [int(n) for n in text(result.stdout).split()]
+    assert len(counts) >= 3, counts
+    assert counts == sorted(counts) and counts[-1] > counts[0] and counts[-1] >= 5, counts
+    assert sighting.detached_pids, "the host never saw the detached descendant"
+    assert sighting.max_ticks >= 1
+    assert witness.containers(label=f"{LEASE_LABEL}={result.lease}") == []
+    _assert_descendants_gone(marker, witness, result.container_id)
+
+
+async def test_a_setsid_descendant_stops_ticking_after_cancellation(
+    engine: Engine, python_image: str, witness: Witness
+) -> None:
+    marker = unique("ticker-cancel")
+    sighting = _Sighting()
+    finished: list[object] = []
+    with trio.move_on_after(15.0) as backstop:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_observe, marker, witness, sighting, 5, nursery.cancel_scope)
+            finished.append(
+                await run(python_spec(python_image, TICKER, marker, timeout_s=20.0), engine=engine)
+            )
+    cancelled_at = trio.current_time()
+
+    assert not backstop.cancelled_caught, "the descendant never ticked 5 times"
+    assert finished == []  # run() was cancelled, it did not return a result
+    assert sighting.max_ticks >= 5
+    assert sighting.detached_pids
+    assert len(sighting.container_ids) == 1, sighting.container_ids
+    (container_id,) = sighting.container_ids
+    _assert_descendants_gone(marker, witness, container_id)
+    assert trio.current_time() - cancelled_at < 5.0
+
+
+def _container_events(events: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in events
+        if ((e.get("Actor") or {}).get("Attributes") or {}).get("image") == image
+        or e.get("from") == image
+    ]
+
+
+async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    setup_since = time.time()
+    helper: str | None = None
+    reference: str | None = None
+    try:
+        helper = create_plain_container(witness, busybox, unique("volume-helper"))
+        reference = commit_with_volume(witness, helper, "sbxkit-test/volume", unique("vol"))
+        witness.remove(helper)
+        assert not container_exists(witness, helper)
+        assert image_volumes(witness, reference) == {"/data": {}}
+        setup_until = time.time()
+        # Positive control: the events query (with an image filter) sees the helper's create.
+        setup_events = witness.events(
+            setup_since, setup_until, type=["container"], image=[busybox]
+        )
+        assert "create" in actions([e for e in setup_events if e.get("id") == helper])
+
+        since = time.time()
+        with pytest.raises(ImageError) as caught:
+            await run(spec(reference, "echo ran"), engine=engine)
+        until = time.time()
+
+        assert "VOLUME" in str(caught.value)
+        assert "/data" in str(caught.value)
+        assert caught.value.image == reference
+        filtered = witness.events(since, until, type=["container"], image=[reference])
+        assert not {"create", "start"} & set(actions(filtered)), filtered
+        everything = witness.events(since, until, type=["container"])
+        assert _container_events(everything, reference) == []
+    finally:
+        if helper is not None:
+            witness.remove(helper)
+        if reference is not None:
+            delete_image(witness, reference)
+    assert not witness.image_exists(reference)
+
+
+async def test_a_missing_image_is_refused_and_never_pulled(
+    engine: Engine, witness: Witness
+) -> None:
+    reference = f"sbxkit-test/missing:{unique('absent')}"
+    marker = unique("missing")
+    since = time.time()
+    with pytest.raises(ImageError) as caught:
+        await run(spec(reference, f"echo {marker}"), engine=engine)
+    until = time.time()
+
+    message = str(caught.value)
+    assert "not present locally" in message
+    assert "never pulls" in message
+    assert not witness.image_exists(reference)
+    assert containers_with_marker(witness, marker) == []
+    container_events = witness.events(since, until, type=["container"], image=[reference])
+    assert "create" not in actions(container_events)
+    assert _container_events(witness.events(since, until, type=["container"]), reference) == []
+    image_events = witness.events(since, until, type=["image"])
+    assert [e for e in image_events if reference in str(e)] == []
+
+
+async def test_an_early_exit_while_stdin_is_still_being_sent_does_not_hang(
+    engine: Engine, busybox: str
+) -> None:
+    with trio.fail_after(15.0):
+        result = await run(spec(busybox, "exit 5", timeout_s=10.0), os.urandom(4 * MiB), engine=engine)
+
+    assert result.status == "exited", result
+    assert result.exit_code == 5
+
+
+async def test_interleaved_stdout_and_stderr_stay_separate_and_complete(
+    engine: Engine, busybox: str
+) -> None:
+    lines = 3000
+    script = (
+        f'i=0; while [ $i -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
+    )
+    result = await run(spec(busybox, script), engine=engine)
+
+    assert result.ok, result.status
+    assert result.overflowed is None
+    assert result.stdout == b"".join(b"out %d\n" % i for i in range(lines))
+    assert result.stderr == b"".join(b"err %d\n" % i for i in range(lines))
