@@ -4,7 +4,8 @@ Contenders, interleaved round-robin in one trio program (see README.md for the m
 
 ``sbxkit``
     ``await sbxkit.runner.run(spec, engine=engine)`` on one engine opened up front, as a
-    long-lived application would hold it. The full hardened lifecycle of design.md §3.
+    long-lived application would hold it, with the runner's default owner. The full hardened
+    lifecycle of design.md §3.
 ``raw``
     The floor the daemon sets: the fewest Engine API calls a correct one-shot runner needs
     (create, start, wait, delete), standard library only, one keep-alive connection, run in a
@@ -15,9 +16,11 @@ Contenders, interleaved round-robin in one trio program (see README.md for the m
 Target (the issue): sbxkit ≤ 1.10 × the raw floor, as a ratio of medians from one run. A missed
 target is reported, not fatal; a failing contender or a leaked container is (exit status 1).
 
-``--profile`` adds two contenders — ``raw_hardened`` (the raw sequence with sbxkit's exact create
-body) and ``raw_netns`` (the raw body without ``NetworkDisabled``) — and times every Engine call
-sbxkit makes, to say where sbxkit's time goes. It writes ``oneshot-profile.{json,md}``.
+``--profile`` says where sbxkit's time goes. It adds three contenders — ``sbxkit_inproc``
+(``owner=InProcessOwner(engine)``: no supervisor), ``raw_hardened`` (the raw sequence with
+sbxkit's exact create body) and ``raw_netns`` (the raw body without ``NetworkDisabled``) — times
+every engine and owner call the two sbxkit contenders make, and times the supervisor journal's
+fsync pattern on its filesystem. It writes ``oneshot-profile.{json,md}``.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import os
 import secrets
 import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +55,14 @@ from bench.harness import (
     write_json,
 )
 from bench.rawapi import RawEngine
+from bench.tracing import CallTracer
 from sbxkit.engine.client import Engine, open_engine
+from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import build_create_body
 from sbxkit.runner import run as sbxkit_run
 from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.journal import default_state_dir
 
 NAME = "oneshot"
 SUMMARY = "median one-shot `true`: sbxkit vs the raw Engine API floor vs `docker run --rm`"
@@ -110,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         action="store_true",
         help="add raw_hardened and raw_netns contenders and time each of sbxkit's engine calls",
+    )
+    parser.add_argument(
+        "--order",
+        default=None,
+        help="comma-separated contender keys, e.g. raw,sbxkit,docker_run (default: "
+        "sbxkit,raw,docker_run, then the profile contenders)",
     )
     parser.add_argument("--socket", default=default_socket(), help="daemon socket")
     parser.add_argument("--image", default=default_image(), help="busybox image (local)")
@@ -218,33 +231,57 @@ def raw_one_shot(api: RawEngine, body: bytes, prefix: str = RAW_PREFIX) -> StepT
 
 # --- contenders ----------------------------------------------------------------------------
 
-
-@dataclass
-class SbxkitRuns:
-    leases: list[str] = field(default_factory=list)
-    outside_phases_s: list[float] = field(default_factory=list)
+OwnerFactory = Callable[[Engine], Owner]
 
 
-def sbxkit_contender(engine: Engine, spec: SandboxSpec, runs: SbxkitRuns) -> Contender:
+def sbxkit_contender(
+    engine: Engine,
+    spec: SandboxSpec,
+    leases: list[str],
+    *,
+    key: str = "sbxkit",
+    label: str = "sbxkit",
+    owner_factory: OwnerFactory | None = None,
+    tracer: CallTracer | None = None,
+) -> Contender:
+    """``sbxkit.runner.run(spec, engine=engine)`` — with the runner's default owner unless
+    ``owner_factory`` makes one per run. Steps: sbxkit's own phase timings, plus ``outside``
+    (wall time not in any phase: validation, image check, the exit inspect)."""
+
     async def once() -> StepTimings:
+        owner = owner_factory(engine) if owner_factory is not None else None
+        if tracer is not None:
+            if owner is not None:
+                names = [n for n in ("connect", "create", "remove") if hasattr(owner, n)]
+                tracer.wrap(owner, names, "owner.")
+            tracer.begin()
         t0 = time.perf_counter()
-        result = await sbxkit_run(spec, engine=engine)
+        if owner is None:
+            result = await sbxkit_run(spec, engine=engine)
+        else:
+            result = await sbxkit_run(spec, engine=engine, owner=owner)
         elapsed = time.perf_counter() - t0
-        runs.leases.append(result.lease)
+        if tracer is not None:
+            tracer.end(key, elapsed)
+        leases.append(result.lease)
         if not result.ok:
             raise RuntimeError(
-                f"sbxkit: status {result.status}, exit {result.exit_code}, "
+                f"{key}: status {result.status}, exit {result.exit_code}, "
                 f"stderr {result.stderr[:200]!r}"
             )
         t = result.timings
-        runs.outside_phases_s.append(elapsed - (t.create_s + t.start_s + t.run_s + t.remove_s))
-        return {"create": t.create_s, "start": t.start_s, "run": t.run_s, "remove": t.remove_s}
+        phases = {"create": t.create_s, "start": t.start_s, "run": t.run_s, "remove": t.remove_s}
+        return {**phases, "outside": elapsed - sum(phases.values())}
 
+    owner_text = (
+        "the runner's default owner"
+        if owner_factory is None
+        else f"owner={getattr(owner_factory, '__name__', 'owner')}(engine) per run"
+    )
     return Contender(
-        "sbxkit",
-        "sbxkit",
-        "await sbxkit.runner.run(spec, engine=engine): image inspect, create, inspect, attach, "
-        "wait registration, start, stream to exit, inspect, remove; engine opened once",
+        key,
+        label,
+        f"await sbxkit.runner.run(spec, engine=engine), {owner_text}; engine opened once",
         once,
     )
 
@@ -256,7 +293,10 @@ def raw_contender(
     prefix = "sbxbench-" + key.replace("_", "-") + "-"
 
     async def once() -> StepTimings:
-        return await trio.to_thread.run_sync(raw_one_shot, api, encoded, prefix)
+        t0 = time.perf_counter()
+        steps = await trio.to_thread.run_sync(raw_one_shot, api, encoded, prefix)
+        steps["outside"] = time.perf_counter() - t0 - sum(steps.values())
+        return steps
 
     return Contender(
         key,
@@ -279,17 +319,10 @@ def docker_run_contender(command: Sequence[str], env: dict[str, str]) -> Contend
             )
         return {}
 
-    return Contender(
-        "docker_run",
-        "docker run --rm",
-        "subprocess: " + " ".join(command),
-        once,
-    )
+    return Contender("docker_run", "docker run --rm", "subprocess: " + " ".join(command), once)
 
 
-# --- call tracing (profile only) -------------------------------------------------------------
-
-TRACED = (
+ENGINE_CALLS = (
     "image_inspect",
     "container_create",
     "container_inspect",
@@ -300,64 +333,46 @@ TRACED = (
 )
 
 
-class CallTracer:
-    """Times each Engine call sbxkit makes, by wrapping the shared engine's methods (bench-side
-    instrumentation only: sbxkit's code is untouched; the wrappers cost microseconds)."""
+def fsync_probe(directory: Path, repeats: int = 20) -> dict[str, Any]:
+    """The supervisor journal's durable-write pattern, timed on ``directory``'s filesystem:
+    write = temp file, write, fsync, rename, fsync dir; delete = unlink, fsync dir."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="sbxbench-fsync-", dir=directory))
+    writes: list[float] = []
+    deletes: list[float] = []
 
-    def __init__(self, engine: Engine) -> None:
-        self.calls: list[tuple[str, float]] = []
-        self.per_run: list[dict[str, float]] = []
-        for name in TRACED:
-            setattr(engine, name, self._wrap(name, getattr(engine, name)))
+    def fsync_dir() -> None:
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    def _wrap(self, name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def traced(*args: Any, **kwargs: Any) -> Any:
+    try:
+        for i in range(repeats):
             t0 = time.perf_counter()
-            result = await method(*args, **kwargs)
-            self.calls.append((name, time.perf_counter() - t0))
-            if name == "container_wait":
-                result_method = result.result
-
-                async def waited() -> Any:
-                    t1 = time.perf_counter()
-                    reply = await result_method()
-                    self.calls.append(("wait.result", time.perf_counter() - t1))
-                    return reply
-
-                result.result = waited
-            return result
-
-        return traced
-
-    def begin(self) -> None:
-        self.calls = []
-
-    def end(self, total_s: float) -> None:
-        seen: dict[str, int] = {}
-        row: dict[str, float] = {}
-        for name, seconds in self.calls:
-            seen[name] = seen.get(name, 0) + 1
-            key = name if seen[name] == 1 else f"{name}#{seen[name]}"
-            row[key] = seconds
-        row["python (outside engine calls)"] = total_s - sum(s for _, s in self.calls)
-        self.per_run.append(row)
-
-
-def traced_sbxkit_contender(
-    engine: Engine, spec: SandboxSpec, runs: SbxkitRuns, tracer: CallTracer
-) -> Contender:
-    inner = sbxkit_contender(engine, spec, runs)
-    untraced = inner.once
-
-    async def once() -> StepTimings:
-        tracer.begin()
-        t0 = time.perf_counter()
-        steps = await untraced()
-        tracer.end(time.perf_counter() - t0)
-        return steps
-
-    inner.once = once
-    return inner
+            temp, final = work / f".tmp-{i}", work / f"lease-{i}.json"
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"{}" * 200)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(temp, final)
+            fsync_dir()
+            t1 = time.perf_counter()
+            os.unlink(final)
+            fsync_dir()
+            writes.append(t1 - t0)
+            deletes.append(time.perf_counter() - t1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "directory": str(directory),
+        "write_median_ms": statistics.median(writes) * 1000.0,
+        "delete_median_ms": statistics.median(deletes) * 1000.0,
+        "repeats": repeats,
+    }
 
 
 # --- leaks -------------------------------------------------------------------------------------
@@ -406,6 +421,22 @@ def sweep_leaks(
     return leaks
 
 
+def daemon_activity(witness: RawEngine, since: float, until: float, image: str) -> dict[str, Any]:
+    """Container creations the daemon saw during the measurement, ours and others'. Another
+    client using the daemon meanwhile (a test run) loads it unevenly; the count says so."""
+    events = witness.events(since, until, {"type": ["container"], "event": ["create"]})
+    ours = 0
+    foreign: list[str] = []
+    for event in events:
+        attrs = (event.get("Actor") or {}).get("Attributes") or {}
+        docker_run = attrs.get("image") == image and set(attrs) <= {"image", "name"}
+        if BENCH_LABEL in attrs or docker_run:
+            ours += 1
+        else:
+            foreign.append(str(attrs.get("name", "?")))
+    return {"ours": ours, "foreign": len(foreign), "foreign_names_sample": foreign[:5]}
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -432,6 +463,9 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
     raw_api = RawEngine(args.socket)
     raw_body = raw_create_body(args.image)
     errors: list[str] = []
+    leases: list[str] = []
+    leaks: list[dict[str, Any]] = []
+    tracer = CallTracer() if args.profile else None
     async with open_engine(args.socket) as engine:
         facts = await machine_facts(engine)
         facts["docker_cli"] = await docker_cli_facts(docker, env)
@@ -443,12 +477,15 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             for c in snapshot
             if attributable(c, args.image)
         ]
-        runs = SbxkitRuns()
-        tracer = CallTracer(engine) if args.profile else None
         contenders = [
-            traced_sbxkit_contender(engine, spec, runs, tracer)
-            if tracer
-            else sbxkit_contender(engine, spec, runs),
+            sbxkit_contender(
+                engine,
+                spec,
+                leases,
+                # Profile: the same owner the runner defaults to, made here so it can be traced.
+                owner_factory=SupervisedOwner if tracer is not None else None,
+                tracer=tracer,
+            ),
             raw_contender(
                 raw_api,
                 raw_body,
@@ -458,8 +495,22 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             ),
             docker_run_contender(docker_cmd, env),
         ]
-        if args.profile:
+        profile: dict[str, Any] = {}
+        if tracer is not None:
+            tracer.wrap(engine, ENGINE_CALLS, "")
+            profile["journal_fsync_probe"] = await trio.to_thread.run_sync(
+                fsync_probe, default_state_dir().parent
+            )
             contenders += [
+                sbxkit_contender(
+                    engine,
+                    spec,
+                    leases,
+                    key="sbxkit_inproc",
+                    label="sbxkit, in-process",
+                    owner_factory=InProcessOwner,
+                    tracer=tracer,
+                ),
                 raw_contender(
                     raw_api,
                     hardened_create_body(args.image),
@@ -475,35 +526,40 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                     what="the floor's body without NetworkDisabled",
                 ),
             ]
+        contenders = order_contenders(contenders, args.order)
         say(
             f"oneshot: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)
         )
+        since = time.time()
         try:
             await run_interleaved(
-                contenders,
-                rounds=rounds,
-                warmup=warmup,
-                progress=lambda text: say(f"  {text}"),
+                contenders, rounds=rounds, warmup=warmup, progress=lambda text: say(f"  {text}")
             )
         except ContenderFailed as exc:
             errors.append(str(exc))
         finally:
             with trio.CancelScope(shield=True):
                 leaks = await trio.to_thread.run_sync(
-                    sweep_leaks, witness, before, args.image, runs.leases
+                    sweep_leaks, witness, before, args.image, leases
+                )
+                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(
+                    daemon_activity, witness, since, time.time(), args.image
                 )
                 witness.close()
                 raw_api.close()
         facts["loadavg_at_end"] = list(os.getloadavg())
+    if tracer is not None:
+        profile["calls_median_ms"] = {
+            key: tracer.medians_ms(key) for key in ("sbxkit", "sbxkit_inproc")
+        }
     return build_report(
         args=args,
         rounds=rounds,
         warmup=warmup,
         facts=facts,
         contenders=contenders,
-        runs=runs,
-        tracer=tracer,
+        profile=profile,
         raw_connects=raw_api.connects,
         docker_cmd=docker_cmd,
         spec=spec,
@@ -514,8 +570,32 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
     )
 
 
+def order_contenders(contenders: list[Contender], order: str | None) -> list[Contender]:
+    """Apply ``--order`` (comma-separated keys; unnamed contenders keep their place after)."""
+    if not order:
+        return contenders
+    wanted = [key.strip() for key in order.split(",") if key.strip()]
+    by_key = {c.key: c for c in contenders}
+    unknown = [key for key in wanted if key not in by_key]
+    if unknown:
+        raise SystemExit(f"bench oneshot: --order names unknown contenders {unknown}")
+    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
+
+
 def _medians_ms(table: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) * 1000.0 for name, values in table.items() if values}
+
+
+RATIOS = (
+    ("sbxkit", "raw"),
+    ("sbxkit", "docker_run"),
+    ("docker_run", "raw"),
+    ("sbxkit", "sbxkit_inproc"),
+    ("sbxkit_inproc", "raw"),
+    ("sbxkit_inproc", "raw_hardened"),
+    ("raw_hardened", "raw"),
+    ("raw_netns", "raw"),
+)
 
 
 def build_report(
@@ -525,8 +605,7 @@ def build_report(
     warmup: int,
     facts: dict[str, Any],
     contenders: Sequence[Contender],
-    runs: SbxkitRuns,
-    tracer: CallTracer | None,
+    profile: dict[str, Any],
     raw_connects: int,
     docker_cmd: Sequence[str],
     spec: SandboxSpec,
@@ -538,20 +617,12 @@ def build_report(
     by_key = {c.key: c for c in contenders}
     complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
     ratios: dict[str, Any] = {}
-    if complete and rounds > 0:
-        sbx = by_key["sbxkit"].totals_s
-        ratios["sbxkit/raw"] = ratio_of_medians(sbx, by_key["raw"].totals_s)
-        ratios["sbxkit/docker_run"] = ratio_of_medians(sbx, by_key["docker_run"].totals_s)
-        ratios["docker_run/raw"] = ratio_of_medians(
-            by_key["docker_run"].totals_s, by_key["raw"].totals_s
-        )
-        if "raw_hardened" in by_key:
-            hardened = by_key["raw_hardened"].totals_s
-            ratios["sbxkit/raw_hardened"] = ratio_of_medians(sbx, hardened)
-            ratios["raw_hardened/raw"] = ratio_of_medians(hardened, by_key["raw"].totals_s)
-            ratios["raw_netns/raw"] = ratio_of_medians(
-                by_key["raw_netns"].totals_s, by_key["raw"].totals_s
-            )
+    if complete:
+        for num, den in RATIOS:
+            if num in by_key and den in by_key:
+                ratios[f"{num}/{den}"] = ratio_of_medians(
+                    by_key[num].totals_s, by_key[den].totals_s
+                )
     measured = ratios.get("sbxkit/raw", {}).get("ratio")
     report: dict[str, Any] = {
         "bench": NAME,
@@ -563,8 +634,8 @@ def build_report(
             "quick": bool(args.quick),
             "profile": bool(args.profile),
             "order": [c.key for c in contenders],
-            "interleaving": "round-robin, fixed order, one trio event loop",
-            "clock": "time.perf_counter around the awaited call",
+            "interleaving": "round-robin in the order above, one trio event loop",
+            "clock": "time.perf_counter around each awaited contender call",
             "image": args.image,
             "sbxkit_spec": msgspec.to_builtins(spec),
             "raw_create_body": raw_body,
@@ -591,27 +662,15 @@ def build_report(
         "leftovers_before_run": leftovers,
         "ok": not errors and not leaks,
     }
-    sbx_info = report["contenders"].get("sbxkit")
-    if sbx_info is not None and runs.outside_phases_s:
-        sbx_info["outside_phases_median_ms"] = statistics.median(runs.outside_phases_s) * 1000.0
-    raw_info = report["contenders"].get("raw")
-    if raw_info is not None:
-        raw_info["connections_opened"] = raw_connects
-        raw_steps = by_key["raw"].steps_s
-        if raw_steps and by_key["raw"].totals_s:
-            sums = [sum(vals) for vals in zip(*(raw_steps[s] for s in RAW_STEPS), strict=True)]
-            gaps = [t - s for t, s in zip(by_key["raw"].totals_s, sums, strict=True)]
-            raw_info["outside_steps_median_ms"] = statistics.median(gaps) * 1000.0
-    if tracer is not None and tracer.per_run:
-        columns: dict[str, list[float]] = {}
-        for row in tracer.per_run:
-            for name, seconds in row.items():
-                columns.setdefault(name, []).append(seconds)
+    if "raw" in report["contenders"]:
+        report["contenders"]["raw"]["connections_opened"] = raw_connects
+    if profile:
         report["profile"] = {
-            "sbxkit_calls_median_ms": _medians_ms(columns),
-            "note": "per-call wall time of each Engine call sbxkit made, in call order; "
-            "'wait.result' is start-returned → exit reply; "
-            "'python' is everything else (validation, body, msgspec, nursery, drain)",
+            **profile,
+            "note": "calls_median_ms: wall time of each call sbxkit made (engine methods and "
+            "owner methods, wrapped on the instance), in call order; indented = nested in "
+            "the call above; 'wait.result' = start returned → exit reply; "
+            "'(outside traced calls)' = validation, body building, msgspec, nursery, drain",
         }
     return report
 
@@ -619,10 +678,8 @@ def build_report(
 # --- presentation ------------------------------------------------------------------------------
 
 
-def _ratio_line(name: str, info: dict[str, Any]) -> str:
-    halves = " / ".join(f"{h:.3f}" for h in info["halves"])
-    low, high = info["bootstrap95"]
-    return f"{name:<22} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
+def _steps_text(info: dict[str, Any], sep: str) -> str:
+    return sep.join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -630,44 +687,48 @@ def render_text(report: dict[str, Any]) -> str:
     lines = [
         f"oneshot `true` — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
         + " → ".join(cfg["order"]),
-        f"{'contender':<18} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
+        f"{'contender':<20} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
     ]
     for info in report["contenders"].values():
         t = info["total_ms"]
         lines.append(
-            f"{info['label']:<18} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
+            f"{info['label']:<20} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
             f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
             f"{t['n']:>4}"
         )
     lines.append("(ms, wall time per one-shot run)")
     for name, info in report["ratios"].items():
-        lines.append(_ratio_line(name, info))
+        halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+        low, high = info["bootstrap95"]
+        lines.append(
+            f"{name:<28} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
+        )
     target = report["target"]
     if target["ratio"] is not None:
         verdict = "MET" if target["met"] else "NOT met"
         lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
-    for key, heading in (
-        ("sbxkit", "sbxkit phases"),
-        ("raw", "raw steps"),
-        ("raw_hardened", ""),
-        ("raw_netns", ""),
-    ):
-        info = report["contenders"].get(key)
-        if not info or not info["steps_median_ms"]:
-            continue
-        parts = "  ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
-        extra = info.get("outside_phases_median_ms", info.get("outside_steps_median_ms"))
-        tail = f"  (outside: {extra:.1f})" if extra is not None else ""
-        lines.append(f"{heading or info['label']:<18} median ms: {parts}{tail}")
+    lines.append("median ms per step:")
+    for info in report["contenders"].values():
+        if info["steps_median_ms"]:
+            lines.append(f"  {info['label']:<20} {_steps_text(info, '  ')}")
     profile = report.get("profile")
     if profile:
-        lines.append("sbxkit engine calls (median ms):")
-        for name, ms in profile["sbxkit_calls_median_ms"].items():
-            lines.append(f"  {name:<32} {ms:7.2f}")
-    for error in report["errors"]:
-        lines.append(f"ERROR: {error}")
-    for leak in report["leaks"]:
-        lines.append(f"LEAK: {leak}")
+        probe = profile["journal_fsync_probe"]
+        lines.append(
+            f"journal fsync probe ({probe['directory']}): write {probe['write_median_ms']:.2f} "
+            f"ms, delete {probe['delete_median_ms']:.2f} ms (median)"
+        )
+        for key, calls in profile["calls_median_ms"].items():
+            lines.append(f"{key} calls (median ms):")
+            lines += [f"  {name:<34} {ms:8.2f}" for name, ms in calls.items()]
+    activity = report["machine"].get("daemon_activity_during_run") or {}
+    if activity.get("foreign"):
+        lines.append(
+            f"WARNING: the daemon was shared — {activity['foreign']} containers created by "
+            f"other clients during the run (ours: {activity['ours']}); figures are noisier"
+        )
+    lines += [f"ERROR: {error}" for error in report["errors"]]
+    lines += [f"LEAK: {leak}" for leak in report["leaks"]]
     return "\n".join(lines)
 
 
@@ -675,6 +736,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     m = report["machine"]
     cli = m.get("docker_cli", {})
+    git = m.get("git") or {}
     out = [
         "# oneshot — one-shot `true`",
         "",
@@ -682,7 +744,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"`{' → '.join(cfg['order'])}` · Docker {m['docker_server_version']} "
         f"(API {m['docker_server_api']}, runtime {m['default_runtime']}, cgroup "
         f"v{m['cgroup_version']}) · kernel {m['kernel']} · {m['nproc']} CPUs · "
-        f"CLI {cli.get('version_string', '?')}",
+        f"CLI {cli.get('version_string', '?')} · sbxkit at {str(git.get('commit', '?'))[:10]}"
+        + (" (sbxkit/ modified)" if git.get("sbxkit_dirty") else ""),
         "",
         "| contender | median ms | p10 | p90 | min | max | n |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -709,19 +772,31 @@ def render_markdown(report: dict[str, Any]) -> str:
         verdict = "**met**" if target["met"] else "**not met**"
         out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
     out += ["", "Median ms per step:", ""]
-    for key in ("sbxkit", "raw", "raw_hardened", "raw_netns"):
-        info = report["contenders"].get(key)
-        if info and info["steps_median_ms"]:
-            parts = ", ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
-            extra = info.get("outside_phases_median_ms", info.get("outside_steps_median_ms"))
-            tail = f", outside {extra:.1f}" if extra is not None else ""
-            out.append(f"- {info['label']}: {parts}{tail}")
+    for info in report["contenders"].values():
+        if info["steps_median_ms"]:
+            out.append(f"- {info['label']}: {_steps_text(info, ', ')}")
     profile = report.get("profile")
     if profile:
-        out += ["", "sbxkit's engine calls (median ms, call order):", ""]
-        out += ["| call | ms |", "|---|---:|"]
-        for name, ms in profile["sbxkit_calls_median_ms"].items():
-            out.append(f"| {name} | {ms:.2f} |")
+        probe = profile["journal_fsync_probe"]
+        out += [
+            "",
+            f"Journal fsync probe on `{probe['directory']}`: durable write "
+            f"{probe['write_median_ms']:.2f} ms, delete {probe['delete_median_ms']:.2f} ms "
+            "(median).",
+        ]
+        for key, calls in profile["calls_median_ms"].items():
+            out += ["", f"`{key}` calls (median ms, call order; indented = nested):", ""]
+            out += ["| call | ms |", "|---|---:|"]
+            out += [
+                f"| {name.replace('  ', '&nbsp;&nbsp;')} | {ms:.2f} |" for name, ms in calls.items()
+            ]
+    activity = m.get("daemon_activity_during_run") or {}
+    if activity.get("foreign"):
+        out += [
+            "",
+            f"**Shared daemon:** {activity['foreign']} containers were created by other clients "
+            f"during the run (ours: {activity['ours']}); the figures are noisier for it.",
+        ]
     if report["errors"] or report["leaks"]:
         out += ["", "**Errors / leaks:**", ""]
         out += [f"- {e}" for e in report["errors"]]

@@ -120,6 +120,17 @@ class RawEngine:
         found: list[dict[str, Any]] = self.get_json("/containers/json", params)
         return found
 
+    def events(self, since: float, until: float, filters: dict[str, list[str]]) -> list[Any]:
+        """Past events between two Unix times (``until`` makes the daemon end the stream)."""
+        _, data = self.call(
+            "GET",
+            "/events?"
+            + urllib.parse.urlencode(
+                {"since": f"{since:.9f}", "until": f"{until:.9f}", "filters": json.dumps(filters)}
+            ),
+        )
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
+
     def remove(self, ref: str) -> bool:
         """``DELETE ?force=1&v=1`` by id or name; False if it was already gone."""
         status, _ = self.call(

@@ -117,6 +117,73 @@ class _Session:
         await trio.aclose_forcefully(self.stream)
 
 
+async def _connect_once(path: Path) -> trio.SocketStream | None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+        raise SupervisorError(f"{path} is not a socket owned by uid {os.geteuid()}", code="storage")
+    try:
+        return await trio.open_unix_socket(str(path))
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return None
+        raise SupervisorError(f"cannot connect to {path}: {exc.strerror}") from exc
+
+
+async def connect_supervisor(state_dir: Path) -> _Session:
+    """Connect to the state dir's supervisor (launching it if needed); complete the handshake."""
+    await trio.to_thread.run_sync(lambda: check_state_dir(state_dir, create=True))
+    socket_path = state_dir / SOCKET_NAME
+    stream = await _connect_once(socket_path)
+    if stream is None:
+        argv = supervisor_argv(state_dir)
+        log_path = state_dir / "supervisor.log"
+        try:
+            await trio.to_thread.run_sync(launch_detached, argv, log_path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SupervisorError(f"cannot launch {shlex.join(argv)}: {exc}") from exc
+        with trio.move_on_after(LAUNCH_TIMEOUT_S):
+            while stream is None:
+                await trio.sleep(0.02)
+                stream = await _connect_once(socket_path)
+        if stream is None:
+            raise SupervisorError(
+                f"{shlex.join(argv)} did not open {socket_path} "
+                f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
+            )
+    session = _Session(stream)
+    try:
+        await session.send(
+            Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
+        )
+        reply = await receive_reply(session, "handshake")
+    except BaseException:
+        await session.aclose()
+        raise
+    if isinstance(reply, Welcome):
+        return session
+    await session.aclose()
+    if isinstance(reply, Refused):
+        raise SupervisorError(reply.reason, code=reply.code)
+    raise SupervisorError(f"unexpected {type(reply).__name__} in the handshake")
+
+
+async def receive_reply(
+    session: _Session, what: str, timeout: float = REPLY_TIMEOUT_S
+) -> ServerMessage:
+    with trio.move_on_after(timeout):
+        try:
+            message = await session.receive()
+        except SbxError as exc:
+            raise SupervisorError(f"{what}: {exc}") from exc
+        if message is None:
+            raise SupervisorError(f"{what}: the supervisor closed the connection")
+        return message
+    raise SupervisorError(f"{what}: no answer within {timeout:g} s")
+
+
 class SupervisedOwner:
     """Owner whose containers survive nothing: the supervisor removes them even if we die."""
 
@@ -134,77 +201,8 @@ class SupervisedOwner:
         self.close_timeout_s = close_timeout_s
         self._sessions: dict[str, _Session] = {}
 
-    @property
-    def socket_path(self) -> Path:
-        return self.state_dir / SOCKET_NAME
-
-    # -- connecting -----------------------------------------------------------------------------
-
-    async def _connect_once(self) -> trio.SocketStream | None:
-        path = self.socket_path
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
-            raise SupervisorError(
-                f"{path} is not a socket owned by uid {os.geteuid()}", code="storage"
-            )
-        try:
-            return await trio.open_unix_socket(str(path))
-        except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                return None
-            raise SupervisorError(f"cannot connect to {path}: {exc.strerror}") from exc
-
     async def connect(self) -> _Session:
-        """Connect (launching the supervisor if needed) and complete the handshake."""
-        await trio.to_thread.run_sync(lambda: check_state_dir(self.state_dir, create=True))
-        stream = await self._connect_once()
-        if stream is None:
-            argv = supervisor_argv(self.state_dir)
-            log_path = self.state_dir / "supervisor.log"
-            try:
-                await trio.to_thread.run_sync(launch_detached, argv, log_path)
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise SupervisorError(f"cannot launch {shlex.join(argv)}: {exc}") from exc
-            with trio.move_on_after(LAUNCH_TIMEOUT_S):
-                while stream is None:
-                    await trio.sleep(0.02)
-                    stream = await self._connect_once()
-            if stream is None:
-                raise SupervisorError(
-                    f"{shlex.join(argv)} did not open {self.socket_path} "
-                    f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
-                )
-        session = _Session(stream)
-        try:
-            await session.send(
-                Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
-            )
-            reply = await self._reply(session, "handshake")
-        except BaseException:
-            await session.aclose()
-            raise
-        if isinstance(reply, Welcome):
-            return session
-        await session.aclose()
-        if isinstance(reply, Refused):
-            raise SupervisorError(reply.reason, code=reply.code)
-        raise SupervisorError(f"unexpected {type(reply).__name__} in the handshake")
-
-    async def _reply(
-        self, session: _Session, what: str, timeout: float = REPLY_TIMEOUT_S
-    ) -> ServerMessage:
-        with trio.move_on_after(timeout):
-            try:
-                message = await session.receive()
-            except SbxError as exc:
-                raise SupervisorError(f"{what}: {exc}") from exc
-            if message is None:
-                raise SupervisorError(f"{what}: the supervisor closed the connection")
-            return message
-        raise SupervisorError(f"{what}: no answer within {timeout:g} s")
+        return await connect_supervisor(self.state_dir)
 
     # -- the owner seam -------------------------------------------------------------------------
 
@@ -227,7 +225,7 @@ class SupervisedOwner:
                 lifetime_deadline_s=lifetime_s,
             )
         )
-        reply = await self._reply(session, "register")
+        reply = await receive_reply(session, "register")
         if isinstance(reply, Refused):
             self._sessions.pop(lease, None)
             await session.aclose()
@@ -236,7 +234,7 @@ class SupervisedOwner:
         if not isinstance(reply, Registered):
             raise SupervisorError(f"unexpected {type(reply).__name__} after register", lease=lease)
         # From here the supervisor owns the container: cancelling us only closes the session.
-        reply = await self._reply(
+        reply = await receive_reply(
             session, "create", timeout=self.startup_deadline_s + REPLY_TIMEOUT_S
         )
         if isinstance(reply, Created):

@@ -49,9 +49,12 @@ from sbxkit.supervisor.wire import (
     Hello,
     Message,
     Orphaned,
+    Recover,
     Refused,
     Register,
     Registered,
+    Report,
+    Retire,
     Welcome,
     WireError,
     decode_client,
@@ -147,6 +150,13 @@ class LiveLease:
             self.stop.set()
 
 
+def describe(record: LeaseRecord) -> str:
+    age = time.time() - record.registered_at
+    container = (record.container_id or "-")[:12]
+    reason = f" ({record.reason})" if record.reason else ""
+    return f"{record.lease} {record.state:<9} container {container} age {age:.0f}s{reason}"
+
+
 def is_definite_create_failure(error: SbxError) -> bool:
     """A create the daemon answered with 400 or 404 created nothing; anything else might have."""
     return (
@@ -222,6 +232,14 @@ class Service:
         await peer.send(Welcome(protocol=PROTOCOL_VERSION, fingerprint=self.fingerprint))
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
             register = await peer.receive()
+        if isinstance(register, Recover):
+            await self.recover_once()
+            lines = [describe(r) for r in self.orphans()]
+            await peer.send(Report(lines=lines, remaining=len(self.records)))
+            return
+        if isinstance(register, Retire):
+            await self._retire(peer, register.lease)
+            return
         if not isinstance(register, Register):
             return
         lease = await self._admit(peer, register)
@@ -549,6 +567,45 @@ class Service:
                     f"lease {record.lease}: late container {summary.id[:12]} removed; "
                     "uncertain record resolved"
                 )
+
+    async def _retire(self, peer: Peer, lease: str) -> None:
+        """Delete a tombstone only if its container was never observed: checked now, by label
+        and by name, on the daemon the record names."""
+        record = self.records.get(lease)
+        if record is None or lease in self.live:
+            await self._refuse(peer, "request", f"no orphaned record for lease {lease}")
+            return
+        if record.state != "uncertain":
+            await self._refuse(
+                peer,
+                "request",
+                f"lease {lease} is {record.state}, not an uncertain tombstone; run recover instead",
+            )
+            return
+        try:
+            engine = await self.engine_for(record.engine_socket)
+            by_label = await engine.container_list(label=f"{LEASE_LABEL}={lease}")
+            by_name = await engine.container_list(name=record.name)
+        except SbxError as exc:
+            await self._refuse(peer, "request", f"cannot check the daemon: {exc}")
+            return
+        checked = [
+            f"daemon {record.engine_socket}: containers labelled "
+            f"{LEASE_LABEL}={lease}: {len(by_label)}",
+            f"daemon {record.engine_socket}: containers named {record.name}: "
+            f"{len([c for c in by_name if '/' + record.name in (c.names or [])])}",
+        ]
+        if by_label or any("/" + record.name in (c.names or []) for c in by_name):
+            await self._refuse(
+                peer,
+                "request",
+                "; ".join(checked) + ": a container was "
+                "observed, so this is not a tombstone to retire; run recover",
+            )
+            return
+        await self._forget(lease)
+        log(f"lease {lease}: tombstone retired by an operator ({'; '.join(checked)})")
+        await peer.send(Report(lines=[*checked, f"retired {lease}"], remaining=len(self.records)))
 
     def _report_foreign(self, record: LeaseRecord, labels: dict[str, str]) -> None:
         if record.lease not in self.reported_foreign:

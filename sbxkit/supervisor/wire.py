@@ -73,6 +73,16 @@ class Close(Message, tag="close"):
     lease: str
 
 
+class Recover(Message, tag="recover"):
+    """Operator: run one recovery pass now (instead of Register)."""
+
+
+class Retire(Message, tag="retire"):
+    """Operator: delete an uncertain tombstone whose container was never observed."""
+
+    lease: str
+
+
 # -- supervisor → client -----------------------------------------------------------------------
 
 RefusalCode = Literal["version", "peer", "capacity", "storage", "request", "shutdown"]
@@ -117,8 +127,15 @@ class Orphaned(Message, tag="orphaned"):
     reason: str
 
 
-ClientMessage = Hello | Register | Close
-ServerMessage = Welcome | Refused | Registered | Created | Failed | Closed | Orphaned
+class Report(Message, tag="report"):
+    """Answer to Recover or Retire: what was checked and what remains."""
+
+    lines: list[str]
+    remaining: int
+
+
+ClientMessage = Hello | Register | Close | Recover | Retire
+ServerMessage = Welcome | Refused | Registered | Created | Failed | Closed | Orphaned | Report
 
 _encoder = msgspec.json.Encoder()
 _client_decoder = msgspec.json.Decoder(ClientMessage)

@@ -33,7 +33,9 @@ def limits(**overrides: Any) -> Limits:
     return msgspec.convert({**BASE_LIMITS, **overrides}, Limits)
 
 
-def spec(image: str, script: str, *, env: dict[str, str] | None = None, **overrides: Any) -> SandboxSpec:
+def spec(
+    image: str, script: str, *, env: dict[str, str] | None = None, **overrides: Any
+) -> SandboxSpec:
     """``sh -c script`` in ``image`` under BASE_LIMITS with ``overrides``."""
     return SandboxSpec(
         image=image, command=["sh", "-c", script], limits=limits(**overrides), env=env or {}
@@ -200,4 +202,3 @@ def image_volumes(witness: Witness, reference: str) -> dict[str, Any]:
 def actions(events: list[dict[str, Any]]) -> list[str]:
     """The ``Action`` of each daemon event, in order."""
     return [str(e.get("Action") or e.get("status")) for e in events]
-

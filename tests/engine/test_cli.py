@@ -88,7 +88,9 @@ def private_tag(witness: Witness, busybox: str) -> Iterator[str]:
 def test_cli_json_prints_one_object_and_exits_with_the_payload_code(
     witness: Witness, busybox: str
 ) -> None:
-    proc = run_cli(witness, busybox, "sh", "-c", "echo out; echo err >&2; exit 17", options=("--json",))
+    proc = run_cli(
+        witness, busybox, "sh", "-c", "echo out; echo err >&2; exit 17", options=("--json",)
+    )
 
     assert proc.returncode == 17, proc.stderr
     doc = one_json_object(proc)
@@ -100,7 +102,8 @@ def test_cli_json_prints_one_object_and_exits_with_the_payload_code(
     assert doc["stdout_bytes"] == 4
     assert doc["stderr_bytes"] == 4
     container_id = doc["container_id"]
-    assert isinstance(container_id, str) and len(container_id) == 64
+    assert isinstance(container_id, str)
+    assert len(container_id) == 64
     assert not container_exists(witness, container_id)
 
 
@@ -202,7 +205,8 @@ def test_cli_env_is_visible_to_the_payload(witness: Witness, busybox: str) -> No
         busybox,
         "sh",
         "-c",
-        'echo "explicit=$SBXKIT_CLI_VAR"; echo "bare=$SBXKIT_CLI_BARE"; echo "other=$SBXKIT_CLI_OTHER"',
+        'echo "explicit=$SBXKIT_CLI_VAR"; echo "bare=$SBXKIT_CLI_BARE"; '
+        'echo "other=$SBXKIT_CLI_OTHER"',
         options=("--env", f"SBXKIT_CLI_VAR={value}", "--env", "SBXKIT_CLI_BARE"),
         env={"SBXKIT_CLI_BARE": host_value, "SBXKIT_CLI_OTHER": "must-not-pass"},
     )
@@ -215,9 +219,16 @@ def test_cli_env_is_visible_to_the_payload(witness: Witness, busybox: str) -> No
     ]
 
 
-def test_cli_json_replaces_invalid_utf8_but_counts_raw_bytes(witness: Witness, busybox: str) -> None:
+def test_cli_json_replaces_invalid_utf8_but_counts_raw_bytes(
+    witness: Witness, busybox: str
+) -> None:
     proc = run_cli(
-        witness, busybox, "sh", "-c", r"printf '\377\376ok\n'; printf 'caf\303\251\n' >&2", options=("--json",)
+        witness,
+        busybox,
+        "sh",
+        "-c",
+        r"printf '\377\376ok\n'; printf 'caf\303\251\n' >&2",
+        options=("--json",),
     )
 
     assert proc.returncode == 0, proc.stderr

@@ -97,7 +97,9 @@ async def test_no_stdin_gives_the_payload_immediate_eof(engine: Engine, busybox:
     assert trio.current_time() - start < 4.0
 
 
-async def test_a_sleeping_payload_times_out_promptly(engine: Engine, busybox: str) -> None:
+async def test_a_sleeping_payload_times_out_promptly(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
     start = trio.current_time()
     result = await run(spec(busybox, "sleep 30; echo woke", timeout_s=1.0), engine=engine)
     elapsed = trio.current_time() - start
@@ -105,6 +107,7 @@ async def test_a_sleeping_payload_times_out_promptly(engine: Engine, busybox: st
     assert result.status == "timed_out", result
     assert result.exit_code is None
     assert b"woke" not in result.stdout
+    assert not container_exists(witness, result.container_id)
     assert result.timings.run_s >= 0.9  # the limit was the one asked for, not an early exit
     assert elapsed < 10.0
 
@@ -194,10 +197,13 @@ async def _observe(
 ) -> None:
     while True:
         await trio.to_thread.run_sync(_look, marker, witness, sighting)
-        if scope is not None and cancel_at_ticks is not None:
-            if sighting.max_ticks >= cancel_at_ticks:
-                scope.cancel()
-                return
+        if (
+            scope is not None
+            and cancel_at_ticks is not None
+            and sighting.max_ticks >= cancel_at_ticks
+        ):
+            scope.cancel()
+            return
         await trio.sleep(0.05)
 
 
@@ -225,7 +231,9 @@ async def test_a_setsid_descendant_stops_ticking_after_timeout(
     assert result.status == "timed_out", result
     counts = [int(n) for n in text(result.stdout).split()]
     assert len(counts) >= 3, counts
-    assert counts == sorted(counts) and counts[-1] > counts[0] and counts[-1] >= 5, counts
+    assert counts == sorted(counts), counts
+    assert counts[-1] > counts[0], counts
+    assert counts[-1] >= 5, counts
     assert sighting.detached_pids, "the host never saw the detached descendant"
     assert sighting.max_ticks >= 1
     assert witness.containers(label=f"{LEASE_LABEL}={result.lease}") == []
@@ -279,10 +287,8 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
         assert image_volumes(witness, reference) == {"/data": {}}
         setup_until = time.time()
         # Positive control: the events query (with an image filter) sees the helper's create.
-        setup_events = witness.events(
-            setup_since, setup_until, type=["container"], image=[busybox]
-        )
-        assert "create" in actions([e for e in setup_events if e.get("id") == helper])
+        setup_events = witness.events(setup_since, setup_until, type=["container"], image=[busybox])
+        assert "create" in actions([e for e in setup_events if e["Actor"]["ID"] == helper])
 
         since = time.time()
         with pytest.raises(ImageError) as caught:
@@ -330,7 +336,9 @@ async def test_an_early_exit_while_stdin_is_still_being_sent_does_not_hang(
     engine: Engine, busybox: str
 ) -> None:
     with trio.fail_after(15.0):
-        result = await run(spec(busybox, "exit 5", timeout_s=10.0), os.urandom(4 * MiB), engine=engine)
+        result = await run(
+            spec(busybox, "exit 5", timeout_s=10.0), os.urandom(4 * MiB), engine=engine
+        )
 
     assert result.status == "exited", result
     assert result.exit_code == 5
@@ -340,9 +348,7 @@ async def test_interleaved_stdout_and_stderr_stay_separate_and_complete(
     engine: Engine, busybox: str
 ) -> None:
     lines = 3000
-    script = (
-        f'i=0; while [ $i -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
-    )
+    script = f'i=0; while [ $i -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
     result = await run(spec(busybox, script), engine=engine)
 
     assert result.ok, result.status
