@@ -81,6 +81,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     idle_exit_s: float = 10.0
     reaper_interval_s: float = 2.0
     capacity: Capacity = Capacity()
+    docker_socket: str | None = None  # reach the daemon through this socket, whatever callers say
 
 
 def log(message: str) -> None:
@@ -324,7 +325,7 @@ class Service:
             await self._refuse(peer, "request", problem)
             return None
         try:
-            engine = await self.engine_for(register.engine_socket)
+            engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
             if not self.host_memory:
                 info = await engine.info()
                 self.host_memory, self.host_cpus_nano = info.mem_total, info.ncpu * 10**9
@@ -340,7 +341,7 @@ class Service:
             lease=register.lease,
             name=register.name,
             state="creating",
-            engine_socket=register.engine_socket,
+            engine_socket=self.config.docker_socket or register.engine_socket,
             registered_at=time.time(),
             lifetime_deadline=time.time() + register.lifetime_deadline_s,
             memory_bytes=register.reservation.memory_bytes,
@@ -756,6 +757,18 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         help="exit after this long idle and record-free (default: 10)",
     )
     parser.add_argument("--reaper-interval", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        help="reach the daemon through this socket instead of the caller's "
+        "(a local relay, or to pin one daemon)",
+    )
+    parser.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        help="reach the daemon through this socket instead of the caller's "
+        "(a local relay, or to pin one daemon)",
+    )
     parser.add_argument("--max-workers", type=int, default=Capacity().max_workers)
     parser.add_argument("--max-records", type=int, default=Capacity().max_records)
     parser.add_argument("--memory-budget", type=int, default=None, metavar="BYTES")
@@ -778,6 +791,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             memory_budget_bytes=args.memory_budget,
             cpu_budget_nano=cpu_budget,
         ),
+        docker_socket=args.docker_socket,
     )
 
 
