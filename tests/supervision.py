@@ -1,0 +1,79 @@
+"""Start and stop a real supervisor process for tests (not detached, so a test can kill it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SOCKET_NAME = "supervisor.sock"
+
+
+def private_state_dir() -> Path:
+    """A fresh 0700 state dir with a short path (AF_UNIX paths are capped at 108 bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="sbxsup-", dir="/tmp"))
+    os.chmod(root, 0o700)
+    return root / "leases"
+
+
+def supervisor_command(state_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sbxkit.supervisor", "--state-dir", str(state_dir),
+            "--idle-exit", "3", "--reaper-interval", "0.5", *extra]
+
+
+class SupervisorProcess:
+    def __init__(self, state_dir: Path, extra: tuple[str, ...]) -> None:
+        self.state_dir = state_dir
+        self.log_path = state_dir.parent / f"supervisor-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(supervisor_command(state_dir, *extra),
+                                     stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=self._log)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.state_dir / SOCKET_NAME
+
+    def wait_ready(self, seconds: float = 15.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"supervisor exited with {self.proc.returncode}: {self.log()}")
+            if self.socket_path.exists() and "listening on" in self.log():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"supervisor not ready within {seconds} s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup code runs; the journal must carry recovery."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+@contextmanager
+def running_supervisor(state_dir: Path, *extra: str) -> Iterator[SupervisorProcess]:
+    sup = SupervisorProcess(state_dir, extra)
+    try:
+        sup.wait_ready()
+        yield sup
+    finally:
+        sup.stop()
