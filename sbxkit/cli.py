@@ -168,6 +168,7 @@ async def run_interruptibly(
     (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short)."""
     received: list[int] = []
     result: RunResult | None = None
+    error: SbxError | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -178,12 +179,18 @@ async def run_interruptibly(
                     return
 
             async def work() -> None:
-                nonlocal result
-                result = await run(spec, stdin, socket_path=socket_path)
+                # Caught here, not around the nursery: trio would wrap it in an ExceptionGroup.
+                nonlocal result, error
+                try:
+                    result = await run(spec, stdin, socket_path=socket_path)
+                except SbxError as exc:
+                    error = exc
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
             nursery.start_soon(work)
+    if error is not None:
+        raise error
     if result is None and received:
         raise Interrupted(received[0])
     assert result is not None

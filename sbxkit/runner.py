@@ -128,12 +128,13 @@ async def run_created(
                 await waiter.aclose()
         finally:
             await attach.aclose()
-        status, exit_code, evidence = outcome.status, outcome.exit_code, None
+        status, exit_code, evidence = outcome.status, None, None
         if status == "exited":
+            # Only a payload that really exited has an exit code; after an overflow or a
+            # timeout the code (if any) is sbxkit's kill, not the payload's answer.
+            exit_code = outcome.exit_code
             state = (await engine.container_inspect(container_id)).state
-            status, evidence = _classify_exit(state.oom_killed, outcome.exit_code)
-            if status == "oom_killed":
-                exit_code = outcome.exit_code
+            status, evidence = _classify_exit(state.oom_killed, exit_code)
     finally:
         t_remove = clock()
         with trio.CancelScope(shield=True):

@@ -763,12 +763,6 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         help="reach the daemon through this socket instead of the caller's "
         "(a local relay, or to pin one daemon)",
     )
-    parser.add_argument(
-        "--docker-socket",
-        metavar="PATH",
-        help="reach the daemon through this socket instead of the caller's "
-        "(a local relay, or to pin one daemon)",
-    )
     parser.add_argument("--max-workers", type=int, default=Capacity().max_workers)
     parser.add_argument("--max-records", type=int, default=Capacity().max_records)
     parser.add_argument("--memory-budget", type=int, default=None, metavar="BYTES")
