@@ -127,8 +127,12 @@ def spec_from_args(args: argparse.Namespace) -> SandboxSpec:
         pids=int(_number(args.pids, "--pids", int)),
         output_bytes=parse_size(args.max_output, "--max-output"),
         timeout_s=_number(args.timeout, "--timeout", float),
-        **({"fsize_bytes": parse_size(args.fsize, "--fsize")} if args.fsize else {}),
-        **({"scratch_bytes": parse_size(args.scratch, "--scratch")} if args.scratch else {}),
+        **({"fsize_bytes": parse_size(args.fsize, "--fsize")} if args.fsize is not None else {}),
+        **(
+            {"scratch_bytes": parse_size(args.scratch, "--scratch")}
+            if args.scratch is not None
+            else {}
+        ),
     )
     return SandboxSpec(
         image=args.image,

@@ -61,6 +61,8 @@ class InProcessOwner:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
         # timeout alone. Shielded: once the request may have reached the daemon, give up only
         # with the id in hand. The engine's own create deadline bounds this.
+        # A cancel that arrived before we start is honoured: nothing is under way yet.
+        await trio.lowlevel.checkpoint_if_cancelled()
         with trio.CancelScope(shield=True):
             container_id = await self._engine.container_create(body, name=name)
         return container_id

@@ -110,7 +110,8 @@ async def run_created(
     try:
         lifetime = spec.limits.timeout_s + LIFETIME_MARGIN_S
         container_id = await owner.create(lease, name, body, lifetime_s=lifetime)
-        check_created(await engine.container_inspect(container_id), body, lease=lease, name=name)
+        inspected = await engine.container_inspect(container_id)
+        check_created(inspected, body, lease=lease, name=name, container_id=container_id)
         t1 = clock()
         timings["create_s"] = t1 - t0
         attach = await engine.container_attach(container_id, stdin=True)

@@ -53,3 +53,33 @@ def check_created(info: ContainerInspect, body: ContainerCreate, *, lease: str, 
         raise mismatch(f"HostConfig.Runtime is {got.runtime!r}, expected {asked.runtime!r}")
     if body.user is not None and info.config.user != body.user:
         raise mismatch(f"Config.User is {info.config.user!r}, expected {body.user!r}")
+    config_pairs: list[tuple[str, object, object]] = [
+        ("Config.Image", body.image, info.config.image),
+        ("Config.Cmd", body.cmd, info.config.cmd),
+        ("Config.Entrypoint", body.entrypoint, info.config.entrypoint),
+        ("HostConfig.IpcMode", asked.ipc_mode, got.ipc_mode),
+        ("HostConfig.CgroupnsMode", asked.cgroupns_mode, got.cgroupns_mode),
+        ("HostConfig.AutoRemove", asked.auto_remove, got.auto_remove),
+        ("HostConfig.CapDrop", asked.cap_drop, got.cap_drop),
+        ("HostConfig.SecurityOpt", asked.security_opt, got.security_opt),
+        ("HostConfig.Init", asked.init, got.init),
+        (
+            "HostConfig.LogConfig.Type",
+            asked.log_config and asked.log_config.type,
+            got.log_config and got.log_config.type,
+        ),
+        (
+            "HostConfig.RestartPolicy.Name",
+            asked.restart_policy and asked.restart_policy.name,
+            got.restart_policy and got.restart_policy.name,
+        ),
+    ]
+    for field, want, have in config_pairs:
+        if want is not None and want != have:
+            raise mismatch(f"{field} is {have!r}, expected {want!r}")
+    asked_ulimits = {(u.name, u.soft, u.hard) for u in asked.ulimits or []}
+    got_ulimits = {(u.name, u.soft, u.hard) for u in got.ulimits or []}
+    if asked_ulimits != got_ulimits:
+        raise mismatch(
+            f"HostConfig.Ulimits are {sorted(got_ulimits)}, expected {sorted(asked_ulimits)}"
+        )

@@ -8,6 +8,7 @@ caller can say which engine it is talking to.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import msgspec
@@ -16,6 +17,7 @@ import trio
 from sbxkit.engine.transport import Transport
 from sbxkit.errors import EngineUnavailable, SbxError
 
+_API_VERSION = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})")  # ASCII digits only
 STANDARD_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
 
@@ -32,10 +34,10 @@ class PingResult(msgspec.Struct, frozen=True):
 
 def parse_api_version(text: str) -> tuple[int, int]:
     """``"1.41"`` → ``(1, 41)``; anything else is an unusable daemon."""
-    major, dot, minor = text.strip().partition(".")
-    if not (dot and major.isdigit() and minor.isdigit()):
+    match = _API_VERSION.fullmatch(text.strip())
+    if match is None:
         raise EngineUnavailable("(negotiation)", f"unparseable Api-Version {text!r}")
-    return int(major), int(minor)
+    return int(match[1]), int(match[2])
 
 
 def socket_from_docker_host(value: str) -> str:

@@ -125,6 +125,7 @@ class ContainerConfigReply(Reply):
     user: str = ""
     labels: dict[str, str] | None = None
     cmd: list[str] | None = None
+    entrypoint: list[str] | None = None
 
 
 class UlimitReply(Reply):
@@ -133,7 +134,20 @@ class UlimitReply(Reply):
     hard: int = 0
 
 
+class LogConfigReply(Reply):
+    type: str = ""
+
+
+class RestartPolicyReply(Reply):
+    name: str = ""
+
+
 class HostConfigReply(Reply):
+    ipc_mode: str = ""
+    cgroupns_mode: str = ""
+    auto_remove: bool = False
+    log_config: LogConfigReply | None = None
+    restart_policy: RestartPolicyReply | None = None
     nano_cpus: int = 0
     memory: int = 0
     memory_swap: int = 0

@@ -67,6 +67,7 @@ class _Connection:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
+        self.eof = False
 
     def looks_closed(self) -> bool:
         """An idle keep-alive socket that is readable was closed (or spoke out of turn)."""
@@ -82,10 +83,18 @@ class _Connection:
 
     async def next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
-            event = self.h11.next_event()
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                if self.eof:  # the daemon hung up mid-response: a lost connection, not garbage
+                    raise trio.BrokenResourceError("the daemon closed the connection") from exc
+                raise
+            if isinstance(event, h11.ConnectionClosed):
+                raise trio.BrokenResourceError("the daemon closed the connection")
             if event is not h11.NEED_DATA:
                 return event  # type: ignore[return-value]
             data = await self.stream.receive_some(READ_CHUNK)
+            self.eof = not data
             self.h11.receive_data(data)
 
     async def aclose(self) -> None:
@@ -247,8 +256,6 @@ class Transport:
         event = await conn.next_event()
         if isinstance(event, h11.Response | h11.InformationalResponse):
             return event
-        if isinstance(event, h11.ConnectionClosed):
-            raise trio.BrokenResourceError("the daemon closed the connection")
         raise EngineProtocolError(f"expected a response head, got {event!r}")
 
     @staticmethod

@@ -274,6 +274,8 @@ class SupervisedOwner:
                     return
                 if isinstance(message, Orphaned):
                     raise CleanupError(lease, container_id, message.reason)
+                if isinstance(message, Refused):
+                    return  # registration was refused: nothing was ever created
                 # Created or Failed from a create that ended after we gave up: keep waiting.
         raise CleanupError(
             lease, container_id, f"no acknowledgement within {self.close_timeout_s:g} s"

@@ -390,6 +390,9 @@ class Service:
             self.live.pop(lease, None)
             live.finished.set()
             self.last_activity = trio.current_time()
+            if lease in self.records:  # now an orphan: recovery and the event watcher own it
+                self.uncertain_changed.set()
+                self.wake_reaper.set()
 
     async def _create(self, live: LiveLease, engine: Engine) -> str | None:
         """Create the stopped container; return its id only if the caller may start it."""
@@ -619,8 +622,9 @@ class Service:
 
     async def _reap(self) -> None:
         while True:
-            await self.recover_once()
+            # A fresh event before the pass: a wake-up that arrives during it is kept.
             self.wake_reaper = trio.Event()
+            await self.recover_once()
             with trio.move_on_after(self.config.reaper_interval_s):
                 await self.wake_reaper.wait()
 
@@ -630,8 +634,8 @@ class Service:
     async def _watch_events(self) -> None:
         """While uncertain records exist, wake the reaper the moment a leased container appears."""
         while True:
+            self.uncertain_changed = trio.Event()  # before the check: no change is missed
             if not self.has_uncertain():
-                self.uncertain_changed = trio.Event()
                 await self.uncertain_changed.wait()
                 continue
             sockets = {r.engine_socket for r in self.orphans() if r.state == "uncertain"}

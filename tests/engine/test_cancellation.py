@@ -333,9 +333,7 @@ def make_owner(kind: OwnerKind, engine: CancellingEngine) -> Owner:
 
 def lease_events(witness: Witness, lease: str, since: float) -> list[dict[str, Any]]:
     """The daemon's container events for this lease, in order (witness, not sbxkit)."""
-    return witness.events(
-        since, time.time(), type=["container"], label=[f"{LEASE_LABEL}={lease}"]
-    )
+    return witness.events(since, time.time(), type=["container"], label=[f"{LEASE_LABEL}={lease}"])
 
 
 def lease_actions(witness: Witness, lease: str, since: float) -> list[str]:
@@ -408,7 +406,7 @@ def assert_gone_and_started(
         assert "start" in actions, actions
     else:
         assert "start" not in actions, actions
-        assert engine.start_attempts == []
+        assert engine.started_ids == []
 
 
 def expect_outcome(point: Point, outcome: Outcome) -> None:
@@ -433,15 +431,20 @@ async def check_point(
         expect_outcome(point, outcome)
         pre_start = point in PRE_START or point in supervised(PRE_START)
         if point in NOTHING_CREATED[owner]:
+            assert engine.create_names == []  # this engine was never asked to create
             assert engine.created_ids == []
             assert engine.removed == []
             if engine.lease is not None:
                 assert lease_actions(witness, engine.lease, since) == []
             return
         if owner == "in-process" and point == ("image_inspect#1", "after"):
-            # The create is still sent after this cancel (the known issue): it must at least
-            # have been removed without starting.
-            assert_gone_and_started(witness, engine, since, started=False)
+            # The create is still sent after this cancel (the known issue, pinned by
+            # test_cancel_before_create_sends_no_create); either way nothing may be left and
+            # nothing may have started.
+            if engine.create_names:
+                assert_gone_and_started(witness, engine, since, started=False)
+            else:
+                assert engine.removed == []
             return
         assert_gone_and_started(witness, engine, since, started=not pre_start)
         if owner == "in-process":
@@ -481,7 +484,8 @@ async def test_point_lists_cover_every_hook_of_a_run(
     since = time.time()
     async with cancelling_engine(witness.socket_path) as engine:
         outcome = await run_with_cancel(engine, make_spec(busybox, ["true"]), None, owner=owner)
-        assert outcome.result is not None and outcome.result.ok
+        assert outcome.result is not None
+        assert outcome.result.ok
         assert not engine.fired
         # Every hook fired, once; only the attach stream is read more than once.
         seen = [p for p in engine.log if not p[0].startswith("attach.receive_some#")]
@@ -509,11 +513,6 @@ async def test_point_lists_cover_every_hook_of_a_run(
         assert_gone_and_started(witness, engine, since, started=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sbxkit bug: InProcessOwner.create enters its shield without a checkpoint, so a "
-    "cancel delivered before the create still creates (and then removes) a container",
-)
 async def test_cancel_before_create_sends_no_create(witness: Witness, busybox: str) -> None:
     """Cancelled after the image check, before the create request exists: design.md §3 shields
     only creation that is already under way, so no create should reach the daemon."""

@@ -157,7 +157,8 @@ async def test_missing_image_is_not_found_with_context(engine: Engine, witness: 
     assert error.status == 404
     assert "No such image" in error.message
     assert image in error.message
-    assert "404" in str(error) and error.path in str(error)
+    assert "404" in str(error)
+    assert error.path in str(error)
 
 
 async def test_remove_unknown_container_returns_false(engine: Engine) -> None:
@@ -165,18 +166,26 @@ async def test_remove_unknown_container_returns_false(engine: Engine) -> None:
     assert await engine.container_remove("sbxkit-no-such-lease") is False
 
 
-async def test_concurrent_list_calls(engine: Engine, witness: Witness) -> None:
-    results: list[int] = []
+async def test_concurrent_list_calls(engine: Engine, witness: Witness, busybox: str) -> None:
+    """20 list calls at once, each filtered to one lease (other users of the daemon may be
+    creating containers meanwhile, so only a filtered answer is predictable)."""
+    lease = new_lease_id()
+    body = build_create_body(sandbox_spec(busybox, ["true"]), lease)
+    container_id = await engine.container_create(body, name=container_name(lease))
+    try:
+        results: list[list[str]] = []
 
-    async def one() -> None:
-        listed = await engine.container_list()
-        results.append(len(listed))
+        async def one() -> None:
+            listed = await engine.container_list(label=f"{LEASE_LABEL}={lease}")
+            results.append([c.id for c in listed])
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(20):
-            nursery.start_soon(one)
-    expected = len(witness.containers())
-    assert results == [expected] * 20
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(one)
+        assert results == [[container_id]] * 20
+    finally:
+        with trio.CancelScope(shield=True):
+            await engine.container_remove(container_id)
 
 
 async def test_list_filters_by_label(engine: Engine, witness: Witness, busybox: str) -> None:
@@ -187,7 +196,8 @@ async def test_list_filters_by_label(engine: Engine, witness: Witness, busybox: 
         found = await engine.container_list(label=f"{LEASE_LABEL}={lease}")
         assert [c.id for c in found] == [container_id]
         assert found[0].names == [f"/{container_name(lease)}"]
-        assert found[0].labels is not None and found[0].labels[LEASE_LABEL] == lease
+        assert found[0].labels is not None
+        assert found[0].labels[LEASE_LABEL] == lease
         assert found[0].state == "created"
         assert await engine.container_list(label=f"{LEASE_LABEL}={new_lease_id()}") == []
     finally:
@@ -312,7 +322,8 @@ async def test_attach_replays_bytes_sent_with_the_101_head(
                     output = await read_to_eof(stream)
                 finally:
                     await stream.aclose()
-            assert proxy.coalesced_trailing and proxy.coalesced_trailing[0] > 0
+            assert proxy.coalesced_trailing
+            assert proxy.coalesced_trailing[0] > 0
         assert demux(output) == {1: line}
     finally:
         with trio.CancelScope(shield=True):

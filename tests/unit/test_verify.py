@@ -111,7 +111,8 @@ def test_matching_reply_from_json_passes() -> None:
 
 def test_unset_runtime_accepts_the_daemon_default() -> None:
     body = build_create_body(make_spec(), LEASE)
-    assert body.host_config is not None and body.host_config.runtime is None
+    assert body.host_config is not None
+    assert body.host_config.runtime is None
     reply = bent(body, lambda d: d["HostConfig"].update(Runtime="crun"))
     check_created(reply, body, lease=LEASE, name=NAME)
 
@@ -152,7 +153,9 @@ DEVIATIONS: list[Any] = [
     pytest.param(_state(Status="running", Running=True), "state 'running'", id="running"),
     pytest.param(_state(Running=True), "state 'created'", id="running-flag"),
     pytest.param(_state(Status="exited"), "state 'exited'", id="exited"),
-    pytest.param(lambda d: d.update(Mounts=[MOUNT]), "unexpected mounts (volume:/data)", id="mount"),
+    pytest.param(
+        lambda d: d.update(Mounts=[MOUNT]), "unexpected mounts (volume:/data)", id="mount"
+    ),
     pytest.param(
         lambda d: d.update(Mounts=[{**MOUNT, "Type": "bind", "Destination": "/host"}]),
         "bind:/host",
@@ -225,7 +228,7 @@ def test_name_with_or_without_leading_slash() -> None:
 def test_user_and_limits_follow_the_spec() -> None:
     body = build_create_body(make_spec(user="1000:1000"), LEASE)
     check_created(inspect(reply_for(body)), body, lease=LEASE, name=NAME)
-    with pytest.raises(ContainerMismatch, match="Config.User is '65534:65534'"):
+    with pytest.raises(ContainerMismatch, match=r"Config\.User is '65534:65534'"):
         check_created(
             bent(body, lambda d: d["Config"].update(User="65534:65534")),
             body,

@@ -1,0 +1,66 @@
+"""Operator settings: what a deployment allows, as opposed to what one sandbox asks for.
+
+Pure data plus the ``SBXKIT_ENV`` parser. ``Settings`` normally comes from a profile's
+``[sandbox.docker]`` table; the environment kind comes from ``SBXKIT_ENV``.
+
+``SBXKIT_ENV`` (trimmed, case-insensitive): development|dev|local, staging|stage|preview,
+production|prod, test|ci. Unset or empty means development. Anything else — or bytes that are
+not UTF-8 — is an error when it matters, i.e. whenever a rule depends on it (bridge
+networking): a typo must not silently turn production into development.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from sbxkit.errors import SpecError
+
+EnvKind = Literal["development", "staging", "production", "test"]
+
+_ALIASES: dict[str, EnvKind] = {
+    "development": "development",
+    "dev": "development",
+    "local": "development",
+    "staging": "staging",
+    "stage": "staging",
+    "preview": "staging",
+    "production": "production",
+    "prod": "production",
+    "test": "test",
+    "ci": "test",
+}
+
+
+def parse_environment(raw: bytes | str | None) -> EnvKind:
+    """The environment kind named by a raw ``SBXKIT_ENV`` value."""
+    if raw is None:
+        return "development"
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecError("SBXKIT_ENV", "is not valid UTF-8") from None
+    value = raw.strip().lower()
+    if not value:
+        return "development"
+    kind = _ALIASES.get(value)
+    if kind is None:
+        raise SpecError(
+            "SBXKIT_ENV",
+            f"unknown value {raw!r}; expected one of "
+            "development|dev|local, staging|stage|preview, "
+            "production|prod, test|ci",
+        )
+    return kind
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """What the operator permits. Everything risky is off by default."""
+
+    enable_bind_mounts: bool = False
+    enable_named_volumes: bool = False
+    supervisor_state_dir: str | None = None  # bind sources may not overlap it
+    # The raw SBXKIT_ENV value; parsed only where a rule depends on it (see module doc).
+    environment: str | None = None
