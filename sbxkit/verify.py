@@ -11,13 +11,22 @@ from sbxkit.errors import ContainerMismatch
 from sbxkit.policy import LEASE_LABEL
 
 
-def check_created(info: ContainerInspect, body: ContainerCreate, *, lease: str, name: str) -> None:
+def check_created(
+    info: ContainerInspect,
+    body: ContainerCreate,
+    *,
+    lease: str,
+    name: str,
+    container_id: str | None = None,
+) -> None:
     """Raise ContainerMismatch naming the first field that differs from the request."""
     labels = info.config.labels or {}
 
     def mismatch(what: str) -> ContainerMismatch:
         return ContainerMismatch(info.id, what)
 
+    if container_id is not None and info.id != container_id:
+        raise mismatch(f"inspected id {info.id!r} is not the created id {container_id!r}")
     if labels.get(LEASE_LABEL) != lease:
         raise mismatch(f"label {LEASE_LABEL}={labels.get(LEASE_LABEL)!r}, expected {lease!r}")
     if info.name.lstrip("/") != name:

@@ -7,6 +7,7 @@ for such a body (``ContainerInspect`` decoded from a dict), then bent one field 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,7 @@ def reply_for(body: ContainerCreate, **top: Any) -> dict[str, Any]:
             "User": body.user,
             "Labels": dict(body.labels or {}),
             "Cmd": body.cmd,
-            "Entrypoint": None,
+            "Entrypoint": [],  # what Docker 20.10 reports for Entrypoint=[]
         },
         "HostConfig": {
             "NanoCpus": host.nano_cpus,
@@ -78,6 +79,10 @@ def reply_for(body: ContainerCreate, **top: Any) -> dict[str, Any]:
             "Runtime": host.runtime or "runc",
             "Binds": None,
             "AutoRemove": False,
+            "IpcMode": "private",
+            "CgroupnsMode": "private",
+            "LogConfig": {"Type": "none", "Config": {}},
+            "RestartPolicy": {"Name": "no", "MaximumRetryCount": 0},
             "SomethingNewer": {"the daemon": "adds fields"},
         },
         "Mounts": [],
@@ -235,3 +240,36 @@ def test_user_and_limits_follow_the_spec() -> None:
             lease=LEASE,
             name=NAME,
         )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("HostConfig", "IpcMode"), "host", "HostConfig.IpcMode"),
+        (("HostConfig", "CgroupnsMode"), "host", "HostConfig.CgroupnsMode"),
+        (("HostConfig", "AutoRemove"), True, "HostConfig.AutoRemove"),
+        (("HostConfig", "CapDrop"), [], "HostConfig.CapDrop"),
+        (("HostConfig", "SecurityOpt"), [], "HostConfig.SecurityOpt"),
+        (("HostConfig", "Init"), False, "HostConfig.Init"),
+        (("HostConfig", "LogConfig"), {"Type": "json-file"}, "HostConfig.LogConfig.Type"),
+        (("HostConfig", "RestartPolicy"), {"Name": "always"}, "HostConfig.RestartPolicy.Name"),
+        (("HostConfig", "Ulimits"), [], "HostConfig.Ulimits"),
+        (("Config", "Entrypoint"), ["/entry"], "Config.Entrypoint"),
+        (("Config", "Cmd"), ["other"], "Config.Cmd"),
+        (("Config", "Image"), "other:latest", "Config.Image"),
+    ],
+)
+def test_every_hardened_field_is_compared(path: tuple[str, str], value: Any, field: str) -> None:
+    body = build_create_body(make_spec(), LEASE)
+
+    def change(data: dict[str, Any]) -> None:
+        data[path[0]][path[1]] = value
+
+    with pytest.raises(ContainerMismatch, match=re.escape(field)):
+        check_created(bent(body, change), body, lease=LEASE, name=NAME)
+
+
+def test_an_inspected_id_other_than_the_created_one_is_refused() -> None:
+    body = build_create_body(make_spec(), LEASE)
+    with pytest.raises(ContainerMismatch, match="created id"):
+        check_created(inspect(reply_for(body)), body, lease=LEASE, name=NAME, container_id="f" * 64)
