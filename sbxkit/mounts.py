@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from sbxkit.engine.models import MountSpec
 from sbxkit.errors import SpecError
 
 MAX_MOUNTS = 32
@@ -66,6 +67,23 @@ class TmpfsMount(
 
 
 Mount = BindMount | VolumeMount | TmpfsMount
+
+
+class ExpectedMount(msgspec.Struct, frozen=True, kw_only=True):
+    """What post-create inspection must find in the container's ``Mounts``."""
+
+    type: str
+    source: str  # host path for binds, volume name for volumes
+    destination: str
+    rw: bool
+
+
+class ResolvedMounts(msgspec.Struct, frozen=True, kw_only=True):
+    binds: list[str] = msgspec.field(default_factory=list)
+    mounts: list[MountSpec] = msgspec.field(default_factory=list)
+    tmpfs: dict[str, str] = msgspec.field(default_factory=dict)
+    expected: list[ExpectedMount] = msgspec.field(default_factory=list)
+
 
 # Host paths no sandbox may see, nor any ancestor of them (an ancestor exposes them too).
 PROTECTED_HOST_PATHS = (

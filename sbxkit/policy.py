@@ -20,6 +20,8 @@ from sbxkit.engine.models import (
     Ulimit,
 )
 from sbxkit.errors import SpecError
+from sbxkit.mounts import ResolvedMounts
+from sbxkit.settings import Settings
 from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, validate_spec
 
 __all__ = [
@@ -72,7 +74,13 @@ def _env_list(env: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in sorted(env.items())]
 
 
-def build_create_body(spec: SandboxSpec, lease: str) -> ContainerCreate:
+def build_create_body(
+    spec: SandboxSpec,
+    lease: str,
+    *,
+    settings: Settings | None = None,
+    resolved: ResolvedMounts | None = None,
+) -> ContainerCreate:
     """Validate the spec and return the hardened create body for a stopped container.
 
     ``Entrypoint`` is an empty list, not omitted: omitted means "use the image's entrypoint",
@@ -80,8 +88,9 @@ def build_create_body(spec: SandboxSpec, lease: str) -> ContainerCreate:
     arguments). Docker treats a present-but-empty Entrypoint as "none", so the command runs
     exactly as given, under tini (``Init=True``).
     """
-    validate_spec(spec)
+    validate_spec(spec, settings)
     _check_lease(lease)
+    resolved = resolved or ResolvedMounts()
     limits = spec.limits
     cpus = _required(limits.cpus, "limits.cpus")
     memory = _required(limits.memory_bytes, "limits.memory_bytes")
@@ -102,7 +111,9 @@ def build_create_body(spec: SandboxSpec, lease: str) -> ContainerCreate:
         init=True,
         privileged=False,
         auto_remove=False,
-        tmpfs={SCRATCH_PATH: scratch_options(spec)},
+        tmpfs={SCRATCH_PATH: scratch_options(spec), **resolved.tmpfs},
+        binds=list(resolved.binds) or None,
+        mounts=list(resolved.mounts) or None,
         runtime=spec.runtime,
     )
     return ContainerCreate(

@@ -8,9 +8,11 @@ through the owner, and a removal failure is raised, never swallowed.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import msgspec
 import trio
 
 from sbxkit.engine.client import Engine, Waiter, open_engine
@@ -18,12 +20,16 @@ from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
+from sbxkit.mounts import ExpectedMount
 from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
+from sbxkit.preflight import resolve_mounts
 from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.journal import default_state_dir
 from sbxkit.verify import check_created
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
@@ -73,6 +79,7 @@ async def run(
     engine: Engine | None = None,
     owner: Owner | None = None,
     socket_path: str | None = None,
+    settings: Settings | None = None,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -83,12 +90,29 @@ async def run(
     Bad input raises SpecError before the daemon is contacted. The caller's trio cancel scope is
     honoured: the container is removed before Cancelled propagates.
     """
-    validate_spec(spec)
+    settings = effective_settings(settings)
+    validate_spec(spec, settings)
     lease = new_lease_id()
-    body = build_create_body(spec, lease)
     async with _engine_for(engine, socket_path) as eng:
         await check_image(eng, spec.image)
-        return await run_created(eng, owner or SupervisedOwner(eng), spec, body, lease, stdin)
+        resolved = await resolve_mounts(eng, spec, settings)
+        body = build_create_body(spec, lease, settings=settings, resolved=resolved)
+        if owner is None:
+            assert settings.supervisor_state_dir is not None
+            owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
+        return await run_created(
+            eng, owner, spec, body, lease, stdin, expected_mounts=resolved.expected
+        )
+
+
+def effective_settings(settings: Settings | None) -> Settings:
+    """Fill in what the environment decides: the supervisor state dir (bind sources may not
+    overlap it, whichever supervisor owns the run)."""
+    settings = settings or Settings()
+    if settings.supervisor_state_dir is None:
+        state_dir = str(default_state_dir())
+        settings = msgspec.structs.replace(settings, supervisor_state_dir=state_dir)
+    return settings
 
 
 async def run_created(
@@ -98,6 +122,8 @@ async def run_created(
     body: ContainerCreate,
     lease: str,
     stdin: bytes | None,
+    *,
+    expected_mounts: Sequence[ExpectedMount] = (),
 ) -> RunResult:
     """Steps 3–9 for an already validated body."""
     assert spec.limits.output_bytes is not None
@@ -111,7 +137,14 @@ async def run_created(
         lifetime = spec.limits.timeout_s + LIFETIME_MARGIN_S
         container_id = await owner.create(lease, name, body, lifetime_s=lifetime)
         inspected = await engine.container_inspect(container_id)
-        check_created(inspected, body, lease=lease, name=name, container_id=container_id)
+        check_created(
+            inspected,
+            body,
+            lease=lease,
+            name=name,
+            container_id=container_id,
+            expected_mounts=expected_mounts,
+        )
         t1 = clock()
         timings["create_s"] = t1 - t0
         attach = await engine.container_attach(container_id, stdin=True)

@@ -15,6 +15,8 @@ import unicodedata
 import msgspec
 
 from sbxkit.errors import SpecError
+from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.settings import Settings
 
 MiB = 1024 * 1024
 
@@ -92,6 +94,7 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     network: str = "none"
     runtime: str | None = None
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    mounts: list[Mount] = msgspec.field(default_factory=list)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -281,7 +284,7 @@ def _validate_labels(labels: object) -> None:
             raise SpecError(field, "keys and values must not contain control characters")
 
 
-def validate_spec(spec: SandboxSpec) -> None:
+def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     """Raise SpecError for the first rule the spec breaks; return None if it may run.
 
     Defensive about types: a spec built in Python skips msgspec's type checks, and a wrong
@@ -306,6 +309,15 @@ def validate_spec(spec: SandboxSpec) -> None:
     ):
         raise SpecError("runtime", "must be a plain runtime name matching [A-Za-z0-9._-]+")
     _validate_labels(spec.labels)
+    settings = settings or Settings()
+    if not isinstance(spec.mounts, list):
+        raise SpecError("mounts", "must be a list")
+    validate_mounts(
+        spec.mounts,
+        enable_bind_mounts=settings.enable_bind_mounts,
+        enable_named_volumes=settings.enable_named_volumes,
+        state_dir=settings.supervisor_state_dir,
+    )
 
 
 # --- decoding ----------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ mismatch means the payload never ran (the caller removes the container).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import ContainerMismatch
+from sbxkit.mounts import ExpectedMount
 from sbxkit.policy import LEASE_LABEL
 
 
@@ -18,6 +21,7 @@ def check_created(
     lease: str,
     name: str,
     container_id: str | None = None,
+    expected_mounts: Sequence[ExpectedMount] = (),
 ) -> None:
     """Raise ContainerMismatch naming the first field that differs from the request."""
     labels = info.config.labels or {}
@@ -33,9 +37,13 @@ def check_created(
         raise mismatch(f"name {info.name!r}, expected {name!r}")
     if info.state.status != "created" or info.state.running:
         raise mismatch(f"state {info.state.status!r}, expected a stopped 'created' container")
-    if info.mounts:
-        found = ", ".join(f"{m.type}:{m.destination}" for m in info.mounts)
-        raise mismatch(f"unexpected mounts ({found}); only sbxkit's own tmpfs is allowed")
+    found = sorted(
+        (m.type, m.name if m.type == "volume" else m.source, m.destination, m.rw)
+        for m in info.mounts or []
+    )
+    wanted = sorted((m.type, m.source, m.destination, m.rw) for m in expected_mounts)
+    if found != wanted:
+        raise mismatch(f"mounts are {found}, expected exactly {wanted}")
     asked = body.host_config
     got = info.host_config
     if asked is None:
@@ -56,8 +64,8 @@ def check_created(
         raise mismatch("HostConfig.Privileged is true")
     if got.cap_add:
         raise mismatch(f"HostConfig.CapAdd is {got.cap_add!r}, expected none")
-    if got.binds:
-        raise mismatch(f"HostConfig.Binds is {got.binds!r}, expected none")
+    if (got.binds or []) != (asked.binds or []):
+        raise mismatch(f"HostConfig.Binds is {got.binds!r}, expected {asked.binds!r}")
     if asked.runtime is not None and got.runtime != asked.runtime:
         raise mismatch(f"HostConfig.Runtime is {got.runtime!r}, expected {asked.runtime!r}")
     if body.user is not None and info.config.user != body.user:

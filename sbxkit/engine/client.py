@@ -121,6 +121,9 @@ class Engine:
     async def image_inspect(self, name: str) -> models.ImageInspect:
         return await self._get(f"/images/{name}/json", models.ImageInspect, self.deadlines.inspect)
 
+    async def volume_inspect(self, name: str) -> models.VolumeReply:
+        return await self._get(f"/volumes/{name}", models.VolumeReply, self.deadlines.inspect)
+
     # -- containers ---------------------------------------------------------------------------
 
     async def container_create(self, body: models.ContainerCreate, *, name: str) -> str:

@@ -77,6 +77,7 @@ class HostConfig(Body):
     privileged: bool | None = None
     auto_remove: bool | None = None
     tmpfs: dict[str, str] | None = None
+    binds: list[str] | None = None
     mounts: list[MountSpec] | None = None
     runtime: str | None = None
     extra_hosts: list[str] | None = None
@@ -196,6 +197,13 @@ class WaitError(Reply):
 class ContainerWaitReply(Reply):
     status_code: int
     error: WaitError | None = None
+
+
+class VolumeReply(Reply):
+    name: str = ""
+    driver: str = ""
+    mountpoint: str = ""
+    options: dict[str, str] | None = None
 
 
 # --- images, system ----------------------------------------------------------------------------

@@ -159,11 +159,11 @@ DEVIATIONS: list[Any] = [
     pytest.param(_state(Running=True), "state 'created'", id="running-flag"),
     pytest.param(_state(Status="exited"), "state 'exited'", id="exited"),
     pytest.param(
-        lambda d: d.update(Mounts=[MOUNT]), "unexpected mounts (volume:/data)", id="mount"
+        lambda d: d.update(Mounts=[MOUNT]), "mounts are [('volume', 'f00', '/data'", id="mount"
     ),
     pytest.param(
         lambda d: d.update(Mounts=[{**MOUNT, "Type": "bind", "Destination": "/host"}]),
-        "bind:/host",
+        "('bind', '/var/lib/docker/volumes/f00/_data', '/host'",
         id="bind-mount",
     ),
     pytest.param(_host(Memory=0), "HostConfig.Memory is 0", id="memory"),

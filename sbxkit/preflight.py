@@ -1,0 +1,146 @@
+"""Host- and daemon-side checks that must pass before any container exists.
+
+The pure rules in ``sbxkit.mounts`` judge what a spec says; this shell judges what it names:
+bind sources are canonicalised on the host (every link resolved) and the same path rules are
+applied again to the real path, so a link cannot smuggle in ``/var/run/docker.sock``; special
+files are refused; named volumes must already exist (sbxkit never creates or removes one), and
+a local volume that is really a bind of a host directory is judged as a bind.
+
+Host source paths and their parents must stay under the operator's control while Docker mounts
+them: resolving a path and then mounting it is not atomic against a concurrent host-side swap.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from sbxkit.engine.client import Engine
+from sbxkit.engine.models import MountSpec
+from sbxkit.errors import NotFound, SpecError
+from sbxkit.mounts import (
+    BindMount,
+    ExpectedMount,
+    ResolvedMounts,
+    TmpfsMount,
+    VolumeMount,
+    check_host_path,
+)
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, parse_user
+
+# Docker 26 (API 1.45) added VolumeOptions.Subpath; an older daemon would silently ignore it
+# and mount the whole volume.
+SUBPATH_API = (1, 45)
+
+
+def resolve_host_path(field: str, source: str, *, state_dir: str | None) -> str:
+    """Canonicalise a bind source and re-check it; refuse special files and dangling links."""
+    check_host_path(field, source, state_dir=state_dir)
+    try:
+        real = os.path.realpath(source, strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise SpecError(field, f"{source} must exist on the host ({exc})") from None
+    real_state = os.path.realpath(state_dir) if state_dir else None
+    check_host_path(field, real, state_dir=real_state)
+    if state_dir and state_dir != real_state:
+        check_host_path(field, real, state_dir=state_dir)
+    mode = os.lstat(real).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise SpecError(
+            field,
+            f"{real} is a special file; only directories and regular files can be bind-mounted",
+        )
+    return real
+
+
+def _bind_string(source: str, mount: BindMount) -> str:
+    options = ["ro" if mount.read_only else "rw", "rprivate"]
+    if mount.selinux_label == "shared":
+        options.append("z")
+    elif mount.selinux_label == "private":
+        options.append("Z")
+    return f"{source}:{mount.target}:{','.join(options)}"
+
+
+def tmpfs_options(mount: TmpfsMount, user: str) -> str:
+    """Always bounded, nosuid and nodev, owned by the sandbox user; noexec unless ``exec``."""
+    uid, gid = parse_user(user)
+    access = "ro" if "ro" in mount.options else "rw"
+    execute = "exec" if "exec" in mount.options else "noexec"
+    return (
+        f"{access},nosuid,nodev,{execute},size={mount.size_bytes},mode={mount.mode:o},"
+        f"uid={uid},gid={gid}"
+    )
+
+
+async def resolve_mounts(engine: Engine, spec: SandboxSpec, settings: Settings) -> ResolvedMounts:
+    resolved = ResolvedMounts()
+    state_dir = settings.supervisor_state_dir
+    for index, mount in enumerate(spec.mounts):
+        field = f"mounts[{index}]"
+        if isinstance(mount, BindMount):
+            real = resolve_host_path(f"{field}.source", mount.source, state_dir=state_dir)
+            resolved.binds.append(_bind_string(real, mount))
+            resolved.expected.append(
+                ExpectedMount(
+                    type="bind", source=real, destination=mount.target, rw=not mount.read_only
+                )
+            )
+        elif isinstance(mount, VolumeMount):
+            await _resolve_volume(engine, field, mount, settings, resolved)
+        else:
+            resolved.tmpfs[mount.target] = tmpfs_options(mount, spec.user)
+    return resolved
+
+
+async def _resolve_volume(
+    engine: Engine, field: str, mount: VolumeMount, settings: Settings, resolved: ResolvedMounts
+) -> None:
+    try:
+        volume = await engine.volume_inspect(mount.source)
+    except NotFound:
+        raise SpecError(
+            f"{field}.source", f"no volume named {mount.source!r}; sbxkit never creates volumes"
+        ) from None
+    options = volume.options or {}
+    bind_like = volume.driver == "local" and (
+        "bind" in options.get("o", "").split(",") or options.get("type") == "none"
+    )
+    if bind_like:
+        # A local volume made with bind options is a host bind mount under another name.
+        if not settings.enable_bind_mounts:
+            raise SpecError(
+                f"{field}.source",
+                f"volume {mount.source!r} binds the host path "
+                f"{options.get('device', '?')}; that is a bind mount, and bind "
+                "mounts are disabled",
+            )
+        resolve_host_path(
+            f"{field}.source", options.get("device", ""), state_dir=settings.supervisor_state_dir
+        )
+    volume_options: dict[str, object] = {"NoCopy": True}
+    if mount.subpath is not None:
+        major, minor = (int(part) for part in engine.api_version.split("."))
+        if (major, minor) < SUBPATH_API:
+            raise SpecError(
+                f"{field}.subpath",
+                f"needs Engine API 1.45 (Docker 26); this "
+                f"daemon speaks {engine.api_version} and would mount the whole "
+                "volume",
+            )
+        volume_options["Subpath"] = mount.subpath
+    resolved.mounts.append(
+        MountSpec(
+            type="volume",
+            source=mount.source,
+            target=mount.target,
+            read_only=mount.read_only,
+            volume_options=volume_options,
+        )
+    )
+    resolved.expected.append(
+        ExpectedMount(
+            type="volume", source=mount.source, destination=mount.target, rw=not mount.read_only
+        )
+    )
