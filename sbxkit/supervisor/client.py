@@ -46,6 +46,7 @@ from sbxkit.supervisor.wire import (
 
 LAUNCH_TIMEOUT_S = 15.0
 REPLY_TIMEOUT_S = 30.0
+HANDSHAKE_ATTEMPTS = 4
 
 
 class SupervisorError(SbxError):
@@ -56,6 +57,13 @@ class SupervisorError(SbxError):
         self.reason = reason
         self.code = code
         self.lease = lease
+
+
+class SupervisorConnectionLost(SupervisorError):
+    """The connection to the supervisor closed while sending."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"connection lost: {reason}", code="connection")
 
 
 class CapacityExhausted(SupervisorError):
@@ -100,7 +108,11 @@ class _Session:
         self.pending: list[bytes] = []
 
     async def send(self, message: Message) -> None:
-        await self.stream.send_all(encode(message))
+        """Send one message; a closed connection is a SupervisorError, never a trio error."""
+        try:
+            await self.stream.send_all(encode(message))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise SupervisorConnectionLost(str(exc) or type(exc).__name__) from exc
 
     async def receive(self) -> ServerMessage | None:
         while not self.pending:
@@ -133,8 +145,30 @@ async def _connect_once(path: Path) -> trio.SocketStream | None:
 
 
 async def connect_supervisor(state_dir: Path) -> _Session:
-    """Connect to the state dir's supervisor (launching it if needed); complete the handshake."""
+    """Connect to the state dir's supervisor (launching it if needed); complete the handshake.
+
+    A supervisor that is exiting because it was idle may close a fresh connection before the
+    handshake; that race is retried (and a new supervisor launched) a few times.
+    """
     await trio.to_thread.run_sync(lambda: check_state_dir(state_dir, create=True))
+    for attempt in range(HANDSHAKE_ATTEMPTS):
+        try:
+            return await _connect_and_greet(state_dir)
+        except _HandshakeLost:
+            if attempt + 1 == HANDSHAKE_ATTEMPTS:
+                raise SupervisorError(
+                    "the supervisor closed the connection during the "
+                    f"handshake {HANDSHAKE_ATTEMPTS} times"
+                ) from None
+            await trio.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+class _HandshakeLost(Exception):
+    """The connection closed before Welcome (e.g. an idle supervisor exiting)."""
+
+
+async def _connect_and_greet(state_dir: Path) -> _Session:
     socket_path = state_dir / SOCKET_NAME
     stream = await _connect_once(socket_path)
     if stream is None:
@@ -155,10 +189,20 @@ async def connect_supervisor(state_dir: Path) -> _Session:
             )
     session = _Session(stream)
     try:
-        await session.send(
-            Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
-        )
-        reply = await receive_reply(session, "handshake")
+        try:
+            await session.send(
+                Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
+            )
+            reply = await session.receive()
+        except (
+            SupervisorConnectionLost,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+        ):
+            raise _HandshakeLost() from None
+        if reply is None:
+            raise _HandshakeLost()
     except BaseException:
         await session.aclose()
         raise
@@ -260,7 +304,7 @@ class SupervisedOwner:
             "durable recovery is required (the supervisor's restart recovery removes it)"
         )
         # The send may fail if the supervisor already ended the lease; its verdict is buffered.
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        with contextlib.suppress(SupervisorConnectionLost):
             await session.send(Close(lease=lease))
         with trio.move_on_after(self.close_timeout_s):
             while True:

@@ -201,6 +201,8 @@ class Service:
             await self._converse(peer)
         except WireError as exc:
             log(f"dropping a connection: {exc}")
+        except Exception as exc:  # one connection must never take the service down
+            log(f"dropping a connection after an internal error: {exc!r}")
         finally:
             self.connections -= 1
             self.last_activity = trio.current_time()
@@ -217,6 +219,7 @@ class Service:
         if self.connections > self.config.capacity.max_connections:
             await self._refuse(peer, "capacity", "too many connections")
             return
+        hello: Message | None = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
             hello = await peer.receive()
         if not isinstance(hello, Hello):
@@ -231,6 +234,7 @@ class Service:
             )
             return
         await peer.send(Welcome(protocol=PROTOCOL_VERSION, fingerprint=self.fingerprint))
+        register: Message | None = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
             register = await peer.receive()
         if isinstance(register, Recover):
@@ -347,14 +351,6 @@ class Service:
             memory_bytes=register.reservation.memory_bytes,
             nano_cpus=register.reservation.nano_cpus,
         )
-        self.records[record.lease] = record  # counted against capacity before the await
-        try:
-            await self.journal.write(record)
-        except (OSError, StorageError) as exc:
-            self.records.pop(record.lease, None)
-            self.storage_errors.append(f"journal write failed: {exc}")
-            await self._refuse(peer, "storage", f"journal write failed: {exc}")
-            return None
         live = LiveLease(
             record,
             register.body,
@@ -362,7 +358,18 @@ class Service:
             now + register.startup_deadline_s,
             now + register.lifetime_deadline_s,
         )
+        # Live and counted before the first await: the reaper must never take a lease that is
+        # being admitted for an orphan, and concurrent admissions must see each other.
+        self.records[record.lease] = record
         self.live[record.lease] = live
+        try:
+            await self.journal.write(record)
+        except (OSError, StorageError) as exc:
+            self.records.pop(record.lease, None)
+            self.live.pop(record.lease, None)
+            self.storage_errors.append(f"journal write failed: {exc}")
+            await self._refuse(peer, "storage", f"journal write failed: {exc}")
+            return None
         await peer.send(Registered(lease=record.lease))
         self.nursery.start_soon(self._lease_task, live, engine)
         return live
