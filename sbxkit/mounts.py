@@ -14,6 +14,8 @@ on the host (links, special files) and re-applies the same path rules to the res
 from __future__ import annotations
 
 import posixpath
+import re
+import unicodedata
 from typing import Literal
 
 import msgspec
@@ -134,11 +136,14 @@ SYSTEM_TARGETS = (
     "/tmp",
 )
 
+_VOLUME_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
+
 TMPFS_OPTIONS = frozenset({"noexec", "exec", "nosuid", "nodev", "ro", "rw"})
 
 
 def _clean(path: str) -> str:
-    return posixpath.normpath(path) if path != "/" else "/"
+    """Normal form as Docker sees it: POSIX keeps a leading "//", Docker collapses it."""
+    return posixpath.normpath("/" + path.lstrip("/")) if path.startswith("/") else path
 
 
 def is_within(path: str, root: str) -> bool:
@@ -172,7 +177,7 @@ def _check_text(field: str, value: str, what: str) -> None:
         raise SpecError(field, f"{what} must not be empty")
     if value != value.strip():
         raise SpecError(field, f"{what} must not have surrounding whitespace")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise SpecError(field, f"{what} must not contain control characters")
 
 
@@ -182,6 +187,9 @@ def _check_absolute(field: str, value: str, what: str) -> str:
         raise SpecError(field, f"{what} must be an absolute path")
     if ".." in value.split("/"):
         raise SpecError(field, f"{what} must not contain '..' (traversal)")
+    if ":" in value:
+        # Docker's bind syntax is source:target:options; a colon would be read as a separator.
+        raise SpecError(field, f"{what} must not contain ':'")
     return _clean(value)
 
 
@@ -196,6 +204,11 @@ def check_host_path(field: str, path: str, *, state_dir: str | None) -> str:
 
 def check_target(field: str, target: str) -> str:
     clean = _check_absolute(field, target, "target")
+    if clean != target:
+        # Post-create inspection compares what Docker reports, which is the normal form.
+        raise SpecError(
+            field, f"target must be in normal form ({clean!r}, no trailing '/', '//' or '.')"
+        )
     if clean == "/":
         raise SpecError(field, "target / would replace the container's root")
     for system in SYSTEM_TARGETS:
@@ -247,8 +260,11 @@ def validate_mounts(
                     "enables them with enable_named_volumes",
                 )
             _check_text(f"{field}.source", mount.source, "volume name")
-            if "/" in mount.source:
-                raise SpecError(f"{field}.source", "a volume name must not contain '/'")
+            if not _VOLUME_NAME.fullmatch(mount.source):
+                raise SpecError(
+                    f"{field}.source",
+                    "a volume name must match Docker's [a-zA-Z0-9][a-zA-Z0-9_.-]+",
+                )
             if mount.subpath is not None:
                 _check_text(f"{field}.subpath", mount.subpath, "subpath")
                 if mount.subpath.startswith("/") or ".." in mount.subpath.split("/"):
