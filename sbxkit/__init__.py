@@ -13,6 +13,15 @@ The curated public surface. Everything else is importable but undocumented and m
     result = trio.run(sbxkit.run, spec)
 """
 
+from sbxkit.broker import (
+    GrantError,
+    GrantResult,
+    Grants,
+    InputGrant,
+    OutputGrant,
+    Receipt,
+    run_with_grants,
+)
 from sbxkit.engine.client import Deadlines, Engine, open_engine
 from sbxkit.errors import (
     CleanupError,
@@ -46,13 +55,19 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GrantError",
+    "GrantResult",
+    "Grants",
     "ImageError",
+    "InputGrant",
     "InProcessOwner",
     "Limits",
     "MiB",
     "NotFound",
+    "OutputGrant",
     "Owner",
     "PhaseTimings",
+    "Receipt",
     "RunResult",
     "SandboxSpec",
     "SbxError",
@@ -62,6 +77,7 @@ __all__ = [
     "open_engine",
     "parse_size",
     "run",
+    "run_with_grants",
     "spec_from_dict",
     "validate_spec",
 ]
