@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 import trio
@@ -27,8 +27,17 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
+from sbxkit.gpu import GpuRequest
+from sbxkit.profile import (
+    Profile,
+    apply_profile,
+    load_profile,
+    profile_settings,
+    supervisor_command,
+)
 from sbxkit.result import RunResult, Status
 from sbxkit.runner import run
+from sbxkit.settings import Settings
 from sbxkit.spec import Limits, SandboxSpec, parse_size
 
 EXIT_REFUSED = 2
@@ -117,32 +126,77 @@ def _env(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def spec_from_args(args: argparse.Namespace) -> SandboxSpec:
+def _labels(pairs: Sequence[str]) -> dict[str, str]:
+    """``--label K=V``; the value may be empty, the key may not."""
+    labels: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SpecError(f"--label {item}", "expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _gpus(text: str) -> GpuRequest:
+    """``--gpus N`` asks for N GPUs chosen round-robin; ``--gpus ID[,ID...]`` names CDI devices."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return GpuRequest(count=int(stripped))
+    return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
+
+
+# (argparse dest, flag, Limits field, parser): the limits a flag sets; sizes use parse_size.
+_LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("cpus", "--cpus", "cpus", "float"),
+    ("memory", "--memory", "memory_bytes", "size"),
+    ("pids", "--pids", "pids", "int"),
+    ("max_output", "--max-output", "output_bytes", "size"),
+    ("timeout", "--timeout", "timeout_s", "float"),
+    ("fsize", "--fsize", "fsize_bytes", "size"),
+    ("scratch", "--scratch", "scratch_bytes", "size"),
+)
+
+
+def _limit(text: str, flag: str, kind: str) -> int | float:
+    if kind == "size":
+        return parse_size(text, flag)
+    if kind == "int":
+        return int(_number(text, flag, int))
+    return _number(text, flag, float)
+
+
+def spec_from_args(args: argparse.Namespace, profile: Profile | None = None) -> SandboxSpec:
+    """The spec the flags describe: a profile's values are defaults, explicit flags win, and
+    the built-in DEFAULTS fill any mandatory limit neither set."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    limits = Limits(
-        cpus=_number(args.cpus, "--cpus", float),
-        memory_bytes=parse_size(args.memory, "--memory"),
-        pids=int(_number(args.pids, "--pids", int)),
-        output_bytes=parse_size(args.max_output, "--max-output"),
-        timeout_s=_number(args.timeout, "--timeout", float),
-        **({"fsize_bytes": parse_size(args.fsize, "--fsize")} if args.fsize is not None else {}),
-        **(
-            {"scratch_bytes": parse_size(args.scratch, "--scratch")}
-            if args.scratch is not None
-            else {}
-        ),
-    )
-    return SandboxSpec(
-        image=args.image,
-        command=command,
-        limits=limits,
-        env=_env(args.env),
-        **({"user": args.user} if args.user else {}),
-        workdir=args.workdir,
-        runtime=args.runtime,
-    )
+    if profile is not None:
+        base, _, _ = apply_profile(profile, command, image=args.image)
+    else:
+        if args.image is None:
+            raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
+        base = SandboxSpec(image=args.image, command=command, limits=Limits())
+    limits: dict[str, Any] = {}
+    for dest, flag, field, kind in _LIMIT_FLAGS:
+        given = getattr(args, dest)
+        if given is not None:
+            limits[field] = _limit(given, flag, kind)
+        elif getattr(base.limits, field) is None and dest in DEFAULTS:
+            limits[field] = _limit(DEFAULTS[dest], flag, kind)
+    overrides: dict[str, Any] = {
+        "limits": msgspec.structs.replace(base.limits, **limits),
+        "env": {**base.env, **_env(args.env)},
+        "labels": {**base.labels, **_labels(args.label)},
+    }
+    if args.user:
+        overrides["user"] = args.user
+    for dest in ("workdir", "runtime", "network"):
+        if getattr(args, dest) is not None:
+            overrides[dest] = getattr(args, dest)
+    if args.gpus is not None:
+        overrides["gpus"] = _gpus(args.gpus)
+    return msgspec.structs.replace(base, **overrides)
 
 
 def _read_stdin(source: str | None) -> bytes | None:
@@ -166,7 +220,10 @@ class Interrupted(Exception):
 
 
 async def run_interruptibly(
-    spec: SandboxSpec, stdin: bytes | None, socket_path: str | None
+    spec: SandboxSpec,
+    stdin: bytes | None,
+    socket_path: str | None,
+    settings: Settings | None = None,
 ) -> RunResult:
     """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
     (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short)."""
@@ -186,7 +243,7 @@ async def run_interruptibly(
                 # Caught here, not around the nursery: trio would wrap it in an ExceptionGroup.
                 nonlocal result, error
                 try:
-                    result = await run(spec, stdin, socket_path=socket_path)
+                    result = await run(spec, stdin, socket_path=socket_path, settings=settings)
                 except SbxError as exc:
                     error = exc
                 nursery.cancel_scope.cancel()
@@ -202,9 +259,18 @@ async def run_interruptibly(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
+    profile = load_profile(args.profile) if args.profile is not None else None
+    spec = spec_from_args(args, profile)
+    settings: Settings | None = None
+    if profile is not None:
+        settings, supervisor = profile_settings(profile)
+        command = supervisor_command(supervisor)
+        if command is not None:
+            # The supervisor client reads SBXKIT_SUPERVISOR when it launches the helper; this
+            # process is the CLI's own, so setting it here affects this run only.
+            os.environ["SBXKIT_SUPERVISOR"] = command
     stdin = _read_stdin(args.stdin)
-    result = trio.run(run_interruptibly, spec, stdin, args.socket)
+    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings)
     if args.json:
         sys.stdout.buffer.write(to_json(result) + b"\n")
     else:
@@ -255,6 +321,34 @@ def cmd_leases(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ImageAndCommand(argparse.Action):
+    """Split what follows the options into IMAGE and CMD.
+
+    ``IMAGE CMD...`` as always (everything after IMAGE belongs to the command, a leading
+    ``--`` included and stripped later); ``-- CMD...`` with no IMAGE is accepted only with
+    ``--profile``, whose profile supplies the image. Options all precede this positional
+    (it swallows everything), so ``--profile`` is known when this runs.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        rest = [str(v) for v in values or []]
+        image: str | None = None
+        if rest and rest[0] != "--":
+            image, rest = rest[0], rest[1:]
+        if image is None and namespace.profile is None:
+            raise argparse.ArgumentError(
+                self, "IMAGE is required (or --profile FILE whose profile names an image)"
+            )
+        namespace.image = image
+        namespace.command = rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sbxkit", description="Run untrusted commands in hardened Docker sandboxes."
@@ -264,29 +358,27 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser(
         "run",
         help="run one command in a fresh sandbox, then remove it",
-        usage="sbxkit run [options] IMAGE -- CMD...",
+        usage="sbxkit run [options] IMAGE -- CMD...\n"
+        "       sbxkit run --profile FILE [options] [IMAGE] -- CMD...",
         epilog="exit status: the payload's own when it exited; 124 timed out; 123 output "
         "exceeded; 137 OOM-killed; 2 refused input; 69 engine unavailable; "
         "74 cleanup failed; 70 other error",
     )
-    p_run.add_argument("--cpus", default=DEFAULTS["cpus"], help="CPU quota (default: %(default)s)")
     p_run.add_argument(
-        "--memory",
-        default=DEFAULTS["memory"],
-        help="memory ceiling, no swap (default: %(default)s)",
+        "--profile",
+        metavar="FILE",
+        help="TOML profile ([sandbox.docker]) supplying defaults; flags override it",
     )
-    p_run.add_argument(
-        "--pids", default=DEFAULTS["pids"], help="process count ceiling (default: %(default)s)"
-    )
+    p_run.add_argument("--cpus", help=f"CPU quota (default: {DEFAULTS['cpus']})")
+    p_run.add_argument("--memory", help=f"memory ceiling, no swap (default: {DEFAULTS['memory']})")
+    p_run.add_argument("--pids", help=f"process count ceiling (default: {DEFAULTS['pids']})")
     p_run.add_argument(
         "--max-output",
-        default=DEFAULTS["max_output"],
-        help="bytes kept per stream; one more is 'output exceeded' (default: %(default)s)",
+        help="bytes kept per stream; one more is 'output exceeded' "
+        f"(default: {DEFAULTS['max_output']})",
     )
     p_run.add_argument(
-        "--timeout",
-        default=DEFAULTS["timeout"],
-        help="elapsed-time limit in seconds (default: %(default)s)",
+        "--timeout", help=f"elapsed-time limit in seconds (default: {DEFAULTS['timeout']})"
     )
     p_run.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
     p_run.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
@@ -300,11 +392,28 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--stdin", metavar="FILE|-", help="feed a file (or - for stdin)")
     p_run.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
     p_run.add_argument("--workdir", help="absolute working directory")
-    p_run.add_argument("--runtime", help="OCI runtime registered in the daemon (default: runc)")
+    p_run.add_argument(
+        "--runtime",
+        help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
+    )
+    p_run.add_argument(
+        "--network",
+        choices=["none", "bridge"],
+        help="none (default) or bridge: unrestricted egress, refused in production",
+    )
+    p_run.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="add a container label"
+    )
+    p_run.add_argument(
+        "--gpus",
+        metavar="N|CDI-ID[,...]",
+        help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
+    )
     p_run.add_argument("--socket", help="Docker socket path (default: discovered)")
     p_run.add_argument("--json", action="store_true", help="print one JSON object")
-    p_run.add_argument("image", metavar="IMAGE")
-    p_run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD")
+    p_run.add_argument(
+        "command", nargs=argparse.REMAINDER, action=_ImageAndCommand, metavar="IMAGE -- CMD"
+    )
     p_run.set_defaults(handler=cmd_run)
 
     from sbxkit.supervisor.service import build_parser as supervisor_parser

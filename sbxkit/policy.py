@@ -9,6 +9,7 @@ instead of relying on daemon defaults, so an inspect after create can compare fi
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TypeVar
 
 from sbxkit.engine.models import (
@@ -20,9 +21,11 @@ from sbxkit.engine.models import (
     Ulimit,
 )
 from sbxkit.errors import SpecError
+from sbxkit.gpu import device_request
 from sbxkit.mounts import ResolvedMounts
+from sbxkit.rules import HOST_GATEWAY_ALIAS, merge_env, runtime_env, runtime_name
 from sbxkit.settings import Settings
-from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, validate_spec
+from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, spec_labels, validate_spec
 
 __all__ = [
     "LEASE_LABEL",
@@ -74,12 +77,37 @@ def _env_list(env: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in sorted(env.items())]
 
 
+def container_env(spec: SandboxSpec, lease: str) -> dict[str, str]:
+    """The spec's environment with the runtime's keys (``SBXKIT_LEASE``, ``SBXKIT_SANDBOX``)
+    written last, so no user or profile value can impersonate another lease."""
+    return merge_env(spec.env, runtime=runtime_env(lease))
+
+
+def _gpu_ids(spec: SandboxSpec, gpu_devices: Sequence[str] | None) -> list[str] | None:
+    """CDI ids for the body: resolved ones from the I/O shell, or the spec's explicit list."""
+    if spec.gpus is None:
+        if gpu_devices:
+            raise SpecError("gpus", "GPU devices were resolved for a spec that asks for none")
+        return None
+    if gpu_devices is not None:
+        if not gpu_devices:
+            raise SpecError("gpus", "the resolved GPU device list is empty")
+        return list(gpu_devices)
+    if spec.gpus.devices is None:
+        raise SpecError(
+            "gpus.count",
+            "a GPU count is resolved against the daemon's CDI devices before the body is built",
+        )
+    return list(spec.gpus.devices)
+
+
 def build_create_body(
     spec: SandboxSpec,
     lease: str,
     *,
     settings: Settings | None = None,
     resolved: ResolvedMounts | None = None,
+    gpu_devices: Sequence[str] | None = None,
 ) -> ContainerCreate:
     """Validate the spec and return the hardened create body for a stopped container.
 
@@ -87,10 +115,17 @@ def build_create_body(
     which would run image-chosen code in front of the command (and turn the command into its
     arguments). Docker treats a present-but-empty Entrypoint as "none", so the command runs
     exactly as given, under tini (``Init=True``).
+
+    ``network="bridge"`` (allowed outside production only) is the one switch that opens the
+    network: ``NetworkMode=bridge``, ``NetworkDisabled=false`` and a ``host.docker.internal``
+    alias for the host gateway. ``gpu_devices`` are CDI ids the I/O shell resolved against the
+    daemon (required when ``spec.gpus`` is a count).
     """
     validate_spec(spec, settings)
     _check_lease(lease)
     resolved = resolved or ResolvedMounts()
+    bridge = spec.network == "bridge"
+    gpu_ids = _gpu_ids(spec, gpu_devices)
     limits = spec.limits
     cpus = _required(limits.cpus, "limits.cpus")
     memory = _required(limits.memory_bytes, "limits.memory_bytes")
@@ -107,30 +142,32 @@ def build_create_body(
         security_opt=["no-new-privileges"],
         restart_policy=RestartPolicy(name="no"),
         log_config=LogConfig(type="none"),
-        network_mode="none",
+        network_mode="bridge" if bridge else "none",
+        extra_hosts=[HOST_GATEWAY_ALIAS] if bridge else None,
         init=True,
         privileged=False,
         auto_remove=False,
         tmpfs={SCRATCH_PATH: scratch_options(spec), **resolved.tmpfs},
         binds=list(resolved.binds) or None,
         mounts=list(resolved.mounts) or None,
-        runtime=spec.runtime,
+        runtime=runtime_name(spec.runtime),
+        device_requests=[device_request(gpu_ids)] if gpu_ids else None,
     )
     return ContainerCreate(
         image=spec.image,
         cmd=list(spec.command),
         entrypoint=[],
-        env=_env_list(spec.env),
+        env=_env_list(container_env(spec, lease)),
         user=spec.user,
         working_dir=spec.workdir,
-        labels={**spec.labels, LEASE_LABEL: lease},
+        labels={**spec_labels(spec), LEASE_LABEL: lease},
         attach_stdin=True,
         attach_stdout=True,
         attach_stderr=True,
         open_stdin=True,
         stdin_once=True,
         tty=False,
-        network_disabled=True,
+        network_disabled=not bridge,
         healthcheck=HealthConfig(test=["NONE"]),
         host_config=host_config,
     )

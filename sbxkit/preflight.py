@@ -8,6 +8,10 @@ a local volume that is really a bind of a host directory is judged as a bind.
 
 Host source paths and their parents must stay under the operator's control while Docker mounts
 them: resolving a path and then mounting it is not atomic against a concurrent host-side swap.
+
+``check_daemon`` asks ``/info`` — only when the spec needs it — whether the requested OCI
+runtime is registered and which CDI GPUs exist, and hands the answers to the pure rules in
+``sbxkit.rules`` and ``sbxkit.gpu``.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from __future__ import annotations
 import os
 import stat
 
+import msgspec
+
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import MountSpec
 from sbxkit.errors import NotFound, SpecError
+from sbxkit.gpu import GpuCursor, resolve_gpus
 from sbxkit.mounts import (
     BindMount,
     ExpectedMount,
@@ -26,6 +33,7 @@ from sbxkit.mounts import (
     VolumeMount,
     check_host_path,
 )
+from sbxkit.rules import check_runtime_registered
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_user
 
@@ -104,21 +112,33 @@ async def _resolve_volume(
             f"{field}.source", f"no volume named {mount.source!r}; sbxkit never creates volumes"
         ) from None
     options = volume.options or {}
-    bind_like = volume.driver == "local" and (
-        "bind" in options.get("o", "").split(",") or options.get("type") == "none"
-    )
-    if bind_like:
-        # A local volume made with bind options is a host bind mount under another name.
+    if volume.driver != "local":
+        # A plugin driver can mount anything (NFS, the host's disks); we cannot judge it.
+        raise SpecError(
+            f"{field}.source",
+            f"volume {mount.source!r} uses the driver "
+            f"{volume.driver!r}; only plain local volumes are allowed",
+        )
+    if options:
+        # A local volume with driver options mounts something of the host's choosing
+        # (o=bind/rbind of a directory, a device, an overlay): judge it as a bind of `device`.
+        device = options.get("device", "")
+        kind = options.get("type", "")
+        bind_flags = set(options.get("o", "").split(","))
+        plain_bind = kind in ("", "none") and bool(bind_flags & {"bind", "rbind"})
         if not settings.enable_bind_mounts:
             raise SpecError(
                 f"{field}.source",
-                f"volume {mount.source!r} binds the host path "
-                f"{options.get('device', '?')}; that is a bind mount, and bind "
-                "mounts are disabled",
+                f"volume {mount.source!r} is backed by the host "
+                f"({options!r}); that is a bind mount, and bind mounts are disabled",
             )
-        resolve_host_path(
-            f"{field}.source", options.get("device", ""), state_dir=settings.supervisor_state_dir
-        )
+        if not plain_bind or not device.startswith("/"):
+            raise SpecError(
+                f"{field}.source",
+                f"volume {mount.source!r} has driver options "
+                f"{options!r}; only a plain bind of a host directory is allowed",
+            )
+        resolve_host_path(f"{field}.source", device, state_dir=settings.supervisor_state_dir)
     volume_options: dict[str, object] = {"NoCopy": True}
     if mount.subpath is not None:
         major, minor = (int(part) for part in engine.api_version.split("."))
@@ -144,3 +164,26 @@ async def _resolve_volume(
             type="volume", source=mount.source, destination=mount.target, rw=not mount.read_only
         )
     )
+
+
+class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the daemon's ``/info`` decided: the runtime's daemon name and the CDI GPU ids."""
+
+    runtime: str | None = None
+    gpu_devices: list[str] | None = None
+
+
+async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor) -> DaemonPlan:
+    """Refuse a runtime the daemon lacks and resolve GPUs, before any container exists.
+
+    Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
+    The GPU cursor advances only when devices were chosen by count.
+    """
+    if spec.runtime is None and spec.gpus is None:
+        return DaemonPlan()
+    info = await engine.info()
+    runtime = check_runtime_registered(spec.runtime, (info.runtimes or {}).keys())
+    gpu_devices: list[str] | None = None
+    if spec.gpus is not None:
+        gpu_devices, gpu_cursor.position = resolve_gpus(spec.gpus, info, gpu_cursor.position)
+    return DaemonPlan(runtime=runtime, gpu_devices=gpu_devices)

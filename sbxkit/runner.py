@@ -7,6 +7,7 @@ through the owner, and a removal failure is raised, never swallowed.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,11 +21,12 @@ from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
+from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount
 from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
-from sbxkit.preflight import resolve_mounts
+from sbxkit.preflight import check_daemon, resolve_mounts
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
@@ -39,6 +41,9 @@ STDIN_CHUNK = 64 * 1024
 SIGKILL_EXIT = 137
 # The owner's backstop beyond the payload's own time limit: create, start and removal.
 LIFETIME_MARGIN_S = 120.0
+
+GPU_CURSOR = GpuCursor()
+"""This process's round-robin position over the daemon's CDI GPUs (runs share it)."""
 
 
 def new_lease_id() -> str:
@@ -80,6 +85,7 @@ async def run(
     owner: Owner | None = None,
     socket_path: str | None = None,
     settings: Settings | None = None,
+    gpu_cursor: GpuCursor | None = None,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -87,8 +93,10 @@ async def run(
     removed even if this process is killed; pass ``owner=InProcessOwner(engine)`` to keep
     ownership in-process (it does not survive a killed caller).
 
-    Bad input raises SpecError before the daemon is contacted. The caller's trio cancel scope is
-    honoured: the container is removed before Cancelled propagates.
+    Bad input raises SpecError before the daemon is contacted; what only the daemon can judge
+    (the image, named volumes, the runtime being registered, CDI GPUs) is refused before
+    create. The caller's trio cancel scope is honoured: the container is removed before
+    Cancelled propagates.
     """
     settings = effective_settings(settings)
     validate_spec(spec, settings)
@@ -96,7 +104,10 @@ async def run(
     async with _engine_for(engine, socket_path) as eng:
         await check_image(eng, spec.image)
         resolved = await resolve_mounts(eng, spec, settings)
-        body = build_create_body(spec, lease, settings=settings, resolved=resolved)
+        plan = await check_daemon(eng, spec, gpu_cursor or GPU_CURSOR)
+        body = build_create_body(
+            spec, lease, settings=settings, resolved=resolved, gpu_devices=plan.gpu_devices
+        )
         if owner is None:
             assert settings.supervisor_state_dir is not None
             owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
@@ -107,11 +118,19 @@ async def run(
 
 def effective_settings(settings: Settings | None) -> Settings:
     """Fill in what the environment decides: the supervisor state dir (bind sources may not
-    overlap it, whichever supervisor owns the run)."""
+    overlap it, whichever supervisor owns the run) and the raw ``SBXKIT_ENV``.
+
+    This is the one place ``SBXKIT_ENV`` is read, as bytes: the pure rules parse it only when
+    a decision depends on it (bridge networking), so a bad value breaks only what it governs.
+    """
     settings = settings or Settings()
     if settings.supervisor_state_dir is None:
         state_dir = str(default_state_dir())
         settings = msgspec.structs.replace(settings, supervisor_state_dir=state_dir)
+    if settings.environment is None:
+        raw = os.environb.get(b"SBXKIT_ENV")
+        if raw is not None:
+            settings = msgspec.structs.replace(settings, environment=raw)
     return settings
 
 

@@ -62,5 +62,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     enable_bind_mounts: bool = False
     enable_named_volumes: bool = False
     supervisor_state_dir: str | None = None  # bind sources may not overlap it
-    # The raw SBXKIT_ENV value; parsed only where a rule depends on it (see module doc).
-    environment: str | None = None
+    environment: bytes | None = None
+    """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
+    (``sbxkit.runner.effective_settings``) and parsed only where a rule depends on it (see the
+    module doc). None means unset, i.e. development. Bytes, not str: a value that is not UTF-8
+    must be refused as such, not decoded into something that merely looks unknown."""

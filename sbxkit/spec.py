@@ -15,13 +15,32 @@ import unicodedata
 import msgspec
 
 from sbxkit.errors import SpecError
+from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.rules import (
+    LEASE_LABEL,
+    RUNTIME_ENV_RESERVE,
+    check_env,
+    check_env_size,
+    check_network,
+    merge_labels,
+    parse_extra_flags,
+)
 from sbxkit.settings import Settings
 
-MiB = 1024 * 1024
+__all__ = [
+    "LEASE_LABEL",
+    "GpuRequest",
+    "Limits",
+    "MiB",
+    "SandboxSpec",
+    "parse_size",
+    "parse_user",
+    "spec_from_dict",
+    "validate_spec",
+]
 
-LEASE_LABEL = "sbxkit.lease"
-"""Label naming the lease that owns a container; reserved, set only by sbxkit."""
+MiB = 1024 * 1024
 
 INT64_MAX = 2**63 - 1
 """Docker stores byte counts as int64; larger values overflow in the daemon."""
@@ -43,7 +62,6 @@ _MANDATORY = "mandatory: set a finite bound"
 _UNBOUNDED = "must be > 0 (0 and -1 mean unbounded to Docker)"
 _NOT_FINITE = "must be a finite number (NaN and infinity are not bounds)"
 _ROOT = "root users are refused"
-_NETWORK = "only 'none' is supported; bridge/host/container networking is refused"
 
 _USER_RE = re.compile(r"([0-9]+):([0-9]+)")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
@@ -89,12 +107,21 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     command: list[str]
     limits: Limits
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    """Set in the container as given; ``SBXKIT_LEASE`` and ``SBXKIT_SANDBOX`` are the
+    runtime's and overwrite any value here. Nothing comes from the host unless put here."""
     user: str = "65534:65534"
     workdir: str | None = None
     network: str = "none"
+    """``none`` (default) or ``bridge``. Bridge is unrestricted egress, not destination
+    authorisation, and is refused when ``SBXKIT_ENV`` says production."""
     runtime: str | None = None
+    """An OCI runtime registered in the daemon (``gvisor`` means ``runsc``); None is runc."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     mounts: list[Mount] = msgspec.field(default_factory=list)
+    extra_flags: list[str] = msgspec.field(default_factory=list)
+    """``docker run``-style flags; only ``--label=key=value`` is accepted (merged into labels)."""
+    gpus: GpuRequest | None = None
+    """CDI GPUs: explicit device names or a count chosen round-robin from the daemon's."""
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -200,31 +227,45 @@ def parse_size(text: str, field: str) -> int:
 # --- validation --------------------------------------------------------------------------------
 
 
+def check_limit(name: str, value: object, field: str | None = None) -> None:
+    """Refuse one absent, unbounded or out-of-range ``Limits`` field (``field`` names it in
+    the error, e.g. a profile's ``sandbox.docker.limits.memory``)."""
+    where = field or f"limits.{name}"
+    if name == "cpus":
+        cpus = _check_positive_float(where, value)
+        if cpus < MIN_CPUS:
+            raise SpecError(where, f"must be >= {MIN_CPUS} (smaller rounds to no limit)")
+        if cpus > MAX_CPUS:
+            raise SpecError(where, f"must be <= {MAX_CPUS:g}")
+    elif name == "memory_bytes":
+        memory = _check_positive_int(where, value)
+        if memory < MIN_MEMORY_BYTES:
+            raise SpecError(where, f"must be >= {MIN_MEMORY_BYTES} (Docker's minimum)")
+    elif name == "pids":
+        _check_positive_int(where, value, maximum=MAX_PIDS)
+    elif name == "timeout_s":
+        _check_positive_float(where, value)
+    elif name in ("output_bytes", "fsize_bytes", "scratch_bytes"):
+        _check_positive_int(where, value)
+    else:
+        raise SpecError(where, "unknown limit")
+
+
 def validate_limits(limits: Limits) -> None:
     """Refuse absent, unbounded or out-of-range limits, naming the first offending field."""
-    cpus = _check_positive_float("limits.cpus", limits.cpus)
-    if cpus < MIN_CPUS:
-        raise SpecError("limits.cpus", f"must be >= {MIN_CPUS} (smaller rounds to no limit)")
-    if cpus > MAX_CPUS:
-        raise SpecError("limits.cpus", f"must be <= {MAX_CPUS:g}")
-    memory = _check_positive_int("limits.memory_bytes", limits.memory_bytes)
-    if memory < MIN_MEMORY_BYTES:
-        raise SpecError("limits.memory_bytes", f"must be >= {MIN_MEMORY_BYTES} (Docker's minimum)")
-    _check_positive_int("limits.pids", limits.pids, maximum=MAX_PIDS)
-    _check_positive_int("limits.output_bytes", limits.output_bytes)
-    _check_positive_float("limits.timeout_s", limits.timeout_s)
-    _check_positive_int("limits.fsize_bytes", limits.fsize_bytes)
-    _check_positive_int("limits.scratch_bytes", limits.scratch_bytes)
+    for name in Limits.__struct_fields__:
+        check_limit(name, getattr(limits, name))
 
 
-def _validate_image(image: object) -> None:
+def validate_image(image: object, field: str = "image") -> None:
+    """A plain image reference (it travels in a URL path, so only reference characters)."""
     if not isinstance(image, str) or not image:
-        raise SpecError("image", "must be a non-empty image reference")
+        raise SpecError(field, "must be a non-empty image reference")
     if any(ch.isspace() for ch in image) or _has_control(image):
-        raise SpecError("image", "must not contain whitespace or control characters")
+        raise SpecError(field, "must not contain whitespace or control characters")
     # It travels in a URL path (/images/{name}/json): only reference characters, no traversal.
     if not _IMAGE_RE.fullmatch(image) or ".." in image.split("@")[0].split("/"):
-        raise SpecError("image", "must be an image reference (letters, digits and ._-/:@ only)")
+        raise SpecError(field, "must be an image reference (letters, digits and ._-/:@ only)")
 
 
 def _validate_command(command: object) -> None:
@@ -240,48 +281,46 @@ def _validate_command(command: object) -> None:
         raise SpecError("command[0]", "the program name must not be empty")
 
 
-def _env_key_problem(key: str) -> str | None:
-    """Why a key cannot be a portable environment variable name, or None if it can."""
-    if not key:
-        return "key must not be empty"
-    if "=" in key:
-        return "key must not contain '='"
-    if key.startswith("#"):
-        return "key must not start with '#'"
-    if any(ch.isspace() for ch in key):
-        return "key must not contain whitespace"
-    if _has_control(key):
-        return "key must not contain control characters (NUL included)"
-    return None
+def validate_env(env: object, field: str = "env") -> None:
+    """Well-formed keys, no NUL, and room left for the runtime's own keys under the cap."""
+    check_env_size(check_env(env, field), field, reserve=RUNTIME_ENV_RESERVE)
 
 
-def _validate_env(env: object) -> None:
-    if not isinstance(env, dict):
-        raise SpecError("env", "must be a mapping of strings")
-    for key, value in env.items():
-        field = f"env[{key!r}]"
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise SpecError(field, "keys and values must be strings")
-        problem = _env_key_problem(key)
-        if problem is not None:
-            raise SpecError(field, problem)
-        if "\0" in value:
-            raise SpecError(field, "value must not contain NUL")
+def validate_workdir(workdir: object, field: str = "workdir") -> None:
+    if workdir is None:
+        return
+    if not isinstance(workdir, str) or not workdir.startswith("/"):
+        raise SpecError(field, "must be an absolute path")
+    if _has_control(workdir):
+        raise SpecError(field, "must not contain control characters")
 
 
-def _validate_labels(labels: object) -> None:
+def validate_runtime_name(runtime: object, field: str = "runtime") -> None:
+    """A plain name; whether the daemon has it is checked against /info before create."""
+    if runtime is not None and (
+        not isinstance(runtime, str) or _RUNTIME_RE.fullmatch(runtime) is None
+    ):
+        raise SpecError(field, "must be a plain runtime name matching [A-Za-z0-9._-]+")
+
+
+def validate_labels(labels: object, field: str = "labels") -> None:
     if not isinstance(labels, dict):
-        raise SpecError("labels", "must be a mapping of strings")
+        raise SpecError(field, "must be a mapping of strings")
     for key, value in labels.items():
-        field = f"labels[{key!r}]"
+        where = f"{field}[{key!r}]"
         if not isinstance(key, str) or not isinstance(value, str):
-            raise SpecError(field, "keys and values must be strings")
+            raise SpecError(where, "keys and values must be strings")
         if key == LEASE_LABEL:
-            raise SpecError(field, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
+            raise SpecError(where, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
         if not key:
-            raise SpecError(field, "key must not be empty")
+            raise SpecError(where, "key must not be empty")
         if _has_control(key) or _has_control(value):
-            raise SpecError(field, "keys and values must not contain control characters")
+            raise SpecError(where, "keys and values must not contain control characters")
+
+
+def spec_labels(spec: SandboxSpec) -> dict[str, str]:
+    """The user's labels: ``labels`` plus the ones carried by ``--label=`` extra flags."""
+    return merge_labels(spec.labels, parse_extra_flags(spec.extra_flags))
 
 
 def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
@@ -289,27 +328,25 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
 
     Defensive about types: a spec built in Python skips msgspec's type checks, and a wrong
     type must surface as SpecError, never as TypeError deep inside the engine client.
+
+    ``settings.environment`` carries the raw ``SBXKIT_ENV``; with no settings (a pure call)
+    it is unset, i.e. development. ``sbxkit.runner.run`` always reads the real one.
     """
+    settings = settings or Settings()
     if not isinstance(spec.limits, Limits):
         raise SpecError("limits", "must be a Limits")
     validate_limits(spec.limits)
-    _validate_image(spec.image)
+    validate_image(spec.image)
     _validate_command(spec.command)
-    _validate_env(spec.env)
+    validate_env(spec.env)
     parse_user(spec.user)
-    if spec.workdir is not None:
-        if not isinstance(spec.workdir, str) or not spec.workdir.startswith("/"):
-            raise SpecError("workdir", "must be an absolute path")
-        if _has_control(spec.workdir):
-            raise SpecError("workdir", "must not contain control characters")
-    if spec.network != "none":
-        raise SpecError("network", _NETWORK)
-    if spec.runtime is not None and (
-        not isinstance(spec.runtime, str) or _RUNTIME_RE.fullmatch(spec.runtime) is None
-    ):
-        raise SpecError("runtime", "must be a plain runtime name matching [A-Za-z0-9._-]+")
-    _validate_labels(spec.labels)
-    settings = settings or Settings()
+    validate_workdir(spec.workdir)
+    check_network(spec.network, settings.environment)
+    validate_runtime_name(spec.runtime)
+    validate_labels(spec.labels)
+    validate_labels(spec_labels(spec), "extra_flags")
+    if spec.gpus is not None:
+        validate_gpu_request(spec.gpus)
     if not isinstance(spec.mounts, list):
         raise SpecError("mounts", "must be a list")
     validate_mounts(
@@ -331,7 +368,7 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _spec_error_from(error: msgspec.ValidationError) -> SpecError:
+def spec_error_from(error: msgspec.ValidationError) -> SpecError:
     """Turn msgspec's "<message> - at `$.a.b`" into SpecError("a.b", "<message>")."""
     message = str(error)
     path = ""
@@ -353,6 +390,6 @@ def spec_from_dict(data: object) -> SandboxSpec:
     try:
         spec = msgspec.convert(data, SandboxSpec)
     except msgspec.ValidationError as error:
-        raise _spec_error_from(error) from None
+        raise spec_error_from(error) from None
     validate_spec(spec)
     return spec

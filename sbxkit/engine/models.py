@@ -143,6 +143,12 @@ class RestartPolicyReply(Reply):
     name: str = ""
 
 
+class DeviceRequestReply(Reply):
+    driver: str = ""
+    count: int = 0
+    device_ids: list[str] | None = msgspec.field(default=None, name="DeviceIDs")
+
+
 class HostConfigReply(Reply):
     ipc_mode: str = ""
     cgroupns_mode: str = ""
@@ -164,6 +170,8 @@ class HostConfigReply(Reply):
     init: bool | None = None
     runtime: str = ""
     binds: list[str] | None = None
+    extra_hosts: list[str] | None = None
+    device_requests: list[DeviceRequestReply] | None = None
 
 
 class MountPoint(Reply):
@@ -234,6 +242,13 @@ class RuntimeInfo(Reply):
     path: str = msgspec.field(default="", name="path")
 
 
+class DiscoveredDevice(Reply):
+    """An entry of ``/info`` ``DiscoveredDevices`` (API 1.48+): a device a driver can provide."""
+
+    source: str = ""
+    id: str = msgspec.field(default="", name="ID")
+
+
 class InfoReply(Reply):
     runtimes: dict[str, RuntimeInfo] | None = None
     default_runtime: str = ""
@@ -243,6 +258,7 @@ class InfoReply(Reply):
     ncpu: int = msgspec.field(default=0, name="NCPU")
     mem_total: int = 0
     cdi_spec_dirs: list[str] | None = msgspec.field(default=None, name="CDISpecDirs")
+    discovered_devices: list[DiscoveredDevice] | None = None
 
 
 class ErrorReply(msgspec.Struct):

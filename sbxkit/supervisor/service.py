@@ -159,12 +159,10 @@ def describe(record: LeaseRecord) -> str:
 
 
 def is_definite_create_failure(error: SbxError) -> bool:
-    """A create the daemon answered with 400 or 404 created nothing; anything else might have."""
-    return (
-        isinstance(error, EngineError)
-        and not isinstance(error, Conflict)
-        and (error.status in (400, 404))
-    )
+    """The daemon answered the create with an error status: its handler finished and cleaned
+    up, so nothing was created. 409 (the name exists) is the exception: a container with this
+    lease's name may be ours. A timeout or a lost connection proves nothing either way."""
+    return isinstance(error, EngineError) and not isinstance(error, Conflict)
 
 
 class Service:

@@ -421,3 +421,171 @@ def test_json_oom_evidence_and_one_line() -> None:
     assert doc["status"] == "oom_killed"
     assert doc["oom_evidence"] == "State.OOMKilled"
     assert doc["exit_code"] == 137
+
+
+# -- profiles, network, labels, GPUs --------------------------------------------------------------
+
+PROFILE = """
+[sandbox.docker]
+image = "sbxkit-test/python:latest"
+user = "1000:1000"
+runtime = "crun"
+extra_flags = ["--label=team=ml"]
+
+[sandbox.docker.env]
+FROM_PROFILE = "p"
+SHARED = "profile"
+
+[sandbox.docker.labels]
+owner = "data"
+
+[sandbox.docker.limits]
+memory = "128m"
+timeout = 5
+scratch = "8m"
+
+[sandbox.docker.supervisor]
+binary = "/opt/sbx/sbxkit-supervisor"
+state_dir = "/var/lib/sbxkit-profile-test/leases"
+"""
+
+
+def write_profile(tmp_path: Any, text: str = PROFILE) -> str:
+    path = tmp_path / "profile.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_profile_supplies_defaults_and_flags_override_them(tmp_path: Any) -> None:
+    from sbxkit.profile import load_profile
+
+    path = write_profile(tmp_path)
+    args = parse("--profile", path, "--timeout", "9", "--env", "SHARED=cli", "--", "python3", "-V")
+    assert args.image is None
+    spec = spec_from_args(args, load_profile(path))
+    assert spec.image == "sbxkit-test/python:latest"
+    assert spec.command == ["python3", "-V"]
+    assert spec.limits == Limits(
+        cpus=1.0,  # DEFAULTS: neither the profile nor a flag set it
+        memory_bytes=128 * MiB,  # the profile's
+        pids=128,
+        output_bytes=MiB,
+        timeout_s=9.0,  # the flag's, over the profile's 5
+        fsize_bytes=64 * MiB,
+        scratch_bytes=8 * MiB,
+    )
+    assert spec.env == {"FROM_PROFILE": "p", "SHARED": "cli"}
+    assert spec.user == "1000:1000"
+    assert spec.runtime == "crun"
+    assert spec.labels == {"owner": "data"}
+    assert spec.extra_flags == ["--label=team=ml"]
+    override = parse(
+        "--profile",
+        path,
+        "--user",
+        "2000:2000",
+        "--runtime",
+        "runc",
+        "--label",
+        "owner=cli",
+        "other:1",
+        "--",
+        "true",
+    )
+    spec = spec_from_args(override, load_profile(path))
+    assert (spec.image, spec.user, spec.runtime, spec.command) == (
+        "other:1",
+        "2000:2000",
+        "runc",
+        ["true"],
+    )
+    assert spec.labels == {"owner": "cli"}
+
+
+def test_without_a_profile_image_an_image_is_still_required(tmp_path: Any) -> None:
+    from sbxkit.profile import load_profile
+
+    path = write_profile(tmp_path, "[sandbox.docker]\n")
+    with pytest.raises(SpecError) as caught:
+        spec_from_args(parse("--profile", path, "--", "true"), load_profile(path))
+    assert caught.value.field == "image"
+
+
+def test_network_label_and_gpu_flags() -> None:
+    from sbxkit.gpu import GpuRequest
+
+    spec = spec_of(
+        "--network", "bridge", "--label", "a=1", "--label", "b=", "--gpus", "2", IMAGE, "true"
+    )
+    assert spec.network == "bridge"
+    assert spec.labels == {"a": "1", "b": ""}
+    assert spec.gpus == GpuRequest(count=2)
+    spec = spec_of("--gpus", "nvidia.com/gpu=0, nvidia.com/gpu=1", IMAGE, "true")
+    assert spec.gpus == GpuRequest(devices=["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+    with pytest.raises(SpecError) as caught:
+        spec_of("--label", "novalue", IMAGE, "true")
+    assert caught.value.field == "--label novalue"
+
+
+def test_host_network_is_not_even_a_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        parse("--network", "host", IMAGE, "true")
+    assert caught.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_main_refuses_bridge_in_production_before_any_daemon_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SBXKIT_ENV", "production")
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--socket", "/nonexistent/d.sock", "--network", "bridge", IMAGE, "true"])
+    assert caught.value.code == EXIT_REFUSED
+    assert "sbxkit: error: network: bridge networking is refused in production" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("gpus", ["0", "nvidia.com/gpu=0,nvidia.com/gpu=0", "gpu0"])
+def test_main_refuses_bad_gpu_requests_before_any_daemon_call(
+    gpus: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--socket", "/nonexistent/d.sock", "--gpus", gpus, IMAGE, "true"])
+    assert caught.value.code == EXIT_REFUSED
+    assert "sbxkit: error: gpus." in capsys.readouterr().err
+
+
+def test_main_refuses_a_bad_profile(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_profile(tmp_path, "[sandbox.docker]\nlimts = 1\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--socket", "/nonexistent/d.sock", "--profile", path, "--", "true"])
+    assert caught.value.code == EXIT_REFUSED
+    assert "sandbox.docker.limts: unknown field" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--profile", str(tmp_path / "missing.toml"), "--", "true"])
+    assert caught.value.code == EXIT_REFUSED
+
+
+def test_main_with_a_profile_sets_the_supervisor_binary(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "restored-after-the-test")
+    path = write_profile(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--socket", "/nonexistent/d.sock", "--profile", path, "--", "true"])
+    # The profile passed validation; only the daemon was missing.
+    assert caught.value.code == EXIT_ENGINE_UNAVAILABLE
+    assert os.environ["SBXKIT_SUPERVISOR"] == "/opt/sbx/sbxkit-supervisor"
+    assert "/nonexistent/d.sock" in capsys.readouterr().err
+
+
+def test_an_empty_workdir_is_still_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["run", "--socket", "/nonexistent/d.sock", "--workdir", "", IMAGE, "true"])
+    assert caught.value.code == EXIT_REFUSED
+    assert "workdir: must be an absolute path" in capsys.readouterr().err

@@ -10,8 +10,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "sbxkit"
 
 # Pure cores: bytes or structs in, structs or events out. No trio, no sockets, no os.
-PURE = ["engine/frames.py", "engine/models.py", "output.py", "spec.py", "policy.py",
-        "verify.py", "result.py", "errors.py"]
+PURE = [
+    "engine/frames.py",
+    "engine/models.py",
+    "output.py",
+    "spec.py",
+    "policy.py",
+    "verify.py",
+    "result.py",
+    "errors.py",
+    "mounts.py",
+    "rules.py",
+    "gpu.py",
+    "settings.py",
+    "supervisor/wire.py",
+    "supervisor/records.py",
+]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
 

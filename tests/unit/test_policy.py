@@ -55,7 +55,8 @@ def test_full_body_is_pinned() -> None:
         "Image": "python:3.12-slim",
         "Cmd": ["python", "-c", "print(1)"],
         "Entrypoint": [],
-        "Env": [],
+        # The runtime's own keys are always present (environment ownership, design.md §5).
+        "Env": [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1"],
         "User": "65534:65534",
         "Labels": {LEASE_LABEL: LEASE},
         "AttachStdin": True,
@@ -132,7 +133,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     )
     assert body["WorkingDir"] == "/work"
     assert body["User"] == "1000:2000"
-    assert body["Env"] == ["A=x=y", "B=2"]
+    assert body["Env"] == ["A=x=y", "B=2", f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1"]
     assert body["Labels"] == {"team": "ml", LEASE_LABEL: LEASE}
     host = body["HostConfig"]
     assert set(host) == HARDENED_HOST_KEYS | {"Runtime"}
@@ -222,9 +223,10 @@ def test_body_does_not_alias_the_spec() -> None:
 def test_env_encoding_is_sorted_key_equals_value(env: dict[str, str]) -> None:
     env = {key: value.replace("\0", "") for key, value in env.items()}
     body = encoded(make_spec(env=env))
-    assert body["Env"] == [f"{key}={env[key]}" for key in sorted(env)]
+    expected = {**env, "SBXKIT_LEASE": LEASE, "SBXKIT_SANDBOX": "1"}  # the runtime's keys win
+    assert body["Env"] == [f"{key}={expected[key]}" for key in sorted(expected)]
     parsed = dict(item.split("=", 1) for item in body["Env"])
-    assert parsed == env
+    assert parsed == expected
 
 
 def test_cpus_round_to_nanocpus() -> None:

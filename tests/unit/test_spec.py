@@ -245,11 +245,30 @@ def test_env_values_may_hold_anything_but_nul() -> None:
 # --- network, workdir, runtime, labels ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("network", ["host", "bridge", "container:x", "default", "", "NONE"])
-def test_only_network_none_is_accepted(network: str) -> None:
+@pytest.mark.parametrize(
+    ("network", "rule"),
+    [
+        ("host", "host networking is refused: it shares the host's network"),
+        (
+            "container:x",
+            "container:* is refused: it shares another container's network namespace",
+        ),
+        ("default", "must be 'none' or 'bridge', got 'default'"),
+        ("", "must be 'none' or 'bridge', got ''"),
+        ("NONE", "must be 'none' or 'bridge', got 'NONE'"),
+        ("Bridge", "must be 'none' or 'bridge', got 'Bridge'"),
+    ],
+)
+def test_only_network_none_or_bridge_is_accepted(network: str, rule: str) -> None:
     error = refused(good_spec(network=network))
     assert error.field == "network"
-    assert error.rule == "only 'none' is supported; bridge/host/container networking is refused"
+    assert error.rule == rule
+
+
+def test_bridge_is_accepted_outside_production() -> None:
+    # Without settings (a pure call) SBXKIT_ENV is unset, i.e. development; the production
+    # refusal is covered in test_rules.py and, through run(), in the engine tests.
+    validate_spec(good_spec(network="bridge"))
 
 
 def test_workdir_must_be_absolute() -> None:

@@ -1,0 +1,284 @@
+"""Command profiles: an operator's TOML file of defaults for ``sbxkit run``.
+
+::
+
+    [sandbox.docker]
+    image = "sbxkit-test/python:latest"
+    user = "1000:1000"
+    runtime = "gvisor"            # the daemon's runsc; any name must be registered in /info
+    network = "none"              # or "bridge" outside production
+    workdir = "/work"
+    extra_flags = ["--label=team=ml"]
+    enable_bind_mounts = true     # operator switches: off unless the profile says so
+    enable_named_volumes = false
+
+    [sandbox.docker.env]          # literal values: nothing is expanded from the host
+    MODE = "batch"
+
+    [sandbox.docker.labels]
+    team = "ml"
+
+    [sandbox.docker.limits]
+    cpus = 1
+    memory = "256m"               # sizes: "256m", "1g", "512KiB" or a byte count
+    pids = 128
+    max_output = "1m"
+    timeout = 30
+    fsize = "64m"
+    scratch = "64m"
+
+    [[sandbox.docker.mounts]]
+    type = "bind"                 # bind | volume | tmpfs, fields as in sbxkit.mounts
+    source = "/srv/data"
+    target = "/data"
+
+    [sandbox.docker.supervisor]
+    binary = "/usr/local/bin/sbxkit-supervisor"   # what the client launches (SBXKIT_SUPERVISOR)
+    state_dir = "/var/lib/sbxkit/leases"         # absolute
+
+Decoding is pure: ``tomllib`` text in, a msgspec ``Profile`` out (unknown keys are refused by
+their full path, e.g. ``sandbox.docker.limts``), and every value is checked by the same rules a
+spec obeys, with the profile's path in the error. Only ``load_profile`` touches the disk.
+``apply_profile`` turns a profile into (SandboxSpec, Settings, SupervisorOptions); the CLI then
+lays its explicit flags over it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sbxkit.errors import SpecError
+from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.rules import check_env, check_network, merge_labels, parse_extra_flags
+from sbxkit.settings import Settings
+from sbxkit.spec import (
+    Limits,
+    SandboxSpec,
+    check_limit,
+    parse_size,
+    parse_user,
+    spec_error_from,
+    validate_image,
+    validate_labels,
+    validate_runtime_name,
+    validate_workdir,
+)
+
+ROOT = "sandbox.docker"
+MAX_PROFILE_BYTES = 1024 * 1024
+"""A profile is a page of settings; anything larger is a mistake, not a configuration."""
+
+
+class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.docker.limits]``: CLI-style names; sizes as strings ("256m") or byte counts."""
+
+    cpus: float | None = None
+    memory: int | str | None = None
+    pids: int | None = None
+    max_output: int | str | None = None
+    timeout: float | None = None
+    fsize: int | str | None = None
+    scratch: int | str | None = None
+
+
+class SupervisorOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.docker.supervisor]``: which helper the client launches, and its state dir."""
+
+    binary: str | None = None
+    state_dir: str | None = None
+
+
+class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.docker]``: defaults for a spec, plus the operator's switches."""
+
+    image: str | None = None
+    user: str | None = None
+    runtime: str | None = None
+    network: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    extra_flags: list[str] = msgspec.field(default_factory=list)
+    enable_bind_mounts: bool = False
+    enable_named_volumes: bool = False
+    limits: ProfileLimits = msgspec.field(default_factory=ProfileLimits)
+    mounts: list[Mount] = msgspec.field(default_factory=list)
+    gpus: GpuRequest | None = None
+    supervisor: SupervisorOptions = msgspec.field(default_factory=SupervisorOptions)
+
+
+class SandboxSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    docker: DockerProfile
+
+
+class Profile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    sandbox: SandboxSection
+
+
+# Profile limit name → (Limits field, is a size).
+_LIMITS: dict[str, tuple[str, bool]] = {
+    "cpus": ("cpus", False),
+    "memory": ("memory_bytes", True),
+    "pids": ("pids", False),
+    "max_output": ("output_bytes", True),
+    "timeout": ("timeout_s", False),
+    "fsize": ("fsize_bytes", True),
+    "scratch": ("scratch_bytes", True),
+}
+
+
+@contextmanager
+def _under(prefix: str) -> Iterator[None]:
+    """Re-raise a spec rule's SpecError with the profile path in front of its field."""
+    try:
+        yield
+    except SpecError as error:
+        raise SpecError(f"{prefix}.{error.field}", error.rule) from None
+
+
+def profile_limits(limits: ProfileLimits) -> dict[str, Any]:
+    """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path."""
+    values: dict[str, Any] = {}
+    for name, (field, is_size) in _LIMITS.items():
+        raw = getattr(limits, name)
+        if raw is None:
+            continue
+        where = f"{ROOT}.limits.{name}"
+        value = parse_size(raw, where) if is_size and isinstance(raw, str) else raw
+        check_limit(field, value, where)
+        values[field] = value
+    return values
+
+
+def _check_absolute(field: str, path: str | None) -> None:
+    if path is None:
+        return
+    if not path.startswith("/"):
+        raise SpecError(field, "must be an absolute path")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        raise SpecError(field, "must not contain control characters")
+    if ".." in path.split("/"):
+        raise SpecError(field, "must not contain '..'")
+
+
+def validate_profile(profile: Profile) -> None:
+    """Every value a profile sets obeys the rules a spec obeys; errors name the TOML path."""
+    docker = profile.sandbox.docker
+    if docker.image is not None:
+        validate_image(docker.image, f"{ROOT}.image")
+    if docker.user is not None:
+        parse_user(docker.user, f"{ROOT}.user")
+    validate_runtime_name(docker.runtime, f"{ROOT}.runtime")
+    validate_workdir(docker.workdir, f"{ROOT}.workdir")
+    with _under(ROOT):  # these name fields relative to the table: env['K'], mounts[0].target
+        if docker.network is not None:
+            # Host and container:* never pass. Whether bridge may run depends on SBXKIT_ENV,
+            # which only the run reads (sbxkit.runner), so here it is judged as development.
+            check_network(docker.network, None)
+        check_env(docker.env)
+        validate_labels(docker.labels)
+        merge_labels(docker.labels, parse_extra_flags(docker.extra_flags))
+        if docker.gpus is not None:
+            validate_gpu_request(docker.gpus)
+        validate_mounts(
+            docker.mounts,
+            enable_bind_mounts=docker.enable_bind_mounts,
+            enable_named_volumes=docker.enable_named_volumes,
+            state_dir=docker.supervisor.state_dir,
+        )
+    profile_limits(docker.limits)
+    _check_absolute(f"{ROOT}.supervisor.binary", docker.supervisor.binary)
+    _check_absolute(f"{ROOT}.supervisor.state_dir", docker.supervisor.state_dir)
+
+
+def decode_profile(text: str | bytes, source: str = "profile") -> Profile:
+    """Parse and validate a profile's TOML text; every refusal is a SpecError naming a path."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecError(source, "is not UTF-8 (TOML files are UTF-8)") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(source, f"is not valid TOML: {error}") from None
+    return profile_from_dict(data)
+
+
+def profile_from_dict(data: object) -> Profile:
+    """Convert decoded TOML data to a validated Profile; every refusal is a SpecError."""
+    try:
+        profile = msgspec.convert(data, Profile)
+    except msgspec.ValidationError as error:
+        raise spec_error_from(error) from None
+    validate_profile(profile)
+    return profile
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and decode the profile at ``path`` (the one function here that does I/O)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PROFILE_BYTES + 1)
+    except OSError as error:
+        raise SpecError("profile", f"cannot read {path}: {error.strerror}") from None
+    if len(data) > MAX_PROFILE_BYTES:
+        raise SpecError("profile", f"{path} is larger than {MAX_PROFILE_BYTES} bytes")
+    return decode_profile(data, source=f"profile {path}")
+
+
+def apply_profile(
+    profile: Profile, command: list[str], *, image: str | None = None
+) -> tuple[SandboxSpec, Settings, SupervisorOptions]:
+    """A spec with the profile's defaults (``image`` overrides the profile's), the operator
+    settings it enables, and the supervisor options. Callers lay explicit flags over the spec
+    and validate it; limits the profile leaves out stay unset (and are refused if still unset).
+    """
+    docker = profile.sandbox.docker
+    chosen = image if image is not None else docker.image
+    if chosen is None:
+        raise SpecError("image", f"no image: give IMAGE or set {ROOT}.image in the profile")
+    optional: dict[str, Any] = {}
+    if docker.user is not None:
+        optional["user"] = docker.user
+    if docker.network is not None:
+        optional["network"] = docker.network
+    settings, supervisor = profile_settings(profile)
+    spec = SandboxSpec(
+        image=chosen,
+        command=list(command),
+        limits=Limits(**profile_limits(docker.limits)),
+        env=dict(docker.env),
+        workdir=docker.workdir,
+        runtime=docker.runtime,
+        labels=dict(docker.labels),
+        mounts=list(docker.mounts),
+        extra_flags=list(docker.extra_flags),
+        gpus=docker.gpus,
+        **optional,
+    )
+    return spec, settings, supervisor
+
+
+def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
+    """The operator settings a profile enables, and its supervisor options."""
+    docker = profile.sandbox.docker
+    settings = Settings(
+        enable_bind_mounts=docker.enable_bind_mounts,
+        enable_named_volumes=docker.enable_named_volumes,
+        supervisor_state_dir=docker.supervisor.state_dir,
+    )
+    return settings, docker.supervisor
+
+
+def supervisor_command(options: SupervisorOptions) -> str | None:
+    """The ``SBXKIT_SUPERVISOR`` value that launches ``options.binary`` (quoted for shlex)."""
+    return shlex.quote(options.binary) if options.binary is not None else None
