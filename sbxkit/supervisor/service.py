@@ -179,6 +179,7 @@ class Service:
         self.uncertain_changed = trio.Event()
         self.last_activity = trio.current_time()
         self.fingerprint = implementation_fingerprint()
+        self.leases_admitted = 0
         self.reported_foreign: set[str] = set()
 
     # -- engines --------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class Service:
             register = await peer.receive()
         if isinstance(register, Recover):
             await self.recover_once()
-            lines = [describe(r) for r in self.orphans()]
+            lines = [describe(r) for r in self.orphans()] + [self.stats()]
             await peer.send(Report(lines=lines, remaining=len(self.records)))
             return
         if isinstance(register, Retire):
@@ -360,6 +361,7 @@ class Service:
         # being admitted for an orphan, and concurrent admissions must see each other.
         self.records[record.lease] = record
         self.live[record.lease] = live
+        self.leases_admitted += 1
         try:
             await self.journal.write(record)
         except (OSError, StorageError) as exc:
@@ -526,6 +528,13 @@ class Service:
 
     # -- recovery -------------------------------------------------------------------------------
 
+    def stats(self) -> str:
+        """Counters for operators and the benchmark (fsyncs per lease)."""
+        return (
+            f"leases admitted: {self.leases_admitted}, journal fsyncs: "
+            f"{self.journal.fsyncs}, records: {len(self.records)}"
+        )
+
     def orphans(self) -> list[LeaseRecord]:
         return [r for lease, r in self.records.items() if lease not in self.live]
 
@@ -672,7 +681,7 @@ class Service:
             await trio.sleep(min(1.0, self.config.idle_exit_s))
             idle = not self.live and not self.records and self.connections == 0
             if idle and trio.current_time() - self.last_activity >= self.config.idle_exit_s:
-                log("idle and record-free; exiting")
+                log(f"idle and record-free; exiting ({self.stats()})")
                 done.cancel()
                 return
 
