@@ -37,14 +37,21 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
+from sbxkit.gpu import GpuRequest
+from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
+from sbxkit.profile import apply_profile, load_profile
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.runner import run
+from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
+from sbxkit.supervisor.client import CapacityExhausted, SupervisedOwner, SupervisorError
 
 __all__ = [
     "LEASE_LABEL",
+    "BindMount",
+    "CapacityExhausted",
     "CleanupError",
     "Conflict",
     "ContainerMismatch",
@@ -55,12 +62,13 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GpuRequest",
     "GrantError",
     "GrantResult",
     "Grants",
     "ImageError",
-    "InputGrant",
     "InProcessOwner",
+    "InputGrant",
     "Limits",
     "MiB",
     "NotFound",
@@ -71,9 +79,16 @@ __all__ = [
     "RunResult",
     "SandboxSpec",
     "SbxError",
+    "Settings",
     "SpecError",
     "Status",
+    "SupervisedOwner",
+    "SupervisorError",
+    "TmpfsMount",
+    "VolumeMount",
+    "apply_profile",
     "build_create_body",
+    "load_profile",
     "open_engine",
     "parse_size",
     "run",

@@ -107,10 +107,11 @@ class _Session:
         self.reader = FrameReader()
         self.pending: list[bytes] = []
 
-    async def send(self, message: Message) -> None:
-        """Send one message; a closed connection is a SupervisorError, never a trio error."""
+    async def send(self, *messages: Message | None) -> None:
+        """Send messages in one write; a closed connection is a SupervisorError, never a trio
+        error."""
         try:
-            await self.stream.send_all(encode(message))
+            await self.stream.send_all(b"".join(encode(m) for m in messages if m is not None))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise SupervisorConnectionLost(str(exc) or type(exc).__name__) from exc
 
@@ -144,16 +145,21 @@ async def _connect_once(path: Path) -> trio.SocketStream | None:
         raise SupervisorError(f"cannot connect to {path}: {exc.strerror}") from exc
 
 
-async def connect_supervisor(state_dir: Path) -> _Session:
+async def connect_supervisor(state_dir: Path, first: Message | None = None) -> _Session:
     """Connect to the state dir's supervisor (launching it if needed); complete the handshake.
+
+    ``first`` is sent right behind the Hello, in the same write, to save a round trip: the
+    supervisor reads it only after it has accepted the Hello, and ignores it otherwise.
 
     A supervisor that is exiting because it was idle may close a fresh connection before the
     handshake; that race is retried (and a new supervisor launched) a few times.
     """
-    await trio.to_thread.run_sync(lambda: check_state_dir(state_dir, create=True))
+    if state_dir not in _CHECKED_STATE_DIRS:
+        await trio.to_thread.run_sync(lambda: check_state_dir(state_dir, create=True))
+        _CHECKED_STATE_DIRS.add(state_dir)  # the supervisor re-checks at every start
     for attempt in range(HANDSHAKE_ATTEMPTS):
         try:
-            return await _connect_and_greet(state_dir)
+            return await _connect_and_greet(state_dir, first)
         except _HandshakeLost:
             if attempt + 1 == HANDSHAKE_ATTEMPTS:
                 raise SupervisorError(
@@ -168,7 +174,10 @@ class _HandshakeLost(Exception):
     """The connection closed before Welcome (e.g. an idle supervisor exiting)."""
 
 
-async def _connect_and_greet(state_dir: Path) -> _Session:
+_CHECKED_STATE_DIRS: set[Path] = set()
+
+
+async def _connect_and_greet(state_dir: Path, first: Message | None) -> _Session:
     socket_path = state_dir / SOCKET_NAME
     stream = await _connect_once(socket_path)
     if stream is None:
@@ -190,9 +199,8 @@ async def _connect_and_greet(state_dir: Path) -> _Session:
     session = _Session(stream)
     try:
         try:
-            await session.send(
-                Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
-            )
+            hello = Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
+            await session.send(hello, first)
             reply = await session.receive()
         except (
             SupervisorConnectionLost,
@@ -245,8 +253,8 @@ class SupervisedOwner:
         self.close_timeout_s = close_timeout_s
         self._sessions: dict[str, _Session] = {}
 
-    async def connect(self) -> _Session:
-        return await connect_supervisor(self.state_dir)
+    async def connect(self, first: Message | None = None) -> _Session:
+        return await connect_supervisor(self.state_dir, first)
 
     # -- the owner seam -------------------------------------------------------------------------
 
@@ -256,19 +264,17 @@ class SupervisedOwner:
         host = body.host_config
         if host is None or host.memory is None or host.nano_cpus is None:
             raise SupervisorError("the create body must bound memory and CPU", lease=lease)
-        session = await self.connect()
-        self._sessions[lease] = session
-        await session.send(
-            Register(
-                lease=lease,
-                name=name,
-                engine_socket=self._engine.socket_path,
-                body=body,
-                reservation=Reservation(memory_bytes=host.memory, nano_cpus=host.nano_cpus),
-                startup_deadline_s=self.startup_deadline_s,
-                lifetime_deadline_s=lifetime_s,
-            )
+        register = Register(
+            lease=lease,
+            name=name,
+            engine_socket=self._engine.socket_path,
+            body=body,
+            reservation=Reservation(memory_bytes=host.memory, nano_cpus=host.nano_cpus),
+            startup_deadline_s=self.startup_deadline_s,
+            lifetime_deadline_s=lifetime_s,
         )
+        session = await self.connect(first=register)  # Register rides with the Hello
+        self._sessions[lease] = session
         reply = await receive_reply(session, "register")
         if isinstance(reply, Refused):
             self._sessions.pop(lease, None)

@@ -1,0 +1,369 @@
+"""Harness mode: run many one-shot jobs, boundedly parallel, within the host's budget.
+
+``run_many`` is what a benchmark harness (or ``sbxkit batch``) wants from sbxkit: hand it a list
+of jobs, get one result per job. Each job is an ordinary ``sbxkit.runner.run``, so each keeps
+the whole one-shot lifecycle (design.md §3) and removes its own container through its owner,
+whatever happens — a timeout, an error, or the caller cancelling the batch.
+
+Admission (``Admission``, pure) decides who may start:
+
+- at most ``parallel`` jobs are in flight;
+- the summed ``limits.memory_bytes`` and ``limits.cpus`` of the jobs in flight stay within the
+  host budget — by default the daemon's ``MemTotal`` and ``NCPU`` from ``/info``, the same
+  budget the supervisor admits against, so the harness queues instead of being refused;
+- jobs start in input order: the head of the queue waits for room rather than being overtaken
+  by smaller jobs behind it, so a large job is never starved;
+- a job larger than the whole budget could never start: it is refused with a ``SpecError``
+  naming it before anything runs.
+
+Failures are per job: an ``SbxError`` (or any other exception) of one run becomes that job's
+error result (the error's class and message), and the batch goes on. A supervisor that is
+momentarily full (``CapacityExhausted``, e.g. another client shares it) is waited for, with
+backoff, up to ``capacity_wait_s``. Cancelling ``run_many`` cancels every run in flight; each
+removes its container (shielded) before the cancellation propagates; jobs not yet started
+never start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+
+import msgspec
+import trio
+
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.errors import SpecError
+from sbxkit.owner import Owner
+from sbxkit.result import RunResult
+from sbxkit.runner import run
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec
+from sbxkit.supervisor.client import CapacityExhausted
+
+__all__ = [
+    "Admission",
+    "Budget",
+    "Job",
+    "JobError",
+    "JobId",
+    "JobResult",
+    "Need",
+    "need_of",
+    "run_many",
+]
+
+JobId = str | int
+"""A job's identity in the caller's terms (unique within one batch)."""
+
+CAPACITY_WAIT_S = 60.0
+"""How long a job waits, in total, for a supervisor that refuses it as full."""
+_CAPACITY_BACKOFF_S = (0.05, 1.0)
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """One sandboxed run of a batch."""
+
+    id: JobId
+    spec: SandboxSpec
+    stdin: bytes | None = None
+
+
+class JobError(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a job has no ``RunResult``: the exception's class name and message.
+
+    ``container_id`` and ``lease`` are set when the error carried them (a cleanup failure
+    keeps its lease for recovery: ``sbxkit leases``)."""
+
+    type: str
+    message: str
+    container_id: str | None = None
+    lease: str | None = None
+
+
+class JobResult(msgspec.Struct, frozen=True, kw_only=True):
+    """One job's outcome: exactly one of ``result`` and ``error`` is set.
+
+    ``started_at`` (admission) and ``finished_at`` (the run returned, its container removed)
+    are ``trio.current_time()`` readings: compare them with each other, not with wall time.
+    ``queued_s`` is the wait for admission since ``run_many`` began.
+    """
+
+    id: JobId
+    result: RunResult | None = None
+    error: JobError | None = None
+    queued_s: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """The payload ran and exited 0."""
+        return self.result is not None and self.result.ok
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.finished_at - self.started_at
+
+
+# --- admission (pure) ----------------------------------------------------------------------------
+
+
+class Need(msgspec.Struct, frozen=True):
+    """What one job reserves while in flight: memory bytes and CPU in nano-CPUs (1e9 = 1)."""
+
+    memory_bytes: int
+    nano_cpus: int
+
+
+class Budget(msgspec.Struct, frozen=True):
+    """The host's capacity. None on an axis means that axis is not bounded."""
+
+    memory_bytes: int | None
+    nano_cpus: int | None
+
+
+def need_of(spec: SandboxSpec) -> Need:
+    """A spec's reservation. Absent or malformed limits count as 0 here: the run refuses them
+    itself (SpecError, as that job's error result) before anything is created."""
+    memory = spec.limits.memory_bytes
+    cpus = spec.limits.cpus
+    memory_bytes = memory if isinstance(memory, int) and not isinstance(memory, bool) else 0
+    nano_cpus = (
+        round(cpus * 1e9)
+        if isinstance(cpus, int | float) and not isinstance(cpus, bool) and math.isfinite(cpus)
+        else 0
+    )
+    return Need(max(memory_bytes, 0), max(nano_cpus, 0))
+
+
+class Admission:
+    """Who may start now: in-flight count and summed reservations against the budget.
+
+    Pure bookkeeping, no I/O and no waiting; the caller asks ``admit`` in queue order and calls
+    ``release`` when a job has finished (its container removed).
+    """
+
+    def __init__(self, parallel: int, budget: Budget) -> None:
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise SpecError("parallel", f"must be an integer >= 1, got {parallel!r}")
+        self.parallel = parallel
+        self.budget = budget
+        self.in_flight = 0
+        self.memory_in_use = 0
+        self.nano_cpus_in_use = 0
+
+    def check(self, job_id: JobId, need: Need) -> None:
+        """Refuse a job that could never start, even on an idle host."""
+        memory, cpus = self.budget.memory_bytes, self.budget.nano_cpus
+        if memory is not None and need.memory_bytes > memory:
+            raise SpecError(
+                f"job {job_id!r}: limits.memory_bytes",
+                f"{need.memory_bytes} exceeds the whole host memory budget of {memory} bytes; "
+                "it could never start",
+            )
+        if cpus is not None and need.nano_cpus > cpus:
+            raise SpecError(
+                f"job {job_id!r}: limits.cpus",
+                f"{need.nano_cpus / 1e9:g} exceeds the whole host CPU budget of "
+                f"{cpus / 1e9:g}; it could never start",
+            )
+
+    def fits(self, need: Need) -> bool:
+        memory, cpus = self.budget.memory_bytes, self.budget.nano_cpus
+        return (
+            self.in_flight < self.parallel
+            and (memory is None or self.memory_in_use + need.memory_bytes <= memory)
+            and (cpus is None or self.nano_cpus_in_use + need.nano_cpus <= cpus)
+        )
+
+    def admit(self, need: Need) -> bool:
+        """Reserve ``need`` and return True if it fits now; otherwise change nothing."""
+        if not self.fits(need):
+            return False
+        self.in_flight += 1
+        self.memory_in_use += need.memory_bytes
+        self.nano_cpus_in_use += need.nano_cpus
+        return True
+
+    def release(self, need: Need) -> None:
+        """Return an admitted job's reservation."""
+        if self.in_flight < 1:
+            raise RuntimeError("release without a matching admit")
+        self.in_flight -= 1
+        self.memory_in_use -= need.memory_bytes
+        self.nano_cpus_in_use -= need.nano_cpus
+
+
+# --- the I/O shell -------------------------------------------------------------------------------
+
+OwnerFactory = Callable[[Engine], Owner]
+ResultCallback = Callable[[JobResult], object]
+
+
+def _error_of(exc: BaseException) -> JobError:
+    container_id = getattr(exc, "container_id", None)
+    lease = getattr(exc, "lease", None)
+    return JobError(
+        type=type(exc).__name__,
+        message=str(exc),
+        container_id=container_id if isinstance(container_id, str) else None,
+        lease=lease if isinstance(lease, str) else None,
+    )
+
+
+async def host_budget(
+    engine: Engine, host_memory_bytes: int | None, host_cpus: float | None
+) -> Budget:
+    """The caller's budget where given, else the daemon's ``MemTotal`` / ``NCPU``."""
+    if host_memory_bytes is not None and (
+        isinstance(host_memory_bytes, bool)
+        or not isinstance(host_memory_bytes, int)
+        or host_memory_bytes <= 0
+    ):
+        raise SpecError("host_memory_bytes", "must be a positive integer")
+    if host_cpus is not None and (
+        isinstance(host_cpus, bool)
+        or not isinstance(host_cpus, int | float)
+        or not math.isfinite(host_cpus)
+        or host_cpus <= 0
+    ):
+        raise SpecError("host_cpus", "must be a finite number > 0")
+    if host_memory_bytes is None or host_cpus is None:
+        info = await engine.info()
+        if host_memory_bytes is None:
+            host_memory_bytes = info.mem_total or None
+        if host_cpus is None:
+            host_cpus = info.ncpu or None
+    return Budget(
+        memory_bytes=host_memory_bytes,
+        nano_cpus=None if host_cpus is None else round(host_cpus * 1e9),
+    )
+
+
+@asynccontextmanager
+async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
+    if engine is not None:
+        yield engine
+    else:
+        async with open_engine(socket_path) as own:
+            yield own
+
+
+async def _run_job(
+    engine: Engine,
+    job: Job,
+    owner_factory: OwnerFactory | None,
+    settings: Settings | None,
+    capacity_wait_s: float,
+) -> RunResult:
+    """One run; a supervisor that is full is retried with backoff (nothing was created)."""
+    delay, ceiling = _CAPACITY_BACKOFF_S
+    deadline = trio.current_time() + capacity_wait_s
+    while True:
+        owner = owner_factory(engine) if owner_factory is not None else None
+        try:
+            return await run(job.spec, job.stdin, engine=engine, owner=owner, settings=settings)
+        except CapacityExhausted:
+            if trio.current_time() + delay > deadline:
+                raise
+        await trio.sleep(delay)
+        delay = min(delay * 2, ceiling)
+
+
+async def run_many(
+    jobs: Iterable[Job],
+    *,
+    parallel: int,
+    host_memory_bytes: int | None = None,
+    host_cpus: float | None = None,
+    engine: Engine | None = None,
+    owner_factory: OwnerFactory | None = None,
+    on_result: ResultCallback | None = None,
+    settings: Settings | None = None,
+    socket_path: str | None = None,
+    capacity_wait_s: float = CAPACITY_WAIT_S,
+) -> list[JobResult]:
+    """Run every job once, at most ``parallel`` at a time and within the host budget.
+
+    Returns one ``JobResult`` per job, in input order; ``on_result`` (synchronous) is called
+    with each as it completes. ``owner_factory(engine)`` makes each run's owner (default: the
+    runner's, the supervisor). The engine is opened for the batch when not given.
+
+    Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
+    ids, or a job larger than the whole budget. An exception from ``on_result`` stops the batch
+    (the runs in flight are cancelled and removed) and is re-raised unchanged. Cancellation is
+    honoured: every container in flight is removed by its run before it propagates.
+    """
+    job_list = list(jobs)
+    if capacity_wait_s < 0 or not math.isfinite(capacity_wait_s):
+        raise SpecError("capacity_wait_s", "must be a finite number >= 0")
+    seen: dict[JobId, int] = {}
+    for index, job in enumerate(job_list):
+        if not isinstance(job, Job):
+            raise SpecError(f"jobs[{index}]", f"must be a Job, got {type(job).__name__}")
+        if job.id in seen:
+            raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
+        seen[job.id] = index
+    async with _engine_for(engine, socket_path) as eng:
+        budget = await host_budget(eng, host_memory_bytes, host_cpus)
+        admission = Admission(parallel, budget)
+        needs = [need_of(job.spec) for job in job_list]
+        for job, need in zip(job_list, needs, strict=True):
+            admission.check(job.id, need)
+        return await _dispatch(
+            eng, job_list, needs, admission, owner_factory, on_result, settings, capacity_wait_s
+        )
+
+
+async def _dispatch(
+    engine: Engine,
+    jobs: Sequence[Job],
+    needs: Sequence[Need],
+    admission: Admission,
+    owner_factory: OwnerFactory | None,
+    on_result: ResultCallback | None,
+    settings: Settings | None,
+    capacity_wait_s: float,
+) -> list[JobResult]:
+    results: list[JobResult | None] = [None] * len(jobs)
+    begun = trio.current_time()
+    freed = [trio.Event()]
+    callback_error: list[BaseException] = []
+
+    async with trio.open_nursery() as nursery:
+
+        async def work(index: int, job: Job, need: Need, started: float) -> None:
+            try:
+                try:
+                    outcome = await _run_job(engine, job, owner_factory, settings, capacity_wait_s)
+                except Exception as exc:  # one job's failure is its result, not the batch's
+                    finished = trio.current_time()
+                    done = JobResult(id=job.id, error=_error_of(exc))
+                else:
+                    finished = trio.current_time()
+                    done = JobResult(id=job.id, result=outcome)
+            finally:
+                admission.release(need)
+                freed[0].set()
+                freed[0] = trio.Event()
+            done = msgspec.structs.replace(
+                done, queued_s=started - begun, started_at=started, finished_at=finished
+            )
+            results[index] = done
+            if on_result is not None:
+                try:
+                    on_result(done)
+                except Exception as exc:
+                    callback_error.append(exc)
+                    nursery.cancel_scope.cancel()
+
+        for index, (job, need) in enumerate(zip(jobs, needs, strict=True)):
+            while not admission.admit(need):
+                await freed[0].wait()
+            nursery.start_soon(work, index, job, need, trio.current_time())
+    if callback_error:
+        raise callback_error[0]
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]

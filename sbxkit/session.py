@@ -1,0 +1,757 @@
+"""Long-lived sandboxes: ``open_sandbox``, ``Sandbox.exec`` and file transfer.
+
+A session is one hardened container (the same create body, post-create verification and owner
+as a one-shot run, design.md §3) whose own command only keeps it alive — ``sleep`` under the
+init process. Work happens in Docker execs. The owner (the supervisor by default) holds the
+lease with a lifetime deadline of ``spec.limits.timeout_s``: the whole session's time limit.
+Leaving the ``async with`` block — normally, by an exception or by cancellation — removes the
+container through the owner in a shielded, time-bounded scope, and a removal failure is raised.
+
+Ending one exec. The Engine API cannot kill an exec (moby #9167), so every exec runs through a
+wrapper that makes the command the leader of a new process group and session and records that
+group's id in the sandbox's scratch space::
+
+    sh -c 'f=/tmp/.sbxkit-exec-TOKEN; setsid sh -c "echo $$ >$f.pid; [cancelled?] || exec CMD"'
+
+On a timeout, an output overflow, an error or the caller's cancellation, a second exec sends
+``SIGKILL`` to the whole group (``kill -KILL -PGID``). The outer ``sh`` stays the exec's main
+process, so ``setsid`` never has to fork (a process-group leader cannot call ``setsid()``, and
+runc makes every exec's main process one: busybox's ``setsid`` would then fork and exit at
+once). A cancellation marker closes the race with a wrapper that has not yet recorded its
+group: the killer creates the marker first, the wrapper checks it after recording.
+
+A descendant that leaves the group (``setsid``, ``setpgid``) escapes that kill; it ends when
+the sandbox closes, because removing the container kills every process in it.
+
+Files. The sandbox's root filesystem is read-only and its writable scratch is a tmpfs, which
+the Engine's archive endpoints cannot see (Docker 20.10: ``PUT`` is refused with "container
+rootfs is marked read-only", ``GET`` reads the image's directory underneath the tmpfs). So
+``put_files``/``get_files`` run ``tar`` inside the sandbox through the same exec machinery (as
+the sandbox user, under a time limit and a byte cap), and ``sbxkit.archive`` builds and parses
+the archives on this side with the confinement rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from sbxkit.archive import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILES,
+    ArchiveError,
+    build_tar,
+    check_root,
+    confine,
+    confine_dir,
+    expect_exactly,
+    parse_tar,
+    stream_cap,
+)
+from sbxkit.engine.client import Engine, Waiter, open_engine
+from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
+from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.models import ContainerCreate, ContainerWaitReply
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.errors import (
+    Conflict,
+    EngineConnectionError,
+    EngineError,
+    NotFound,
+    SbxError,
+    SpecError,
+)
+from sbxkit.output import OutputCapture
+from sbxkit.owner import Owner
+from sbxkit.policy import SCRATCH_PATH, build_create_body, container_name
+from sbxkit.preflight import check_daemon, resolve_mounts
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit.rules import merge_env, runtime_env
+from sbxkit.runner import GPU_CURSOR, check_image, effective_settings, new_lease_id
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.verify import check_created
+
+__all__ = [
+    "Sandbox",
+    "SandboxExit",
+    "SandboxExpired",
+    "SandboxUnusable",
+    "open_sandbox",
+]
+
+SIGKILL_EXIT = 137
+KEEPALIVE_MARGIN_S = 60
+"""The keep-alive ``sleep`` outlasts the session's time limit: the owner's removal at the
+lifetime deadline, not the container stopping by itself, ends an abandoned session."""
+DRAIN_GRACE_S = 3.0
+"""After its group is killed, how long an exec's stream may take to close (the daemon closes
+it up to 2 s after the exec's main process exits when a descendant still holds its pipes)."""
+KILL_BUDGET_S = 10.0
+KILL_ATTEMPTS = 3
+EXIT_POLL_S = 5.0
+STDIN_CHUNK = 64 * 1024
+
+EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
+"""Prefix of each exec's group-id record (``.pid``) and cancellation marker (``.cancel``)."""
+
+RUN_SCRIPT = (
+    f"f={EXEC_FILE}$1; shift; "
+    "setsid sh -c '"
+    'echo $$ >"$0.pid" || { echo "sbxkit: cannot record the process group in $0.pid" >&2; '
+    "exit 126; }; "
+    '[ -e "$0.cancel" ] && exit 137; '
+    'exec "$@"'
+    '\' "$f" "$@"; '
+    "s=$?; "
+    'rm -f "$f.pid" "$f.cancel"; '
+    "exit $s"
+)
+"""The exec wrapper. ``$1`` is the exec's token, the rest is the command. The outer ``sh`` is
+the exec's main process and forks ``setsid``, which (not being a group leader) makes the inner
+``sh`` the leader of a new session and group without forking; the inner ``sh`` records its pid
+(= the group id), honours a cancellation that came first, and becomes the command. The outer
+``sh`` returns the command's status and removes the records."""
+
+KILL_SCRIPT = (
+    f"f={EXEC_FILE}$1; "
+    ': >"$f.cancel"; '
+    'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) exit 0;; esac; '
+    '[ "$p" -gt 1 ] || exit 0; '
+    "kill -KILL -$p 2>/dev/null; "
+    "exit 0"
+)
+"""The killer. Marks the exec cancelled first (a wrapper that has not recorded its group yet
+will not start the command), then reads the group id — a number greater than 1, since the
+sandbox user could write anything there — and kills the whole group. ``kill -KILL -N`` is the
+spelling both busybox ``sh`` and Debian's ``dash`` accept (``kill -KILL -- -N`` is not)."""
+
+PUT_SCRIPT = 'mkdir -p "$1" && exec tar -x -m -f - -C "$1"'
+GET_SCRIPT = 'cd "$1" && shift && exec tar -c -f - "$@"'
+
+
+class SandboxExpired(SbxError):
+    """The session's time limit (``spec.limits.timeout_s``) ended the ``async with`` block;
+    the container was removed."""
+
+    def __init__(self, lease: str, container_id: str, seconds: float) -> None:
+        super().__init__(
+            f"sandbox {container_id[:12]} (lease {lease}): the session's time limit of "
+            f"{seconds:g} s passed; the sandbox was removed"
+        )
+        self.lease = lease
+        self.container_id = container_id
+        self.seconds = seconds
+
+
+class SandboxUnusable(SbxError):
+    """The sandbox can no longer run work (its container was killed or stopped)."""
+
+    def __init__(self, container_id: str, reason: str) -> None:
+        super().__init__(f"sandbox {container_id[:12]} is unusable: {reason}")
+        self.container_id = container_id
+        self.reason = reason
+
+
+class SandboxExit(msgspec.Struct, frozen=True, kw_only=True):
+    """How a PTY session's or a stdio worker's process ended.
+
+    ``status`` as for a one-shot run: ``exit_code`` is the process's own only when it exited;
+    after ``timed_out`` or ``output_exceeded`` sbxkit killed it. ``stderr`` is the captured
+    (capped) standard error of a stdio worker; a TTY has none.
+    """
+
+    status: Status
+    exit_code: int | None
+    stderr: bytes = b""
+    overflowed: Stream | None = None
+    oom_evidence: str | None = None
+
+
+# --- the owned container --------------------------------------------------------------------
+
+
+class OwnedContainer:
+    """A created, verified, still stopped container, removed when its context ends."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        spec: SandboxSpec,
+        body: ContainerCreate,
+        lease: str,
+        container_id: str,
+        deadline: float,
+    ) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.body = body
+        self.lease = lease
+        self.container_id = container_id
+        self.deadline = deadline
+        """trio clock time at which the spec's time limit ends (``timeout_s`` after create
+        began; the owner's lifetime deadline starts a moment later, at registration)."""
+
+    @property
+    def timeout_s(self) -> float:
+        assert self.spec.limits.timeout_s is not None
+        return self.spec.limits.timeout_s
+
+    @property
+    def output_bytes(self) -> int:
+        assert self.spec.limits.output_bytes is not None
+        return self.spec.limits.output_bytes
+
+    async def kill(self) -> None:
+        """SIGKILL the container; one that is already stopped or gone is fine."""
+        with contextlib.suppress(NotFound, Conflict):
+            await self.engine.container_kill(self.container_id)
+
+
+@asynccontextmanager
+async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
+    if engine is not None:
+        yield engine
+    else:
+        async with open_engine(socket_path) as own:
+            yield own
+
+
+@asynccontextmanager
+async def owned_container(
+    spec: SandboxSpec,
+    *,
+    command: Sequence[str] | None = None,
+    body_overrides: Mapping[str, Any] | None = None,
+    engine: Engine | None = None,
+    owner: Owner | None = None,
+    settings: Settings | None = None,
+    socket_path: str | None = None,
+) -> AsyncIterator[OwnedContainer]:
+    """Steps 1–4 of the one-shot lifecycle, then removal through the owner on every exit.
+
+    ``command`` replaces ``spec.command`` (a session's keep-alive); ``body_overrides`` replace
+    fields of the hardened body (a PTY's ``tty``/``stdin_once``) before create, and the
+    post-create verification compares the container against that final body.
+    """
+    settings = effective_settings(settings)
+    if command is not None:
+        spec = msgspec.structs.replace(spec, command=list(command))
+    validate_spec(spec, settings)
+    assert spec.limits.timeout_s is not None
+    lease = new_lease_id()
+    name = container_name(lease)
+    async with _engine_for(engine, socket_path) as eng:
+        await check_image(eng, spec.image)
+        resolved = await resolve_mounts(eng, spec, settings)
+        plan = await check_daemon(eng, spec, GPU_CURSOR)
+        body = build_create_body(
+            spec, lease, settings=settings, resolved=resolved, gpu_devices=plan.gpu_devices
+        )
+        if body_overrides:
+            body = msgspec.structs.replace(body, **dict(body_overrides))
+        if owner is None:
+            assert settings.supervisor_state_dir is not None
+            owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
+        deadline = trio.current_time() + spec.limits.timeout_s
+        container_id: str | None = None
+        try:
+            container_id = await owner.create(lease, name, body, lifetime_s=spec.limits.timeout_s)
+            inspected = await eng.container_inspect(container_id)
+            check_created(
+                inspected,
+                body,
+                lease=lease,
+                name=name,
+                container_id=container_id,
+                expected_mounts=resolved.expected,
+            )
+            yield OwnedContainer(
+                engine=eng,
+                spec=spec,
+                body=body,
+                lease=lease,
+                container_id=container_id,
+                deadline=deadline,
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                await owner.remove(lease, name, container_id)
+
+
+def classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
+    """As for one-shot runs: Docker's OOMKilled flag, or a SIGKILL status sbxkit did not send."""
+    if oom_flag:
+        return "oom_killed", "State.OOMKilled"
+    if exit_code == SIGKILL_EXIT:
+        return "oom_killed", "exit status 137 (SIGKILL not sent by sbxkit; OOMKilled unset)"
+    return "exited", None
+
+
+class ContainerProcess:
+    """The exit of a started container's main process (PTY sessions and stdio workers).
+
+    ``end`` kills the container for a reason (time limit, overflow); ``wait`` returns how the
+    process ended. The wait was registered (``next-exit``) before start, so no exit is missed.
+    """
+
+    def __init__(self, box: OwnedContainer, waiter: Waiter) -> None:
+        self.box = box
+        self._waiter = waiter
+        self.ended_by: Status | None = None
+        self._result: tuple[Status, int | None, str | None] | None = None
+
+    async def end(self, status: Status) -> None:
+        if self.ended_by is None:
+            self.ended_by = status
+        with trio.CancelScope(shield=True), trio.move_on_after(KILL_BUDGET_S):
+            await self.box.kill()
+
+    async def wait(self) -> tuple[Status, int | None, str | None]:
+        """``(status, exit_code, oom_evidence)``; at the time limit the container is killed."""
+        if self._result is not None:
+            return self._result
+        reply: ContainerWaitReply | None = None
+        with trio.move_on_at(self.box.deadline):
+            reply = await self._waiter.result()
+        if reply is None:
+            await self.end("timed_out")
+            # Killed for the time limit: the status no longer needs the reply.
+            with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
+                reply = await self._waiter.result()
+        if self.ended_by is not None:
+            self._result = (self.ended_by, None, None)
+            return self._result
+        assert reply is not None
+        if reply.error is not None and reply.error.message:
+            raise EngineError("POST", "wait", 500, reply.error.message)
+        code = reply.status_code
+        oom = False
+        if code == SIGKILL_EXIT:
+            info = await self.box.engine.container_inspect(self.box.container_id)
+            oom = info.state.oom_killed
+        status, evidence = classify_exit(oom, code)
+        self._result = (status, code if status == "exited" else None, evidence)
+        return self._result
+
+
+# --- the session ---------------------------------------------------------------------------
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
+        raise SpecError("argv", "must be a non-empty list of arguments")
+    for index, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise SpecError(f"argv[{index}]", "must be a string")
+        if "\0" in arg:
+            raise SpecError(f"argv[{index}]", "must not contain NUL")
+    if argv[0] == "":
+        raise SpecError("argv[0]", "the program name must not be empty")
+    return list(argv)
+
+
+class Sandbox:
+    """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
+
+    def __init__(self, box: OwnedContainer, files_root: str) -> None:
+        self._box = box
+        self.files_root = files_root
+        self._unusable: str | None = None
+
+    @property
+    def container_id(self) -> str:
+        return self._box.container_id
+
+    @property
+    def lease(self) -> str:
+        return self._box.lease
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._box.spec
+
+    @property
+    def deadline(self) -> float:
+        """trio clock time at which the session's time limit ends the block."""
+        return self._box.deadline
+
+    # -- exec ---------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | None = None,
+        *,
+        timeout: float | None = None,
+        max_output: int | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Run ``argv`` in the sandbox as the sandbox user; return a one-shot ``RunResult``.
+
+        ``timeout`` (default: the spec's ``timeout_s``) bounds start to exit; ``max_output``
+        (default: the spec's ``output_bytes``) caps stdout and stderr each: exactly N bytes
+        pass, N + 1 is ``output_exceeded``. On a timeout, an overflow, an error or
+        cancellation the exec's whole process group is killed before this returns or raises.
+        ``stdin`` is fed then closed; without it the command's stdin is empty.
+        """
+        command = _check_argv(argv)
+        timeout = self._box.timeout_s if timeout is None else timeout
+        check_limit("timeout_s", timeout, "timeout")
+        max_output = self._box.output_bytes if max_output is None else max_output
+        check_limit("output_bytes", max_output, "max_output")
+        validate_workdir(workdir, "workdir")
+        env_list: list[str] | None = None
+        if env:
+            merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env")
+            env_list = [f"{key}={value}" for key, value in sorted(merged.items())]
+        return await self._run(command, stdin, timeout, max_output, workdir, env_list)
+
+    def _check_usable(self) -> None:
+        if self._unusable is not None:
+            raise SandboxUnusable(self.container_id, self._unusable)
+
+    async def _run(
+        self,
+        argv: list[str],
+        stdin: bytes | None,
+        timeout: float,
+        max_output: int,
+        workdir: str | None = None,
+        env: list[str] | None = None,
+    ) -> RunResult:
+        self._check_usable()
+        engine = self._box.engine
+        token = secrets.token_hex(8)
+        body = ExecCreate(
+            cmd=["sh", "-c", RUN_SCRIPT, "sbxkit-exec", token, *argv],
+            attach_stdin=stdin is not None,
+            attach_stdout=True,
+            attach_stderr=True,
+            tty=False,
+            privileged=False,
+            user=self.spec.user,
+            env=env,
+            working_dir=workdir,
+        )
+        clock = trio.current_time
+        timings: dict[str, float] = {}
+        t0 = clock()
+        try:
+            exec_id = await exec_create(engine, self.container_id, body)
+        except (NotFound, Conflict) as exc:
+            self._unusable = f"its container is not running ({exc.message})"
+            raise SandboxUnusable(self.container_id, self._unusable) from exc
+        t1 = clock()
+        timings["create_s"] = t1 - t0
+        capture = OutputCapture(max_output)
+        status: Status = "exited"
+        stream: HijackedStream | None = None
+        may_run = False
+        ended = False
+        t2 = t1
+        try:
+            with trio.move_on_after(timeout):
+                may_run = True  # from here the daemon may run it, even if we are cancelled
+                stream = await exec_start(engine, exec_id)
+                t2 = clock()
+                timings["start_s"] = t2 - t1
+                ended, overflowed = await _pump(stream, capture, stdin)
+                if overflowed:
+                    status = "output_exceeded"
+            if not ended and status == "exited":
+                status = "timed_out"
+            timings["run_s"] = clock() - t2
+        finally:
+            if may_run and not ended:
+                with trio.CancelScope(shield=True):
+                    t_kill = clock()
+                    await self._end_group(token, stream)
+                    timings["remove_s"] = clock() - t_kill
+            if stream is not None:
+                await stream.aclose()
+        exit_code: int | None = None
+        evidence: str | None = None
+        if status == "exited":
+            exit_code = await self._exit_code(exec_id)
+            oom = False
+            if exit_code == SIGKILL_EXIT:
+                info = await engine.container_inspect(self.container_id)
+                oom = info.state.oom_killed
+            status, evidence = classify_exit(oom, exit_code)
+            if status != "exited":
+                exit_code = None
+        return RunResult(
+            status=status,
+            exit_code=exit_code,
+            stdout=capture.stdout,
+            stderr=capture.stderr,
+            overflowed=capture.overflowed,
+            container_id=self.container_id,
+            lease=self.lease,
+            timings=PhaseTimings(**timings),
+            oom_evidence=evidence,
+        )
+
+    async def _exit_code(self, exec_id: str) -> int:
+        """The exec's exit code; its stream closed, so it is exiting if not yet exited."""
+        engine = self._box.engine
+        delay = 0.005
+        with trio.move_on_after(EXIT_POLL_S):
+            while True:
+                info = await exec_inspect(engine, exec_id)
+                if not info.running and info.exit_code is not None:
+                    return info.exit_code
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        raise SandboxUnusable(
+            self.container_id, f"exec {exec_id[:12]} still running {EXIT_POLL_S:g} s after EOF"
+        )
+
+    async def _end_group(self, token: str, stream: HijackedStream | None) -> None:
+        """Kill the exec's process group from inside (shielded by the caller, time-bounded).
+
+        If the killer cannot run (e.g. the pids limit is exhausted by the very group it should
+        end), the container is killed instead: the guarantee holds and the sandbox is marked
+        unusable. A container that is already gone has no processes left to kill.
+        """
+        problem: str | None = None
+        with trio.move_on_after(KILL_BUDGET_S) as budget:
+            for attempt in range(KILL_ATTEMPTS):
+                try:
+                    await self._run_killer(token)
+                    problem = None
+                    break
+                except (NotFound, Conflict) as exc:
+                    problem = None  # the container is gone or stopped: nothing runs in it
+                    self._unusable = f"its container is not running ({exc})"
+                    break
+                except SbxError as exc:
+                    problem = str(exc)
+                    await trio.sleep(0.05 * (attempt + 1))
+        if budget.cancelled_caught and problem is None:
+            problem = f"the killer did not finish within {KILL_BUDGET_S:g} s"
+        if problem is not None:
+            self._unusable = f"an exec's process group could not be killed ({problem}); " + (
+                "the container was killed instead"
+            )
+            # If even this fails, removal on close still ends everything.
+            with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
+                await self._box.kill()
+        if stream is not None:
+            with trio.move_on_after(DRAIN_GRACE_S), contextlib.suppress(SbxError):
+                while await stream.receive_some():
+                    pass
+
+    async def _run_killer(self, token: str) -> None:
+        engine = self._box.engine
+        body = ExecCreate(
+            cmd=["sh", "-c", KILL_SCRIPT, "sbxkit-kill", token],
+            attach_stdin=False,
+            attach_stdout=True,
+            attach_stderr=True,
+            tty=False,
+            privileged=False,
+            user=self.spec.user,
+        )
+        exec_id = await exec_create(engine, self.container_id, body)
+        killer = await exec_start(engine, exec_id)
+        try:
+            output = b""
+            while chunk := await killer.receive_some():
+                output += chunk[:4096]
+        finally:
+            await killer.aclose()
+        code = await self._exit_code(exec_id)
+        if code != 0:
+            raise SbxError(f"the killer exited {code}: {output[:200]!r}")
+
+    # -- files --------------------------------------------------------------------------------
+
+    async def put_files(
+        self,
+        files: Mapping[str, bytes],
+        dest_dir: str = ".",
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+        timeout: float | None = None,
+    ) -> None:
+        """Write ``files`` (relative name → content) under ``dest_dir`` in the sandbox.
+
+        ``dest_dir`` is relative to the file root or absolute under it; names are relative,
+        without ``..``. At most ``max_files`` files and ``max_bytes`` bytes of content.
+        Refusals raise ``ArchiveError`` before anything is sent; a failing ``tar`` in the
+        sandbox (no space, the file size limit) raises ``ArchiveError`` with its message.
+        """
+        destination = confine_dir(dest_dir, self.files_root)
+        uid, gid = parse_user(self.spec.user)
+        tar = build_tar(
+            files,
+            uid=uid,
+            gid=gid,
+            mtime=int(time.time()),
+            max_files=max_files,
+            max_bytes=max_bytes,
+        )
+        result = await self._run(
+            ["sh", "-c", PUT_SCRIPT, "sbxkit-put", destination],
+            tar,
+            self._box.timeout_s if timeout is None else timeout,
+            64 * 1024,
+        )
+        _check_transfer(result, destination, "writing")
+
+    async def get_files(
+        self,
+        paths: Sequence[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+        timeout: float | None = None,
+    ) -> dict[str, bytes]:
+        """Read regular files from the sandbox: ``{path as given: content}``.
+
+        Each path is relative to the file root or absolute under it. Links, directories,
+        devices and FIFOs are refused (``ArchiveError``), as are more than ``max_files`` files
+        or ``max_bytes`` bytes of content.
+        """
+        if isinstance(paths, str):
+            raise ArchiveError(paths, "paths must be a list of paths, not one string")
+        wanted: dict[str, str] = {}
+        for path in paths:
+            clean = confine(path, self.files_root)
+            if clean in wanted.values():
+                raise ArchiveError(path, "the same file is requested twice")
+            wanted[path] = clean
+        if not wanted:
+            return {}
+        if len(wanted) > max_files:
+            raise ArchiveError("*", f"more than {max_files} files")
+        result = await self._run(
+            ["sh", "-c", GET_SCRIPT, "sbxkit-get", self.files_root]
+            + ["./" + clean for clean in wanted.values()],
+            None,
+            self._box.timeout_s if timeout is None else timeout,
+            stream_cap(max_bytes, len(wanted)),
+        )
+        if result.status == "output_exceeded" and result.overflowed == "stdout":
+            raise ArchiveError("*", f"more than {max_bytes} bytes of file content")
+        _check_transfer(result, self.files_root, "reading")
+        found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
+        expect_exactly(found, wanted.values())
+        return {path: found[clean] for path, clean in wanted.items()}
+
+
+def _check_transfer(result: RunResult, where: str, doing: str) -> None:
+    if result.ok:
+        return
+    detail = result.stderr.decode("utf-8", "replace").strip()[:500]
+    if result.status == "exited":
+        raise ArchiveError(where, f"tar {doing} failed with status {result.exit_code}: {detail}")
+    raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")
+
+
+async def _pump(
+    stream: HijackedStream, capture: OutputCapture, stdin: bytes | None
+) -> tuple[bool, bool]:
+    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow.
+
+    Returns ``(ended, overflowed)``; errors are raised outside the nursery, unwrapped.
+    """
+    error: SbxError | None = None
+    ended = overflowed = False
+    async with trio.open_nursery() as nursery:
+        if stdin is not None:
+            nursery.start_soon(_feed_stdin, stream, stdin)
+        demuxer = Demuxer()
+        try:
+            while not overflowed:
+                chunk = await stream.receive_some()
+                if not chunk:
+                    demuxer.close()
+                    ended = True
+                    break
+                for stream_id, data in demuxer.feed(chunk):
+                    if capture.add(stream_id, data):
+                        overflowed = True
+                        break
+        except SbxError as exc:
+            error = exc
+        nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return ended, overflowed
+
+
+async def _feed_stdin(stream: HijackedStream, stdin: bytes) -> None:
+    """Write stdin, then half-close; a command that stopped reading is not an error."""
+    try:
+        view = memoryview(stdin)
+        for offset in range(0, len(view), STDIN_CHUNK):
+            await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
+        await stream.send_eof()
+    except EngineConnectionError:
+        pass
+
+
+def keepalive_command(timeout_s: float) -> list[str]:
+    """``sleep`` a little longer than the session may last (the owner removes it first)."""
+    return ["sleep", str(math.ceil(timeout_s) + KEEPALIVE_MARGIN_S)]
+
+
+@asynccontextmanager
+async def open_sandbox(
+    spec: SandboxSpec,
+    *,
+    engine: Engine | None = None,
+    owner: Owner | None = None,
+    settings: Settings | None = None,
+    socket_path: str | None = None,
+    files_root: str = SCRATCH_PATH,
+) -> AsyncIterator[Sandbox]:
+    """A long-lived sandbox for ``Sandbox.exec``, ``put_files`` and ``get_files``.
+
+    ``spec.command`` is replaced by a keep-alive ``sleep`` (the image needs one); everything
+    else — image checks, hardened body, mounts, verification, limits — is as for ``run``.
+    ``spec.limits.timeout_s`` is the whole session's time limit: when it passes, the block is
+    cancelled, the container removed and ``SandboxExpired`` raised. However the block ends,
+    the container is removed through the owner (the supervisor by default) before this
+    returns; a removal failure raises ``CleanupError``.
+
+    ``files_root`` (default ``/tmp``, the scratch tmpfs) confines file transfers; it must be
+    writable by the sandbox user (the root filesystem is read-only).
+    """
+    check_root(files_root)
+    check_limit("timeout_s", spec.limits.timeout_s)
+    assert spec.limits.timeout_s is not None
+    async with owned_container(
+        spec,
+        command=keepalive_command(spec.limits.timeout_s),
+        engine=engine,
+        owner=owner,
+        settings=settings,
+        socket_path=socket_path,
+    ) as box:
+        await box.engine.container_start(box.container_id)
+        sandbox = Sandbox(box, files_root)
+        try:
+            with trio.CancelScope(deadline=box.deadline) as scope:
+                yield sandbox
+        finally:
+            sandbox._unusable = "the sandbox was closed"
+        if scope.cancelled_caught:
+            raise SandboxExpired(box.lease, box.container_id, box.timeout_s)

@@ -1,0 +1,403 @@
+"""``sbxkit shell [options] IMAGE [-- CMD...]``: an interactive shell in a fresh sandbox.
+
+The local terminal is put in raw mode (``tty.setraw``) so every key reaches the sandbox's
+terminal, and it is restored (``termios.tcsetattr(TCSAFLUSH)``) in a ``finally`` on every way
+out: the shell exiting, an error, ``SIGINT``, ``SIGTERM``, ``SIGHUP``. ``SIGWINCH`` resizes the
+remote terminal. The container is removed before the command returns (through the supervisor,
+which also removes it if this process is killed). The exit status is the shell's own; 124 timed
+out, 123 output exceeded, 137 OOM-killed, 128+N after signal N, and the ``sbxkit run`` codes
+for errors (2 refused input, 69 engine unavailable, 74 cleanup failed, 70 other).
+
+Wiring: ``add_shell_parser(subparsers)`` adds the subcommand to ``sbxkit``'s parser; its
+handler returns the exit status and raises ``SbxError`` for the caller to map. ``main(argv)``
+runs it standalone (``python -m sbxkit.shell IMAGE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import stat
+import sys
+import termios
+import tty
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import msgspec
+import trio
+
+from sbxkit.errors import SbxError, SpecError
+from sbxkit.profile import Profile, apply_profile, load_profile, supervisor_command
+from sbxkit.pty import PtySession, open_pty
+from sbxkit.session import SandboxExit
+from sbxkit.settings import Settings
+from sbxkit.spec import Limits, SandboxSpec, parse_size
+
+DEFAULT_COMMAND = ["/bin/sh"]
+SHELL_DEFAULTS = {
+    "cpus": "1",
+    "memory": "256m",
+    "pids": "128",
+    "max_output": "64m",
+    "timeout": "3600",
+}
+"""An interactive session lives longer and prints more than a one-shot command."""
+
+EXIT_OUTPUT_EXCEEDED = 123
+EXIT_TIMED_OUT = 124
+EXIT_OOM_KILLED = 137
+EXIT_INTERNAL = 70
+_STATUS_EXIT = {
+    "timed_out": EXIT_TIMED_OUT,
+    "output_exceeded": EXIT_OUTPUT_EXCEEDED,
+    "oom_killed": EXIT_OOM_KILLED,
+}
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+READ_CHUNK = 64 * 1024
+
+# (argparse dest, flag, Limits field, kind)
+_LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("cpus", "--cpus", "cpus", "float"),
+    ("memory", "--memory", "memory_bytes", "size"),
+    ("pids", "--pids", "pids", "int"),
+    ("max_output", "--max-output", "output_bytes", "size"),
+    ("timeout", "--timeout", "timeout_s", "float"),
+    ("fsize", "--fsize", "fsize_bytes", "size"),
+    ("scratch", "--scratch", "scratch_bytes", "size"),
+)
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+
+class _ImageAndCommand(argparse.Action):
+    """``IMAGE [-- CMD...]``, or ``[-- CMD...]`` alone with ``--profile`` naming the image."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        rest = [str(v) for v in values or []]
+        image: str | None = None
+        if rest and rest[0] != "--":
+            image, rest = rest[0], rest[1:]
+        if rest and rest[0] == "--":
+            rest = rest[1:]
+        if image is None and namespace.profile is None:
+            raise argparse.ArgumentError(
+                self, "IMAGE is required (or --profile FILE whose profile names an image)"
+            )
+        namespace.image = image
+        namespace.command = rest
+
+
+def add_shell_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile", metavar="FILE", help="TOML profile ([sandbox.docker]); flags override it"
+    )
+    parser.add_argument("--cpus", help=f"CPU quota (default: {SHELL_DEFAULTS['cpus']})")
+    parser.add_argument("--memory", help=f"memory ceiling (default: {SHELL_DEFAULTS['memory']})")
+    parser.add_argument("--pids", help=f"process ceiling (default: {SHELL_DEFAULTS['pids']})")
+    parser.add_argument(
+        "--max-output",
+        help="terminal output bytes for the whole session; one more ends it "
+        f"(default: {SHELL_DEFAULTS['max_output']})",
+    )
+    parser.add_argument(
+        "--timeout",
+        help=f"the session's time limit in seconds (default: {SHELL_DEFAULTS['timeout']})",
+    )
+    parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
+    parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable; a bare K passes the host's value",
+    )
+    parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
+    parser.add_argument("--workdir", help="absolute working directory")
+    parser.add_argument("--network", choices=["none", "bridge"], help="none (default) or bridge")
+    parser.add_argument("--socket", help="Docker socket path (default: discovered)")
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        action=_ImageAndCommand,
+        metavar="IMAGE [-- CMD]",
+        help="image, then the command (default: /bin/sh)",
+    )
+
+
+def add_shell_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``shell`` to a parser's subcommands (``parser.add_subparsers()``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "shell",
+        help="an interactive shell in a fresh sandbox, removed when it exits",
+        usage="sbxkit shell [options] IMAGE [-- CMD...]\n"
+        "       sbxkit shell --profile FILE [options] [IMAGE] [-- CMD...]",
+        description="Run CMD (default /bin/sh) on a terminal in a fresh hardened sandbox.",
+        epilog="exit status: the shell's own; 124 timed out; 123 output exceeded; "
+        "137 OOM-killed; 128+N after signal N; 2 refused input; 69 engine unavailable; "
+        "74 cleanup failed; 70 other error",
+    )
+    add_shell_arguments(parser)
+    parser.set_defaults(handler=cmd_shell)
+    return parser
+
+
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in os.environ:
+                raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+def _limit(text: str, flag: str, kind: str) -> int | float:
+    if kind == "size":
+        return parse_size(text, flag)
+    try:
+        return int(text) if kind == "int" else float(text)
+    except ValueError:
+        raise SpecError(flag, f"expected a number, got {text!r}") from None
+
+
+def shell_spec(
+    args: argparse.Namespace, profile: Profile | None = None
+) -> tuple[SandboxSpec, Settings | None]:
+    """The spec and settings the flags describe: the profile's values are defaults, explicit
+    flags win, ``SHELL_DEFAULTS`` fill the mandatory limits neither set."""
+    command = list(args.command) or list(DEFAULT_COMMAND)
+    settings: Settings | None = None
+    if profile is not None:
+        base, settings, _ = apply_profile(profile, command, image=args.image)
+    else:
+        if args.image is None:
+            raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
+        base = SandboxSpec(image=args.image, command=command, limits=Limits())
+    limits: dict[str, Any] = {}
+    for dest, flag, field, kind in _LIMIT_FLAGS:
+        given = getattr(args, dest)
+        if given is not None:
+            limits[field] = _limit(given, flag, kind)
+        elif getattr(base.limits, field) is None and dest in SHELL_DEFAULTS:
+            limits[field] = _limit(SHELL_DEFAULTS[dest], flag, kind)
+    overrides: dict[str, Any] = {
+        "limits": msgspec.structs.replace(base.limits, **limits),
+        "env": {**base.env, **_env(args.env)},
+    }
+    for dest in ("user", "workdir", "network"):
+        if getattr(args, dest):
+            overrides[dest] = getattr(args, dest)
+    return msgspec.structs.replace(base, **overrides), settings
+
+
+# --- the terminal ------------------------------------------------------------------------------
+
+
+def _terminal_size(fd: int) -> tuple[int, int] | None:
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    if size.lines <= 0 or size.columns <= 0:
+        return None
+    return size.lines, size.columns
+
+
+def _pollable(fd: int) -> bool:
+    """epoll refuses regular files and directories; those are read in a thread instead."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+async def _read_local(fd: int, pollable: bool) -> bytes:
+    if not pollable:
+        return await trio.to_thread.run_sync(os.read, fd, READ_CHUNK, abandon_on_cancel=True)
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            continue
+
+
+async def _copy_in(fd: int, pty: PtySession) -> None:
+    """Local keystrokes → the sandbox's terminal. Local EOF sends ^D (the terminal's EOF)."""
+    pollable = _pollable(fd)
+    try:
+        while True:
+            try:
+                data = await _read_local(fd, pollable)
+            except OSError:  # EIO: the local terminal hung up
+                data = b""
+            if not data:
+                await pty.send_all(b"\x04")
+                return
+            await pty.send_all(data)
+    except (SbxError, trio.ClosedResourceError):
+        return  # the session ended; the output side reports how
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(fd)
+            continue
+        view = view[written:]
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self.exit: SandboxExit | None = None
+        self.error: SbxError | None = None
+        self.signal: int | None = None
+
+
+async def _session(
+    spec: SandboxSpec,
+    settings: Settings | None,
+    socket_path: str | None,
+    fd_in: int,
+    fd_out: int,
+    pending: list[int],
+) -> _Outcome:
+    outcome = _Outcome()
+    live: list[PtySession] = []
+    with trio.open_signal_receiver(signal.SIGWINCH, *_STOP_SIGNALS) as signals:
+        if pending:  # a stop signal arrived before trio was listening
+            outcome.signal = pending[0]
+            return outcome
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    if signum == signal.SIGWINCH:
+                        size = _terminal_size(fd_in)
+                        if live and size is not None:
+                            with contextlib.suppress(SbxError):
+                                await live[0].resize(*size)
+                    else:
+                        outcome.signal = signum
+                        nursery.cancel_scope.cancel()
+                        return
+
+            async def work() -> None:
+                try:
+                    async with open_pty(
+                        spec,
+                        size=_terminal_size(fd_in),
+                        settings=settings,
+                        socket_path=socket_path,
+                    ) as pty:
+                        live.append(pty)
+                        async with trio.open_nursery() as inner:
+                            inner.start_soon(_copy_in, fd_in, pty)
+                            try:
+                                while data := await pty.receive_some():
+                                    await _write_all(fd_out, data)
+                            except SbxError as exc:
+                                outcome.error = exc
+                            inner.cancel_scope.cancel()
+                        if outcome.error is None:
+                            outcome.exit = await pty.wait()
+                except SbxError as exc:
+                    outcome.error = exc
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            nursery.start_soon(work)
+    return outcome
+
+
+def run_shell(
+    spec: SandboxSpec,
+    settings: Settings | None = None,
+    socket_path: str | None = None,
+    *,
+    fd_in: int = 0,
+    fd_out: int = 1,
+) -> int:
+    """Run the session on the local terminal; return the exit status, raise ``SbxError``.
+
+    Stop signals are recorded from before the terminal goes raw until it is restored, so
+    none can end the process with the terminal left raw.
+    """
+    pending: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: pending.append(signum))
+        for signum in _STOP_SIGNALS
+    }
+    saved: list[Any] | None = None
+    try:
+        if os.isatty(fd_in):
+            saved = termios.tcgetattr(fd_in)
+            tty.setraw(fd_in, termios.TCSAFLUSH)
+        outcome = trio.run(_session, spec, settings, socket_path, fd_in, fd_out, pending)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd_in, termios.TCSAFLUSH, saved)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+    if outcome.error is not None:
+        raise outcome.error
+    stopped = outcome.signal or (pending[0] if pending else None)
+    if stopped is not None:
+        name = signal.Signals(stopped).name
+        print(f"sbxkit: interrupted by {name}; sandbox removed", file=sys.stderr)
+        return 128 + stopped
+    assert outcome.exit is not None
+    result = outcome.exit
+    if result.status == "exited":
+        return result.exit_code if result.exit_code is not None else EXIT_INTERNAL
+    print(f"sbxkit: {result.status.replace('_', ' ')}", file=sys.stderr)
+    return _STATUS_EXIT[result.status]
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    """The ``sbxkit shell`` handler: returns the exit status, raises ``SbxError``."""
+    profile = load_profile(args.profile) if args.profile is not None else None
+    spec, settings = shell_spec(args, profile)
+    if profile is not None:
+        command = supervisor_command(profile.sandbox.docker.supervisor)
+        if command is not None:
+            os.environ["SBXKIT_SUPERVISOR"] = command  # this process's own launches only
+    return run_shell(spec, settings, args.socket)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``python -m sbxkit.shell [options] IMAGE [-- CMD]``: the subcommand, standalone."""
+    parser = argparse.ArgumentParser(
+        prog="sbxkit shell", description="An interactive shell in a fresh hardened sandbox."
+    )
+    add_shell_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        code = cmd_shell(args)
+    except SbxError as exc:
+        from sbxkit.cli import exit_code_for_error
+
+        print(f"sbxkit: error: {exc}", file=sys.stderr)
+        code = exit_code_for_error(exc)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
