@@ -24,10 +24,12 @@ from typing import Any
 
 import trio
 
+import sbxkit
 from sbxkit.engine.client import Engine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
+SBXKIT_SOURCE = Path(sbxkit.__file__).resolve().parent
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20240611
 
@@ -149,7 +151,11 @@ def _version_of(distribution: str) -> str | None:
 
 
 async def _git_revision() -> dict[str, Any] | None:
+    """The repository's HEAD and whether ``sbxkit/`` differs from it — only when the imported
+    sbxkit is this repository's (a run against another checkout says so instead)."""
     root = REPO_ROOT
+    if SBXKIT_SOURCE.parent != root:
+        return None
     try:
         head = await trio.run_process(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_stdout=True, check=False
@@ -186,6 +192,7 @@ async def machine_facts(engine: Engine) -> dict[str, Any]:
         "trio": _version_of("trio"),
         "h11": _version_of("h11"),
         "msgspec": _version_of("msgspec"),
+        "sbxkit_source": str(SBXKIT_SOURCE),
         "git": await _git_revision(),
         "docker_server_version": version.version,
         "docker_server_api": version.api_version,

@@ -32,6 +32,7 @@ import secrets
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,9 +55,10 @@ from bench.harness import (
     write_atomically,
     write_json,
 )
-from bench.rawapi import RawEngine
-from bench.tracing import CallTracer
+from bench.rawapi import EventWatch, RawEngine
+from bench.tracing import CallTracer, public_async_methods
 from sbxkit.engine.client import Engine, open_engine
+from sbxkit.errors import NotFound
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import build_create_body
 from sbxkit.runner import run as sbxkit_run
@@ -84,9 +86,6 @@ MEMORY_BYTES = 64 * MiB
 PIDS = 64
 OUTPUT_BYTES = 1 * MiB
 TIMEOUT_S = 30.0
-
-PHASES = ("create", "start", "run", "remove")
-RAW_STEPS = ("create", "start", "wait", "delete")
 
 
 def default_socket() -> str:
@@ -116,13 +115,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="add raw_hardened and raw_netns contenders and time each of sbxkit's engine calls",
+        help="add the sbxkit_inproc, raw_hardened and raw_netns contenders and time each "
+        "engine and owner call sbxkit makes (writes oneshot-profile.*)",
     )
     parser.add_argument(
         "--order",
         default=None,
         help="comma-separated contender keys, e.g. raw,sbxkit,docker_run (default: "
         "sbxkit,raw,docker_run, then the profile contenders)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="supervisor state directory for this run (sets SBXKIT_STATE_DIR); use a private "
+        "one when another sbxkit version's supervisor holds the default",
     )
     parser.add_argument("--socket", default=default_socket(), help="daemon socket")
     parser.add_argument("--image", default=default_image(), help="busybox image (local)")
@@ -252,8 +259,7 @@ def sbxkit_contender(
         owner = owner_factory(engine) if owner_factory is not None else None
         if tracer is not None:
             if owner is not None:
-                names = [n for n in ("connect", "create", "remove") if hasattr(owner, n)]
-                tracer.wrap(owner, names, "owner.")
+                tracer.wrap(owner, public_async_methods(owner), "owner.")
             tracer.begin()
         t0 = time.perf_counter()
         if owner is None:
@@ -320,17 +326,6 @@ def docker_run_contender(command: Sequence[str], env: dict[str, str]) -> Contend
         return {}
 
     return Contender("docker_run", "docker run --rm", "subprocess: " + " ".join(command), once)
-
-
-ENGINE_CALLS = (
-    "image_inspect",
-    "container_create",
-    "container_inspect",
-    "container_attach",
-    "container_wait",
-    "container_start",
-    "container_remove",
-)
 
 
 def fsync_probe(directory: Path, repeats: int = 20) -> dict[str, Any]:
@@ -421,20 +416,24 @@ def sweep_leaks(
     return leaks
 
 
-def daemon_activity(witness: RawEngine, since: float, until: float, image: str) -> dict[str, Any]:
+def daemon_activity(watch: EventWatch, image: str) -> dict[str, Any]:
     """Container creations the daemon saw during the measurement, ours and others'. Another
     client using the daemon meanwhile (a test run) loads it unevenly; the count says so."""
-    events = witness.events(since, until, {"type": ["container"], "event": ["create"]})
     ours = 0
     foreign: list[str] = []
-    for event in events:
+    for event in watch.events:
         attrs = (event.get("Actor") or {}).get("Attributes") or {}
         docker_run = attrs.get("image") == image and set(attrs) <= {"image", "name"}
         if BENCH_LABEL in attrs or docker_run:
             ours += 1
         else:
             foreign.append(str(attrs.get("name", "?")))
-    return {"ours": ours, "foreign": len(foreign), "foreign_names_sample": foreign[:5]}
+    return {
+        "ours": ours,
+        "foreign": len(foreign),
+        "foreign_names_sample": foreign[:5],
+        "watch_error": watch.error,
+    }
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -469,7 +468,13 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
     async with open_engine(args.socket) as engine:
         facts = await machine_facts(engine)
         facts["docker_cli"] = await docker_cli_facts(docker, env)
-        await engine.image_inspect(args.image)  # fail early (and clearly) if it is missing
+        facts["sbxkit_supervisor_state_dir"] = str(default_state_dir())
+        try:
+            await engine.image_inspect(args.image)
+        except NotFound:
+            raise SystemExit(
+                f"bench oneshot: image {args.image} is not present (scripts/engine-up loads it)"
+            ) from None
         snapshot = await trio.to_thread.run_sync(witness.containers)
         before = {c["Id"] for c in snapshot}
         leftovers = [
@@ -497,7 +502,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         ]
         profile: dict[str, Any] = {}
         if tracer is not None:
-            tracer.wrap(engine, ENGINE_CALLS, "")
+            tracer.wrap(engine, public_async_methods(engine), "")
             profile["journal_fsync_probe"] = await trio.to_thread.run_sync(
                 fsync_probe, default_state_dir().parent
             )
@@ -531,7 +536,10 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             f"oneshot: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)
         )
-        since = time.time()
+        watch = EventWatch(args.socket, {"type": ["container"], "event": ["create"]})
+        watcher = threading.Thread(target=watch.run, name="sbxbench-events", daemon=True)
+        watcher.start()
+        await trio.to_thread.run_sync(watch.ready.wait, 10.0)
         try:
             await run_interleaved(
                 contenders, rounds=rounds, warmup=warmup, progress=lambda text: say(f"  {text}")
@@ -539,13 +547,13 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         except ContenderFailed as exc:
             errors.append(str(exc))
         finally:
+            watch.stop()
             with trio.CancelScope(shield=True):
                 leaks = await trio.to_thread.run_sync(
                     sweep_leaks, witness, before, args.image, leases
                 )
-                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(
-                    daemon_activity, witness, since, time.time(), args.image
-                )
+                await trio.to_thread.run_sync(watcher.join, 10.0)
+                facts["daemon_activity_during_run"] = daemon_activity(watch, args.image)
                 witness.close()
                 raw_api.close()
         facts["loadavg_at_end"] = list(os.getloadavg())
@@ -728,6 +736,11 @@ def render_text(report: dict[str, Any]) -> str:
             f"other clients during the run (ours: {activity['ours']}); figures are noisier"
         )
     lines += [f"ERROR: {error}" for error in report["errors"]]
+    if any("SupervisorError" in error for error in report["errors"]):
+        lines.append(
+            f"hint: the supervisor in {report['machine']['sbxkit_supervisor_state_dir']} may "
+            "belong to another sbxkit version or client; retry with --state-dir DIR"
+        )
     lines += [f"LEAK: {leak}" for leak in report["leaks"]]
     return "\n".join(lines)
 
@@ -813,10 +826,14 @@ def main(args: argparse.Namespace) -> int:
     )
     if rounds < 1 or warmup < 0:
         raise SystemExit("bench oneshot: --rounds must be >= 1 and --warmup >= 0")
+    if args.state_dir is not None:
+        os.environ["SBXKIT_STATE_DIR"] = str(args.state_dir.resolve())
     report = trio.run(measure, args, rounds, warmup)
     print(render_text(report))
     if str(args.out) != "-":
         stem = "oneshot-profile" if args.profile else "oneshot"
+        if not report["ok"]:
+            stem += ".failed"  # never overwrite the last complete result with a failed run
         write_json(args.out / f"{stem}.json", report)
         write_atomically(args.out / f"{stem}.md", render_markdown(report))
         say(f"wrote {args.out / stem}.json and .md")

@@ -8,9 +8,11 @@ independent witness the benchmarks use to look for leaked containers.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
+import threading
 import urllib.parse
 from typing import Any
 
@@ -33,7 +35,7 @@ class RawAPIError(Exception):
 class UnixHTTPConnection(http.client.HTTPConnection):
     """``HTTPConnection`` whose ``connect`` opens a Unix socket; counts the sockets it opens."""
 
-    def __init__(self, socket_path: str, *, timeout: float) -> None:
+    def __init__(self, socket_path: str, *, timeout: float | None) -> None:
         super().__init__("docker", timeout=timeout)
         self.socket_path = socket_path
         self.connects = 0
@@ -120,17 +122,6 @@ class RawEngine:
         found: list[dict[str, Any]] = self.get_json("/containers/json", params)
         return found
 
-    def events(self, since: float, until: float, filters: dict[str, list[str]]) -> list[Any]:
-        """Past events between two Unix times (``until`` makes the daemon end the stream)."""
-        _, data = self.call(
-            "GET",
-            "/events?"
-            + urllib.parse.urlencode(
-                {"since": f"{since:.9f}", "until": f"{until:.9f}", "filters": json.dumps(filters)}
-            ),
-        )
-        return [json.loads(line) for line in data.splitlines() if line.strip()]
-
     def remove(self, ref: str) -> bool:
         """``DELETE ?force=1&v=1`` by id or name; False if it was already gone."""
         status, _ = self.call(
@@ -140,3 +131,45 @@ class RawEngine:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class EventWatch:
+    """Collects daemon events live, on a dedicated connection, from a worker thread.
+
+    Live because a ``since``/``until`` query only sees the daemon's last 256 events, fewer than
+    one benchmark run produces. ``run`` blocks (call it in a thread); ``ready`` is set once the
+    daemon sent the response head, i.e. the subscription is active; ``stop`` ends it.
+    """
+
+    def __init__(self, socket_path: str, filters: dict[str, list[str]]) -> None:
+        self._conn = UnixHTTPConnection(socket_path, timeout=None)
+        self._target = f"/v{RAW_API_VERSION}/events?" + urllib.parse.urlencode(
+            {"filters": json.dumps(filters)}
+        )
+        self.ready = threading.Event()
+        self.events: list[dict[str, Any]] = []
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._conn.request("GET", self._target)
+            response = self._conn.getresponse()
+            if response.status != 200:
+                raise RawAPIError("GET", self._target, response.status, response.read())
+            self.ready.set()
+            while line := response.readline():
+                if line.strip():
+                    self.events.append(json.loads(line))
+        except (OSError, ValueError, http.client.HTTPException, RawAPIError) as exc:
+            if self.ready.is_set() and isinstance(exc, OSError | ValueError):
+                return  # stop() shut the socket down under the read
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.ready.set()
+            self._conn.close()
+
+    def stop(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -8,12 +8,24 @@ subtracted from a run's wall time to give the time spent outside any traced call
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 OUTSIDE = "(outside traced calls)"
+
+
+def public_async_methods(obj: object, exclude: Iterable[str] = ("aclose",)) -> list[str]:
+    """Names of ``obj``'s public coroutine methods (so calls added to sbxkit later are timed
+    too, not silently lumped into ``OUTSIDE``)."""
+    skip = set(exclude)
+    return [
+        name
+        for name, member in inspect.getmembers(type(obj))
+        if not name.startswith("_") and name not in skip and inspect.iscoroutinefunction(member)
+    ]
 
 
 class CallTracer:
