@@ -13,6 +13,7 @@ The curated public surface. Everything else is importable but undocumented and m
     result = trio.run(sbxkit.run, spec)
 """
 
+from sbxkit.archive import ArchiveError
 from sbxkit.broker import (
     GrantError,
     GrantResult,
@@ -42,14 +43,18 @@ from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
 from sbxkit.profile import apply_profile, load_profile
+from sbxkit.pty import PtySession, open_pty
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.runner import run
+from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
+from sbxkit.stdio import StdioWorker, open_stdio_worker
 from sbxkit.supervisor.client import CapacityExhausted, SupervisedOwner, SupervisorError
 
 __all__ = [
     "LEASE_LABEL",
+    "ArchiveError",
     "BindMount",
     "CapacityExhausted",
     "CleanupError",
@@ -75,13 +80,19 @@ __all__ = [
     "OutputGrant",
     "Owner",
     "PhaseTimings",
+    "PtySession",
     "Receipt",
     "RunResult",
+    "Sandbox",
+    "SandboxExit",
+    "SandboxExpired",
     "SandboxSpec",
+    "SandboxUnusable",
     "SbxError",
     "Settings",
     "SpecError",
     "Status",
+    "StdioWorker",
     "SupervisedOwner",
     "SupervisorError",
     "TmpfsMount",
@@ -90,6 +101,9 @@ __all__ = [
     "build_create_body",
     "load_profile",
     "open_engine",
+    "open_pty",
+    "open_sandbox",
+    "open_stdio_worker",
     "parse_size",
     "run",
     "run_with_grants",

@@ -114,6 +114,8 @@ RUN_SCRIPT = (
     'exec "$@"'
     '\' "$f" "$@"; '
     "s=$?; "
+    'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) ;; *) kill -0 -$p 2>/dev/null && exit $s;; esac; '
     'rm -f "$f.pid" "$f.cancel"; '
     "exit $s"
 )
@@ -121,7 +123,9 @@ RUN_SCRIPT = (
 the exec's main process and forks ``setsid``, which (not being a group leader) makes the inner
 ``sh`` the leader of a new session and group without forking; the inner ``sh`` records its pid
 (= the group id), honours a cancellation that came first, and becomes the command. The outer
-``sh`` returns the command's status and removes the records."""
+``sh`` returns the command's status and removes the records — unless the group outlived its
+leader (background children): then the record stays, so a timeout that comes while they hold
+the exec's output open still finds and kills them."""
 
 KILL_SCRIPT = (
     f"f={EXEC_FILE}$1; "
@@ -130,11 +134,13 @@ KILL_SCRIPT = (
     'case "$p" in ""|*[!0-9]*) exit 0;; esac; '
     '[ "$p" -gt 1 ] || exit 0; '
     "kill -KILL -$p 2>/dev/null; "
+    'rm -f "$f.pid" "$f.cancel"; '
     "exit 0"
 )
 """The killer. Marks the exec cancelled first (a wrapper that has not recorded its group yet
 will not start the command), then reads the group id — a number greater than 1, since the
-sandbox user could write anything there — and kills the whole group. ``kill -KILL -N`` is the
+sandbox user could write anything there — kills the whole group and removes the records. With
+no group recorded the marker stays, for a wrapper that may still start. ``kill -KILL -N`` is the
 spelling both busybox ``sh`` and Debian's ``dash`` accept (``kill -KILL -- -N`` is not)."""
 
 PUT_SCRIPT = 'mkdir -p "$1" && exec tar -x -m -f - -C "$1"'

@@ -1,0 +1,471 @@
+"""Benchmark ``exec_latency``: exec round trip (``true``) in a warm sandbox, three clients.
+
+Contenders, interleaved round-robin in one trio program against **the same running container**
+(one ``sbxkit.open_sandbox`` session, opened before the first round and removed after the last),
+so the daemon-side work differs only by what each client asks for:
+
+``sbxkit``
+    ``await sandbox.exec(["true"])``: exec create, start (hijacked, demultiplexed), exec
+    inspect — with sbxkit's process-group wrapper (``sh`` → ``setsid`` → ``sh`` → ``true``,
+    then ``rm`` of the group record), the price of being able to kill the exec's whole group
+    on a timeout.
+``docker_py``
+    docker-py's ``container.exec_run(["true"])`` (create, start, inspect) in a worker thread
+    (``trio.to_thread.run_sync``), one ``DockerClient`` for the whole run.
+``docker_exec``
+    ``docker exec CONTAINER true`` as a subprocess (``trio.run_process``).
+``sbxkit_bare`` (diagnostic)
+    sbxkit's engine calls (``sbxkit.engine.execapi``) for a plain ``true``, without the
+    wrapper: ``sbxkit/sbxkit_bare`` is the price of the process-group guarantee and
+    ``sbxkit_bare/docker_py`` the client's.
+
+Target (the issue): sbxkit ≤ 0.8 × docker-py, as a ratio of medians from one run. A missed
+target is reported, not fatal; a failing contender or a leaked container is (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from bench.harness import (
+    RESULTS_DIR,
+    Contender,
+    ContenderFailed,
+    StepTimings,
+    fmt_ms,
+    machine_facts,
+    ratio_of_medians,
+    run_interleaved,
+    say,
+    summarise_ms,
+    write_atomically,
+    write_json,
+)
+from bench.rawapi import RawEngine
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
+from sbxkit.errors import NotFound
+from sbxkit.session import Sandbox, open_sandbox
+from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
+
+NAME = "exec_latency"
+SUMMARY = "median exec `true` in a warm sandbox: sbxkit vs docker-py exec_run vs `docker exec`"
+
+TARGET_RATIO = 0.80
+"""sbxkit / docker-py, ratio of medians (the issue's target)."""
+
+DEFAULT_ROUNDS = 50
+QUICK_ROUNDS = 10
+DEFAULT_WARMUP = 5
+QUICK_WARMUP = 2
+BENCH_LABEL = "sbxkit.bench-exec"
+"""Marks the benchmark's sandbox. Not ``oneshot``'s ``sbxkit.bench``: that benchmark's leak
+sweep removes every container carrying its label that it did not see before its run."""
+RATIOS = (
+    ("sbxkit", "docker_py"),
+    ("sbxkit", "docker_exec"),
+    ("docker_exec", "docker_py"),
+    ("sbxkit", "sbxkit_bare"),
+    ("sbxkit_bare", "docker_py"),
+)
+
+
+def default_socket() -> str:
+    explicit = os.environ.get("SBXKIT_TEST_SOCKET")
+    if explicit:
+        return explicit
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"measured rounds (default {DEFAULT_ROUNDS})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help=f"discarded rounds (default {DEFAULT_WARMUP})"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_ROUNDS} rounds, {QUICK_WARMUP} warm-up (a smoke run, not a figure)",
+    )
+    parser.add_argument(
+        "--order",
+        default=None,
+        help="comma-separated contender keys (default: sbxkit,docker_py,docker_exec,sbxkit_bare)",
+    )
+    parser.add_argument("--socket", default=default_socket(), help="daemon socket")
+    parser.add_argument(
+        "--image",
+        default=os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest"),
+        help="busybox image (local)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help="directory for exec_latency.json / .md ('-' to write nothing)",
+    )
+
+
+def session_spec(image: str, seconds: float) -> SandboxSpec:
+    return SandboxSpec(
+        image=image,
+        command=["unused"],  # replaced by the session's keep-alive
+        limits=Limits(
+            cpus=1.0, memory_bytes=64 * MiB, pids=64, output_bytes=1 * MiB, timeout_s=seconds
+        ),
+        labels={BENCH_LABEL: NAME},
+    )
+
+
+# --- contenders ----------------------------------------------------------------------------
+
+
+def sbxkit_contender(sandbox: Sandbox) -> Contender:
+    async def once() -> StepTimings:
+        t0 = time.perf_counter()
+        result = await sandbox.exec(["true"])
+        elapsed = time.perf_counter() - t0
+        if not result.ok:
+            raise RuntimeError(f"sbxkit exec: {result.status} {result.exit_code} {result.stderr!r}")
+        t = result.timings
+        steps = {"create": t.create_s, "start": t.start_s, "stream": t.run_s}
+        return {**steps, "outside": elapsed - sum(steps.values())}
+
+    return Contender(
+        "sbxkit",
+        "sbxkit",
+        'await sandbox.exec(["true"]) (exec create, hijacked start, inspect; group wrapper)',
+        once,
+    )
+
+
+def bare_contender(sandbox: Sandbox, engine: Engine) -> Contender:
+    """Diagnostic: sbxkit's own engine calls for a plain ``true`` — no group wrapper, no
+    result object — so ``sbxkit/sbxkit_bare`` is the price of the process-group guarantee."""
+    body = ExecCreate(
+        cmd=["true"],
+        attach_stdin=False,
+        attach_stdout=True,
+        attach_stderr=True,
+        tty=False,
+        privileged=False,
+        user=sandbox.spec.user,
+    )
+
+    async def once() -> StepTimings:
+        exec_id = await exec_create(engine, sandbox.container_id, body)
+        stream = await exec_start(engine, exec_id)
+        try:
+            while await stream.receive_some():
+                pass
+        finally:
+            await stream.aclose()
+        info = await exec_inspect(engine, exec_id)
+        if info.running or info.exit_code != 0:
+            raise RuntimeError(f"bare exec: {info!r}")
+        return {}
+
+    return Contender(
+        "sbxkit_bare",
+        "sbxkit, no wrapper",
+        "sbxkit.engine.execapi create/start/inspect of a plain `true` (diagnostic)",
+        once,
+    )
+
+
+def docker_py_contender(socket_path: str, container_id: str) -> tuple[Contender, Any]:
+    import docker
+
+    client = docker.DockerClient(base_url=f"unix://{socket_path}")
+    container = client.containers.get(container_id)
+
+    def blocking() -> None:
+        result = container.exec_run(["true"])
+        if result.exit_code != 0:
+            raise RuntimeError(f"docker-py exec_run: exit {result.exit_code} {result.output!r}")
+
+    async def once() -> StepTimings:
+        await trio.to_thread.run_sync(blocking)
+        return {}
+
+    return (
+        Contender(
+            "docker_py",
+            "docker-py exec_run",
+            f'container.exec_run(["true"]) in a worker thread (docker {docker.__version__})',
+            once,
+        ),
+        client,
+    )
+
+
+def docker_exec_contender(command: Sequence[str], env: dict[str, str]) -> Contender:
+    async def once() -> StepTimings:
+        done = await trio.run_process(
+            list(command), capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"docker exec exited {done.returncode}: {done.stderr.decode(errors='replace')}"
+            )
+        return {}
+
+    return Contender("docker_exec", "docker exec", "subprocess: " + " ".join(command), once)
+
+
+def order_contenders(contenders: list[Contender], order: str | None) -> list[Contender]:
+    if not order:
+        return contenders
+    wanted = [key.strip() for key in order.split(",") if key.strip()]
+    by_key = {c.key: c for c in contenders}
+    unknown = [key for key in wanted if key not in by_key]
+    if unknown:
+        raise SystemExit(f"bench {NAME}: --order names unknown contenders {unknown}")
+    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[str, Any]:
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        raise SystemExit(f"bench {NAME}: no `docker` on PATH (needed for the docker exec baseline)")
+    env = dict(os.environ, DOCKER_HOST=f"unix://{args.socket}")
+    witness = RawEngine(args.socket)
+    errors: list[str] = []
+    contenders: list[Contender] = []
+    lease = container_id = ""
+    # The session must outlive the measurement: allow ~1 s per exec with a generous floor.
+    seconds = max(600.0, (rounds + warmup) * 3 * 1.0)
+    async with open_engine(args.socket) as engine:
+        facts = await machine_facts(engine)
+        try:
+            await engine.image_inspect(args.image)
+        except NotFound:
+            raise SystemExit(f"bench {NAME}: image {args.image} is not present") from None
+        async with open_sandbox(session_spec(args.image, seconds), engine=engine) as sandbox:
+            lease, container_id = sandbox.lease, sandbox.container_id
+            docker_py, client = docker_py_contender(args.socket, container_id)
+            cli_command = [docker_cli, "exec", container_id, "true"]
+            contenders = order_contenders(
+                [
+                    sbxkit_contender(sandbox),
+                    docker_py,
+                    docker_exec_contender(cli_command, env),
+                    bare_contender(sandbox, engine),
+                ],
+                args.order,
+            )
+            say(
+                f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "
+                + " → ".join(c.key for c in contenders)
+            )
+            try:
+                await run_interleaved(
+                    contenders,
+                    rounds=rounds,
+                    warmup=warmup,
+                    progress=lambda text: say(f"  {text}"),
+                )
+            except ContenderFailed as exc:
+                errors.append(str(exc))
+            finally:
+                client.close()
+    leaks = await trio.to_thread.run_sync(witness.containers, f"{LEASE_LABEL}={lease}")
+    witness.close()
+    facts["loadavg_at_end"] = list(os.getloadavg())
+    return build_report(args, rounds, warmup, facts, contenders, errors, leaks, container_id)
+
+
+def build_report(
+    args: argparse.Namespace,
+    rounds: int,
+    warmup: int,
+    facts: dict[str, Any],
+    contenders: Sequence[Contender],
+    errors: list[str],
+    leaks: list[dict[str, Any]],
+    container_id: str,
+) -> dict[str, Any]:
+    by_key = {c.key: c for c in contenders}
+    complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
+    ratios: dict[str, Any] = {}
+    if complete:
+        for num, den in RATIOS:
+            if num in by_key and den in by_key:
+                ratios[f"{num}/{den}"] = ratio_of_medians(
+                    by_key[num].totals_s, by_key[den].totals_s
+                )
+    measured = ratios.get("sbxkit/docker_py", {}).get("ratio")
+    return {
+        "bench": NAME,
+        "summary": SUMMARY,
+        "machine": facts,
+        "config": {
+            "rounds": rounds,
+            "warmup": warmup,
+            "quick": bool(args.quick),
+            "order": [c.key for c in contenders],
+            "interleaving": "round-robin in the order above, one trio event loop",
+            "clock": "time.perf_counter around each awaited contender call",
+            "image": args.image,
+            "container": container_id[:12],
+            "sandbox_spec": msgspec.to_builtins(session_spec(args.image, 0.0))["limits"],
+        },
+        "contenders": {
+            c.key: {
+                "label": c.label,
+                "description": c.description,
+                "total_ms": summarise_ms(c.totals_s),
+                "steps_median_ms": {
+                    name: sorted(v)[len(v) // 2] * 1000.0 for name, v in c.steps_s.items() if v
+                },
+                "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
+            }
+            for c in contenders
+        },
+        "ratios": ratios,
+        "target": {
+            "expression": f"sbxkit/docker_py <= {TARGET_RATIO:.2f}",
+            "ratio": measured,
+            "met": None if measured is None else measured <= TARGET_RATIO,
+        },
+        "errors": errors,
+        "leaks": [{"id": c["Id"][:12], "names": c.get("Names")} for c in leaks],
+        "ok": not errors and not leaks,
+    }
+
+
+def render_text(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"{NAME} — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
+        + " → ".join(cfg["order"]),
+        f"{'contender':<20} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
+    ]
+    for info in report["contenders"].values():
+        t = info["total_ms"]
+        lines.append(
+            f"{info['label']:<20} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
+            f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
+            f"{t['n']:>4}"
+        )
+    lines.append("(ms, wall time per exec round trip)")
+    for name, info in report["ratios"].items():
+        halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+        low, high = info["bootstrap95"]
+        lines.append(
+            f"{name:<26} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
+        )
+    target = report["target"]
+    if target["ratio"] is not None:
+        verdict = "MET" if target["met"] else "NOT met"
+        lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
+    for info in report["contenders"].values():
+        if info["steps_median_ms"]:
+            steps = "  ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
+            lines.append(f"  {info['label']:<20} {steps}")
+    lines += [f"ERROR: {error}" for error in report["errors"]]
+    lines += [f"LEAK: {leak}" for leak in report["leaks"]]
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    m = report["machine"]
+    git = m.get("git") or {}
+    out = [
+        f"# {NAME} — exec `true` in a warm sandbox",
+        "",
+        f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
+        f"`{' → '.join(cfg['order'])}` on one running sandbox · Docker "
+        f"{m['docker_server_version']} (API {m['docker_server_api']}, runtime "
+        f"{m['default_runtime']}, cgroup v{m['cgroup_version']}) · kernel {m['kernel']} · "
+        f"{m['nproc']} CPUs · sbxkit at {str(git.get('commit', '?'))[:10]}"
+        + (" (sbxkit/ modified)" if git.get("sbxkit_dirty") else ""),
+        "",
+        "| contender | median ms | p10 | p90 | min | max | n |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for info in report["contenders"].values():
+        t = info["total_ms"]
+        out.append(
+            f"| {info['label']} | {fmt_ms(t.get('median'))} | {fmt_ms(t.get('p10'))} | "
+            f"{fmt_ms(t.get('p90'))} | {fmt_ms(t.get('min'))} | {fmt_ms(t.get('max'))} | "
+            f"{t['n']} |"
+        )
+    if report["ratios"]:
+        out += [
+            "",
+            "| ratio of medians | value | first half / second half | bootstrap 95 % |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, info in report["ratios"].items():
+            low, high = info["bootstrap95"]
+            halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+            out.append(f"| {name} | {info['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    target = report["target"]
+    if target["ratio"] is not None:
+        verdict = "**met**" if target["met"] else "**not met**"
+        out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
+    out += ["", "What each contender does:", ""]
+    out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
+    sbx = report["contenders"].get("sbxkit", {}).get("steps_median_ms")
+    if sbx:
+        client = sum(v for k, v in sbx.items() if k != "stream")
+        out += [
+            "",
+            "sbxkit median ms per step: " + ", ".join(f"{k} {v:.1f}" for k, v in sbx.items()),
+            "",
+            f"Where the time goes: `stream` ({sbx.get('stream', 0.0):.1f} ms) is the daemon "
+            "running the exec (containerd → runc exec → the wrapper and `true` → exit → stream "
+            "closed), "
+            "the same work every client waits for; sbxkit's own calls and bookkeeping are the "
+            f"rest ({client:.1f} ms). `sbxkit_bare` shows the floor an Engine-API exec client "
+            "can reach; `sbxkit/sbxkit_bare` is the price of the process-group wrapper.",
+        ]
+    if report["errors"] or report["leaks"]:
+        out += ["", "**Errors / leaks:**", ""]
+        out += [f"- {e}" for e in report["errors"]]
+        out += [f"- leaked {leak}" for leak in report["leaks"]]
+    return "\n".join(out) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    rounds = (
+        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    )
+    warmup = (
+        args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    )
+    if rounds < 1 or warmup < 0:
+        raise SystemExit(f"bench {NAME}: --rounds must be >= 1 and --warmup >= 0")
+    report = trio.run(measure, args, rounds, warmup)
+    print(render_text(report))
+    if str(args.out) != "-":
+        stem = NAME if report["ok"] else NAME + ".failed"
+        write_json(args.out / f"{stem}.json", report)
+        write_atomically(args.out / f"{stem}.md", render_markdown(report))
+        say(f"wrote {args.out / stem}.json and .md")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    cli = argparse.ArgumentParser(prog=f"python -m bench.{NAME}", description=SUMMARY)
+    add_arguments(cli)
+    sys.exit(main(cli.parse_args()))

@@ -1,0 +1,241 @@
+"""Long-lived sandboxes against the real engine: exec, its process-group kill, file transfer.
+
+Claims about containers go through the independent witness; claims about processes inside the
+sandbox are read back by a second exec (the sandbox is the only place they are visible).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import pytest
+import trio
+
+from sbxkit.archive import ArchiveError
+from sbxkit.engine.client import Engine
+from sbxkit.engine.execapi import archive_get, archive_put
+from sbxkit.errors import EngineError, NotFound
+from sbxkit.session import Sandbox, SandboxExpired, open_sandbox
+from sbxkit.spec import MiB, SandboxSpec
+from tests.engine.helpers import container_exists, limits
+from tests.witness import Witness
+
+
+def session_spec(image: str, **overrides: object) -> SandboxSpec:
+    # command is replaced by the session's keep-alive; any valid value will do.
+    return SandboxSpec(image=image, command=["unused"], limits=limits(**overrides))
+
+
+TICKER = "(while :; do echo t >>/tmp/ticks; sleep 0.1; done) & sleep 100"
+
+
+async def ticks(sandbox: Sandbox) -> int:
+    result = await sandbox.exec(["sh", "-c", "wc -c </tmp/ticks"])
+    assert result.ok, result
+    return int(result.stdout)
+
+
+@pytest.mark.parametrize("image_fixture", ["busybox", "python_image"])
+async def test_exec_timeout_kills_the_whole_process_group(
+    image_fixture: str, request: pytest.FixtureRequest, engine: Engine, witness: Witness
+) -> None:
+    """A background child ticking every 0.1 s stops with its exec's timeout (busybox sh and
+    Debian's dash both run the wrapper)."""
+    image = request.getfixturevalue(image_fixture)
+    async with open_sandbox(session_spec(image), engine=engine) as sandbox:
+        started = trio.current_time()
+        result = await sandbox.exec(["sh", "-c", TICKER], timeout=1.0)
+        elapsed = trio.current_time() - started
+        assert result.status == "timed_out"
+        assert result.exit_code is None
+        assert 1.0 <= elapsed < 4.0, elapsed
+        first = await ticks(sandbox)
+        assert first >= 4  # it really was ticking
+        await trio.sleep(1.0)
+        assert await ticks(sandbox) == first  # and it really stopped
+        # Nothing of the exec is left: no sleep 100, and its records were removed.
+        leftover = await sandbox.exec(
+            ["sh", "-c", "grep -l 'sleep 10[0]' /proc/[0-9]*/cmdline; ls -A /tmp"]
+        )
+        assert b"cmdline" not in leftover.stdout
+        assert leftover.stdout.count(b".sbxkit-exec") == 1  # the checking exec's own record
+        assert container_exists(witness, sandbox.container_id)
+    assert not container_exists(witness, sandbox.container_id)
+
+
+async def test_children_that_outlive_their_command_are_killed_at_the_timeout(
+    busybox: str, engine: Engine
+) -> None:
+    """The command exits at once, leaving a ticking child that holds its output open: the
+    exec times out, and the group — whose leader is gone — is still found and killed."""
+    script = "(while :; do echo t >>/tmp/ticks; sleep 0.1; done) & sleep 100 & exit 0"
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        result = await sandbox.exec(["sh", "-c", script], timeout=1.0)
+        assert result.status == "timed_out"
+        first = await ticks(sandbox)
+        await trio.sleep(0.6)
+        assert await ticks(sandbox) == first
+        left = await sandbox.exec(["sh", "-c", "grep -l 'sleep 10[0]' /proc/[0-9]*/cmdline"])
+        assert left.stdout == b""
+
+
+async def test_exec_result_streams_stdin_user_and_env(busybox: str, engine: Engine) -> None:
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        result = await sandbox.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (result.status, result.exit_code) == ("exited", 3)
+        assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
+        assert result.container_id == sandbox.container_id
+        assert result.lease == sandbox.lease
+
+        echoed = await sandbox.exec(["cat"], stdin=b"x" * 200_000)
+        assert echoed.ok
+        assert echoed.stdout == b"x" * 200_000
+
+        who = await sandbox.exec(
+            ["sh", "-c", 'id -u; id -g; echo "$GREETING $SBXKIT_LEASE"; pwd'],
+            env={"GREETING": "hi", "SBXKIT_LEASE": "forged"},
+            workdir="/tmp",
+        )
+        assert who.stdout.decode().split("\n") == [
+            "65534",
+            "65534",
+            f"hi {sandbox.lease}",  # the runtime's keys cannot be overwritten
+            "/tmp",
+            "",
+        ]
+        missing = await sandbox.exec(["no-such-program"])
+        assert (missing.status, missing.exit_code) == ("exited", 127)
+
+
+async def test_exec_output_cap_is_exact(busybox: str, engine: Engine) -> None:
+    """N bytes pass, N + 1 is output_exceeded, and the overflowing process is killed."""
+    cap = 1000
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        exact = await sandbox.exec(["sh", "-c", f"head -c {cap} /dev/zero"], max_output=cap)
+        assert (exact.status, exact.exit_code, len(exact.stdout)) == ("exited", 0, cap)
+        assert exact.overflowed is None
+
+        started = trio.current_time()
+        over = await sandbox.exec(
+            ["sh", "-c", f"head -c {cap + 1} /dev/zero; exec sleep 100"], max_output=cap
+        )
+        assert over.status == "output_exceeded"
+        assert over.overflowed == "stdout"
+        assert over.stdout == bytes(cap)
+        assert over.exit_code is None
+        assert trio.current_time() - started < 5.0
+
+        err = await sandbox.exec(["sh", "-c", f"head -c {cap + 1} /dev/zero >&2"], max_output=cap)
+        assert (err.status, err.overflowed, len(err.stderr)) == ("output_exceeded", "stderr", cap)
+        gone = await sandbox.exec(["sh", "-c", "grep -l 'sleep 10[0]' /proc/[0-9]*/cmdline"])
+        assert gone.stdout == b""
+
+
+async def test_cancelling_an_exec_kills_its_group(busybox: str, engine: Engine) -> None:
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        with trio.move_on_after(1.0) as scope:
+            await sandbox.exec(["sh", "-c", TICKER])
+        assert scope.cancelled_caught
+        first = await ticks(sandbox)
+        await trio.sleep(0.6)
+        assert await ticks(sandbox) == first
+
+
+async def test_a_10_mib_file_round_trip_keeps_its_sha256(busybox: str, engine: Engine) -> None:
+    data = os.urandom(10 * MiB)
+    spec = session_spec(busybox, scratch_bytes=32 * MiB, fsize_bytes=16 * MiB)
+    async with open_sandbox(spec, engine=engine) as sandbox:
+        started = time.monotonic()
+        await sandbox.put_files({"in/big.bin": data, "note.txt": b"hello"}, "work")
+        put_s = time.monotonic() - started
+        listing = await sandbox.exec(["sh", "-c", "ls -ln /tmp/work/in; sha256sum /tmp/work/in/*"])
+        assert hashlib.sha256(data).hexdigest().encode() in listing.stdout
+        assert b" 65534 " in listing.stdout  # owned by the sandbox user
+        started = time.monotonic()
+        got = await sandbox.get_files(["work/in/big.bin", "/tmp/work/note.txt"])
+        get_s = time.monotonic() - started
+    assert hashlib.sha256(got["work/in/big.bin"]).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert got["/tmp/work/note.txt"] == b"hello"
+    print(f"\n10 MiB put {put_s:.3f} s, get {get_s:.3f} s")
+
+
+async def test_file_transfer_refuses_escapes_links_and_caps(busybox: str, engine: Engine) -> None:
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        for files, dest in (
+            ({"../x": b"1"}, "."),
+            ({"/etc/x": b"1"}, "."),
+            ({"ok": b"1"}, "/etc"),
+            ({"ok": b"1"}, "../etc"),
+        ):
+            with pytest.raises(ArchiveError):
+                await sandbox.put_files(files, dest)
+        for path in ("../etc/passwd", "/etc/passwd", "/tmp"):
+            with pytest.raises(ArchiveError):
+                await sandbox.get_files([path])
+        setup = await sandbox.exec(
+            ["sh", "-c", "ln -s /etc/passwd /tmp/link && mkdir /tmp/dir && mkfifo /tmp/fifo"]
+        )
+        assert setup.ok, setup
+        with pytest.raises(ArchiveError, match="symbolic link"):
+            await sandbox.get_files(["link"])
+        with pytest.raises(ArchiveError, match="directory"):
+            await sandbox.get_files(["dir"])
+        with pytest.raises(ArchiveError, match="FIFO"):
+            await sandbox.get_files(["fifo"])
+        with pytest.raises(ArchiveError, match="status"):
+            await sandbox.get_files(["absent"])
+        await sandbox.put_files({"a": b"x" * 100})
+        assert (await sandbox.get_files(["a"], max_bytes=100)) == {"a": b"x" * 100}
+        with pytest.raises(ArchiveError, match="more than 99 bytes"):
+            await sandbox.get_files(["a"], max_bytes=99)
+        with pytest.raises(ArchiveError, match="more than 99 bytes"):
+            await sandbox.put_files({"b": b"x" * 100}, max_bytes=99)
+        # Nothing above escaped into the sandbox's other directories.
+        check = await sandbox.exec(["sh", "-c", "ls /etc/x /x 2>&1; ls -A /tmp"])
+        assert b"No such file" in check.stdout
+
+
+async def test_the_archive_endpoints_cannot_reach_the_scratch_tmpfs(
+    busybox: str, engine: Engine
+) -> None:
+    """Why file transfer runs tar in an exec: the daemon's archive calls see neither the
+    read-only root's writable tmpfs (PUT refused) nor files written into it (GET 404)."""
+    async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+        made = await sandbox.exec(["sh", "-c", "echo data >/tmp/seen"])
+        assert made.ok
+        with pytest.raises(NotFound):
+            await archive_get(engine, sandbox.container_id, "/tmp/seen", max_bytes=MiB)
+        with pytest.raises(EngineError, match="read-only"):
+            await archive_put(engine, sandbox.container_id, "/tmp", b"\0" * 1024)
+
+
+async def test_the_container_is_removed_on_error_cancellation_and_time_limit(
+    busybox: str, engine: Engine, witness: Witness
+) -> None:
+    ids: list[str] = []
+
+    async def fail() -> None:
+        async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+            ids.append(sandbox.container_id)
+            raise RuntimeError("boom")
+
+    async def expire() -> None:
+        async with open_sandbox(session_spec(busybox, timeout_s=1.5), engine=engine) as sandbox:
+            ids.append(sandbox.container_id)
+            await sandbox.exec(["sh", "-c", TICKER], timeout=60)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await fail()
+    with trio.move_on_after(5.0) as scope:
+        async with open_sandbox(session_spec(busybox), engine=engine) as sandbox:
+            ids.append(sandbox.container_id)
+            scope.cancel()
+            await sandbox.exec(["sleep", "100"])
+    started = trio.current_time()
+    with pytest.raises(SandboxExpired):
+        await expire()
+    assert trio.current_time() - started < 6.0
+    for container_id in ids:
+        assert not container_exists(witness, container_id)
