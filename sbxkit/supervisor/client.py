@@ -22,6 +22,7 @@ import trio
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, SbxError
+from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import SOCKET_NAME, check_state_dir, default_state_dir
 from sbxkit.supervisor.wire import (
@@ -30,7 +31,6 @@ from sbxkit.supervisor.wire import (
     Closed,
     Created,
     Failed,
-    FrameReader,
     Hello,
     Message,
     Orphaned,
@@ -99,13 +99,8 @@ def launch_detached(argv: list[str], log_path: Path) -> None:
     )
 
 
-class _Session:
+class _Session(FrameChannel):
     """One connection carrying one lease."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.reader = FrameReader()
-        self.pending: list[bytes] = []
 
     async def send(self, *messages: Message | None) -> None:
         """Send messages in one write; a closed connection is a SupervisorError, never a trio
@@ -116,18 +111,8 @@ class _Session:
             raise SupervisorConnectionLost(str(exc) or type(exc).__name__) from exc
 
     async def receive(self) -> ServerMessage | None:
-        while not self.pending:
-            try:
-                data = await self.stream.receive_some(64 * 1024)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return None
-            if not data:
-                return None
-            self.pending.extend(self.reader.feed(data))
-        return decode_server(self.pending.pop(0))
-
-    async def aclose(self) -> None:
-        await trio.aclose_forcefully(self.stream)
+        payload = await self.receive_payload()
+        return None if payload is None else decode_server(payload)
 
 
 async def _connect_once(path: Path) -> trio.SocketStream | None:

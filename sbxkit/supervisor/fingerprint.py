@@ -10,6 +10,7 @@ from pathlib import Path
 # is refused, so an upgrade cannot silently mix two lease protocols.
 SOURCES = (
     "supervisor/wire.py",
+    "supervisor/channel.py",
     "supervisor/records.py",
     "supervisor/journal.py",
     "supervisor/service.py",

@@ -36,6 +36,7 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, NotFound, SbxError
 from sbxkit.policy import LEASE_LABEL
 from sbxkit.supervisor import records as rec
+from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
 from sbxkit.supervisor.records import LeaseRecord, StorageError
@@ -45,7 +46,6 @@ from sbxkit.supervisor.wire import (
     Closed,
     Created,
     Failed,
-    FrameReader,
     Hello,
     Message,
     Orphaned,
@@ -95,27 +95,18 @@ def peer_uid(stream: trio.SocketStream) -> int:
     return int(uid)
 
 
-class Peer:
+class Peer(FrameChannel):
     """One client connection: framed receive, serialised send that tolerates a gone caller."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.reader = FrameReader()
-        self.pending: list[bytes] = []
+        super().__init__(stream)
         self._send_lock = trio.Lock()
         self.gone = False
 
     async def receive(self) -> Message | None:
         """The next message, or None at EOF or on a broken connection."""
-        while not self.pending:
-            try:
-                data = await self.stream.receive_some(64 * 1024)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return None
-            if not data:
-                return None
-            self.pending.extend(self.reader.feed(data))
-        return decode_client(self.pending.pop(0))
+        payload = await self.receive_payload()
+        return None if payload is None else decode_client(payload)
 
     async def send(self, message: Message) -> None:
         if self.gone:
