@@ -13,7 +13,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -165,12 +165,20 @@ def _limit(text: str, flag: str, kind: str) -> int | float:
     return _number(text, flag, float)
 
 
-def spec_from_args(args: argparse.Namespace, profile: Profile | None = None) -> SandboxSpec:
+def spec_from_args(
+    args: argparse.Namespace,
+    profile: Profile | None = None,
+    *,
+    defaults: Mapping[str, str] = DEFAULTS,
+    default_command: Sequence[str] = (),
+) -> SandboxSpec:
     """The spec the flags describe: a profile's values are defaults, explicit flags win, and
-    the built-in DEFAULTS fill any mandatory limit neither set."""
+    ``defaults`` fill any mandatory limit neither set. Shared by ``run`` and ``shell``; flags a
+    command does not define count as not given."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    command = command or list(default_command)
     if profile is not None:
         base, _, _ = apply_profile(profile, command, image=args.image)
     else:
@@ -182,19 +190,19 @@ def spec_from_args(args: argparse.Namespace, profile: Profile | None = None) -> 
         given = getattr(args, dest)
         if given is not None:
             limits[field] = _limit(given, flag, kind)
-        elif getattr(base.limits, field) is None and dest in DEFAULTS:
-            limits[field] = _limit(DEFAULTS[dest], flag, kind)
+        elif getattr(base.limits, field) is None and dest in defaults:
+            limits[field] = _limit(defaults[dest], flag, kind)
     overrides: dict[str, Any] = {
         "limits": msgspec.structs.replace(base.limits, **limits),
-        "env": {**base.env, **_env(args.env)},
-        "labels": {**base.labels, **_labels(args.label)},
+        "env": {**base.env, **_env(getattr(args, "env", None) or [])},
+        "labels": {**base.labels, **_labels(getattr(args, "label", None) or [])},
     }
-    if args.user:
+    if getattr(args, "user", None):
         overrides["user"] = args.user
     for dest in ("workdir", "runtime", "network"):
-        if getattr(args, dest) is not None:
+        if getattr(args, dest, None) is not None:
             overrides[dest] = getattr(args, dest)
-    if args.gpus is not None:
+    if getattr(args, "gpus", None) is not None:
         overrides["gpus"] = _gpus(args.gpus)
     return msgspec.structs.replace(base, **overrides)
 

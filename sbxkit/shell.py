@@ -26,15 +26,15 @@ import tty
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import msgspec
 import trio
 
-from sbxkit.errors import SbxError, SpecError
-from sbxkit.profile import Profile, apply_profile, load_profile, supervisor_command
+from sbxkit.cli import EXIT_INTERNAL, STATUS_EXIT, spec_from_args
+from sbxkit.errors import SbxError
+from sbxkit.profile import Profile, load_profile, profile_settings, supervisor_command
 from sbxkit.pty import PtySession, open_pty
 from sbxkit.session import SandboxExit
 from sbxkit.settings import Settings
-from sbxkit.spec import Limits, SandboxSpec, parse_size
+from sbxkit.spec import SandboxSpec
 
 DEFAULT_COMMAND = ["/bin/sh"]
 SHELL_DEFAULTS = {
@@ -46,28 +46,8 @@ SHELL_DEFAULTS = {
 }
 """An interactive session lives longer and prints more than a one-shot command."""
 
-EXIT_OUTPUT_EXCEEDED = 123
-EXIT_TIMED_OUT = 124
-EXIT_OOM_KILLED = 137
-EXIT_INTERNAL = 70
-_STATUS_EXIT = {
-    "timed_out": EXIT_TIMED_OUT,
-    "output_exceeded": EXIT_OUTPUT_EXCEEDED,
-    "oom_killed": EXIT_OOM_KILLED,
-}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 READ_CHUNK = 64 * 1024
-
-# (argparse dest, flag, Limits field, kind)
-_LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
-    ("cpus", "--cpus", "cpus", "float"),
-    ("memory", "--memory", "memory_bytes", "size"),
-    ("pids", "--pids", "pids", "int"),
-    ("max_output", "--max-output", "output_bytes", "size"),
-    ("timeout", "--timeout", "timeout_s", "float"),
-    ("fsize", "--fsize", "fsize_bytes", "size"),
-    ("scratch", "--scratch", "scratch_bytes", "size"),
-)
 
 
 # --- arguments ---------------------------------------------------------------------------------
@@ -152,55 +132,14 @@ def add_shell_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _env(pairs: Sequence[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in pairs:
-        key, eq, value = item.partition("=")
-        if not eq:
-            if key not in os.environ:
-                raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
-            value = os.environ[key]
-        env[key] = value
-    return env
-
-
-def _limit(text: str, flag: str, kind: str) -> int | float:
-    if kind == "size":
-        return parse_size(text, flag)
-    try:
-        return int(text) if kind == "int" else float(text)
-    except ValueError:
-        raise SpecError(flag, f"expected a number, got {text!r}") from None
-
-
 def shell_spec(
     args: argparse.Namespace, profile: Profile | None = None
 ) -> tuple[SandboxSpec, Settings | None]:
-    """The spec and settings the flags describe: the profile's values are defaults, explicit
-    flags win, ``SHELL_DEFAULTS`` fill the mandatory limits neither set."""
-    command = list(args.command) or list(DEFAULT_COMMAND)
-    settings: Settings | None = None
-    if profile is not None:
-        base, settings, _ = apply_profile(profile, command, image=args.image)
-    else:
-        if args.image is None:
-            raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
-        base = SandboxSpec(image=args.image, command=command, limits=Limits())
-    limits: dict[str, Any] = {}
-    for dest, flag, field, kind in _LIMIT_FLAGS:
-        given = getattr(args, dest)
-        if given is not None:
-            limits[field] = _limit(given, flag, kind)
-        elif getattr(base.limits, field) is None and dest in SHELL_DEFAULTS:
-            limits[field] = _limit(SHELL_DEFAULTS[dest], flag, kind)
-    overrides: dict[str, Any] = {
-        "limits": msgspec.structs.replace(base.limits, **limits),
-        "env": {**base.env, **_env(args.env)},
-    }
-    for dest in ("user", "workdir", "network"):
-        if getattr(args, dest):
-            overrides[dest] = getattr(args, dest)
-    return msgspec.structs.replace(base, **overrides), settings
+    """The spec and settings the flags describe, built exactly as ``sbxkit run`` builds them;
+    ``SHELL_DEFAULTS`` fill the mandatory limits neither the flags nor the profile set."""
+    spec = spec_from_args(args, profile, defaults=SHELL_DEFAULTS, default_command=DEFAULT_COMMAND)
+    settings = profile_settings(profile)[0] if profile is not None else None
+    return spec, settings
 
 
 # --- the terminal ------------------------------------------------------------------------------
@@ -368,7 +307,7 @@ def run_shell(
     if result.status == "exited":
         return result.exit_code if result.exit_code is not None else EXIT_INTERNAL
     print(f"sbxkit: {result.status.replace('_', ' ')}", file=sys.stderr)
-    return _STATUS_EXIT[result.status]
+    return STATUS_EXIT[result.status]
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
