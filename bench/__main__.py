@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench import oneshot
+from bench import exec_latency, oneshot, supervised
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Benchmark:
 
 BENCHMARKS: dict[str, Benchmark] = {
     module.NAME: Benchmark(module.NAME, module.SUMMARY, module.add_arguments, module.main)
-    for module in (oneshot,)
+    for module in (oneshot, supervised, exec_latency)
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""
 

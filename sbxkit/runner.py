@@ -187,7 +187,7 @@ async def run_created(
             # timeout the code (if any) is sbxkit's kill, not the payload's answer.
             exit_code = outcome.exit_code
             state = (await engine.container_inspect(container_id)).state
-            status, evidence = _classify_exit(state.oom_killed, exit_code)
+            status, evidence = classify_exit(state.oom_killed, exit_code)
     finally:
         t_remove = clock()
         with trio.CancelScope(shield=True):
@@ -207,7 +207,7 @@ async def run_created(
     )
 
 
-def _classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
+def classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
     """Docker's OOMKilled flag is not always set (moby #15621); 137 is SIGKILL we did not send."""
     if oom_flag:
         return "oom_killed", "State.OOMKilled"

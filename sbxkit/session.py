@@ -76,7 +76,14 @@ from sbxkit.policy import SCRATCH_PATH, build_create_body, container_name
 from sbxkit.preflight import check_daemon, resolve_mounts
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import merge_env, runtime_env
-from sbxkit.runner import GPU_CURSOR, check_image, effective_settings, new_lease_id
+from sbxkit.runner import (
+    GPU_CURSOR,
+    SIGKILL_EXIT,
+    check_image,
+    classify_exit,
+    effective_settings,
+    new_lease_id,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
 from sbxkit.supervisor.client import SupervisedOwner
@@ -90,7 +97,6 @@ __all__ = [
     "open_sandbox",
 ]
 
-SIGKILL_EXIT = 137
 KEEPALIVE_MARGIN_S = 60
 """The keep-alive ``sleep`` outlasts the session's time limit: the owner's removal at the
 lifetime deadline, not the container stopping by itself, ends an abandoned session."""
@@ -295,15 +301,6 @@ async def owned_container(
         finally:
             with trio.CancelScope(shield=True):
                 await owner.remove(lease, name, container_id)
-
-
-def classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
-    """As for one-shot runs: Docker's OOMKilled flag, or a SIGKILL status sbxkit did not send."""
-    if oom_flag:
-        return "oom_killed", "State.OOMKilled"
-    if exit_code == SIGKILL_EXIT:
-        return "oom_killed", "exit status 137 (SIGKILL not sent by sbxkit; OOMKilled unset)"
-    return "exited", None
 
 
 class ContainerProcess:
