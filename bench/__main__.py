@@ -13,7 +13,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench import exec_latency, oneshot, supervised
+from bench import (
+    cancel_latency,
+    client_memory,
+    exec_latency,
+    humaneval,
+    oneshot,
+    streaming,
+    supervised,
+    throughput,
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,16 @@ class Benchmark:
 
 BENCHMARKS: dict[str, Benchmark] = {
     module.NAME: Benchmark(module.NAME, module.SUMMARY, module.add_arguments, module.main)
-    for module in (oneshot, supervised, exec_latency)
+    for module in (
+        oneshot,
+        supervised,
+        exec_latency,
+        throughput,
+        streaming,
+        cancel_latency,
+        client_memory,
+        humaneval,
+    )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""
 

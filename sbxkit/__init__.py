@@ -39,6 +39,7 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.gpu import GpuRequest
+from sbxkit.harness import Job, JobError, JobResult, run_many
 from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
@@ -74,6 +75,9 @@ __all__ = [
     "ImageError",
     "InProcessOwner",
     "InputGrant",
+    "Job",
+    "JobError",
+    "JobResult",
     "Limits",
     "MiB",
     "NotFound",
@@ -106,6 +110,7 @@ __all__ = [
     "open_stdio_worker",
     "parse_size",
     "run",
+    "run_many",
     "run_with_grants",
     "spec_from_dict",
     "validate_spec",

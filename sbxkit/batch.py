@@ -467,9 +467,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_batch_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_batch_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add ``batch`` to the ``sbxkit`` subcommands (``subparsers`` from add_subparsers)."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = subparsers.add_parser(
         "batch",
         help="run a JSONL file of jobs in parallel, one result line per job (resumable)",
         description=(__doc__ or "").split("\n\n")[0],

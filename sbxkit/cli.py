@@ -452,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--image", default="sbxkit-test/busybox:latest")
     p_demo.add_argument("--socket", help="Docker socket path (default: discovered)")
     p_demo.set_defaults(handler=cmd_demo)
+    from sbxkit.batch import add_batch_parser
+
+    add_batch_parser(sub)
     from sbxkit.shell import add_shell_parser
 
     add_shell_parser(sub)

@@ -295,6 +295,10 @@ async def run_many(
     ids, or a job larger than the whole budget. An exception from ``on_result`` stops the batch
     (the runs in flight are cancelled and removed) and is re-raised unchanged. Cancellation is
     honoured: every container in flight is removed by its run before it propagates.
+
+    Under ``trio.run``, Ctrl-C arrives as ``KeyboardInterrupt`` wherever the code happens to
+    be, possibly inside a run's cleanup; turn SIGINT into cancellation instead
+    (``trio.open_signal_receiver``, as ``sbxkit batch`` does) so every removal completes.
     """
     job_list = list(jobs)
     if capacity_wait_s < 0 or not math.isfinite(capacity_wait_s):

