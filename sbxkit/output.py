@@ -31,7 +31,10 @@ class CappedBuffer:
         if cap < 0:
             raise ValueError(f"cap must be >= 0, got {cap}")
         self._cap = cap
-        self._kept = bytearray()
+        # Chunks joined once at the end: appending to a bytearray would copy a large output
+        # many times over as it grows.
+        self._chunks: list[bytes] = []
+        self._kept_len = 0
         self._total_seen = 0
         self._exceeded = False
 
@@ -51,21 +54,25 @@ class CappedBuffer:
 
     @property
     def kept_bytes(self) -> int:
-        return len(self._kept)
+        return self._kept_len
 
     def add(self, data: bytes) -> bool:
         """Keep what still fits; return True only on the call that first goes past the cap."""
         self._total_seen += len(data)
-        room = self._cap - len(self._kept)
-        if room > 0:
-            self._kept += memoryview(data)[:room]  # a view, so a huge chunk is not copied whole
+        room = self._cap - self._kept_len
+        if room > 0 and data:
+            piece = bytes(data) if len(data) <= room else bytes(memoryview(data)[:room])
+            self._chunks.append(piece)
+            self._kept_len += len(piece)
         if self._exceeded or self._total_seen <= self._cap:
             return False
         self._exceeded = True
         return True
 
     def value(self) -> bytes:
-        return bytes(self._kept)
+        if len(self._chunks) != 1:
+            self._chunks = [b"".join(self._chunks)]
+        return self._chunks[0]
 
 
 class OutputCapture:

@@ -38,6 +38,8 @@ from sbxkit.verify import check_created
 # (moby #41922: an attach stream can outlive its container).
 DRAIN_GRACE_S = 2.0
 STDIN_CHUNK = 64 * 1024
+# Large output arrives faster than 64 KiB wake-ups can drain it; 256 KiB reads quarter them.
+ATTACH_READ = 256 * 1024
 SIGKILL_EXIT = 137
 # The owner's backstop beyond the payload's own time limit: create, start and removal.
 LIFETIME_MARGIN_S = 120.0
@@ -234,7 +236,7 @@ async def _supervise(
 
             async def pump_output() -> None:
                 demuxer = Demuxer()
-                while chunk := await attach.receive_some():
+                while chunk := await attach.receive_some(ATTACH_READ):
                     for stream_id, data in demuxer.feed(chunk):
                         if outcome.capture.add(stream_id, data):
                             outcome.status = "output_exceeded"

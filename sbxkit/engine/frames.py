@@ -75,7 +75,8 @@ class Demuxer:
         while pos < len(view):
             if self._payload_left:
                 take = min(self._payload_left, len(view) - pos)
-                events.append((self._stream_id, bytes(view[pos : pos + take])))
+                whole = pos == 0 and take == len(view) and isinstance(data, bytes)
+                events.append((self._stream_id, data if whole else bytes(view[pos : pos + take])))
                 self._payload_left -= take
             else:
                 if not self._header:
