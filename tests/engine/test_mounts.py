@@ -463,12 +463,18 @@ async def test_the_created_container_has_exactly_the_requested_mounts(
         seen: dict[str, Any] = {}
 
         def inspect_when_created() -> None:
-            """Poll (in a worker thread) for the labelled container; inspect it once seen."""
+            """Poll (in a worker thread) for the labelled container; inspect it once seen.
+
+            Never raises: if the run fails, its own error must be the one reported."""
             deadline = time.monotonic() + 10.0
-            while not (found := witness.containers(label=f"{TEST_LABEL}={label}")):
-                assert time.monotonic() < deadline, "the container never appeared"
+            while not seen and time.monotonic() < deadline:
+                for found in witness.containers(label=f"{TEST_LABEL}={label}"):
+                    response = witness.session.get(
+                        f"{witness.base}/containers/{found['Id']}/json", timeout=30
+                    )
+                    if response.status_code == 200:
+                        seen.update(response.json())
                 time.sleep(0.02)
-            seen.update(witness.get(f"/containers/{found[0]['Id']}/json"))
 
         async def inspect_while_running() -> None:
             await trio.to_thread.run_sync(inspect_when_created)
@@ -478,6 +484,7 @@ async def test_the_created_container_has_exactly_the_requested_mounts(
             result = await run(mount_spec(busybox, script, mounts, label=label), settings=BOTH)
 
     assert result.ok, result
+    assert seen, "the witness never inspected the running container"
     got = sorted(
         (m["Type"], m["Name"] if m["Type"] == "volume" else m["Source"], m["Destination"], m["RW"])
         for m in seen["Mounts"]
