@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import msgspec
 import trio
 
+from sbxkit.backends.base import Backend, open_backend
 from sbxkit.errors import (
     CleanupError,
     EngineUnavailable,
@@ -33,6 +34,7 @@ from sbxkit.profile import (
     apply_profile,
     load_profile,
     profile_settings,
+    sandbox_options,
     supervisor_command,
 )
 from sbxkit.result import RunResult, Status
@@ -232,9 +234,13 @@ async def run_interruptibly(
     stdin: bytes | None,
     socket_path: str | None,
     settings: Settings | None = None,
+    backend: Backend | None = None,
 ) -> RunResult:
     """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
-    (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short)."""
+    (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short).
+
+    Without ``backend`` this is ``sbxkit.runner.run``, as it always was; with one (the sandbox
+    runtime) the backend is preflighted, reconciled, used once and closed."""
     received: list[int] = []
     result: RunResult | None = None
     error: SbxError | None = None
@@ -251,7 +257,11 @@ async def run_interruptibly(
                 # Caught here, not around the nursery: trio would wrap it in an ExceptionGroup.
                 nonlocal result, error
                 try:
-                    result = await run(spec, stdin, socket_path=socket_path, settings=settings)
+                    if backend is None:
+                        result = await run(spec, stdin, socket_path=socket_path, settings=settings)
+                    else:
+                        async with open_backend(backend):
+                            result = await backend.run_once(spec, stdin)
                 except SbxError as exc:
                     error = exc
                 nursery.cancel_scope.cancel()
@@ -270,7 +280,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile) if args.profile is not None else None
     spec = spec_from_args(args, profile)
     settings: Settings | None = None
-    if profile is not None:
+    backend: Backend | None = None
+    if profile is not None and sandbox_options(profile) is not None:
+        backend = sandbox_backend(profile, args, spec)
+    elif profile is not None:
         settings, supervisor = profile_settings(profile)
         command = supervisor_command(supervisor)
         if command is not None:
@@ -278,7 +291,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # process is the CLI's own, so setting it here affects this run only.
             os.environ["SBXKIT_SUPERVISOR"] = command
     stdin = _read_stdin(args.stdin)
-    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings)
+    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend)
     if args.json:
         sys.stdout.buffer.write(to_json(result) + b"\n")
     else:
@@ -289,6 +302,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
+
+
+def sandbox_backend(profile: Profile, args: argparse.Namespace, spec: SandboxSpec) -> Backend:
+    """The sbx microVM runner a ``runtime = "sandbox"`` profile selects (docs/adr-sbx.md),
+    after refusing what it cannot honour (flags included) before any ``sbx`` command runs."""
+    from sbxkit.backends.sbx import SbxBackend, SbxConfig, check_sbx_spec
+
+    options = sandbox_options(profile)
+    assert options is not None
+    if args.socket is not None:
+        raise SpecError("--socket", 'a Docker socket has no meaning under runtime = "sandbox"')
+    check_sbx_spec(spec)
+    config = SbxConfig(
+        binary=options.binary,
+        agent=options.agent,
+        kits=list(options.kits),
+        create_args=list(options.create_args),
+    )
+    return SbxBackend(config)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -375,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument(
         "--profile",
         metavar="FILE",
-        help="TOML profile ([sandbox.docker]) supplying defaults; flags override it",
+        help="TOML profile ([sandbox.docker]) supplying defaults; flags override it; "
+        '[sandbox] runtime = "sandbox" runs the command in an sbx microVM instead',
     )
     p_run.add_argument("--cpus", help=f"CPU quota (default: {DEFAULTS['cpus']})")
     p_run.add_argument("--memory", help=f"memory ceiling, no swap (default: {DEFAULTS['memory']})")

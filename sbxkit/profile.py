@@ -36,6 +36,19 @@
     binary = "/usr/local/bin/sbxkit-supervisor"   # what the client launches (SBXKIT_SUPERVISOR)
     state_dir = "/var/lib/sbxkit/leases"         # absolute
 
+The microVM runtime (docs/adr-sbx.md) is opt-in; ``[sandbox.docker]`` still carries the
+spec's defaults (limits, env, workdir), and what a microVM cannot honour is refused here::
+
+    [sandbox]
+    runtime = "sandbox"           # default "docker"; "sandbox" runs through Docker's sbx CLI
+
+    [sandbox.sbx]                 # refused unless runtime = "sandbox"
+    binary = "sbx"                # on PATH, or an absolute path
+    template = "docker/sandbox-templates:shell"   # the image (instead of sandbox.docker.image)
+    agent = "shell"               # the `sbx create` agent
+    kits = []                     # --kit references
+    create_args = ["--memory", "8g"]              # extra `sbx create` flags (not --name/-t)
+
 Decoding is pure: ``tomllib`` text in, a msgspec ``Profile`` out (unknown keys are refused by
 their full path, e.g. ``sandbox.docker.limts``), and every value is checked by the same rules a
 spec obeys, with the profile's path in the error. Only ``load_profile`` touches the disk.
@@ -50,10 +63,19 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from sbxkit.backends.sbx_commands import (
+    DEFAULT_AGENT,
+    DEFAULT_BINARY,
+    check_agent,
+    check_binary,
+    check_create_args,
+    check_kits,
+    check_sandbox_fields,
+)
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
@@ -73,6 +95,7 @@ from sbxkit.spec import (
 )
 
 ROOT = "sandbox.docker"
+SBX_ROOT = "sandbox.sbx"
 MAX_PROFILE_BYTES = 1024 * 1024
 """A profile is a page of settings; anything larger is a mistake, not a configuration."""
 
@@ -115,8 +138,21 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     supervisor: SupervisorOptions = msgspec.field(default_factory=SupervisorOptions)
 
 
+class SbxProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.sbx]``: how the sandbox runtime reaches ``sbx`` and creates each sandbox."""
+
+    binary: str = DEFAULT_BINARY
+    template: str | None = None
+    agent: str = DEFAULT_AGENT
+    kits: list[str] = msgspec.field(default_factory=list)
+    create_args: list[str] = msgspec.field(default_factory=list)
+
+
 class SandboxSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     docker: DockerProfile
+    runtime: Literal["docker", "sandbox"] = "docker"
+    """``sandbox`` runs each command in a Docker Sandboxes microVM (``sbx``)."""
+    sbx: SbxProfile | None = None
 
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -197,6 +233,49 @@ def validate_profile(profile: Profile) -> None:
     profile_limits(docker.limits)
     _check_absolute(f"{ROOT}.supervisor.binary", docker.supervisor.binary)
     _check_absolute(f"{ROOT}.supervisor.state_dir", docker.supervisor.state_dir)
+    _validate_sandbox_runtime(profile)
+
+
+def _validate_sandbox_runtime(profile: Profile) -> None:
+    """``[sandbox.sbx]`` only with ``runtime = "sandbox"``; under it, refuse what a microVM
+    cannot honour (each would be dropped silently or fail only inside the VM)."""
+    section = profile.sandbox
+    if section.runtime != "sandbox":
+        if section.sbx is not None:
+            raise SpecError(SBX_ROOT, 'sbx options need sandbox.runtime = "sandbox"')
+        return
+    docker = section.docker
+    with _under(ROOT):
+        check_sandbox_fields(
+            network=docker.network,
+            user=docker.user,
+            runtime=docker.runtime,
+            mounts=docker.mounts,
+            gpus=docker.gpus,
+            labels=docker.labels,
+            extra_flags=docker.extra_flags,
+            env=docker.env,
+        )
+    sbx = section.sbx or SbxProfile()
+    check_binary(sbx.binary, f"{SBX_ROOT}.binary")
+    if sbx.template is not None:
+        validate_image(sbx.template, f"{SBX_ROOT}.template")
+        if docker.image is not None:
+            raise SpecError(
+                f"{SBX_ROOT}.template",
+                f"the image is named twice (also {ROOT}.image); under the sandbox runtime "
+                "the template is the image",
+            )
+    check_agent(sbx.agent, f"{SBX_ROOT}.agent")
+    check_kits(sbx.kits, f"{SBX_ROOT}.kits")
+    check_create_args(sbx.create_args, f"{SBX_ROOT}.create_args")
+
+
+def sandbox_options(profile: Profile) -> SbxProfile | None:
+    """The ``[sandbox.sbx]`` options when the profile selects the sandbox runtime, else None."""
+    if profile.sandbox.runtime != "sandbox":
+        return None
+    return profile.sandbox.sbx or SbxProfile()
 
 
 def decode_profile(text: str | bytes, source: str = "profile") -> Profile:
@@ -244,6 +323,13 @@ def apply_profile(
     """
     docker = profile.sandbox.docker
     chosen = image if image is not None else docker.image
+    sbx = sandbox_options(profile)
+    if chosen is None and sbx is not None:
+        chosen = sbx.template
+        if chosen is None:
+            raise SpecError(
+                "image", f"no image: give IMAGE or set {SBX_ROOT}.template in the profile"
+            )
     if chosen is None:
         raise SpecError("image", f"no image: give IMAGE or set {ROOT}.image in the profile")
     optional: dict[str, Any] = {}

@@ -23,8 +23,18 @@ def private_state_dir() -> Path:
 
 
 def supervisor_command(state_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "sbxkit.supervisor", "--state-dir", str(state_dir),
-            "--idle-exit", "3", "--reaper-interval", "0.5", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "sbxkit.supervisor",
+        "--state-dir",
+        str(state_dir),
+        "--idle-exit",
+        "3",
+        "--reaper-interval",
+        "0.5",
+        *extra,
+    ]
 
 
 class SupervisorProcess:
@@ -32,9 +42,12 @@ class SupervisorProcess:
         self.state_dir = state_dir
         self.log_path = state_dir.parent / f"supervisor-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(supervisor_command(state_dir, *extra),
-                                     stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=self._log)
+        self.proc = subprocess.Popen(
+            supervisor_command(state_dir, *extra),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+        )
 
     @property
     def socket_path(self) -> Path:

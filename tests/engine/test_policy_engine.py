@@ -43,7 +43,6 @@ MARKER = "sbxkit-test.policy"
 """A user label every spec here carries, unique per test, to filter the daemon's events."""
 
 
-
 def marked(base: SandboxSpec, marker: str, **changes: Any) -> SandboxSpec:
     labels = {**base.labels, MARKER: marker}
     return msgspec.structs.replace(base, labels=labels, **changes)
