@@ -626,19 +626,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m sbxkit.batch`` (the same as ``sbxkit batch``)."""
-    from sbxkit.cli import exit_code_for_error
+    from sbxkit.cli import exit_with
 
     parser = argparse.ArgumentParser(
         prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
     )
     configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        code = cmd_batch(args)
-    except SbxError as exc:
-        print(f"sbxkit: error: {exc}", file=sys.stderr)
-        code = exit_code_for_error(exc)
-    sys.exit(code)
+    exit_with(cmd_batch, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -495,10 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    exit_with(args.handler, args)
+
+
+def exit_with(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> NoReturn:
+    """Run a subcommand's handler and exit with its status; errors become documented codes."""
     try:
-        code = args.handler(args)
+        code = handler(args)
     except SbxError as exc:
         print(f"sbxkit: error: {exc}", file=sys.stderr)
         code = exit_code_for_error(exc)

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from sbxkit.cli import EXIT_INTERNAL, STATUS_EXIT, spec_from_args
+from sbxkit.cli import EXIT_INTERNAL, STATUS_EXIT, exit_with, spec_from_args
 from sbxkit.errors import SbxError
 from sbxkit.profile import Profile, load_profile, profile_settings, supervisor_command
 from sbxkit.pty import PtySession, open_pty
@@ -327,15 +327,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         prog="sbxkit shell", description="An interactive shell in a fresh hardened sandbox."
     )
     add_shell_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        code = cmd_shell(args)
-    except SbxError as exc:
-        from sbxkit.cli import exit_code_for_error
-
-        print(f"sbxkit: error: {exc}", file=sys.stderr)
-        code = exit_code_for_error(exc)
-    sys.exit(code)
+    exit_with(cmd_shell, parser.parse_args(argv))
 
 
 if __name__ == "__main__":
