@@ -181,7 +181,7 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
     """
     if spec.runtime is None and spec.gpus is None:
         return DaemonPlan()
-    info = await engine.info()
+    info = await engine.cached_info()
     runtime = check_runtime_registered(spec.runtime, (info.runtimes or {}).keys())
     gpu_devices: list[str] | None = None
     if spec.gpus is not None:

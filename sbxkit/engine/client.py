@@ -12,12 +12,14 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import msgspec
+import trio
 
 from sbxkit.engine import models
 from sbxkit.engine.discovery import PingResult, discover_socket, parse_api_version, ping_socket
 from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, join_query
 from sbxkit.errors import EngineProtocolError, EngineUnavailable, NotFound
 
+INFO_MAX_AGE_S = 30.0
 OLDEST_API = (1, 41)  # Docker 20.10, what CI runs
 NEWEST_API = (1, 56)  # the newest specification this client was written against
 
@@ -79,6 +81,7 @@ class Engine:
         self.api_version = api_version
         self.deadlines = deadlines
         self._decoders: dict[type[object], msgspec.json.Decoder[object]] = {}
+        self._info: tuple[float, models.InfoReply] | None = None
 
     @property
     def socket_path(self) -> str:
@@ -115,6 +118,14 @@ class Engine:
 
     async def info(self) -> models.InfoReply:
         return await self._get("/info", models.InfoReply, self.deadlines.inspect)
+
+    async def cached_info(self, max_age_s: float = INFO_MAX_AGE_S) -> models.InfoReply:
+        """``/info`` at most ``max_age_s`` old: registered runtimes and CDI devices change only
+        with a daemon reconfiguration, and ``/info`` costs several ms on every run otherwise."""
+        now = trio.current_time()
+        if self._info is None or now - self._info[0] > max_age_s:
+            self._info = (now, await self.info())
+        return self._info[1]
 
     # -- images ---------------------------------------------------------------------------------
 
