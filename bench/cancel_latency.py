@@ -33,19 +33,17 @@ from typing import Any
 
 import trio
 
+from bench import common
 from bench.harness import ContenderFailed, machine_facts, ratio_of_medians, say
 from bench.rawapi import EventWatch, RawEngine
 from bench.suite import (
     ActivityWatch,
     LeakCheck,
     default_busybox,
-    default_socket,
     fmt,
     label_of,
     peer_body,
-    shared_daemon_warning,
     summarise,
-    write_outputs,
 )
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.owner import InProcessOwner
@@ -79,9 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", type=int, default=1, help="discarded samples (default 1)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_SAMPLES} samples")
-    parser.add_argument("--socket", default=default_socket())
-    parser.add_argument("--image", default=default_busybox())
-    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+    common.add_daemon_arguments(parser, default_busybox())
 
 
 LIMITS = {"cpus": 0.5, "memory_bytes": 32 * MiB, "pids": 32}
@@ -233,8 +229,7 @@ async def measure(args: argparse.Namespace, n: int) -> dict[str, Any]:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(events.stop)
                 api.close()
-                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
-                found = await trio.to_thread.run_sync(leaks.sweep)
+                found = await common.stop_and_sweep(facts, activity, leaks)
     return build_report(args, n, samples, facts, errors, found, leaks.leftovers)
 
 
@@ -324,10 +319,7 @@ def build_report(
             else [],
             "target": {"value": TARGET_P99_S * 1000, "label": "target p99 ≤ 1 s"},
         },
-        "errors": errors,
-        "leaks": leaks,
-        "leftovers_before_run": leftovers,
-        "ok": not errors and not leaks,
+        **common.outcome(errors, leaks, leftovers),
     }
 
 
@@ -337,8 +329,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "# cancel_latency — cancel a running `sleep 30` until the daemon destroyed it",
         "",
         f"{m['date']} · {cfg['samples']} samples per contender (+{cfg['warmup']} warm-up), "
-        f"interleaved `{' → '.join(cfg['order'])}` · Docker {m['docker_server_version']} "
-        f"(API {m['docker_server_api']}, cgroup v{m['cgroup_version']}) · {m['nproc']} CPUs",
+        f"interleaved `{' → '.join(cfg['order'])}` · {common.docker_md(m)}",
         "",
         "| contender | to destroy p50 ms | p90 | p99 | max | to call returned p50 ms | p99 | n |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -350,13 +341,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{fmt(d.get('p99'))} | {fmt(d.get('max'))} | {fmt(u.get('median'))} | "
             f"{fmt(u.get('p99'))} | {d['n']} |"
         )
-    if report["ratios"]:
-        out += ["", "| ratio | value | halves | bootstrap 95 % |", "|---|---:|---:|---:|"]
-        for name, r in report["ratios"].items():
-            halves = " / ".join(f"{h:.3f}" for h in r.get("halves", []))
-            boot = r.get("bootstrap95")
-            interval = f"{boot[0]:.3f}–{boot[1]:.3f}" if boot else "-"
-            out.append(f"| {name} | {r['ratio']:.3f} | {halves} | {interval} |")
+    out += common.ratio_table_md(report["ratios"], "ratio")
     for target in report["targets"]:
         if target["value_ms"] is not None:
             verdict = "**met**" if target["met"] else "**not met**"
@@ -364,34 +349,14 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "",
                 f"Target `{target['expression']}`: {verdict} ({target['value_ms']:.1f} ms).",
             ]
-    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
-    if warning:
-        out += ["", f"**Warning:** {warning}."]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+    return common.finish_md(out, report)
 
 
 def main(args: argparse.Namespace) -> int:
-    n = (
-        args.samples
-        if args.samples is not None
-        else (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
-    )
+    n = common.pick(args.samples, args.quick, QUICK_SAMPLES, DEFAULT_SAMPLES)
     report = trio.run(measure, args, n)
-    text = render_markdown(report)
-    print(text)
-    from bench.harness import RESULTS_DIR
-
-    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
-    return 0 if report["ok"] else 1
+    return common.publish(args, NAME, report, render_markdown(report))
 
 
 if __name__ == "__main__":
-    import sys
-
-    from bench.suite import standalone
-
-    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from bench import common
 from bench.harness import machine_facts, ratio_of_medians, say
 from bench.rawapi import RawEngine
 from bench.suite import (
@@ -57,15 +58,12 @@ from bench.suite import (
     aiodocker_client,
     aiodocker_one_shot,
     default_busybox,
-    default_socket,
     dockerpy_client,
     dockerpy_one_shot,
     fmt,
     label_of,
     peer_body,
-    shared_daemon_warning,
     summarise,
-    write_outputs,
 )
 from sbxkit.engine.client import open_engine
 from sbxkit.harness import Job, run_many
@@ -103,12 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="discarded rounds (default 0: each child warms itself up before its baseline)",
     )
     parser.add_argument("--n", type=int, default=IN_FLIGHT, help="sandboxes in flight")
-    parser.add_argument(
-        "--contenders", default=",".join(CONTENDERS), help="comma-separated, in round order"
-    )
-    parser.add_argument("--socket", default=default_socket())
-    parser.add_argument("--image", default=default_busybox())
-    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+    common.add_contenders_argument(parser, CONTENDERS)
+    common.add_daemon_arguments(parser, default_busybox())
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="rss", choices=MODES, help=argparse.SUPPRESS)
 
@@ -335,8 +329,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
         with trio.CancelScope(shield=True):
-            facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
-            found = await trio.to_thread.run_sync(leaks.sweep)
+            found = await common.stop_and_sweep(facts, activity, leaks)
     return build_report(args, rounds, keys, samples, facts, errors, found, leaks.leftovers)
 
 
@@ -408,10 +401,7 @@ def build_report(
             if complete
             else [],
         },
-        "errors": errors,
-        "leaks": leaks,
-        "leftovers_before_run": leftovers,
-        "ok": not errors and not leaks,
+        **common.outcome(errors, leaks, leftovers),
     }
 
 
@@ -421,9 +411,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# client_memory — client memory per sandbox, {cfg['in_flight']} in flight",
         "",
         f"{m['date']} · {cfg['rounds']} rounds per mode, one child process per measurement · "
-        f"`{' '.join(cfg['payload'])}`, cpus {cfg['limits']['cpus']}, memory 16 MiB · Docker "
-        f"{m['docker_server_version']} (API {m['docker_server_api']}, cgroup "
-        f"v{m['cgroup_version']}) · {m['nproc']} CPUs · KiB = 1024 bytes",
+        f"`{' '.join(cfg['payload'])}`, cpus {cfg['limits']['cpus']}, memory 16 MiB · "
+        f"{common.docker_md(m)} · KiB = 1024 bytes",
         "",
         "| contender | RSS KiB/sandbox median | min | max | tracemalloc KiB/sandbox median | "
         "min | max | baseline RSS MiB | ramp s | n |",
@@ -437,38 +426,18 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{fmt(t.get('max'))} | {fmt(info['baseline_rss_mib'].get('median'))} | "
             f"{fmt(info['ramp_s'].get('median'))} | {r['n']} |"
         )
-    if report["ratios"]:
-        out += ["", "| ratio (of medians) | value | bootstrap 95 % |", "|---|---:|---:|"]
-        for name, ratio in report["ratios"].items():
-            low, high = ratio["bootstrap95"]
-            out.append(f"| {name} | {ratio['ratio']:.3f} | {low:.3f}–{high:.3f} |")
+    out += common.ratio_table_md(report["ratios"], halves_title=None)
     out += ["", "No target was set for this benchmark; lower is better."]
-    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
-    if warning:
-        out += ["", f"**Warning:** {warning}."]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+    return common.finish_md(out, report)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.child is not None:
         return child_main(args)
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
+    rounds = common.pick(args.rounds, args.quick, QUICK_ROUNDS, DEFAULT_ROUNDS)
     report = trio.run(measure, args, rounds)
-    text = render_markdown(report)
-    print(text)
-    from bench.harness import RESULTS_DIR
-
-    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
-    return 0 if report["ok"] else 1
+    return common.publish(args, NAME, report, render_markdown(report))
 
 
 if __name__ == "__main__":
-    from bench.suite import standalone
-
-    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

@@ -30,27 +30,24 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import trio
 
+from bench import common
 from bench.harness import (
-    RESULTS_DIR,
     Contender,
     ContenderFailed,
     StepTimings,
-    fmt_ms,
     machine_facts,
     ratio_of_medians,
     run_interleaved,
     say,
     summarise_ms,
-    write_atomically,
-    write_json,
 )
 from bench.rawapi import RawEngine
+from bench.suite import default_busybox, default_socket
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
 from sbxkit.errors import NotFound
@@ -67,6 +64,8 @@ DEFAULT_ROUNDS = 50
 QUICK_ROUNDS = 10
 DEFAULT_WARMUP = 5
 QUICK_WARMUP = 2
+ROUND_COUNTS = common.RoundCounts(DEFAULT_ROUNDS, DEFAULT_WARMUP, QUICK_ROUNDS, QUICK_WARMUP)
+DEFAULT_ORDER = ("sbxkit", "docker_py", "docker_exec", "sbxkit_bare")
 BENCH_LABEL = "sbxkit.bench-exec"
 """Marks the benchmark's sandbox. Not ``oneshot``'s ``sbxkit.bench``: that benchmark's leak
 sweep removes every container carrying its label that it did not see before its run."""
@@ -79,43 +78,11 @@ RATIOS = (
 )
 
 
-def default_socket() -> str:
-    explicit = os.environ.get("SBXKIT_TEST_SOCKET")
-    if explicit:
-        return explicit
-    host = os.environ.get("DOCKER_HOST", "")
-    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--rounds", type=int, default=None, help=f"measured rounds (default {DEFAULT_ROUNDS})"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=None, help=f"discarded rounds (default {DEFAULT_WARMUP})"
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK_ROUNDS} rounds, {QUICK_WARMUP} warm-up (a smoke run, not a figure)",
-    )
-    parser.add_argument(
-        "--order",
-        default=None,
-        help="comma-separated contender keys (default: sbxkit,docker_py,docker_exec,sbxkit_bare)",
-    )
+    common.add_round_arguments(parser, ROUND_COUNTS, default_order=",".join(DEFAULT_ORDER))
     parser.add_argument("--socket", default=default_socket(), help="daemon socket")
-    parser.add_argument(
-        "--image",
-        default=os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest"),
-        help="busybox image (local)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=RESULTS_DIR,
-        help="directory for exec_latency.json / .md ('-' to write nothing)",
-    )
+    parser.add_argument("--image", default=default_busybox(), help="busybox image (local)")
+    common.add_out_argument(parser, "exec_latency.json / .md")
 
 
 def session_spec(image: str, seconds: float) -> SandboxSpec:
@@ -354,22 +321,10 @@ def render_text(report: dict[str, Any]) -> str:
     lines = [
         f"{NAME} — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
         + " → ".join(cfg["order"]),
-        f"{'contender':<20} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
+        *common.ms_table_text(report["contenders"], 20),
+        "(ms, wall time per exec round trip)",
+        *common.ratio_lines_text(report["ratios"], 26),
     ]
-    for info in report["contenders"].values():
-        t = info["total_ms"]
-        lines.append(
-            f"{info['label']:<20} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
-            f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
-            f"{t['n']:>4}"
-        )
-    lines.append("(ms, wall time per exec round trip)")
-    for name, info in report["ratios"].items():
-        halves = " / ".join(f"{h:.3f}" for h in info["halves"])
-        low, high = info["bootstrap95"]
-        lines.append(
-            f"{name:<26} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
-        )
     target = report["target"]
     if target["ratio"] is not None:
         verdict = "MET" if target["met"] else "NOT met"
@@ -378,49 +333,24 @@ def render_text(report: dict[str, Any]) -> str:
         if info["steps_median_ms"]:
             steps = "  ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())
             lines.append(f"  {info['label']:<20} {steps}")
-    lines += [f"ERROR: {error}" for error in report["errors"]]
-    lines += [f"LEAK: {leak}" for leak in report["leaks"]]
-    return "\n".join(lines)
+    return "\n".join(lines + common.errors_text(report))
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     m = report["machine"]
-    git = m.get("git") or {}
     out = [
         f"# {NAME} — exec `true` in a warm sandbox",
         "",
         f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
-        f"`{' → '.join(cfg['order'])}` on one running sandbox · Docker "
-        f"{m['docker_server_version']} (API {m['docker_server_api']}, runtime "
-        f"{m['default_runtime']}, cgroup v{m['cgroup_version']}) · kernel {m['kernel']} · "
-        f"{m['nproc']} CPUs · sbxkit at {str(git.get('commit', '?'))[:10]}"
-        + (" (sbxkit/ modified)" if git.get("sbxkit_dirty") else ""),
+        f"`{' → '.join(cfg['order'])}` on one running sandbox · "
+        + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
+        + common.git_md(m),
         "",
-        "| contender | median ms | p10 | p90 | min | max | n |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *common.ms_table_md(report["contenders"]),
     ]
-    for info in report["contenders"].values():
-        t = info["total_ms"]
-        out.append(
-            f"| {info['label']} | {fmt_ms(t.get('median'))} | {fmt_ms(t.get('p10'))} | "
-            f"{fmt_ms(t.get('p90'))} | {fmt_ms(t.get('min'))} | {fmt_ms(t.get('max'))} | "
-            f"{t['n']} |"
-        )
-    if report["ratios"]:
-        out += [
-            "",
-            "| ratio of medians | value | first half / second half | bootstrap 95 % |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, info in report["ratios"].items():
-            low, high = info["bootstrap95"]
-            halves = " / ".join(f"{h:.3f}" for h in info["halves"])
-            out.append(f"| {name} | {info['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
-    target = report["target"]
-    if target["ratio"] is not None:
-        verdict = "**met**" if target["met"] else "**not met**"
-        out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
+    out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
+    out += common.target_md(report["target"])
     out += ["", "What each contender does:", ""]
     out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
     sbx = report["contenders"].get("sbxkit", {}).get("steps_median_ms")
@@ -437,35 +367,16 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"rest ({client:.1f} ms). `sbxkit_bare` shows the floor an Engine-API exec client "
             "can reach; `sbxkit/sbxkit_bare` is the price of the process-group wrapper.",
         ]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+    return common.md(out + common.errors_md(report))
 
 
 def main(args: argparse.Namespace) -> int:
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
-    warmup = (
-        args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
-    )
-    if rounds < 1 or warmup < 0:
-        raise SystemExit(f"bench {NAME}: --rounds must be >= 1 and --warmup >= 0")
+    rounds, warmup = common.rounds_and_warmup(args, NAME, ROUND_COUNTS)
     report = trio.run(measure, args, rounds, warmup)
     print(render_text(report))
-    if str(args.out) != "-":
-        stem = NAME if report["ok"] else NAME + ".failed"
-        write_json(args.out / f"{stem}.json", report)
-        write_atomically(args.out / f"{stem}.md", render_markdown(report))
-        say(f"wrote {args.out / stem}.json and .md")
+    common.write_report(args.out, NAME, report, render_markdown)
     return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
-    import sys
-
-    cli = argparse.ArgumentParser(prog=f"python -m bench.{NAME}", description=SUMMARY)
-    add_arguments(cli)
-    sys.exit(main(cli.parse_args()))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

@@ -28,20 +28,18 @@ from typing import Any
 
 import trio
 
+from bench import common
 from bench.harness import ContenderFailed, machine_facts, ratio_of_medians, say
 from bench.suite import (
     ActivityWatch,
     LeakCheck,
     default_python,
-    default_socket,
     dockerpy_client,
     dockerpy_one_shot,
     fmt,
     label_of,
     peer_body,
-    shared_daemon_warning,
     summarise,
-    write_outputs,
 )
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.harness import Job, run_many
@@ -78,9 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="discarded whole runs per contender (default 0: the broken-solution run warms up)",
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
-    parser.add_argument("--socket", default=default_socket())
-    parser.add_argument("--image", default=default_python())
-    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+    common.add_daemon_arguments(parser, default_python())
 
 
 def load_programs(limit: int | None) -> dict[str, str]:
@@ -212,8 +208,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(lambda: pool.shutdown(wait=True))
                 client.close()
-                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
-                found = await trio.to_thread.run_sync(leaks.sweep)
+                found = await common.stop_and_sweep(facts, activity, leaks)
     for key in CONTENDERS:
         if any(p != len(programs) for p in passes[key]):
             errors.append(f"{key}: not every canonical solution passed: {failures[key]}")
@@ -300,10 +295,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             if complete
             else [],
         },
-        "errors": m["errors"],
-        "leaks": m["leaks"],
-        "leftovers_before_run": m["leftovers"],
-        "ok": not m["errors"] and not m["leaks"],
+        **common.outcome(m["errors"], m["leaks"], m["leftovers"]),
     }
 
 
@@ -313,8 +305,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# humaneval — {cfg['problems']} canonical solutions, one sandbox each",
         "",
         f"{m['date']} · {cfg['rounds']} runs per contender, {cfg['order']} · {cfg['parallel']} in "
-        f"parallel · `{cfg['image']}` · Docker {m['docker_server_version']} (API "
-        f"{m['docker_server_api']}, cgroup v{m['cgroup_version']}) · {m['nproc']} CPUs",
+        f"parallel · `{cfg['image']}` · {common.docker_md(m)}",
         "",
         "| contender | wall s median | min | max | problems/s median | passed per run | "
         "broken solution | n |",
@@ -330,45 +321,18 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{', '.join(str(p) for p in info['passed_per_run'])} / {cfg['problems']} | "
             f"{verdict}: `{broken.get('why', '')}` | {w.get('n', 0)} |"
         )
-    if report["ratios"]:
-        out += [
-            "",
-            "| ratio (of medians) | value | halves | bootstrap 95 % |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, r in report["ratios"].items():
-            halves = " / ".join(f"{h:.3f}" for h in r["halves"])
-            low, high = r["bootstrap95"]
-            out.append(f"| {name} | {r['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
         verdict = "**met**" if target["met"] else "**not met**"
         out += ["", f"Check `{target['expression']}`: {verdict}."]
-    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
-    if warning:
-        out += ["", f"**Warning:** {warning}."]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+    return common.finish_md(out, report)
 
 
 def main(args: argparse.Namespace) -> int:
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
+    rounds = common.pick(args.rounds, args.quick, QUICK_ROUNDS, DEFAULT_ROUNDS)
     report = build_report(trio.run(measure, args, rounds))
-    text = render_markdown(report)
-    print(text)
-    from bench.harness import RESULTS_DIR
-
-    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
-    return 0 if report["ok"] else 1
+    return common.publish(args, NAME, report, render_markdown(report))
 
 
 if __name__ == "__main__":
-    import sys
-
-    from bench.suite import standalone
-
-    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

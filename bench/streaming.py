@@ -37,18 +37,16 @@ from typing import Any
 import msgspec
 import trio
 
+from bench import common
 from bench.harness import ContenderFailed, machine_facts, ratio_of_medians, say
 from bench.rawapi import RAW_API_VERSION, RawEngine
 from bench.suite import (
     ActivityWatch,
     LeakCheck,
     default_busybox,
-    default_socket,
     fmt,
     label_of,
-    shared_daemon_warning,
     summarise,
-    write_outputs,
 )
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.policy import build_create_body
@@ -77,9 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bytes", type=int, default=DEFAULT_BYTES, help="stdout size (default 256 MiB)"
     )
-    parser.add_argument("--socket", default=default_socket())
-    parser.add_argument("--image", default=default_busybox())
-    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+    common.add_daemon_arguments(parser, default_busybox())
 
 
 def stream_spec(image: str, size: int, key: str) -> SandboxSpec:
@@ -249,8 +245,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         finally:
             with trio.CancelScope(shield=True):
                 api.close()
-                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
-                found = await trio.to_thread.run_sync(leaks.sweep)
+                found = await common.stop_and_sweep(facts, activity, leaks)
     return build_report(args, rounds, size, samples, facts, errors, found, leaks.leftovers)
 
 
@@ -326,10 +321,7 @@ def build_report(
             "groups": ["stdout stream"],
             "series": series if complete else [],
         },
-        "errors": errors,
-        "leaks": leaks,
-        "leftovers_before_run": leftovers,
-        "ok": not errors and not leaks,
+        **common.outcome(errors, leaks, leftovers),
     }
 
 
@@ -339,9 +331,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# streaming — {cfg['bytes'] // MiB} MiB of stdout",
         "",
         f"{m['date']} · {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
-        f"`{' → '.join(cfg['order'])}` · `{' '.join(cfg['command'])}` · Docker "
-        f"{m['docker_server_version']} (API {m['docker_server_api']}, cgroup "
-        f"v{m['cgroup_version']}) · {m['nproc']} CPUs · MB = 10^6 bytes",
+        f"`{' → '.join(cfg['order'])}` · `{' '.join(cfg['command'])}` · "
+        f"{common.docker_md(m)} · MB = 10^6 bytes",
         "",
         "| contender | MB/s median | p10 | p90 | min | max | window s (median) | whole run s "
         "(median) | client CPU s (median) | n |",
@@ -356,46 +347,17 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{fmt(info['total_run_s'].get('median'), 2)} | "
             f"{fmt(info['client_cpu_s'].get('median'), 2)} | {s['n']} |"
         )
-    if report["ratios"]:
-        out += [
-            "",
-            "| ratio (of medians) | value | halves | bootstrap 95 % |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, r in report["ratios"].items():
-            halves = " / ".join(f"{h:.3f}" for h in r["halves"])
-            low, high = r["bootstrap95"]
-            out.append(f"| {name} | {r['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
-        if target["ratio"] is not None:
-            verdict = "**met**" if target["met"] else "**not met**"
-            out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
-    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
-    if warning:
-        out += ["", f"**Warning:** {warning}."]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+        out += common.target_md(target)
+    return common.finish_md(out, report)
 
 
 def main(args: argparse.Namespace) -> int:
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
+    rounds = common.pick(args.rounds, args.quick, QUICK_ROUNDS, DEFAULT_ROUNDS)
     report = trio.run(measure, args, rounds)
-    text = render_markdown(report)
-    print(text)
-    from bench.harness import RESULTS_DIR
-
-    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
-    return 0 if report["ok"] else 1
+    return common.publish(args, NAME, report, render_markdown(report))
 
 
 if __name__ == "__main__":
-    import sys
-
-    from bench.suite import standalone
-
-    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

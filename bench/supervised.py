@@ -41,7 +41,6 @@ import re
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -50,8 +49,8 @@ from typing import Any
 import msgspec
 import trio
 
+from bench import common
 from bench.harness import (
-    RESULTS_DIR,
     Contender,
     ContenderFailed,
     StepTimings,
@@ -61,8 +60,6 @@ from bench.harness import (
     run_interleaved,
     say,
     summarise_ms,
-    write_atomically,
-    write_json,
 )
 from bench.oneshot import (
     BENCH_LABEL,
@@ -73,7 +70,8 @@ from bench.oneshot import (
     order_contenders,
     sbxkit_spec,
 )
-from bench.rawapi import EventWatch, RawEngine
+from bench.rawapi import RawEngine
+from bench.suite import ActivityWatch
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.errors import NotFound, SbxError
 from sbxkit.owner import InProcessOwner, Owner
@@ -95,6 +93,7 @@ DEFAULT_ROUNDS = 40
 QUICK_ROUNDS = 5
 DEFAULT_WARMUP = 3
 QUICK_WARMUP = 1
+ROUND_COUNTS = common.RoundCounts(DEFAULT_ROUNDS, DEFAULT_WARMUP, QUICK_ROUNDS, QUICK_WARMUP)
 
 SUPERVISED = "sbxkit_supervised"
 INPROCESS = "sbxkit_inprocess"
@@ -118,22 +117,7 @@ SUPERVISOR_EXIT_WAIT_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--rounds", type=int, default=None, help=f"measured rounds (default {DEFAULT_ROUNDS})"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=None, help=f"discarded rounds (default {DEFAULT_WARMUP})"
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK_ROUNDS} rounds, {QUICK_WARMUP} warm-up (a smoke run, not a figure)",
-    )
-    parser.add_argument(
-        "--order",
-        default=None,
-        help=f"comma-separated contender keys (default: {SUPERVISED},{INPROCESS})",
-    )
+    common.add_round_arguments(parser, ROUND_COUNTS, f"{SUPERVISED},{INPROCESS}")
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -143,12 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--socket", default=default_socket(), help="daemon socket")
     parser.add_argument("--image", default=default_image(), help="busybox image (local)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=RESULTS_DIR,
-        help="directory for supervised.json / supervised.md ('-' to write nothing)",
-    )
+    common.add_out_argument(parser, "supervised.json / supervised.md")
 
 
 # --- contenders --------------------------------------------------------------------------------
@@ -252,25 +231,6 @@ def sweep_leaks(
             }
         )
     return leaks
-
-
-def daemon_activity(watch: EventWatch) -> dict[str, Any]:
-    """Container creations the daemon saw during the run, ours and other clients' (a test run,
-    another benchmark): another tenant loads the daemon unevenly, and the count says so."""
-    mine = 0
-    foreign: list[str] = []
-    for event in watch.events:
-        attrs = (event.get("Actor") or {}).get("Attributes") or {}
-        if ours(attrs):
-            mine += 1
-        else:
-            foreign.append(str(attrs.get("name", "?")))
-    return {
-        "ours": mine,
-        "foreign": len(foreign),
-        "foreign_names_sample": foreign[:5],
-        "watch_error": watch.error,
-    }
 
 
 # --- the supervisor's counters and life ------------------------------------------------------
@@ -429,10 +389,10 @@ async def measure(
             + " → ".join(c.key for c in contenders)
             + f"; supervisor state dir {state_dir}"
         )
-        watch = EventWatch(args.socket, {"type": ["container"], "event": ["create"]})
-        watcher = threading.Thread(target=watch.run, name="sbxbench-events", daemon=True)
-        watcher.start()
-        await trio.to_thread.run_sync(watch.ready.wait, 10.0)
+        # Container creations the daemon saw during the run, ours (our bench label) and other
+        # clients' (a test run, another benchmark): another tenant loads the daemon unevenly.
+        activity = ActivityWatch(args.socket, NAME)
+        await trio.to_thread.run_sync(activity.start)
         try:
             # Warm-up (launches the supervisor), the counters, the measured rounds, the counters.
             await run_interleaved(contenders, rounds=0, warmup=warmup)
@@ -453,10 +413,9 @@ async def measure(
                         launches_between = len(launches(read_log(state_dir))) - started_before
                 except (SbxError, RuntimeError) as exc:
                     errors.append(f"supervisor stats after the run: {exc}")
-                watch.stop()
+                watch_result = await trio.to_thread.run_sync(activity.stop)
                 leaks = await trio.to_thread.run_sync(sweep_leaks, witness, known, leases)
-                await trio.to_thread.run_sync(watcher.join, 10.0)
-                facts["daemon_activity_during_run"] = daemon_activity(watch)
+                facts["daemon_activity_during_run"] = watch_result
                 witness.close()
         facts["loadavg_at_end"] = list(os.getloadavg())
     say(f"waiting for the supervisor's idle exit (up to {SUPERVISOR_EXIT_WAIT_S:g} s)")
@@ -620,10 +579,7 @@ def build_report(
         "attribution": attribution(sup, inp, probe),
         "fsyncs": fsyncs,
         "supervisor": supervisor,
-        "errors": errors,
-        "leaks": leaks,
-        "leftovers_before_run": leftovers,
-        "ok": not errors and not leaks,
+        **common.outcome(errors, leaks, leftovers),
     }
 
 
@@ -662,22 +618,10 @@ def render_text(report: dict[str, Any]) -> str:
     lines = [
         f"supervised — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
         + " → ".join(cfg["order"]),
-        f"{'contender':<14} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}",
+        *common.ms_table_text(report["contenders"], 14),
+        "(ms, wall time per one-shot run)",
+        *common.ratio_lines_text(report["ratios"]),
     ]
-    for info in report["contenders"].values():
-        t = info["total_ms"]
-        lines.append(
-            f"{info['label']:<14} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
-            f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
-            f"{t['n']:>4}"
-        )
-    lines.append("(ms, wall time per one-shot run)")
-    for name, info in report["ratios"].items():
-        halves = " / ".join(f"{h:.3f}" for h in info["halves"])
-        low, high = info["bootstrap95"]
-        lines.append(
-            f"{name}  {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
-        )
     target_text = _target_text(report["target"])
     if target_text:
         lines.append(target_text)
@@ -714,55 +658,31 @@ def render_text(report: dict[str, Any]) -> str:
             f"WARNING: the daemon was shared — {activity['foreign']} containers created by "
             f"other clients during the run (ours: {activity['ours']}); figures are noisier"
         )
-    lines += [f"ERROR: {error}" for error in report["errors"]]
-    lines += [f"LEAK: {leak}" for leak in report["leaks"]]
-    return "\n".join(lines)
+    return "\n".join(lines + common.errors_text(report))
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     m = report["machine"]
-    git = m.get("git") or {}
     out = [
         "# supervised — one-shot `true`, supervised vs in-process owner",
         "",
         f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
-        f"`{' → '.join(cfg['order'])}` · Docker {m['docker_server_version']} "
-        f"(API {m['docker_server_api']}, runtime {m['default_runtime']}, cgroup "
-        f"v{m['cgroup_version']}) · kernel {m['kernel']} · {m['nproc']} CPUs · "
-        f"sbxkit at {str(git.get('commit', '?'))[:10]}"
-        + (" (sbxkit/ modified)" if git.get("sbxkit_dirty") else "")
+        f"`{' → '.join(cfg['order'])}` · "
+        + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
+        + common.git_md(m)
         + f" · private supervisor state dir `{cfg['supervisor_state_dir']}`",
         "",
-        "| contender | median ms | p10 | p90 | min | max | n |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *common.ms_table_md(report["contenders"]),
     ]
-    for info in report["contenders"].values():
-        t = info["total_ms"]
-        out.append(
-            f"| {info['label']} | {fmt_ms(t.get('median'))} | {fmt_ms(t.get('p10'))} | "
-            f"{fmt_ms(t.get('p90'))} | {fmt_ms(t.get('min'))} | {fmt_ms(t.get('max'))} | "
-            f"{t['n']} |"
-        )
-    if report["ratios"]:
-        out += [
-            "",
-            "| ratio of medians | value | first half / second half | bootstrap 95 % |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, info in report["ratios"].items():
-            low, high = info["bootstrap95"]
-            halves = " / ".join(f"{h:.3f}" for h in info["halves"])
-            out.append(f"| {name} | {info['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
     target = report["target"]
-    if target["ratio"] is not None:
-        verdict = "**met**" if target["met"] else "**not met**"
-        stable = (
-            ""
-            if target["decided"]
-            else " — undecided: the halves or the bootstrap interval straddle the target"
-        )
-        out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f}){stable}."]
+    out += common.target_md(
+        target,
+        ""
+        if target["decided"]
+        else " — undecided: the halves or the bootstrap interval straddle the target",
+    )
     att = report["attribution"]
     out += [
         "",
@@ -807,22 +727,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"**Shared daemon:** {activity['foreign']} containers were created by other clients "
             f"during the run (ours: {activity['ours']}); the figures are noisier for it.",
         ]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+    return common.md(out + common.errors_md(report))
 
 
 def main(args: argparse.Namespace) -> int:
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
-    warmup = (
-        args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
-    )
-    if rounds < 1 or warmup < 0:
-        raise SystemExit("bench supervised: --rounds must be >= 1 and --warmup >= 0")
+    rounds, warmup = common.rounds_and_warmup(args, NAME, ROUND_COUNTS)
     private = args.state_dir is None
     if private:
         # mkdtemp: a fresh directory, mode 0700, owned by us — what the supervisor requires.
@@ -837,9 +746,5 @@ def main(args: argparse.Namespace) -> int:
                 shutil.rmtree(state_dir)
     report["supervisor"]["state_dir_removed"] = private and not state_dir.exists()
     print(render_text(report))
-    if str(args.out) != "-":
-        stem = NAME if report["ok"] else NAME + ".failed"  # never overwrite a complete result
-        write_json(args.out / f"{stem}.json", report)
-        write_atomically(args.out / f"{stem}.md", render_markdown(report))
-        say(f"wrote {args.out / stem}.json and .md")
+    common.write_report(args.out, NAME, report, render_markdown)
     return 0 if report["ok"] else 1

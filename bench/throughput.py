@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from bench import common
 from bench.harness import (
     ContenderFailed,
     machine_facts,
@@ -48,15 +49,12 @@ from bench.suite import (
     aiodocker_client,
     aiodocker_one_shot,
     default_busybox,
-    default_socket,
     dockerpy_client,
     dockerpy_one_shot,
     fmt,
     label_of,
     peer_body,
-    shared_daemon_warning,
     summarise,
-    write_outputs,
 )
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.harness import Job, run_many
@@ -91,13 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds, half-size batches"
     )
-    parser.add_argument(
-        "--contenders", default=",".join(CONTENDERS), help="comma-separated, in round order"
-    )
+    common.add_contenders_argument(parser, CONTENDERS)
     parser.add_argument("--runtime", default=None, help="OCI runtime for every contender")
-    parser.add_argument("--socket", default=default_socket())
-    parser.add_argument("--image", default=default_busybox())
-    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+    common.add_daemon_arguments(parser, default_busybox())
 
 
 def sbxkit_jobs(image: str, n: int, key: str, runtime: str | None) -> list[Job]:
@@ -243,8 +237,7 @@ async def measure(args: argparse.Namespace, rounds: int, jobs: dict[int, int]) -
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(close_peers, peers)
-                facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
-                found = await trio.to_thread.run_sync(leaks.sweep)
+                found = await common.stop_and_sweep(facts, activity, leaks)
     return build_report(args, rounds, jobs, keys, times, facts, errors, found, leaks.leftovers)
 
 
@@ -339,10 +332,7 @@ def build_report(
             if complete
             else [],
         },
-        "errors": errors,
-        "leaks": leaks,
-        "leftovers_before_run": leftovers,
-        "ok": not errors and not leaks,
+        **common.outcome(errors, leaks, leftovers),
     }
     return report
 
@@ -354,8 +344,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"{m['date']} · {cfg['rounds']} rounds (+{cfg['warmup']} warm-up) · batches of "
         + ", ".join(f"{n} jobs at P={p}" for p, n in cfg["jobs_per_batch"].items())
-        + f" · Docker {m['docker_server_version']} (API {m['docker_server_api']}, runtime "
-        f"{cfg['runtime']}, cgroup v{m['cgroup_version']}) · {m['nproc']} CPUs",
+        + f" · {common.docker_md(m, runtime=cfg['runtime'])}",
         "",
         "| contender | P | jobs/s median | p10 | p90 | min | max | n |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -368,47 +357,18 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{fmt(s.get('p90'), 2)} | {fmt(s.get('min'), 2)} | {fmt(s.get('max'), 2)} | "
                 f"{s['n']} |"
             )
-    if report["ratios"]:
-        out += [
-            "",
-            "| jobs/s ratio (of medians) | value | halves | bootstrap 95 % |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, r in report["ratios"].items():
-            halves = " / ".join(f"{h:.3f}" for h in r["halves"])
-            low, high = r["bootstrap95"]
-            out.append(f"| {name} | {r['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    out += common.ratio_table_md(report["ratios"], "jobs/s ratio (of medians)")
     for target in report["targets"]:
-        if target["ratio"] is not None:
-            verdict = "**met**" if target["met"] else "**not met**"
-            out += ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f})."]
-    warning = shared_daemon_warning(m.get("daemon_activity_during_run") or {})
-    if warning:
-        out += ["", f"**Warning:** {warning}."]
-    if report["errors"] or report["leaks"]:
-        out += ["", "**Errors / leaks:**", ""]
-        out += [f"- {e}" for e in report["errors"]]
-        out += [f"- leaked {leak}" for leak in report["leaks"]]
-    return "\n".join(out) + "\n"
+        out += common.target_md(target)
+    return common.finish_md(out, report)
 
 
 def main(args: argparse.Namespace) -> int:
-    rounds = (
-        args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
-    )
+    rounds = common.pick(args.rounds, args.quick, QUICK_ROUNDS, DEFAULT_ROUNDS)
     jobs = QUICK_JOBS if args.quick else JOBS
     report = trio.run(measure, args, rounds, jobs)
-    text = render_markdown(report)
-    print(text)
-    from bench.harness import RESULTS_DIR
-
-    write_outputs(args.out if args.out is not None else RESULTS_DIR, NAME, report, text)
-    return 0 if report["ok"] else 1
+    return common.publish(args, NAME, report, render_markdown(report))
 
 
 if __name__ == "__main__":
-    import sys
-
-    from bench.suite import standalone
-
-    sys.exit(standalone(NAME, SUMMARY, add_arguments, main))
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

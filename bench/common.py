@@ -1,0 +1,290 @@
+"""What the benchmark modules repeat beyond ``bench.harness`` and ``bench.suite``: argument
+boilerplate and round counts, the tables of a report rendered as text and markdown, the report's
+closing keys, the end-of-run watch stop and leak sweep, and the end of a run (print, write the
+results, exit status).
+
+Every helper renders exactly what the modules rendered by hand before; the markdown ones return
+lists of lines to append (empty when there is nothing to say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import trio
+
+from bench.harness import RESULTS_DIR, fmt_ms, say, write_atomically, write_json
+from bench.suite import (
+    ActivityWatch,
+    LeakCheck,
+    default_socket,
+    shared_daemon_warning,
+    standalone,
+    write_outputs,
+)
+
+# --- arguments -----------------------------------------------------------------------------------
+
+
+def pick(value: int | None, quick: bool, quick_value: int, default_value: int) -> int:
+    """``value`` when given on the command line, else the quick or the default count."""
+    if value is not None:
+        return value
+    return quick_value if quick else default_value
+
+
+@dataclass(frozen=True)
+class RoundCounts:
+    """Measured and discarded rounds of an interleaved benchmark, by default and with --quick."""
+
+    rounds: int
+    warmup: int
+    quick_rounds: int
+    quick_warmup: int
+
+
+def add_round_arguments(
+    parser: argparse.ArgumentParser, counts: RoundCounts, default_order: str
+) -> None:
+    """``--rounds``, ``--warmup``, ``--quick`` and ``--order`` of an interleaved benchmark."""
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"measured rounds (default {counts.rounds})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help=f"discarded rounds (default {counts.warmup})"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{counts.quick_rounds} rounds, {counts.quick_warmup} warm-up "
+        "(a smoke run, not a figure)",
+    )
+    parser.add_argument(
+        "--order",
+        default=None,
+        help=f"comma-separated contender keys (default: {default_order})",
+    )
+
+
+def add_out_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--out DIR`` (default ``bench/results``; ``-`` writes nothing)."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help=f"directory for {what} ('-' to write nothing)",
+    )
+
+
+def add_daemon_arguments(parser: argparse.ArgumentParser, image: str) -> None:
+    """A suite benchmark's ``--socket``, ``--image`` (default ``image``) and ``--out``."""
+    parser.add_argument("--socket", default=default_socket())
+    parser.add_argument("--image", default=image)
+    parser.add_argument("--out", default=None, help="results directory ('-' for none)")
+
+
+def add_contenders_argument(parser: argparse.ArgumentParser, contenders: Sequence[str]) -> None:
+    parser.add_argument(
+        "--contenders", default=",".join(contenders), help="comma-separated, in round order"
+    )
+
+
+def rounds_and_warmup(args: argparse.Namespace, name: str, counts: RoundCounts) -> tuple[int, int]:
+    """The measured and discarded round counts; exits on impossible ones."""
+    rounds = pick(args.rounds, args.quick, counts.quick_rounds, counts.rounds)
+    warmup = pick(args.warmup, args.quick, counts.quick_warmup, counts.warmup)
+    if rounds < 1 or warmup < 0:
+        raise SystemExit(f"bench {name}: --rounds must be >= 1 and --warmup >= 0")
+    return rounds, warmup
+
+
+# --- markdown ------------------------------------------------------------------------------------
+
+
+def docker_md(
+    machine: Mapping[str, Any], *, runtime: str | None = None, kernel: bool = False
+) -> str:
+    """``Docker V (API A, [runtime R, ]cgroup vN) · [kernel K · ]N CPUs``."""
+    m = machine
+    return (
+        f"Docker {m['docker_server_version']} (API {m['docker_server_api']}, "
+        + (f"runtime {runtime}, " if runtime else "")
+        + f"cgroup v{m['cgroup_version']}) · "
+        + (f"kernel {m['kernel']} · " if kernel else "")
+        + f"{m['nproc']} CPUs"
+    )
+
+
+def git_md(machine: Mapping[str, Any]) -> str:
+    """`` · sbxkit at COMMIT[ (sbxkit/ modified)]``."""
+    git = machine.get("git") or {}
+    return f" · sbxkit at {str(git.get('commit', '?'))[:10]}" + (
+        " (sbxkit/ modified)" if git.get("sbxkit_dirty") else ""
+    )
+
+
+def ms_table_md(contenders: Mapping[str, Any]) -> list[str]:
+    """The contenders' ``total_ms`` summaries as a markdown table."""
+    out = [
+        "| contender | median ms | p10 | p90 | min | max | n |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for info in contenders.values():
+        t = info["total_ms"]
+        out.append(
+            f"| {info['label']} | {fmt_ms(t.get('median'))} | {fmt_ms(t.get('p10'))} | "
+            f"{fmt_ms(t.get('p90'))} | {fmt_ms(t.get('min'))} | {fmt_ms(t.get('max'))} | "
+            f"{t['n']} |"
+        )
+    return out
+
+
+def ratio_table_md(
+    ratios: Mapping[str, Any],
+    title: str = "ratio (of medians)",
+    halves_title: str | None = "halves",
+) -> list[str]:
+    """A blank line and the ratios as a markdown table (nothing without ratios); without
+    ``halves_title``, no halves column. A ratio without a bootstrap interval shows ``-``."""
+    if not ratios:
+        return []
+    if halves_title is None:
+        out = ["", f"| {title} | value | bootstrap 95 % |", "|---|---:|---:|"]
+    else:
+        out = ["", f"| {title} | value | {halves_title} | bootstrap 95 % |", "|---|---:|---:|---:|"]
+    for name, r in ratios.items():
+        cells = [name, f"{r['ratio']:.3f}"]
+        if halves_title is not None:
+            cells.append(" / ".join(f"{h:.3f}" for h in r.get("halves", [])))
+        boot = r.get("bootstrap95")
+        cells.append(f"{boot[0]:.3f}–{boot[1]:.3f}" if boot else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def target_md(target: Mapping[str, Any], note: str = "") -> list[str]:
+    """``Target `EXPR`: **met** (R)NOTE.`` after a blank line, when the ratio was measured."""
+    if target["ratio"] is None:
+        return []
+    verdict = "**met**" if target["met"] else "**not met**"
+    return ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f}){note}."]
+
+
+def shared_daemon_md(machine: Mapping[str, Any]) -> list[str]:
+    """The shared-daemon warning, when other clients created containers during the run."""
+    warning = shared_daemon_warning(machine.get("daemon_activity_during_run") or {})
+    return ["", f"**Warning:** {warning}."] if warning else []
+
+
+def errors_md(report: Mapping[str, Any]) -> list[str]:
+    """The run's errors and leaks as a markdown list (nothing when there are none)."""
+    if not report["errors"] and not report["leaks"]:
+        return []
+    out = ["", "**Errors / leaks:**", ""]
+    out += [f"- {e}" for e in report["errors"]]
+    out += [f"- leaked {leak}" for leak in report["leaks"]]
+    return out
+
+
+def md(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def finish_md(out: list[str], report: Mapping[str, Any]) -> str:
+    """A suite report's markdown: ``out``, the shared-daemon warning, errors and leaks."""
+    return md(out + shared_daemon_md(report["machine"]) + errors_md(report))
+
+
+# --- text ----------------------------------------------------------------------------------------
+
+
+def ms_table_text(contenders: Mapping[str, Any], width: int) -> list[str]:
+    """The contenders' ``total_ms`` summaries as aligned text, labels ``width`` wide."""
+    head = "contender"
+    lines = [f"{head:<{width}} {'median':>8} {'p10':>8} {'p90':>8} {'min':>8} {'max':>8} {'n':>4}"]
+    for info in contenders.values():
+        t = info["total_ms"]
+        lines.append(
+            f"{info['label']:<{width}} {fmt_ms(t.get('median')):>8} {fmt_ms(t.get('p10')):>8} "
+            f"{fmt_ms(t.get('p90')):>8} {fmt_ms(t.get('min')):>8} {fmt_ms(t.get('max')):>8} "
+            f"{t['n']:>4}"
+        )
+    return lines
+
+
+def ratio_lines_text(ratios: Mapping[str, Any], name_width: int | None = None) -> list[str]:
+    """One line per ratio: value, halves, bootstrap interval; names padded to ``name_width``
+    (or followed by two spaces)."""
+    lines = []
+    for name, info in ratios.items():
+        halves = " / ".join(f"{h:.3f}" for h in info["halves"])
+        low, high = info["bootstrap95"]
+        shown = f"{name:<{name_width}} " if name_width is not None else f"{name}  "
+        lines.append(
+            f"{shown}{info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
+        )
+    return lines
+
+
+def errors_text(report: Mapping[str, Any]) -> list[str]:
+    return [f"ERROR: {error}" for error in report["errors"]] + [
+        f"LEAK: {leak}" for leak in report["leaks"]
+    ]
+
+
+def outcome(errors: list[str], leaks: list[dict[str, Any]], leftovers: list[Any]) -> dict[str, Any]:
+    """The last keys of a report: what went wrong, what leaked, what an earlier run left
+    behind, and whether the run counts (``ok``)."""
+    return {
+        "errors": errors,
+        "leaks": leaks,
+        "leftovers_before_run": leftovers,
+        "ok": not errors and not leaks,
+    }
+
+
+async def stop_and_sweep(
+    facts: dict[str, Any], activity: ActivityWatch, leaks: LeakCheck
+) -> list[dict[str, Any]]:
+    """Stop the shared-daemon watch (its tally goes to ``facts``), then sweep the leaks."""
+    facts["daemon_activity_during_run"] = await trio.to_thread.run_sync(activity.stop)
+    return await trio.to_thread.run_sync(leaks.sweep)
+
+
+# --- the end of a run ----------------------------------------------------------------------------
+
+
+def publish(args: argparse.Namespace, name: str, report: dict[str, Any], text: str) -> int:
+    """A suite benchmark's end: print the markdown, write JSON + markdown + PNG to ``--out``
+    (``bench/results`` by default), exit status 0 only for a complete, leak-free run."""
+    print(text)
+    write_outputs(args.out if args.out is not None else RESULTS_DIR, name, report, text)
+    return 0 if report["ok"] else 1
+
+
+def write_report(
+    out: Path, name: str, report: dict[str, Any], render: Callable[[dict[str, Any]], str]
+) -> None:
+    """``NAME.json`` and ``NAME.md`` in ``out`` (nothing for ``-``); a run that failed to
+    measure writes ``NAME.failed.*``, never overwriting a complete result."""
+    if str(out) == "-":
+        return
+    stem = name if report["ok"] else name + ".failed"
+    write_json(out / f"{stem}.json", report)
+    write_atomically(out / f"{stem}.md", render(report))
+    say(f"wrote {out / stem}.json and .md")
+
+
+def run_as_script(
+    name: str,
+    summary: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    main: Callable[[argparse.Namespace], int],
+) -> NoReturn:
+    """``python -m bench.NAME [options]``: the same as ``python -m bench NAME [options]``."""
+    sys.exit(standalone(name, summary, add_arguments, main))
