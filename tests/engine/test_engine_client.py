@@ -328,3 +328,11 @@ async def test_attach_replays_bytes_sent_with_the_101_head(
     finally:
         with trio.CancelScope(shield=True):
             await engine.container_remove(container_id)
+
+
+async def test_cached_info_reuses_a_recent_answer_and_refreshes_an_old_one(engine: Engine) -> None:
+    first = await engine.cached_info()
+    assert await engine.cached_info() is first  # within the window: no second /info call
+    fresh = await engine.cached_info(max_age_s=0.0)
+    assert fresh is not first
+    assert "runc" in (fresh.runtimes or {})

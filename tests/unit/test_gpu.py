@@ -328,6 +328,9 @@ class StubEngine:
         self.calls += 1
         return self.reply
 
+    async def cached_info(self) -> InfoReply:
+        return await self.info()  # the stub does not cache: every call is counted
+
 
 async def test_default_runs_never_ask_the_daemon() -> None:
     engine = StubEngine(cdi_info(GPUS))
