@@ -53,6 +53,7 @@ import trio
 
 from sbxkit.errors import CleanupError, SbxError, SpecError
 from sbxkit.harness import Job, JobError, JobId, JobResult, run_many
+from sbxkit.result import json_fields
 from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
@@ -199,22 +200,13 @@ def result_line(done: JobResult) -> ResultLine:
             timings=timings,
             error=done.error,
         )
-    timings.update(msgspec.structs.asdict(result.timings))
-    timings["elapsed_s"] = done.elapsed_s
-    return ResultLine(
-        id=done.id,
-        status=result.status,
-        exit_code=result.exit_code,
-        stdout=result.stdout.decode("utf-8", "replace"),
-        stderr=result.stderr.decode("utf-8", "replace"),
-        stdout_bytes=len(result.stdout),
-        stderr_bytes=len(result.stderr),
-        overflowed=result.overflowed,
-        oom_evidence=result.oom_evidence,
-        container_id=result.container_id,
-        lease=result.lease,
-        timings=timings,
-    )
+    fields = json_fields(result)
+    fields["timings"] = {
+        **timings,
+        **msgspec.structs.asdict(result.timings),
+        "elapsed_s": done.elapsed_s,
+    }
+    return ResultLine(id=done.id, **fields)  # type: ignore[arg-type]
 
 
 def encode_result(done: JobResult) -> bytes:

@@ -37,7 +37,7 @@ from sbxkit.profile import (
     sandbox_options,
     supervisor_command,
 )
-from sbxkit.result import RunResult, Status
+from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, SandboxSpec, parse_size
@@ -76,19 +76,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
 
 
 def to_json(result: RunResult) -> bytes:
-    doc = JsonResult(
-        status=result.status,
-        exit_code=result.exit_code,
-        stdout=result.stdout.decode("utf-8", "replace"),
-        stderr=result.stderr.decode("utf-8", "replace"),
-        stdout_bytes=len(result.stdout),
-        stderr_bytes=len(result.stderr),
-        overflowed=result.overflowed,
-        container_id=result.container_id,
-        lease=result.lease,
-        oom_evidence=result.oom_evidence,
-        timings=msgspec.structs.asdict(result.timings),
-    )
+    doc = JsonResult(**json_fields(result))  # type: ignore[arg-type]
     return msgspec.json.encode(doc)
 
 

@@ -39,3 +39,21 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def ok(self) -> bool:
         return self.status == "exited" and self.exit_code == 0
+
+
+def json_fields(result: RunResult) -> dict[str, object]:
+    """The result as JSON-ready fields (``sbxkit run --json`` and ``sbxkit batch`` lines): text
+    decoded as UTF-8 with replacement, byte counts of the raw output, timings in seconds."""
+    return {
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "stdout": result.stdout.decode("utf-8", "replace"),
+        "stderr": result.stderr.decode("utf-8", "replace"),
+        "stdout_bytes": len(result.stdout),
+        "stderr_bytes": len(result.stderr),
+        "overflowed": result.overflowed,
+        "container_id": result.container_id,
+        "lease": result.lease,
+        "oom_evidence": result.oom_evidence,
+        "timings": msgspec.structs.asdict(result.timings),
+    }
