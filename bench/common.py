@@ -18,7 +18,15 @@ from typing import Any, NoReturn
 
 import trio
 
-from bench.harness import RESULTS_DIR, fmt_ms, say, write_atomically, write_json
+from bench.harness import (
+    RESULTS_DIR,
+    Contender,
+    StepTimings,
+    fmt_ms,
+    say,
+    write_atomically,
+    write_json,
+)
 from bench.suite import (
     ActivityWatch,
     LeakCheck,
@@ -27,6 +35,49 @@ from bench.suite import (
     standalone,
     write_outputs,
 )
+from sbxkit.engine.client import Engine
+from sbxkit.errors import NotFound
+
+# --- contenders ---------------------------------------------------------------------------------
+
+
+def order_contenders(contenders: list[Contender], order: str | None, bench: str) -> list[Contender]:
+    """Apply ``--order`` (comma-separated keys; unnamed contenders keep their place after)."""
+    if not order:
+        return contenders
+    wanted = [key.strip() for key in order.split(",") if key.strip()]
+    by_key = {c.key: c for c in contenders}
+    unknown = [key for key in wanted if key not in by_key]
+    if unknown:
+        raise SystemExit(f"bench {bench}: --order names unknown contenders {unknown}")
+    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
+
+
+def cli_contender(key: str, label: str, command: Sequence[str], env: dict[str, str]) -> Contender:
+    """A contender that runs a command line (the docker CLI) and must exit 0."""
+
+    async def once() -> StepTimings:
+        done = await trio.run_process(
+            list(command), capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{label} exited {done.returncode}: {done.stderr.decode(errors='replace')}"
+            )
+        return {}
+
+    return Contender(key, label, "subprocess: " + " ".join(command), once)
+
+
+async def require_image(engine: Engine, image: str, bench: str) -> None:
+    """Benchmarks never pull: a missing image ends the run with a clear message."""
+    try:
+        await engine.image_inspect(image)
+    except NotFound:
+        raise SystemExit(
+            f"bench {bench}: image {image} is not present (scripts/engine-up loads it)"
+        ) from None
+
 
 # --- arguments -----------------------------------------------------------------------------------
 

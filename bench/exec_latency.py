@@ -50,7 +50,6 @@ from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
-from sbxkit.errors import NotFound
 from sbxkit.session import Sandbox, open_sandbox
 from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
 
@@ -178,31 +177,6 @@ def docker_py_contender(socket_path: str, container_id: str) -> tuple[Contender,
     )
 
 
-def docker_exec_contender(command: Sequence[str], env: dict[str, str]) -> Contender:
-    async def once() -> StepTimings:
-        done = await trio.run_process(
-            list(command), capture_stdout=True, capture_stderr=True, check=False, env=env
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"docker exec exited {done.returncode}: {done.stderr.decode(errors='replace')}"
-            )
-        return {}
-
-    return Contender("docker_exec", "docker exec", "subprocess: " + " ".join(command), once)
-
-
-def order_contenders(contenders: list[Contender], order: str | None) -> list[Contender]:
-    if not order:
-        return contenders
-    wanted = [key.strip() for key in order.split(",") if key.strip()]
-    by_key = {c.key: c for c in contenders}
-    unknown = [key for key in wanted if key not in by_key]
-    if unknown:
-        raise SystemExit(f"bench {NAME}: --order names unknown contenders {unknown}")
-    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -219,22 +193,20 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
     seconds = max(600.0, (rounds + warmup) * 3 * 1.0)
     async with open_engine(args.socket) as engine:
         facts = await machine_facts(engine)
-        try:
-            await engine.image_inspect(args.image)
-        except NotFound:
-            raise SystemExit(f"bench {NAME}: image {args.image} is not present") from None
+        await common.require_image(engine, args.image, NAME)
         async with open_sandbox(session_spec(args.image, seconds), engine=engine) as sandbox:
             lease, container_id = sandbox.lease, sandbox.container_id
             docker_py, client = docker_py_contender(args.socket, container_id)
             cli_command = [docker_cli, "exec", container_id, "true"]
-            contenders = order_contenders(
+            contenders = common.order_contenders(
                 [
                     sbxkit_contender(sandbox),
                     docker_py,
-                    docker_exec_contender(cli_command, env),
+                    common.cli_contender("docker_exec", "docker exec", cli_command, env),
                     bare_contender(sandbox, engine),
                 ],
                 args.order,
+                NAME,
             )
             say(
                 f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "

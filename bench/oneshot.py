@@ -54,6 +54,7 @@ from typing import Any
 import msgspec
 import trio
 
+from bench import common
 from bench.harness import (
     RESULTS_DIR,
     Contender,
@@ -79,7 +80,6 @@ from bench.suite import (
 )
 from bench.tracing import CallTracer, public_async_methods
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.errors import NotFound
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import build_create_body
 from sbxkit.runner import run as sbxkit_run
@@ -353,20 +353,6 @@ def raw_contender(
     )
 
 
-def docker_run_contender(command: Sequence[str], env: dict[str, str]) -> Contender:
-    async def once() -> StepTimings:
-        done = await trio.run_process(
-            list(command), capture_stdout=True, capture_stderr=True, check=False, env=env
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"docker run exited {done.returncode}: {done.stderr.decode(errors='replace')}"
-            )
-        return {}
-
-    return Contender("docker_run", "docker run --rm", "subprocess: " + " ".join(command), once)
-
-
 def dockerpy_contender(client: Any, body: dict[str, Any]) -> Contender:
     """docker-py on one shared ``DockerClient`` (its pooled connections kept across rounds),
     in a worker thread: create → start → wait → remove(force, v), the floor's body."""
@@ -638,12 +624,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         facts = await machine_facts(engine)
         facts["docker_cli"] = await docker_cli_facts(docker, env)
         facts["sbxkit_supervisor_state_dir"] = str(default_state_dir())
-        try:
-            await engine.image_inspect(args.image)
-        except NotFound:
-            raise SystemExit(
-                f"bench oneshot: image {args.image} is not present (scripts/engine-up loads it)"
-            ) from None
+        await common.require_image(engine, args.image, "oneshot")
         snapshot = await trio.to_thread.run_sync(witness.containers)
         before = {c["Id"] for c in snapshot}
         leftovers = [
@@ -695,7 +676,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             contenders.append(epicbox_contender())
         except Exception as exc:
             unavailable["epicbox"] = f"{type(exc).__name__}: {exc}"
-        contenders.append(docker_run_contender(docker_cmd, env))
+        contenders.append(common.cli_contender("docker_run", "docker run --rm", docker_cmd, env))
         if CRUN in (facts.get("runtimes") or []):
             contenders += [
                 sbxkit_contender(
@@ -738,7 +719,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                     what="the floor's body without NetworkDisabled",
                 ),
             ]
-        contenders = order_contenders(contenders, args.order)
+        contenders = common.order_contenders(contenders, args.order, "oneshot")
         say(
             f"oneshot: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)
@@ -798,18 +779,6 @@ def close_peers(peers: dict[str, Any]) -> None:
         if "aiodocker" in peers:
             peers["aiodocker_loop"].call(peers["aiodocker"].close)
         peers["aiodocker_loop"].close()
-
-
-def order_contenders(contenders: list[Contender], order: str | None) -> list[Contender]:
-    """Apply ``--order`` (comma-separated keys; unnamed contenders keep their place after)."""
-    if not order:
-        return contenders
-    wanted = [key.strip() for key in order.split(",") if key.strip()]
-    by_key = {c.key: c for c in contenders}
-    unknown = [key for key in wanted if key not in by_key]
-    if unknown:
-        raise SystemExit(f"bench oneshot: --order names unknown contenders {unknown}")
-    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
 
 
 def _medians_ms(table: dict[str, list[float]]) -> dict[str, float]:

@@ -67,13 +67,12 @@ from bench.oneshot import (
     default_image,
     default_socket,
     fsync_probe,
-    order_contenders,
     sbxkit_spec,
 )
 from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.errors import NotFound, SbxError
+from sbxkit.errors import SbxError
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.runner import run as sbxkit_run
 from sbxkit.spec import LEASE_LABEL, SandboxSpec
@@ -347,12 +346,7 @@ async def measure(
     started_before = 0
     async with open_engine(args.socket) as engine:
         facts = await machine_facts(engine)
-        try:
-            await engine.image_inspect(args.image)
-        except NotFound:
-            raise SystemExit(
-                f"bench supervised: image {args.image} is not present (scripts/engine-up loads it)"
-            ) from None
+        await common.require_image(engine, args.image, NAME)
         snapshot = await trio.to_thread.run_sync(witness.containers)
         known = {c["Id"] for c in snapshot}
         leftovers = [
@@ -383,7 +377,7 @@ async def measure(
                 timed=("create", "remove"),
             ),
         ]
-        contenders = order_contenders(contenders, args.order)
+        contenders = common.order_contenders(contenders, args.order, NAME)
         say(
             f"supervised: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)
