@@ -26,14 +26,20 @@ from sbxkit.engine.execapi import container_resize
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.errors import SbxError
 from sbxkit.owner import Owner
-from sbxkit.session import ContainerProcess, OwnedContainer, SandboxExit, owned_container
+from sbxkit.session import (
+    ContainerProcess,
+    OwnedContainer,
+    OwnedView,
+    SandboxExit,
+    owned_container,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
 __all__ = ["PtySession", "open_pty"]
 
 
-class PtySession(trio.abc.Stream):
+class PtySession(OwnedView, trio.abc.Stream):
     """The terminal of a sandboxed process: ``send_all`` types, ``receive_some`` reads the
     screen bytes (``b""`` once the process ended or was ended), ``resize`` and ``wait``.
 
@@ -50,18 +56,6 @@ class PtySession(trio.abc.Stream):
         self._closed = False
         self._receiving = False
         self._sending = False
-
-    @property
-    def container_id(self) -> str:
-        return self._box.container_id
-
-    @property
-    def lease(self) -> str:
-        return self._box.lease
-
-    @property
-    def deadline(self) -> float:
-        return self._box.deadline
 
     def _check(self, busy: bool) -> None:
         if self._closed:

@@ -366,13 +366,10 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
     return list(argv)
 
 
-class Sandbox:
-    """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
+class OwnedView:
+    """What every long-lived handle (sandbox, PTY, stdio worker) says about its container."""
 
-    def __init__(self, box: OwnedContainer, files_root: str) -> None:
-        self._box = box
-        self.files_root = files_root
-        self._unusable: str | None = None
+    _box: OwnedContainer
 
     @property
     def container_id(self) -> str:
@@ -383,13 +380,22 @@ class Sandbox:
         return self._box.lease
 
     @property
-    def spec(self) -> SandboxSpec:
-        return self._box.spec
+    def deadline(self) -> float:
+        """trio clock time at which the sandbox's time limit ends it."""
+        return self._box.deadline
+
+
+class Sandbox(OwnedView):
+    """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
+
+    def __init__(self, box: OwnedContainer, files_root: str) -> None:
+        self._box = box
+        self.files_root = files_root
+        self._unusable: str | None = None
 
     @property
-    def deadline(self) -> float:
-        """trio clock time at which the session's time limit ends the block."""
-        return self._box.deadline
+    def spec(self) -> SandboxSpec:
+        return self._box.spec
 
     # -- exec ---------------------------------------------------------------------------------
 

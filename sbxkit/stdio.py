@@ -28,7 +28,13 @@ from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.output import CappedBuffer
 from sbxkit.owner import Owner
 from sbxkit.result import Status, Stream
-from sbxkit.session import ContainerProcess, OwnedContainer, SandboxExit, owned_container
+from sbxkit.session import (
+    ContainerProcess,
+    OwnedContainer,
+    OwnedView,
+    SandboxExit,
+    owned_container,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
@@ -158,25 +164,14 @@ class WorkerStdin(trio.abc.SendStream):
         await self.send_eof()
 
 
-class StdioWorker:
+class StdioWorker(OwnedView):
     """A running stdio worker: ``stdin``, ``stdout``, ``stderr`` (captured) and ``wait``."""
 
     def __init__(self, channel: _Channel) -> None:
         self._channel = channel
+        self._box = channel.box
         self.stdin = WorkerStdin(channel)
         self.stdout = WorkerStdout(channel)
-
-    @property
-    def container_id(self) -> str:
-        return self._channel.box.container_id
-
-    @property
-    def lease(self) -> str:
-        return self._channel.box.lease
-
-    @property
-    def deadline(self) -> float:
-        return self._channel.box.deadline
 
     @property
     def stderr(self) -> bytes:
