@@ -49,7 +49,7 @@ from types import TracebackType
 import h11
 import trio
 
-DOCKER_SOCKET = "/var/run/docker.sock"
+DOCKER_SOCKET = os.environ.get("SBXKIT_TEST_SOCKET", "/var/run/docker.sock")
 READ_CHUNK = 64 * 1024
 MAX_REQUEST_BODY = 16 * 1024 * 1024
 _PEER_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)

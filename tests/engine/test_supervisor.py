@@ -727,7 +727,7 @@ def test_leases_retire_needs_confirm_then_deletes_an_unobserved_tombstone(
     with running_supervisor(state_dir) as sup:
         retired = sbxkit_cli("leases", "--state-dir", str(state_dir), "retire", lease, "--confirm")
         assert retired.returncode == 0, (retired.stderr, sup.log())
-        assert "daemon /var/run/docker.sock: containers labelled " in retired.stdout
+        assert f"daemon {witness.socket_path}: containers labelled " in retired.stdout
         assert f"{LEASE_LABEL}={lease}: 0" in retired.stdout
         assert f"containers named {container_name(lease)}: 0" in retired.stdout
         assert f"retired {lease}" in retired.stdout
