@@ -34,6 +34,7 @@ from sbxkit.errors import (
     EngineTimeout,
     EngineUnavailable,
     ImageError,
+    NeverFits,
     NotFound,
     SbxError,
     SpecError,
@@ -51,10 +52,16 @@ from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
 from sbxkit.stdio import StdioWorker, open_stdio_worker
-from sbxkit.supervisor.client import CapacityExhausted, SupervisedOwner, SupervisorError
+from sbxkit.supervisor.client import (
+    AdmissionTimeout,
+    CapacityExhausted,
+    SupervisedOwner,
+    SupervisorError,
+)
 
 __all__ = [
     "LEASE_LABEL",
+    "AdmissionTimeout",
     "ArchiveError",
     "BindMount",
     "CapacityExhausted",
@@ -80,6 +87,7 @@ __all__ = [
     "JobResult",
     "Limits",
     "MiB",
+    "NeverFits",
     "NotFound",
     "OutputGrant",
     "Owner",

@@ -21,8 +21,10 @@ Resume: ids already present in RESULTS are skipped, so re-running the same comma
 interruption runs exactly the jobs without a line. A trailing fragment left by a crash is
 dropped; any other line that is not a result object refuses the run.
 
-Progress: on a terminal, one status line redrawn on stderr (done/total, rate, failures, ETA);
-nothing while stderr is not a terminal. A one-line summary is printed at the end either way.
+Progress: on a terminal, one status line redrawn on stderr and cut to its width (done/total,
+running, queued, failed, errors, rate, ETA; "running" counts the jobs the batch has started,
+some of which may still wait for the host's capacity in the supervisor); nothing while stderr
+is not a terminal. A one-line summary is printed at the end either way.
 
 SIGINT/SIGTERM cancel the batch: every sandbox in flight is removed by its own run before the
 command exits with 128 + the signal number; jobs that did not finish have no line, and RESULTS
@@ -41,6 +43,7 @@ import argparse
 import functools
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -337,17 +340,39 @@ def _clock(seconds: float) -> str:
 
 
 def format_progress(
-    *, done: int, total: int, failed: int, errors: int, ran: int, elapsed_s: float
+    *,
+    done: int,
+    total: int,
+    failed: int,
+    errors: int,
+    ran: int,
+    elapsed_s: float,
+    running: int = 0,
+    width: int | None = None,
 ) -> str:
-    """``done/total``, the rate of this session's completions, failures and the ETA."""
+    """Running and queued jobs, ``done/total``, failures, this session's rate and the ETA —
+    cut to ``width`` columns by dropping the least telling parts from the end."""
     rate = ran / elapsed_s if elapsed_s > 0 and ran else 0.0
     left = total - done
     eta = _clock(left / rate) if rate > 0 else "?"
     if left == 0:
         eta = "0:00"
-    return (
-        f"{done}/{total} done · {rate:.2f} jobs/s · {failed} failed · {errors} errors · ETA {eta}"
-    )
+    parts = [
+        f"{done}/{total} done",
+        f"{running} running",
+        f"{max(left - running, 0)} queued",
+        f"{failed} failed",
+        f"{errors} errors",
+        f"{rate:.2f} jobs/s",
+        f"ETA {eta}",
+    ]
+    line = parts[0]
+    for part in parts[1:]:
+        candidate = f"{line} · {part}"
+        if width is not None and len(candidate) > width:
+            break
+        line = candidate
+    return line[:width] if width is not None else line
 
 
 def is_failure(done: JobResult) -> bool:
@@ -368,6 +393,7 @@ class Progress:
     ) -> None:
         self.total = total
         self.done = already
+        self.running = 0
         self.ran = 0
         self.failed = 0
         self.errors = 0
@@ -377,9 +403,14 @@ class Progress:
         self._clock = clock
         self._began = clock()
 
+    def start(self, job_id: JobId) -> None:
+        """A job was admitted by the batch (it may still wait for the host's capacity)."""
+        self.running += 1
+
     def record(self, done: JobResult) -> None:
         self.done += 1
         self.ran += 1
+        self.running = max(self.running - 1, 0)
         if done.error is not None:
             self.errors += 1
             if done.error.type == CleanupError.__name__:
@@ -400,6 +431,8 @@ class Progress:
             errors=self.errors,
             ran=self.ran,
             elapsed_s=self.elapsed_s,
+            running=self.running,
+            width=shutil.get_terminal_size().columns - 1 if self.enabled else None,
         )
 
     def draw(self) -> None:
@@ -446,12 +479,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-budget",
         metavar="SIZE",
-        help="summed memory of the jobs in flight, e.g. 8g (default: the daemon's MemTotal)",
+        help="this batch's share: summed memory of its jobs in flight, e.g. 8g (default: no "
+        "cap of its own; the supervisor admits against the host's budget)",
     )
     parser.add_argument(
         "--cpu-budget",
         metavar="CPUS",
-        help="summed CPUs of the jobs in flight (default: the daemon's NCPU)",
+        help="this batch's share: summed CPUs of its jobs in flight (default: no cap; CPU "
+        "quotas are ceilings, not reservations)",
     )
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")
     parser.add_argument(
@@ -537,6 +572,7 @@ async def run_batch(
                         host_memory_bytes=memory_budget,
                         host_cpus=cpu_budget,
                         on_result=on_result,
+                        on_start=progress.start,
                         settings=settings,
                         socket_path=socket_path,
                     )

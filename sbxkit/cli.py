@@ -41,6 +41,7 @@ from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, SandboxSpec, parse_size
+from sbxkit.supervisor.client import CapacityExhausted, QueueObserver
 
 EXIT_REFUSED = 2
 EXIT_OUTPUT_EXCEEDED = 123
@@ -49,6 +50,7 @@ EXIT_OOM_KILLED = 137
 EXIT_ENGINE_UNAVAILABLE = 69
 EXIT_INTERNAL = 70
 EXIT_CLEANUP_FAILED = 74
+EXIT_CAPACITY = 75  # EX_TEMPFAIL: a hard bound of the supervisor, or the admission deadline
 
 STATUS_EXIT: dict[Status, int] = {
     "timed_out": EXIT_TIMED_OUT,
@@ -93,6 +95,8 @@ def exit_code_for_error(error: SbxError) -> int:
         return EXIT_ENGINE_UNAVAILABLE
     if isinstance(error, CleanupError):
         return EXIT_CLEANUP_FAILED
+    if isinstance(error, CapacityExhausted):
+        return EXIT_CAPACITY
     return EXIT_INTERNAL
 
 
@@ -223,6 +227,7 @@ async def run_interruptibly(
     socket_path: str | None,
     settings: Settings | None = None,
     backend: Backend | None = None,
+    on_queued: QueueObserver | None = None,
 ) -> RunResult:
     """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
     (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short).
@@ -246,7 +251,13 @@ async def run_interruptibly(
                 nonlocal result, error
                 try:
                     if backend is None:
-                        result = await run(spec, stdin, socket_path=socket_path, settings=settings)
+                        result = await run(
+                            spec,
+                            stdin,
+                            socket_path=socket_path,
+                            settings=settings,
+                            on_queued=on_queued,
+                        )
                     else:
                         async with open_backend(backend):
                             result = await backend.run_once(spec, stdin)
@@ -264,6 +275,22 @@ async def run_interruptibly(
     return result
 
 
+class WaitingNotice:
+    """Says on a terminal that the run waits for capacity, once it has waited a second, and
+    again whenever its place in the queue changes."""
+
+    AFTER_S = 1.0
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.told: int | None = None
+
+    def __call__(self, ahead: int, waited_s: float) -> None:
+        if waited_s >= self.AFTER_S and ahead != self.told:
+            self.told = ahead
+            print(f"sbxkit: waiting for capacity: {ahead} ahead", file=self.stream, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile) if args.profile is not None else None
     spec = spec_from_args(args, profile)
@@ -279,7 +306,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             # process is the CLI's own, so setting it here affects this run only.
             os.environ["SBXKIT_SUPERVISOR"] = command
     stdin = _read_stdin(args.stdin)
-    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend)
+    on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
+    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend, on_queued)
     if args.json:
         sys.stdout.buffer.write(to_json(result) + b"\n")
     else:
@@ -318,7 +346,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_supervisor(args: argparse.Namespace) -> int:
-    from sbxkit.supervisor.service import config_from_args, serve
+    from sbxkit.supervisor.config import config_from_args
+    from sbxkit.supervisor.service import serve
 
     return trio.run(serve, config_from_args(args))
 
@@ -445,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_run.set_defaults(handler=cmd_run)
 
-    from sbxkit.supervisor.service import build_parser as supervisor_parser
+    from sbxkit.supervisor.config import build_parser as supervisor_parser
 
     sub.add_parser(
         "supervisor",

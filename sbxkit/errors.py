@@ -22,6 +22,16 @@ class SpecError(SbxError):
         self.rule = rule
 
 
+class NeverFits(SpecError):
+    """The sandbox is larger than the host's whole budget (memory above the memory budget,
+    CPUs above the daemon's count or an operator's CPU budget): it could never start, so it is
+    refused at once, before anything is queued or created. CLI exit status 2."""
+
+    def __init__(self, field: str, rule: str, *, lease: str | None = None) -> None:
+        super().__init__(field, rule)
+        self.lease = lease
+
+
 class EngineUnavailable(SbxError):
     """No usable Docker engine at the socket (absent, not answering, or too old)."""
 

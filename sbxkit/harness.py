@@ -5,21 +5,25 @@ of jobs, get one result per job. Each job is an ordinary ``sbxkit.runner.run``, 
 the whole one-shot lifecycle (design.md §3) and removes its own container through its owner,
 whatever happens — a timeout, an error, or the caller cancelling the batch.
 
-Admission (``Admission``, pure) decides who may start:
+Host admission is the owner's, in one place whatever the caller: the supervisor queues each
+run until its memory fits the host's budget (docs/operations.md, "Capacity and admission"), and
+refuses at once, as that job's error, one that never could. ``run_many`` itself only bounds its
+own share (``Admission``, pure):
 
 - at most ``parallel`` jobs are in flight;
-- the summed ``limits.memory_bytes`` and ``limits.cpus`` of the jobs in flight stay within the
-  host budget — by default the daemon's ``MemTotal`` and ``NCPU`` from ``/info``, the same
-  budget the supervisor admits against, so the harness queues instead of being refused;
+- optionally, a budget of the caller's own (``host_memory_bytes``, ``host_cpus``): the summed
+  ``limits.memory_bytes`` / ``limits.cpus`` of this batch's jobs in flight stay within it (a
+  batch that must leave room for others). Off by default: the supervisor already admits;
 - jobs start in input order: the head of the queue waits for room rather than being overtaken
   by smaller jobs behind it, so a large job is never starved;
-- a job larger than the whole budget could never start: it is refused with a ``SpecError``
-  naming it before anything runs.
+- a job larger than the caller's own budget could never start: it is refused with a
+  ``SpecError`` naming it before anything runs.
 
 Failures are per job: an ``SbxError`` (or any other exception) of one run becomes that job's
-error result (the error's class and message), and the batch goes on. A supervisor that is
-momentarily full (``CapacityExhausted``, e.g. another client shares it) is waited for, with
-backoff, up to ``capacity_wait_s``. Cancelling ``run_many`` cancels every run in flight; each
+error result (the error's class and message), and the batch goes on. A supervisor whose hard
+bounds are momentarily used up (``CapacityExhausted``: records or connections, e.g. another
+client shares it) is waited for, with backoff, up to ``capacity_wait_s``. Cancelling
+``run_many`` cancels every run in flight; each
 removes its container (shielded) before the cancellation propagates; jobs not yet started
 never start.
 """
@@ -160,13 +164,13 @@ class Admission:
         if memory is not None and need.memory_bytes > memory:
             raise SpecError(
                 f"job {job_id!r}: limits.memory_bytes",
-                f"{need.memory_bytes} exceeds the whole host memory budget of {memory} bytes; "
+                f"{need.memory_bytes} exceeds the batch's memory budget of {memory} bytes; "
                 "it could never start",
             )
         if cpus is not None and need.nano_cpus > cpus:
             raise SpecError(
                 f"job {job_id!r}: limits.cpus",
-                f"{need.nano_cpus / 1e9:g} exceeds the whole host CPU budget of "
+                f"{need.nano_cpus / 1e9:g} exceeds the batch's CPU budget of "
                 f"{cpus / 1e9:g}; it could never start",
             )
 
@@ -200,6 +204,7 @@ class Admission:
 
 OwnerFactory = Callable[[Engine], Owner]
 ResultCallback = Callable[[JobResult], object]
+StartCallback = Callable[[JobId], object]
 
 
 def _error_of(exc: BaseException) -> JobError:
@@ -213,10 +218,8 @@ def _error_of(exc: BaseException) -> JobError:
     )
 
 
-async def host_budget(
-    engine: Engine, host_memory_bytes: int | None, host_cpus: float | None
-) -> Budget:
-    """The caller's budget where given, else the daemon's ``MemTotal`` / ``NCPU``."""
+def caller_budget(host_memory_bytes: int | None, host_cpus: float | None) -> Budget:
+    """The caller's own cap on this batch, or no cap (None) on an axis not given."""
     if host_memory_bytes is not None and (
         isinstance(host_memory_bytes, bool)
         or not isinstance(host_memory_bytes, int)
@@ -230,12 +233,6 @@ async def host_budget(
         or host_cpus <= 0
     ):
         raise SpecError("host_cpus", "must be a finite number > 0")
-    if host_memory_bytes is None or host_cpus is None:
-        info = await engine.info()
-        if host_memory_bytes is None:
-            host_memory_bytes = info.mem_total or None
-        if host_cpus is None:
-            host_cpus = info.ncpu or None
     return Budget(
         memory_bytes=host_memory_bytes,
         nano_cpus=None if host_cpus is None else round(host_cpus * 1e9),
@@ -284,15 +281,20 @@ async def run_many(
     settings: Settings | None = None,
     socket_path: str | None = None,
     capacity_wait_s: float = CAPACITY_WAIT_S,
+    on_start: StartCallback | None = None,
 ) -> list[JobResult]:
-    """Run every job once, at most ``parallel`` at a time and within the host budget.
+    """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
+    ``host_cpus`` of summed limits, when given: this batch's own share of the host).
 
     Returns one ``JobResult`` per job, in input order; ``on_result`` (synchronous) is called
-    with each as it completes. ``owner_factory(engine)`` makes each run's owner (default: the
+    with each as it completes, ``on_start`` with a job's id as the batch starts it.
+    ``owner_factory(engine)`` makes each run's owner (default: the
     runner's, the supervisor). The engine is opened for the batch when not given.
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
-    ids, or a job larger than the whole budget. An exception from ``on_result`` stops the batch
+    ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
+    sandboxes, launches in flight) is the supervisor's: a run waits there for its turn. An
+    exception from ``on_result`` stops the batch
     (the runs in flight are cancelled and removed) and is re-raised unchanged. Cancellation is
     honoured: every container in flight is removed by its run before it propagates.
 
@@ -310,14 +312,21 @@ async def run_many(
         if job.id in seen:
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index
+    admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
+    needs = [need_of(job.spec) for job in job_list]
+    for job, need in zip(job_list, needs, strict=True):
+        admission.check(job.id, need)
     async with _engine_for(engine, socket_path) as eng:
-        budget = await host_budget(eng, host_memory_bytes, host_cpus)
-        admission = Admission(parallel, budget)
-        needs = [need_of(job.spec) for job in job_list]
-        for job, need in zip(job_list, needs, strict=True):
-            admission.check(job.id, need)
         return await _dispatch(
-            eng, job_list, needs, admission, owner_factory, on_result, settings, capacity_wait_s
+            eng,
+            job_list,
+            needs,
+            admission,
+            owner_factory,
+            on_result,
+            settings,
+            capacity_wait_s,
+            on_start,
         )
 
 
@@ -330,6 +339,7 @@ async def _dispatch(
     on_result: ResultCallback | None,
     settings: Settings | None,
     capacity_wait_s: float,
+    on_start: StartCallback | None,
 ) -> list[JobResult]:
     results: list[JobResult | None] = [None] * len(jobs)
     begun = trio.current_time()
@@ -366,6 +376,8 @@ async def _dispatch(
         for index, (job, need) in enumerate(zip(jobs, needs, strict=True)):
             while not admission.admit(need):
                 await freed[0].wait()
+            if on_start is not None:
+                on_start(job.id)
             nursery.start_soon(work, index, job, need, trio.current_time())
     if callback_error:
         raise callback_error[0]

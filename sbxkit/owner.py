@@ -7,7 +7,8 @@ supervisor) without touching the lifecycle.
 ``InProcessOwner`` owns containers from inside the caller's process. It survives timeouts,
 errors and trio cancellation, but **not a killed caller**: if the process dies (SIGKILL, power
 loss) between create and remove, the container stays. Use it only where a helper process cannot
-run.
+run. It admits by the supervisor's rules (``sbxkit.admission``) within its own process: one
+queue per daemon socket and trio run, shared by every ``InProcessOwner`` of that run.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Protocol
 
 import trio
 
+from sbxkit.admission import AdmissionQueue, Budget, Need, default_memory_budget, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import CleanupError, Conflict, NotFound, SbxError
+from sbxkit.errors import CleanupError, Conflict, NeverFits, NotFound, SbxError
 from sbxkit.policy import LEASE_LABEL
 
 
@@ -39,6 +41,15 @@ class Owner(Protocol):
         """
         ...
 
+    async def started(self, lease: str) -> None:
+        """The caller started the lease's container: the daemon's launch work for it is done
+        (the supervisor bounds creates and starts in flight and hands the slot on)."""
+        ...
+
+    def queued_s(self, lease: str) -> float:
+        """How long the lease waited for admission before its create (0 when it fitted)."""
+        ...
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         """Remove the lease's container (by id, or by name and lease label if the id is unknown).
 
@@ -48,36 +59,131 @@ class Owner(Protocol):
         ...
 
 
+class InProcessAdmission:
+    """The admission queue and launch bound of one process, for one daemon (the supervisor's
+    rules without a supervisor): memory waits its turn, creates + starts in flight are bounded."""
+
+    def __init__(self, budget: Budget, launch_bound: int) -> None:
+        self.queue: AdmissionQueue[str] = AdmissionQueue(budget)
+        self._launching = trio.Semaphore(launch_bound)
+        self._launch_held: set[str] = set()
+        self._changed = trio.Event()
+
+    async def admit(self, lease: str, need: Need) -> None:
+        """Wait for room (FIFO), then for a launch slot. Cancellation leaves the queue."""
+        impossible = never_fits(need, self.queue.budget)
+        if impossible is not None:
+            raise NeverFits(impossible.field, impossible.rule, lease=lease)
+        self.queue.enqueue(lease, need)
+        try:
+            self._pump()
+            while not self.queue.is_admitted(lease):
+                await self._changed.wait()  # every release or withdrawal pumps and sets it
+            await self._launching.acquire()
+            self._launch_held.add(lease)
+        except BaseException:
+            self.queue.withdraw(lease)
+            self.release(lease)
+            raise
+
+    def started(self, lease: str) -> None:
+        if lease in self._launch_held:
+            self._launch_held.discard(lease)
+            self._launching.release()
+
+    def release(self, lease: str) -> None:
+        """The container is confirmed gone (or was never created)."""
+        self.started(lease)
+        self.queue.release(lease)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Admit what fits, then wake every waiter to look again (its place may have moved)."""
+        self.queue.admit_ready()
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+_GATES: trio.lowlevel.RunVar[dict[str, InProcessAdmission]] = trio.lowlevel.RunVar("sbxkit_gates")
+
+
+async def in_process_admission(engine: Engine) -> InProcessAdmission:
+    """This trio run's admission for ``engine``'s daemon (made on first use from ``/info``)."""
+    try:
+        gates = _GATES.get()
+    except LookupError:
+        gates = {}
+        _GATES.set(gates)
+    gate = gates.get(engine.socket_path)
+    if gate is None:
+        info = await engine.cached_info()
+        budget = Budget(
+            memory_bytes=default_memory_budget(info.mem_total) if info.mem_total else None,
+            host_nano_cpus=info.ncpu * 10**9 if info.ncpu else None,
+        )
+        gate = gates.setdefault(
+            engine.socket_path, InProcessAdmission(budget, 2 * max(info.ncpu, 1))
+        )
+    return gate
+
+
+def need_of_body(body: ContainerCreate) -> Need:
+    host = body.host_config
+    return Need(
+        (host.memory or 0) if host is not None else 0,
+        (host.nano_cpus or 0) if host is not None else 0,
+    )
+
+
 class InProcessOwner:
     """Owns containers from the calling process; does not survive the caller being killed."""
 
     def __init__(self, engine: Engine, *, remove_budget_s: float = 60.0) -> None:
         self._engine = engine
         self._remove_budget_s = remove_budget_s
+        self._queued: dict[str, float] = {}
+        self._gate: InProcessAdmission | None = None
 
     async def create(
         self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
     ) -> str:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
-        # timeout alone. Shielded: once the request may have reached the daemon, give up only
-        # with the id in hand. The engine's own create deadline bounds this.
-        # A cancel that arrived before we start is honoured: nothing is under way yet.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        # timeout alone. A cancel that arrives while waiting for admission is honoured: nothing
+        # is under way yet.
+        asked = trio.current_time()
+        self._gate = gate = await in_process_admission(self._engine)
+        await gate.admit(lease, need_of_body(body))
+        self._queued[lease] = trio.current_time() - asked
+        # Shielded: once the request may have reached the daemon, give up only with the id in
+        # hand. The engine's own create deadline bounds this. Whatever happens, the caller's
+        # remove() confirms the container gone and then returns the reservation.
         with trio.CancelScope(shield=True):
             container_id = await self._engine.container_create(body, name=name)
         return container_id
 
+    async def started(self, lease: str) -> None:
+        if self._gate is not None:
+            self._gate.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self._queued.get(lease, 0.0)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
+        self._queued.pop(lease, None)
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._remove_budget_s) as budget:
                 error = await self._remove_until_gone(lease, name, container_id)
-            if budget.cancelled_caught:
-                raise CleanupError(
-                    lease,
-                    container_id,
-                    f"not confirmed within {self._remove_budget_s:g} s "
-                    f"(last error: {error or 'none'})",
-                )
+            if not budget.cancelled_caught:
+                if self._gate is not None:
+                    self._gate.release(lease)  # confirmed gone: its memory is free again
+                return
+            if self._gate is not None:
+                self._gate.started(lease)  # the launch is over either way; memory stays held
+            raise CleanupError(
+                lease,
+                container_id,
+                f"not confirmed within {self._remove_budget_s:g} s (last error: {error or 'none'})",
+            )
 
     async def _remove_until_gone(
         self, lease: str, name: str, container_id: str | None

@@ -150,7 +150,7 @@ async def open_pty(
         try:
             waiter = await eng.container_wait(box.container_id, "next-exit")
             try:
-                await eng.container_start(box.container_id)
+                await box.start()
                 session = PtySession(box, attach, ContainerProcess(box, waiter))
                 if size is not None:
                     # A process that already exited has no terminal to resize; anything else

@@ -13,7 +13,8 @@ Stream = Literal["stdout", "stderr"]
 class PhaseTimings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds spent in each phase of the lifecycle (monotonic clock)."""
 
-    create_s: float = 0.0  # owner create + post-create inspection
+    queued_s: float = 0.0  # waiting for admission (memory, live sandboxes, launches)
+    create_s: float = 0.0  # owner create + post-create inspection, after admission
     start_s: float = 0.0  # attach + wait registration + start
     run_s: float = 0.0  # start returned → exit, timeout or overflow
     remove_s: float = 0.0  # forced removal confirmed by the daemon

@@ -30,7 +30,7 @@ from sbxkit.preflight import check_daemon, resolve_mounts
 from sbxkit.result import PhaseTimings, RunResult, Status
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
-from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.journal import default_state_dir
 from sbxkit.verify import check_created
 
@@ -88,12 +88,18 @@ async def run(
     socket_path: str | None = None,
     settings: Settings | None = None,
     gpu_cursor: GpuCursor | None = None,
+    on_queued: QueueObserver | None = None,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
     By default the container is owned by the supervisor process (auto-launched), so it is
     removed even if this process is killed; pass ``owner=InProcessOwner(engine)`` to keep
     ownership in-process (it does not survive a killed caller).
+
+    The supervisor admits the run: while the host's memory budget (or its live-sandbox or
+    launch bound) is used up, the run waits its turn in a FIFO queue (``on_queued(ahead,
+    waited_s)`` hears about it; ``timings.queued_s`` says how long) and its time limit starts
+    only when it starts. A run that can never fit raises ``NeverFits`` (a ``SpecError``) at once.
 
     Bad input raises SpecError before the daemon is contacted; what only the daemon can judge
     (the image, named volumes, the runtime being registered, CDI GPUs) is refused before
@@ -112,7 +118,9 @@ async def run(
         )
         if owner is None:
             assert settings.supervisor_state_dir is not None
-            owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
+            owner = SupervisedOwner(
+                eng, state_dir=Path(settings.supervisor_state_dir), on_queued=on_queued
+            )
         return await run_created(
             eng, owner, spec, body, lease, stdin, expected_mounts=resolved.expected
         )
@@ -167,12 +175,14 @@ async def run_created(
             expected_mounts=expected_mounts,
         )
         t1 = clock()
-        timings["create_s"] = t1 - t0
+        timings["queued_s"] = queued = owner.queued_s(lease)
+        timings["create_s"] = t1 - t0 - queued
         attach = await engine.container_attach(container_id, stdin=True)
         try:
             waiter = await engine.container_wait(container_id, "next-exit")
             try:
                 await engine.container_start(container_id)
+                await owner.started(lease)
                 t2 = clock()
                 timings["start_s"] = t2 - t1
                 outcome = await _supervise(

@@ -78,6 +78,7 @@ from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import merge_env, runtime_env
 from sbxkit.runner import (
     GPU_CURSOR,
+    LIFETIME_MARGIN_S,
     SIGKILL_EXIT,
     check_image,
     classify_exit,
@@ -206,6 +207,7 @@ class OwnedContainer:
         lease: str,
         container_id: str,
         deadline: float,
+        owner: Owner,
     ) -> None:
         self.engine = engine
         self.spec = spec
@@ -214,7 +216,13 @@ class OwnedContainer:
         self.container_id = container_id
         self.deadline = deadline
         """trio clock time at which the spec's time limit ends (``timeout_s`` after create
-        began; the owner's lifetime deadline starts a moment later, at registration)."""
+        began, not counting the wait for admission; the owner's backstop ends later)."""
+        self._owner = owner
+
+    async def start(self) -> None:
+        """Start the container and tell the owner (its launch slot goes to the next)."""
+        await self.engine.container_start(self.container_id)
+        await self._owner.started(self.lease)
 
     @property
     def timeout_s(self) -> float:
@@ -277,10 +285,13 @@ async def owned_container(
         if owner is None:
             assert settings.supervisor_state_dir is not None
             owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
-        deadline = trio.current_time() + spec.limits.timeout_s
+        began = trio.current_time()
         container_id: str | None = None
         try:
-            container_id = await owner.create(lease, name, body, lifetime_s=spec.limits.timeout_s)
+            lifetime = spec.limits.timeout_s + LIFETIME_MARGIN_S
+            container_id = await owner.create(lease, name, body, lifetime_s=lifetime)
+            # The time limit runs from admission: a wait for capacity does not eat it.
+            deadline = began + owner.queued_s(lease) + spec.limits.timeout_s
             inspected = await eng.container_inspect(container_id)
             check_created(
                 inspected,
@@ -297,6 +308,7 @@ async def owned_container(
                 lease=lease,
                 container_id=container_id,
                 deadline=deadline,
+                owner=owner,
             )
         finally:
             with trio.CancelScope(shield=True):
@@ -755,7 +767,7 @@ async def open_sandbox(
         settings=settings,
         socket_path=socket_path,
     ) as box:
-        await box.engine.container_start(box.container_id)
+        await box.start()
         sandbox = Sandbox(box, files_root)
         try:
             with trio.CancelScope(deadline=box.deadline) as scope:

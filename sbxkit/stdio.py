@@ -212,7 +212,7 @@ async def open_stdio_worker(
         try:
             waiter = await eng.container_wait(box.container_id, "next-exit")
             try:
-                await eng.container_start(box.container_id)
+                await box.start()
                 yield StdioWorker(_Channel(box, attach, ContainerProcess(box, waiter)))
             finally:
                 await waiter.aclose()

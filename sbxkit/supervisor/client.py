@@ -15,13 +15,14 @@ import shlex
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import CleanupError, SbxError
+from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import SOCKET_NAME, check_state_dir, default_state_dir
@@ -34,11 +35,13 @@ from sbxkit.supervisor.wire import (
     Hello,
     Message,
     Orphaned,
+    Queued,
     Refused,
     Register,
     Registered,
     Reservation,
     ServerMessage,
+    Started,
     Welcome,
     decode_server,
     encode,
@@ -67,7 +70,18 @@ class SupervisorConnectionLost(SupervisorError):
 
 
 class CapacityExhausted(SupervisorError):
-    """Admission refused: records, connections, workers, memory or CPU budget are used up."""
+    """A hard bound is used up — lease records or connections — and the request was refused
+    explicitly (nothing was created). Retrying later can succeed; CLI exit status 75."""
+
+
+class AdmissionTimeout(CapacityExhausted):
+    """The request waited for capacity (memory, live sandboxes, launches) longer than the
+    supervisor's admission deadline (``--admission-timeout``); nothing was created."""
+
+
+QueueObserver = Callable[[int, float], object]
+"""Called while a request waits for capacity: (requests ahead of it, seconds waited so far);
+when its place changes and about every second."""
 
 
 def supervisor_argv(state_dir: Path) -> list[str]:
@@ -203,8 +217,19 @@ async def _connect_and_greet(state_dir: Path, first: Message | None) -> _Session
         return session
     await session.aclose()
     if isinstance(reply, Refused):
-        raise SupervisorError(reply.reason, code=reply.code)
+        raise refusal_error(reply)
     raise SupervisorError(f"unexpected {type(reply).__name__} in the handshake")
+
+
+def refusal_error(reply: Refused, lease: str | None = None) -> SupervisorError | NeverFits:
+    """The error a refusal stands for: its code decides the class."""
+    if reply.code == "never_fits":
+        return NeverFits(reply.field or "limits", reply.reason, lease=lease)
+    if reply.code == "admission_timeout":
+        return AdmissionTimeout(reply.reason, code=reply.code, lease=lease)
+    if reply.code == "capacity":
+        return CapacityExhausted(reply.reason, code=reply.code, lease=lease)
+    return SupervisorError(reply.reason, code=reply.code, lease=lease)
 
 
 async def receive_reply(
@@ -222,7 +247,11 @@ async def receive_reply(
 
 
 class SupervisedOwner:
-    """Owner whose containers survive nothing: the supervisor removes them even if we die."""
+    """Owner whose containers survive nothing: the supervisor removes them even if we die.
+
+    Admission happens in the supervisor: a request that does not fit the budget yet waits in
+    its FIFO queue (``on_queued`` hears about it), one that can never fit raises ``NeverFits``.
+    """
 
     def __init__(
         self,
@@ -231,12 +260,15 @@ class SupervisedOwner:
         state_dir: Path | None = None,
         startup_deadline_s: float = 30.0,
         close_timeout_s: float = 60.0,
+        on_queued: QueueObserver | None = None,
     ) -> None:
         self._engine = engine
         self.state_dir = state_dir or default_state_dir()
         self.startup_deadline_s = startup_deadline_s
         self.close_timeout_s = close_timeout_s
+        self.on_queued = on_queued
         self._sessions: dict[str, _Session] = {}
+        self._queued: dict[str, float] = {}
 
     async def connect(self, first: Message | None = None) -> _Session:
         return await connect_supervisor(self.state_dir, first)
@@ -258,16 +290,23 @@ class SupervisedOwner:
             startup_deadline_s=self.startup_deadline_s,
             lifetime_deadline_s=lifetime_s,
         )
+        asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
         self._sessions[lease] = session
         reply = await receive_reply(session, "register")
+        while isinstance(reply, Queued):
+            # The supervisor speaks at least every few seconds while we wait: silence for
+            # REPLY_TIMEOUT_S means it is stuck, a deadline of its own ends the wait.
+            if self.on_queued is not None:
+                self.on_queued(reply.ahead, trio.current_time() - asked)
+            reply = await receive_reply(session, "admission")
         if isinstance(reply, Refused):
             self._sessions.pop(lease, None)
             await session.aclose()
-            cls = CapacityExhausted if reply.code == "capacity" else SupervisorError
-            raise cls(reply.reason, code=reply.code, lease=lease)
+            raise refusal_error(reply, lease)
         if not isinstance(reply, Registered):
             raise SupervisorError(f"unexpected {type(reply).__name__} after register", lease=lease)
+        self._queued[lease] = trio.current_time() - asked
         # From here the supervisor owns the container: cancelling us only closes the session.
         reply = await receive_reply(
             session, "create", timeout=self.startup_deadline_s + REPLY_TIMEOUT_S
@@ -278,7 +317,20 @@ class SupervisedOwner:
             raise SupervisorError(reply.reason, code="failed", lease=lease)
         raise SupervisorError(f"unexpected {type(reply).__name__} during create", lease=lease)
 
+    async def started(self, lease: str) -> None:
+        """Tell the supervisor the container started: its launch slot goes to the next lease.
+        A lost connection shows up at removal, where it matters."""
+        session = self._sessions.get(lease)
+        if session is not None:
+            with contextlib.suppress(SupervisorConnectionLost):
+                await session.send(Started(lease=lease))
+
+    def queued_s(self, lease: str) -> float:
+        """How long the lease waited for admission (0 when it fitted at once)."""
+        return self._queued.get(lease, 0.0)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
+        self._queued.pop(lease, None)
         session = self._sessions.pop(lease, None)
         if session is None:
             return  # never registered: nothing was created

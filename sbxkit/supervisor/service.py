@@ -17,7 +17,6 @@ Tasks in the service nursery:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -26,17 +25,23 @@ import struct
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-import msgspec
 import trio
 
+from sbxkit.admission import (
+    AdmissionQueue,
+    Budget,
+    Need,
+    default_memory_budget,
+    never_fits,
+)
 from sbxkit.engine.client import Engine, connect
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, NotFound, SbxError
 from sbxkit.policy import LEASE_LABEL
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.channel import FrameChannel
+from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args, launch_bound
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
 from sbxkit.supervisor.records import LeaseRecord, StorageError
@@ -49,12 +54,14 @@ from sbxkit.supervisor.wire import (
     Hello,
     Message,
     Orphaned,
+    Queued,
     Recover,
     Refused,
     Register,
     Registered,
     Report,
     Retire,
+    Started,
     Welcome,
     WireError,
     decode_client,
@@ -63,25 +70,7 @@ from sbxkit.supervisor.wire import (
 
 HANDSHAKE_TIMEOUT_S = 10.0
 REMOVE_ATTEMPT_BUDGET_S = 5.0
-
-
-class Capacity(msgspec.Struct, frozen=True, kw_only=True):
-    """Bounds; exhaustion refuses a registration explicitly ("capacity")."""
-
-    max_records: int = 512
-    max_connections: int = 256
-    max_workers: int = 64
-    memory_budget_bytes: int | None = None  # None: the daemon's MemTotal
-    cpu_budget_nano: int | None = None  # None: the daemon's NCPU
-
-
-class Config(msgspec.Struct, frozen=True, kw_only=True):
-    state_dir: Path
-    persistent: bool = False
-    idle_exit_s: float = 10.0
-    reaper_interval_s: float = 2.0
-    capacity: Capacity = Capacity()
-    docker_socket: str | None = None  # reach the daemon through this socket, whatever callers say
+QUEUED_HEARTBEAT_S = 1.0  # a waiting caller hears from us at least this often
 
 
 def log(message: str) -> None:
@@ -118,28 +107,60 @@ class Peer(FrameChannel):
                 self.gone = True
 
 
+class Intent:
+    """What the caller has said on its connection since it registered: read by one task,
+    seen by the admission wait and the lease task alike."""
+
+    def __init__(self) -> None:
+        self.stop = trio.Event()  # close message, caller EOF, lifetime deadline
+        self.reason = ""
+        self.started = trio.Event()  # the caller started the container
+        self.nudge = trio.Event()  # anything changed for a waiting request
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.reason = reason
+            self.stop.set()
+        self.nudge.set()
+
+
 class LiveLease:
     def __init__(
         self,
         record: LeaseRecord,
         body: ContainerCreate,
         peer: Peer,
+        intent: Intent,
         startup_deadline: float,
         lifetime_deadline: float,
     ) -> None:
         self.record = record
         self.body = body
         self.peer = peer
+        self.intent = intent
+        self.stop = intent.stop
         self.startup_deadline = startup_deadline  # trio clock
         self.lifetime_deadline = lifetime_deadline  # trio clock
-        self.stop = trio.Event()  # close message, caller EOF
-        self.stop_reason = ""
         self.finished = trio.Event()
 
+    @property
+    def stop_reason(self) -> str:
+        return self.intent.reason
+
     def request_stop(self, reason: str) -> None:
-        if not self.stop.is_set():
-            self.stop_reason = reason
-            self.stop.set()
+        self.intent.request_stop(reason)
+
+
+async def first_of(*events: trio.Event) -> None:
+    """Return once any of the events is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+
+            async def wait(event: trio.Event = event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait)
 
 
 def describe(record: LeaseRecord) -> str:
@@ -154,6 +175,23 @@ def is_definite_create_failure(error: SbxError) -> bool:
     up, so nothing was created. 409 (the name exists) is the exception: a container with this
     lease's name may be ours. A timeout or a lost connection proves nothing either way."""
     return isinstance(error, EngineError) and not isinstance(error, Conflict)
+
+
+class LaunchSlot:
+    """One of the bounded creates-and-starts in flight; released exactly once."""
+
+    def __init__(self, slots: trio.Semaphore) -> None:
+        self._slots = slots
+        self.held = False
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()
 
 
 class Service:
@@ -172,6 +210,17 @@ class Service:
         self.fingerprint = implementation_fingerprint()
         self.leases_admitted = 0
         self.reported_foreign: set[str] = set()
+        capacity = config.capacity
+        self.admission: AdmissionQueue[str] = AdmissionQueue(
+            Budget(
+                memory_bytes=capacity.memory_budget_bytes,
+                nano_cpus=capacity.cpu_budget_nano,
+                max_running=capacity.max_workers,
+            )
+        )
+        self.launch_slots: trio.Semaphore | None = None  # sized from the daemon's NCPU
+        self.intents: dict[str, Intent] = {}  # requests waiting for admission
+        self.queued_total = 0
 
     # -- engines --------------------------------------------------------------------------------
 
@@ -237,21 +286,36 @@ class Service:
             return
         if not isinstance(register, Register):
             return
-        lease = await self._admit(peer, register)
-        if lease is None:
-            return
-        # Relay the caller's intent; the lease task does the work and replies.
+        intent = Intent()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_intent, peer, register.lease, intent)
+            try:
+                lease = await self._admit(peer, register, intent)
+                if lease is not None:
+                    await lease.finished.wait()
+            finally:
+                intent.request_stop("connection ended")
+                nursery.cancel_scope.cancel()
+
+    async def _read_intent(self, peer: Peer, lease: str, intent: Intent) -> None:
+        """Relay the caller's messages after Register: Started, then Close (or EOF)."""
         try:
-            message = await peer.receive()
-            if message is None:
-                lease.request_stop("caller disconnected")
-            elif isinstance(message, Close) and message.lease == lease.record.lease:
-                lease.request_stop("caller closed")
-            else:
-                raise WireError(f"unexpected {type(message).__name__} after registration")
-        finally:
-            lease.request_stop("connection ended")
-        await lease.finished.wait()
+            while True:
+                message = await peer.receive()
+                if message is None:
+                    intent.request_stop("caller disconnected")
+                    return
+                if isinstance(message, Started) and message.lease == lease:
+                    intent.started.set()
+                    intent.nudge.set()
+                elif isinstance(message, Close) and message.lease == lease:
+                    intent.request_stop("caller closed")
+                    return
+                else:
+                    raise WireError(f"unexpected {type(message).__name__} after registration")
+        except WireError as exc:
+            log(f"lease {lease}: {exc}; treated as the caller leaving")
+            intent.request_stop("protocol error")
 
     def _request_problem(self, register: Register) -> str | None:
         lease = register.lease
@@ -280,32 +344,28 @@ class Service:
             return "lease id already in use"
         return None
 
-    def _capacity_problem(self, register: Register, engine: Engine) -> str | None:
+    def _hard_bound_problem(self) -> str | None:
         cap = self.config.capacity
         if len(self.records) >= cap.max_records:
             return f"{len(self.records)} lease records, the cap is {cap.max_records}"
-        if len(self.live) >= cap.max_workers:
-            return f"{len(self.live)} live sandboxes, the cap is {cap.max_workers}"
-        memory_budget = cap.memory_budget_bytes or self.host_memory
-        cpu_budget = cap.cpu_budget_nano or self.host_cpus_nano
-        memory = sum(r.memory_bytes for r in self.records.values())
-        cpus = sum(r.nano_cpus for r in self.records.values())
-        if memory_budget and memory + register.reservation.memory_bytes > memory_budget:
-            return (
-                f"memory: {memory} reserved + {register.reservation.memory_bytes} asked "
-                f"> budget {memory_budget}"
-            )
-        if cpu_budget and cpus + register.reservation.nano_cpus > cpu_budget:
-            return (
-                f"cpu: {cpus / 1e9:g} reserved + {register.reservation.nano_cpus / 1e9:g} "
-                f"asked > budget {cpu_budget / 1e9:g}"
-            )
         return None
 
-    host_memory = 0
-    host_cpus_nano = 0
+    async def _learn_budget(self, engine: Engine) -> None:
+        """The budget from the first daemon's /info, unless the operator set it."""
+        if self.admission.budget.memory_bytes is not None and self.launch_slots is not None:
+            return
+        info = await engine.info()
+        cap = self.config.capacity
+        self.admission.budget = Budget(
+            memory_bytes=cap.memory_budget_bytes or default_memory_budget(info.mem_total),
+            nano_cpus=cap.cpu_budget_nano,
+            max_running=cap.max_workers,
+            host_nano_cpus=info.ncpu * 10**9 if info.ncpu else None,
+        )
+        if self.launch_slots is None:
+            self.launch_slots = trio.Semaphore(launch_bound(cap, info.ncpu))
 
-    async def _admit(self, peer: Peer, register: Register) -> LiveLease | None:
+    async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
         if self.storage_errors:
             await self._refuse(
                 peer,
@@ -320,16 +380,114 @@ class Service:
             return None
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
-            if not self.host_memory:
-                info = await engine.info()
-                self.host_memory, self.host_cpus_nano = info.mem_total, info.ncpu * 10**9
+            await self._learn_budget(engine)
         except SbxError as exc:
             await self._refuse(peer, "request", f"engine unavailable: {exc}")
             return None
-        problem = self._capacity_problem(register, engine)
+        need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
+        impossible = never_fits(need, self.admission.budget)
+        if impossible is not None:
+            await peer.send(
+                Refused(code="never_fits", reason=impossible.rule, field=impossible.field)
+            )
+            return None
+        problem = self._hard_bound_problem()
         if problem:
             await self._refuse(peer, "capacity", f"capacity exhausted: {problem}")
             return None
+        if not await self._wait_for_admission(peer, register.lease, need, intent):
+            return None
+        assert self.launch_slots is not None
+        slot = LaunchSlot(self.launch_slots)
+        try:
+            if not await self._wait_for_launch_slot(slot, intent):
+                self._release(register.lease)
+                await peer.send(Closed(lease=register.lease))
+                return None
+            return await self._register(peer, register, intent, engine, slot)
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _wait_for_admission(self, peer: Peer, lease: str, need: Need, intent: Intent) -> bool:
+        """Wait in the FIFO until admitted (True), or until the caller leaves or the admission
+        deadline passes (False; answered). Nothing is journaled for a waiting request."""
+        self.admission.enqueue(lease, need)
+        self._pump()
+        if self.admission.is_admitted(lease):
+            return True
+        self.queued_total += 1
+        log(
+            f"lease {lease}: waiting for capacity ({self.admission.ahead(lease)} ahead, "
+            f"{self.admission.running} running)"
+        )
+        told: int | None = None
+        told_at = -math.inf
+        self.intents[lease] = intent
+        try:
+            with trio.move_on_after(self.config.capacity.admission_timeout_s):
+                while True:
+                    intent.nudge = trio.Event()  # fresh before the checks: no change is missed
+                    if self.admission.is_admitted(lease):
+                        return True
+                    if intent.stop.is_set():
+                        self.admission.withdraw(lease)
+                        self._pump()
+                        await peer.send(Closed(lease=lease))
+                        return False
+                    ahead = self.admission.ahead(lease)
+                    now = trio.current_time()
+                    if ahead != told or now - told_at >= QUEUED_HEARTBEAT_S:
+                        told, told_at = ahead, now
+                        await peer.send(Queued(lease=lease, ahead=ahead))
+                    with trio.move_on_after(QUEUED_HEARTBEAT_S):
+                        await intent.nudge.wait()
+        finally:
+            self.intents.pop(lease, None)
+        if self.admission.is_admitted(lease):  # admitted as the deadline passed
+            return True
+        self.admission.withdraw(lease)
+        self._pump()
+        timeout = self.config.capacity.admission_timeout_s
+        await self._refuse(
+            peer,
+            "admission_timeout",
+            f"waited {timeout:g} s for capacity ({self.admission.ahead(lease)} ahead, "
+            f"{self.admission.running} running); nothing was created",
+        )
+        return False
+
+    async def _wait_for_launch_slot(self, slot: LaunchSlot, intent: Intent) -> bool:
+        """Creates and starts in flight are bounded; waiting here is queueing too."""
+        acquired = trio.Event()
+
+        async def acquire() -> None:
+            await slot.acquire()
+            acquired.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acquire)
+            await first_of(acquired, intent.stop)
+            nursery.cancel_scope.cancel()
+        return slot.held and not intent.stop.is_set()
+
+    def _pump(self) -> None:
+        """Admit what fits now and wake every waiting request (places changed)."""
+        self.admission.admit_ready()
+        for intent in self.waiting_intents():
+            intent.nudge.set()
+
+    def waiting_intents(self) -> list[Intent]:
+        return list(self.intents.values())
+
+    def _release(self, lease: str) -> None:
+        self.admission.release(lease)
+        self._pump()
+
+    async def _register(
+        self, peer: Peer, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
+    ) -> LiveLease | None:
+        """Journal the admitted lease (fsync'd) before anything reaches the daemon."""
         now = trio.current_time()
         record = LeaseRecord(
             lease=register.lease,
@@ -345,11 +503,12 @@ class Service:
             record,
             register.body,
             peer,
+            intent,
             now + register.startup_deadline_s,
             now + register.lifetime_deadline_s,
         )
         # Live and counted before the first await: the reaper must never take a lease that is
-        # being admitted for an orphan, and concurrent admissions must see each other.
+        # being admitted for an orphan.
         self.records[record.lease] = record
         self.live[record.lease] = live
         self.leases_admitted += 1
@@ -358,21 +517,23 @@ class Service:
         except (OSError, StorageError) as exc:
             self.records.pop(record.lease, None)
             self.live.pop(record.lease, None)
+            self._release(record.lease)
             self.storage_errors.append(f"journal write failed: {exc}")
             await self._refuse(peer, "storage", f"journal write failed: {exc}")
             return None
         await peer.send(Registered(lease=record.lease))
-        self.nursery.start_soon(self._lease_task, live, engine)
+        self.nursery.start_soon(self._lease_task, live, engine, slot)
         return live
 
     # -- one lease ------------------------------------------------------------------------------
 
-    async def _lease_task(self, live: LiveLease, engine: Engine) -> None:
+    async def _lease_task(self, live: LiveLease, engine: Engine, slot: LaunchSlot) -> None:
         lease = live.record.lease
         try:
             container_id = await self._create(live, engine)
             if container_id is None:
                 return
+            self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
             with trio.move_on_at(live.lifetime_deadline):
                 await live.stop.wait()
             if not live.stop.is_set():
@@ -385,12 +546,22 @@ class Service:
             self.wake_reaper.set()
             await live.peer.send(Orphaned(lease=lease, reason=f"supervisor error: {exc}"))
         finally:
+            slot.release()
             self.live.pop(lease, None)
             live.finished.set()
             self.last_activity = trio.current_time()
             if lease in self.records:  # now an orphan: recovery and the event watcher own it
+                self.admission.stop_running(lease)
+                self._pump()
                 self.uncertain_changed.set()
                 self.wake_reaper.set()
+
+    async def _hand_on_launch_slot(self, live: LiveLease, slot: LaunchSlot) -> None:
+        """The daemon's launch work ends when the caller has started the container (or gives
+        up); a caller that never says so holds its slot at most until the startup deadline."""
+        with trio.move_on_at(live.startup_deadline):
+            await first_of(live.intent.started, live.stop, live.finished)
+        slot.release()
 
     async def _create(self, live: LiveLease, engine: Engine) -> str | None:
         """Create the stopped container; return its id only if the caller may start it."""
@@ -515,15 +686,17 @@ class Service:
     async def _forget(self, lease: str) -> None:
         await self.journal.delete(lease)
         self.records.pop(lease, None)
+        self._release(lease)  # its memory is free only once the container is confirmed gone
         self.uncertain_changed.set()
 
     # -- recovery -------------------------------------------------------------------------------
 
     def stats(self) -> str:
-        """Counters for operators and the benchmark (fsyncs per lease)."""
+        """Counters for operators and the benchmark (fsyncs per lease, admission waits)."""
         return (
             f"leases admitted: {self.leases_admitted}, journal fsyncs: "
-            f"{self.journal.fsyncs}, records: {len(self.records)}"
+            f"{self.journal.fsyncs}, records: {len(self.records)}, "
+            f"queued: {self.queued_total} (waiting now: {self.admission.waiting})"
         )
 
     def orphans(self) -> list[LeaseRecord]:
@@ -713,6 +886,8 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             log(f"blocking new execution: {exc}")
             continue
         service.records[record.lease] = record
+        # Its container may exist: its memory stays reserved until recovery confirms it gone.
+        service.admission.hold(record.lease, Need(record.memory_bytes, record.nano_cpus))
     if service.records:
         log(f"recovering {len(service.records)} lease record(s)")
 
@@ -744,58 +919,6 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             with trio.CancelScope(shield=True):
                 await engine.aclose()
     return 0
-
-
-def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Own sandbox creation and cleanup through a durable lease journal."
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="absolute private directory (default: $SBXKIT_STATE_DIR or ~/.sbxkit/leases)",
-    )
-    parser.add_argument(
-        "--persistent", action="store_true", help="stay up while idle (for a service manager)"
-    )
-    parser.add_argument(
-        "--idle-exit",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="exit after this long idle and record-free (default: 10)",
-    )
-    parser.add_argument("--reaper-interval", type=float, default=2.0, metavar="SECONDS")
-    parser.add_argument(
-        "--docker-socket",
-        metavar="PATH",
-        help="reach the daemon through this socket instead of the caller's "
-        "(a local relay, or to pin one daemon)",
-    )
-    parser.add_argument("--max-workers", type=int, default=Capacity().max_workers)
-    parser.add_argument("--max-records", type=int, default=Capacity().max_records)
-    parser.add_argument("--memory-budget", type=int, default=None, metavar="BYTES")
-    parser.add_argument("--cpu-budget", type=float, default=None, metavar="CPUS")
-    return parser
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    from sbxkit.supervisor.journal import default_state_dir
-
-    cpu_budget = None if args.cpu_budget is None else round(args.cpu_budget * 1e9)
-    return Config(
-        state_dir=args.state_dir or default_state_dir(),
-        persistent=args.persistent,
-        idle_exit_s=args.idle_exit,
-        reaper_interval_s=args.reaper_interval,
-        capacity=Capacity(
-            max_workers=args.max_workers,
-            max_records=args.max_records,
-            memory_budget_bytes=args.memory_budget,
-            cpu_budget_nano=cpu_budget,
-        ),
-        docker_socket=args.docker_socket,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,16 +9,19 @@ One connection carries one lease:
     client                                  supervisor
     Hello(protocol, fingerprint)     ─►
                                      ◄─     Welcome | Refused
-    Register(lease, name, body, …)   ─►     (journal fsync'd: intent recorded)
-                                     ◄─     Registered
+    Register(lease, name, body, …)   ─►     (admission: waits in a FIFO until it fits)
+                                     ◄─     Queued(ahead) …  (while waiting; nothing journaled)
+                                     ◄─     Registered | Refused (journal fsync'd: intent recorded)
                                      ◄─     Created(container_id) | Failed(reason)
+    Started                          ─►     (its launch slot goes to the next lease)
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
 
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
-``Closed`` means cleaned up. ``Failed`` only says the caller must not start anything.
+``Closed`` means cleaned up. ``Failed`` only says the caller must not start anything. A request
+that leaves the queue (Close or EOF while ``Queued``) gets ``Closed``: nothing was created.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import msgspec
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME = 1024 * 1024
 _HEADER = struct.Struct(">I")
 
@@ -69,6 +72,12 @@ class Register(Message, tag="register"):
     lifetime_deadline_s: float
 
 
+class Started(Message, tag="started"):
+    """The caller started the container: the daemon's launch work for this lease is done."""
+
+    lease: str
+
+
 class Close(Message, tag="close"):
     lease: str
 
@@ -85,7 +94,16 @@ class Retire(Message, tag="retire"):
 
 # -- supervisor → client -----------------------------------------------------------------------
 
-RefusalCode = Literal["version", "peer", "capacity", "storage", "request", "shutdown"]
+RefusalCode = Literal[
+    "version",
+    "peer",
+    "capacity",  # a hard bound (records, connections) is used up: fails explicitly
+    "never_fits",  # larger than the whole budget; ``field`` names the spec field
+    "admission_timeout",  # waited for capacity longer than the admission deadline
+    "storage",
+    "request",
+    "shutdown",
+]
 
 
 class Welcome(Message, tag="welcome"):
@@ -96,6 +114,14 @@ class Welcome(Message, tag="welcome"):
 class Refused(Message, tag="refused"):
     code: RefusalCode
     reason: str
+    field: str | None = None
+
+
+class Queued(Message, tag="queued"):
+    """The request waits for capacity; sent when its place changes and every second."""
+
+    lease: str
+    ahead: int
 
 
 class Registered(Message, tag="registered"):
@@ -134,8 +160,10 @@ class Report(Message, tag="report"):
     remaining: int
 
 
-ClientMessage = Hello | Register | Close | Recover | Retire
-ServerMessage = Welcome | Refused | Registered | Created | Failed | Closed | Orphaned | Report
+ClientMessage = Hello | Register | Started | Close | Recover | Retire
+ServerMessage = (
+    Welcome | Refused | Queued | Registered | Created | Failed | Closed | Orphaned | Report
+)
 
 _encoder = msgspec.json.Encoder()
 _client_decoder = msgspec.json.Decoder(ClientMessage)

@@ -188,6 +188,12 @@ class HookedOwner:
         self._engine.hook(point, "after")
         return container_id
 
+    async def started(self, lease: str) -> None:
+        await self._inner.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self._inner.queued_s(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         point = self._engine.numbered("owner.remove")
         self._engine.hook(point, "before")

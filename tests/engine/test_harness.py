@@ -150,6 +150,12 @@ class RecordingOwner:
         self.log["created"].append(container_id)
         return container_id
 
+    async def started(self, lease: str) -> None:
+        await self.inner.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self.inner.queued_s(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self.inner.remove(lease, name, container_id)
         self.log["removed"].append(container_id)

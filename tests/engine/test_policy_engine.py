@@ -97,6 +97,12 @@ class WitnessingOwner:
         self.inspected.append(info)
         return container_id
 
+    async def started(self, lease: str) -> None:
+        await self._inner.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self._inner.queued_s(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self._inner.remove(lease, name, container_id)
 

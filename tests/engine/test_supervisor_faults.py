@@ -34,7 +34,7 @@ from sbxkit.errors import CleanupError, SbxError
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import CapacityExhausted, SupervisedOwner, SupervisorError
+from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
 from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
@@ -577,22 +577,38 @@ async def test_record_moved_to_another_lease_keeps_container_and_record(
     assert not container_exists(witness, container_id)
 
 
-# -- g. capacity --------------------------------------------------------------------------------
+# -- g. admission --------------------------------------------------------------------------------
 
 
-async def test_capacity_exhausted_fails_explicitly_and_recovers(
+async def test_max_workers_makes_the_next_lease_wait_its_turn(
     engine: Engine, witness: Witness, proxy: FaultProxy, state_dir: Path, busybox: str
 ) -> None:
+    """A live-sandbox cap is admission: the second run waits (nothing reaches the daemon) and
+    runs once the first sandbox is gone; it is never refused."""
+    queued: list[int] = []
     owner = SupervisedOwner(
         engine, state_dir=state_dir, startup_deadline_s=10.0, close_timeout_s=20.0
+    )
+    waiting_owner = SupervisedOwner(
+        engine,
+        state_dir=state_dir,
+        startup_deadline_s=10.0,
+        close_timeout_s=20.0,
+        on_queued=lambda ahead, waited: queued.append(ahead),
     )
     with supervisor(state_dir, proxy, "--max-workers", "1"):
         first = trio.CancelScope()
         box: list[RunResult | BaseException] = []
+        second: list[RunResult] = []
 
         async def hold() -> None:
             with first:
                 await run_into(box, spec(busybox, "sleep 30", timeout_s=20.0), engine, owner)
+
+        async def then() -> None:
+            second.append(
+                await run(spec(busybox, "echo second"), engine=engine, owner=waiting_owner)
+            )
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hold)
@@ -604,18 +620,16 @@ async def test_capacity_exhausted_fails_explicitly_and_recovers(
                 return state is not None and bool(state["Running"])
 
             await eventually(running, 10, "first sandbox runs")
-            with pytest.raises(CapacityExhausted) as caught:
-                await run(spec(busybox, "echo second"), engine=engine, owner=owner)
-            assert caught.value.code == "capacity"
-            assert "the cap is 1" in str(caught.value), str(caught.value)
-            assert proxy.seen("create") == 1  # the refused run never reached the daemon
+            nursery.start_soon(then)
+            await eventually(lambda: bool(queued), 10, "the second run is queued")
+            assert proxy.seen("create") == 1  # the waiting run has not reached the daemon
             first.cancel()
         assert first.cancelled_caught
         assert box == []  # cancelled, and its cleanup raised nothing
         assert not lease_containers(witness, lease)
-        result = await run(spec(busybox, "echo third"), engine=engine, owner=owner)
-    assert result.status == "exited"
-    assert result.exit_code == 0
-    assert result.stdout == b"third\n"
+    (result,) = second
+    assert (result.status, result.exit_code, result.stdout) == ("exited", 0, b"second\n")
+    assert result.timings.queued_s > 0
+    assert queued[0] == 0
     assert not lease_containers(witness, result.lease)
     assert proxy.seen("create") == 2

@@ -72,6 +72,12 @@ class CapturingOwner:
         self.bodies.append(msgspec.json.encode(body))
         raise Captured(name)
 
+    async def started(self, lease: str) -> None:
+        raise AssertionError("never started: create raised")
+
+    def queued_s(self, lease: str) -> float:
+        return 0.0
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self.removed.append(name)
 
@@ -279,8 +285,9 @@ def test_sbxkit_run_without_the_switch_is_the_old_call(
     (call,) = calls
     spec, stdin, kwargs = call
     assert stdin is None
-    assert set(kwargs) == {"socket_path", "settings"}
+    assert set(kwargs) == {"socket_path", "settings", "on_queued"}
     assert kwargs["socket_path"] == "/d.sock"
+    assert kwargs["on_queued"] is None  # stderr is not a terminal here: nothing to say
     if profile_text is None:
         assert kwargs["settings"] is None
         assert spec.image == "img:1"

@@ -397,7 +397,13 @@ def test_json_has_the_documented_keys() -> None:
     assert doc["container_id"] == "c" * 64
     assert doc["lease"] == "l" * 32
     assert doc["oom_evidence"] is None
-    assert doc["timings"] == {"create_s": 0.01, "start_s": 0.2, "run_s": 0.05, "remove_s": 0.006}
+    assert doc["timings"] == {
+        "queued_s": 0.0,
+        "create_s": 0.01,
+        "start_s": 0.2,
+        "run_s": 0.05,
+        "remove_s": 0.006,
+    }
 
 
 def test_json_decodes_utf8_with_replacement_and_counts_raw_bytes() -> None:

@@ -611,9 +611,13 @@ class Terminal(io.StringIO):
         return self.tty
 
 
-def test_progress_line_says_done_rate_failures_and_eta() -> None:
-    text = format_progress(done=30, total=100, failed=2, errors=1, ran=20, elapsed_s=10.0)
-    assert text == "30/100 done · 2.00 jobs/s · 2 failed · 1 errors · ETA 0:35"
+def test_progress_line_says_done_running_queued_failures_rate_and_eta() -> None:
+    text = format_progress(
+        done=30, total=100, failed=2, errors=1, ran=20, elapsed_s=10.0, running=8
+    )
+    assert text == (
+        "30/100 done · 8 running · 62 queued · 2 failed · 1 errors · 2.00 jobs/s · ETA 0:35"
+    )
     assert "ETA ?" in format_progress(done=0, total=5, failed=0, errors=0, ran=0, elapsed_s=1)
     assert "ETA 0:00" in format_progress(done=5, total=5, failed=0, errors=0, ran=5, elapsed_s=1)
 
@@ -630,9 +634,31 @@ def test_progress_is_redrawn_with_cr_on_a_terminal() -> None:
     progress.finish()
     text = stream.getvalue()
     assert text.startswith("\r1/4 done") or text.startswith("\r2/4 done")
-    assert "\r4/4 done · 1.50 jobs/s · 1 failed · 1 errors · ETA 0:00" in text
+    assert "\r4/4 done · 0 running · 0 queued · 1 failed · 1 errors · 1.50 jobs/s · ETA 0:00" in (
+        text
+    )
     assert text.endswith("\n")
     assert (progress.failed, progress.errors) == (1, 1)
+
+
+@pytest.mark.parametrize("width", [10, 30, 45, 60, 200])
+def test_the_status_line_fits_the_terminal_dropping_parts_from_the_end(width: int) -> None:
+    full = format_progress(done=3, total=10, failed=1, errors=0, ran=3, elapsed_s=3.0, running=2)
+    fitted = format_progress(
+        done=3, total=10, failed=1, errors=0, ran=3, elapsed_s=3.0, running=2, width=width
+    )
+    assert len(fitted) <= width
+    assert full.startswith(fitted)
+    assert fitted == full or full[len(fitted) :].startswith(" · ") or len(fitted) == width
+
+
+def test_progress_counts_jobs_started_until_they_finish() -> None:
+    progress = Progress(3, 0, Terminal(tty=False))
+    progress.start("a")
+    progress.start("b")
+    assert progress.running == 2
+    progress.record(job_result())
+    assert (progress.running, progress.done) == (1, 1)
 
 
 def test_no_progress_when_stderr_is_not_a_terminal() -> None:

@@ -25,6 +25,7 @@ PURE = [
     "settings.py",
     "supervisor/wire.py",
     "supervisor/records.py",
+    "admission.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 

@@ -32,7 +32,9 @@ from sbxkit.supervisor.wire import (
     Hello,
     Message,
     Orphaned,
+    Queued,
     Recover,
+    RefusalCode,
     Refused,
     Register,
     Registered,
@@ -40,6 +42,7 @@ from sbxkit.supervisor.wire import (
     Reservation,
     Retire,
     ServerMessage,
+    Started,
     Welcome,
     WireError,
     decode_client,
@@ -47,10 +50,11 @@ from sbxkit.supervisor.wire import (
     encode,
 )
 
-CLIENT_TYPES: tuple[type[Message], ...] = (Hello, Register, Close, Recover, Retire)
+CLIENT_TYPES: tuple[type[Message], ...] = (Hello, Register, Started, Close, Recover, Retire)
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
     Refused,
+    Queued,
     Registered,
     Created,
     Failed,
@@ -61,11 +65,13 @@ SERVER_TYPES: tuple[type[Message], ...] = (
 ALL_TAGS = (
     "hello",
     "register",
+    "started",
     "close",
     "recover",
     "retire",
     "welcome",
     "refused",
+    "queued",
     "registered",
     "created",
     "failed",
@@ -116,6 +122,7 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
         startup_deadline_s=finite,
         lifetime_deadline_s=finite,
     ),
+    st.builds(Started, lease=texts),
     st.builds(Close, lease=texts),
     st.just(Recover()),
     st.builds(Retire, lease=texts),
@@ -124,9 +131,11 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
     st.builds(
         Refused,
-        code=st.sampled_from(["version", "peer", "capacity", "storage", "request", "shutdown"]),
+        code=st.sampled_from(list(get_args(RefusalCode))),
         reason=texts,
+        field=st.none() | texts,
     ),
+    st.builds(Queued, lease=texts, ahead=int64),
     st.builds(Registered, lease=texts),
     st.builds(Created, lease=texts, container_id=texts),
     st.builds(Failed, lease=texts, reason=texts),

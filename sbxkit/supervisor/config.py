@@ -1,0 +1,168 @@
+"""The supervisor's configuration: its bounds, its admission budget and its command line.
+
+Hard bounds (records, connections) fail explicitly when used up. The admission budget (memory,
+live sandboxes, an optional CPU budget) and the launch bound (creates and starts in flight)
+make a request wait its turn instead; see ``admission.py`` and docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import msgspec
+
+ADMISSION_TIMEOUT_S = 3600.0
+"""How long a request may wait for capacity by default: a batch of thousands at any sane
+parallelism waits far less; a request that waits an hour is stuck behind something."""
+
+
+class Capacity(msgspec.Struct, frozen=True, kw_only=True):
+    """Hard bounds (exhaustion refuses with "capacity") and the admission budget (waits)."""
+
+    max_records: int = 512  # hard: lease records in the journal, tombstones included
+    max_connections: int = 256  # hard: client connections, queued callers included
+    max_workers: int = 64  # admission: live sandboxes; one more waits
+    memory_budget_bytes: int | None = None  # admission; None: MemTotal less a headroom
+    cpu_budget_nano: int | None = None  # admission; None: CPU quotas do not limit admission
+    max_launching: int | None = None  # creates + starts in flight; None: twice the daemon's NCPU
+    admission_timeout_s: float = ADMISSION_TIMEOUT_S
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    state_dir: Path
+    persistent: bool = False
+    idle_exit_s: float = 10.0
+    reaper_interval_s: float = 2.0
+    capacity: Capacity = Capacity()
+    docker_socket: str | None = None  # reach the daemon through this socket, whatever callers say
+
+
+def launch_bound(capacity: Capacity, ncpu: int) -> int:
+    """Creates and starts in flight: what loads the daemon, so derived from its CPU count."""
+    if capacity.max_launching is not None:
+        return capacity.max_launching
+    return max(2, 2 * ncpu)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
+    defaults = Capacity()
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Own sandbox creation and cleanup through a durable lease journal."
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="absolute private directory (default: $SBXKIT_STATE_DIR or ~/.sbxkit/leases)",
+    )
+    parser.add_argument(
+        "--persistent", action="store_true", help="stay up while idle (for a service manager)"
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="exit after this long idle and record-free (default: 10)",
+    )
+    parser.add_argument("--reaper-interval", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        help="reach the daemon through this socket instead of the caller's "
+        "(a local relay, or to pin one daemon)",
+    )
+    parser.add_argument(
+        "--max-workers",
+        type=_positive_int,
+        default=defaults.max_workers,
+        help=f"live sandboxes at once; more wait their turn (default: {defaults.max_workers})",
+    )
+    parser.add_argument(
+        "--max-records",
+        type=_positive_int,
+        default=defaults.max_records,
+        help=f"lease records; more are refused (default: {defaults.max_records})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=defaults.max_connections,
+        help=f"client connections; more are refused (default: {defaults.max_connections})",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="memory the sandboxes may reserve at once (default: the daemon's MemTotal less "
+        "the larger of 1 GiB and 10%%)",
+    )
+    parser.add_argument(
+        "--cpu-budget",
+        type=_positive_float,
+        default=None,
+        metavar="CPUS",
+        help="CPUs the sandboxes' quotas may add up to (default: none; quotas are ceilings)",
+    )
+    parser.add_argument(
+        "--max-launching",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="creates and starts in flight at once (default: twice the daemon's NCPU)",
+    )
+    parser.add_argument(
+        "--admission-timeout",
+        type=_positive_float,
+        default=ADMISSION_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g})",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    from sbxkit.supervisor.journal import default_state_dir
+
+    cpu_budget = None if args.cpu_budget is None else round(args.cpu_budget * 1e9)
+    return Config(
+        state_dir=args.state_dir or default_state_dir(),
+        persistent=args.persistent,
+        idle_exit_s=args.idle_exit,
+        reaper_interval_s=args.reaper_interval,
+        capacity=Capacity(
+            max_workers=args.max_workers,
+            max_records=args.max_records,
+            max_connections=args.max_connections,
+            memory_budget_bytes=args.memory_budget,
+            cpu_budget_nano=cpu_budget,
+            max_launching=args.max_launching,
+            admission_timeout_s=args.admission_timeout,
+        ),
+        docker_socket=args.docker_socket,
+    )
+
+
+__all__ = ["ADMISSION_TIMEOUT_S", "Capacity", "Config", "build_parser", "config_from_args"]
