@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from bench import (
     cancel_latency,
     client_memory,
+    concurrent_cli,
     exec_latency,
     humaneval,
     oneshot,
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         supervised,
         exec_latency,
         throughput,
+        concurrent_cli,
         streaming,
         cancel_latency,
         client_memory,

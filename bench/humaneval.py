@@ -12,7 +12,9 @@ passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B 
     failure) → remove(force, v) per problem — ``containers.run(..., remove=True)`` without
     following the logs.
 
-Same bounds for both (cpus 0.25 so 8 fit 2 CPUs, memory 128 MiB, pids 64, no network). All 164
+Same bounds for both (cpus 1 — a quota is a ceiling, so 8 run at once even on 2 cores; memory
+128 MiB, pids 64, no network). A probe polls the daemon (10 Hz, the benchmark's own client) and
+reports each contender's peak of sandboxes running at once: it must reach 8. All 164
 must pass under both; a deliberately broken solution (HumanEval/0 returning the opposite
 answer) must fail under both — it runs once per contender before the measured runs and is
 reported. Measured: wall time for all 164 (median over runs); compared as a ratio from the
@@ -30,7 +32,9 @@ import trio
 
 from bench import common
 from bench.harness import ContenderFailed, machine_facts, ratio_of_medians, say
+from bench.rawapi import RawEngine
 from bench.suite import (
+    BENCH_LABEL,
     ActivityWatch,
     LeakCheck,
     default_python,
@@ -51,7 +55,7 @@ SUMMARY = (
 )
 
 PARALLEL = 8
-CPUS = 0.25
+CPUS = 1.0
 MEMORY_BYTES = 128 * MiB
 PIDS = 64
 TIMEOUT_S = 60.0
@@ -158,6 +162,26 @@ def dockerpy_all(
     }
 
 
+class PeakProbe:
+    """The most containers of one contender seen running at once (polled at 10 Hz)."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.engine = RawEngine(socket_path)
+        self.peaks: dict[str, int] = {}
+
+    async def watch(self, key: str, done: trio.Event) -> None:
+        label = f"{BENCH_LABEL}={NAME}:{key}"
+
+        def running() -> int:
+            return sum(c.get("State") == "running" for c in self.engine.containers(label=label))
+
+        while not done.is_set():
+            seen = await trio.to_thread.run_sync(running)
+            self.peaks[key] = max(self.peaks.get(key, 0), seen)
+            with trio.move_on_after(0.1):
+                await done.wait()
+
+
 async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     programs = load_programs(args.limit)
     broken = {f"{BROKEN_TASK} (broken)": broken_program()}
@@ -168,6 +192,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     errors: list[str] = []
     leaks = LeakCheck(args.socket, NAME)
     activity = ActivityWatch(args.socket, NAME)
+    probe = PeakProbe(args.socket)
     client = dockerpy_client(args.socket, PARALLEL)
     pool = ThreadPoolExecutor(PARALLEL, "sbxbench-humaneval")
     async with open_engine(args.socket) as engine:
@@ -189,7 +214,13 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                 for key in CONTENDERS:
                     t0 = time.perf_counter()
                     try:
-                        verdicts = await run_all(key, programs)
+                        async with trio.open_nursery() as nursery:
+                            finished = trio.Event()
+                            nursery.start_soon(probe.watch, key, finished)
+                            try:
+                                verdicts = await run_all(key, programs)
+                            finally:
+                                finished.set()
                     except Exception as exc:
                         raise ContenderFailed(key, round_no, exc) from exc
                     if round_no < 0:
@@ -214,6 +245,8 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             errors.append(f"{key}: not every canonical solution passed: {failures[key]}")
         if broken_outcome.get(key, {}).get("passed", True):
             errors.append(f"{key}: the broken solution did not fail: {broken_outcome.get(key)}")
+        if not errors and probe.peaks.get(key, 0) < PARALLEL:
+            errors.append(f"{key}: at most {probe.peaks.get(key, 0)} ran at once, not {PARALLEL}")
     return {
         "args": args,
         "rounds": rounds,
@@ -222,6 +255,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         "passes": passes,
         "failures": failures,
         "broken": broken_outcome,
+        "peaks": probe.peaks,
         "facts": facts,
         "errors": errors,
         "leaks": found,
@@ -240,6 +274,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "passed_per_run": m["passes"][k],
             "failed": m["failures"][k],
             "broken_solution": m["broken"].get(k),
+            "peak_running_at_once": m["peaks"].get(k),
             "samples_wall_s": [round(w, 3) for w in walls[k]],
         }
         for k in CONTENDERS
@@ -275,7 +310,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         "targets": [
             {
                 "expression": f"all {n} canonical solutions pass under both; "
-                "the broken one fails under both",
+                f"the broken one fails under both; both run {PARALLEL} at once",
                 "met": not m["errors"],
             }
         ],
@@ -308,8 +343,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"parallel · `{cfg['image']}` · {common.docker_md(m)}",
         "",
         "| contender | wall s median | min | max | problems/s median | passed per run | "
-        "broken solution | n |",
-        "|---|---:|---:|---:|---:|---|---|---:|",
+        "broken solution | peak at once | n |",
+        "|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for info in report["contenders"].values():
         w, r = info["wall_s"], info["problems_per_s"]
@@ -319,7 +354,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {info['label']} | {fmt(w.get('median'), 2)} | {fmt(w.get('min'), 2)} | "
             f"{fmt(w.get('max'), 2)} | {fmt(r.get('median'), 2)} | "
             f"{', '.join(str(p) for p in info['passed_per_run'])} / {cfg['problems']} | "
-            f"{verdict}: `{broken.get('why', '')}` | {w.get('n', 0)} |"
+            f"{verdict}: `{broken.get('why', '')}` | {info.get('peak_running_at_once')} | "
+            f"{w.get('n', 0)} |"
         )
     out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
