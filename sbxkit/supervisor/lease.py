@@ -1,0 +1,139 @@
+"""The supervisor's vocabulary for one lease: its peer, its caller's intent, its live state.
+
+``Peer`` is one client connection; ``Intent`` is what the caller has said since it registered
+(Started, Close, EOF); ``LiveLease`` is an admitted lease while a task owns it; ``LaunchSlot``
+is one of the bounded creates-and-starts in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import trio
+
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.errors import Conflict, EngineError, SbxError
+from sbxkit.supervisor.channel import FrameChannel
+from sbxkit.supervisor.records import LeaseRecord
+from sbxkit.supervisor.wire import (
+    Message,
+    decode_client,
+    encode,
+)
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"{stamp} sbxkit-supervisor[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+class Peer(FrameChannel):
+    """One client connection: framed receive, serialised send that tolerates a gone caller."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__(stream)
+        self._send_lock = trio.Lock()
+        self.gone = False
+
+    async def receive(self) -> Message | None:
+        """The next message, or None at EOF or on a broken connection."""
+        payload = await self.receive_payload()
+        return None if payload is None else decode_client(payload)
+
+    async def send(self, message: Message) -> None:
+        if self.gone:
+            return
+        async with self._send_lock:
+            try:
+                await self.stream.send_all(encode(message))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.gone = True
+
+
+class Intent:
+    """What the caller has said on its connection since it registered: read by one task,
+    seen by the admission wait and the lease task alike."""
+
+    def __init__(self) -> None:
+        self.stop = trio.Event()  # close message, caller EOF, lifetime deadline
+        self.reason = ""
+        self.started = trio.Event()  # the caller started the container
+        self.nudge = trio.Event()  # anything changed for a waiting request
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.reason = reason
+            self.stop.set()
+        self.nudge.set()
+
+
+class LiveLease:
+    def __init__(
+        self,
+        record: LeaseRecord,
+        body: ContainerCreate,
+        peer: Peer,
+        intent: Intent,
+        startup_deadline: float,
+        lifetime_deadline: float,
+    ) -> None:
+        self.record = record
+        self.body = body
+        self.peer = peer
+        self.intent = intent
+        self.stop = intent.stop
+        self.startup_deadline = startup_deadline  # trio clock
+        self.lifetime_deadline = lifetime_deadline  # trio clock
+        self.finished = trio.Event()
+
+    @property
+    def stop_reason(self) -> str:
+        return self.intent.reason
+
+    def request_stop(self, reason: str) -> None:
+        self.intent.request_stop(reason)
+
+
+async def first_of(*events: trio.Event) -> None:
+    """Return once any of the events is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+
+            async def wait(event: trio.Event = event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait)
+
+
+def describe(record: LeaseRecord) -> str:
+    age = time.time() - record.registered_at
+    container = (record.container_id or "-")[:12]
+    reason = f" ({record.reason})" if record.reason else ""
+    return f"{record.lease} {record.state:<9} container {container} age {age:.0f}s{reason}"
+
+
+def is_definite_create_failure(error: SbxError) -> bool:
+    """The daemon answered the create with an error status: its handler finished and cleaned
+    up, so nothing was created. 409 (the name exists) is the exception: a container with this
+    lease's name may be ours. A timeout or a lost connection proves nothing either way."""
+    return isinstance(error, EngineError) and not isinstance(error, Conflict)
+
+
+class LaunchSlot:
+    """One of the bounded creates-and-starts in flight; released exactly once."""
+
+    def __init__(self, slots: trio.Semaphore) -> None:
+        self._slots = slots
+        self.held = False
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots.release()

@@ -1,0 +1,169 @@
+"""One admitted lease's life in the supervisor: create (never cancelled by the caller), hand the
+id over, hand the launch slot on once started, wait for close, caller EOF or the lifetime
+deadline, remove, delete the record."""
+
+from __future__ import annotations
+
+import trio
+
+from sbxkit.engine.client import Engine
+from sbxkit.errors import SbxError
+from sbxkit.ownership import carries_lease
+from sbxkit.supervisor import records as rec
+from sbxkit.supervisor.core import ServiceCore
+from sbxkit.supervisor.lease import (
+    LaunchSlot,
+    LiveLease,
+    first_of,
+    is_definite_create_failure,
+    log,
+)
+from sbxkit.supervisor.wire import (
+    Closed,
+    Created,
+    Failed,
+    Orphaned,
+)
+
+
+class Leases(ServiceCore):
+    async def _lease_task(self, live: LiveLease, engine: Engine, slot: LaunchSlot) -> None:
+        lease = live.record.lease
+        try:
+            container_id = await self._create(live, engine)
+            if container_id is None:
+                return
+            self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
+            with trio.move_on_at(live.lifetime_deadline):
+                await live.stop.wait()
+            if not live.stop.is_set():
+                live.request_stop("lifetime deadline")
+                log(f"lease {lease}: lifetime deadline reached; removing its container")
+            await self._remove_live(live, engine, container_id)
+        except (SbxError, OSError) as exc:
+            # The record (if any) stays in the journal; the reaper owns it from here.
+            log(f"lease {lease}: {exc}; the reaper takes over")
+            self.wake_reaper.set()
+            await live.peer.send(Orphaned(lease=lease, reason=f"supervisor error: {exc}"))
+        finally:
+            slot.release()
+            self.live.pop(lease, None)
+            live.finished.set()
+            self.last_activity = trio.current_time()
+            if lease in self.records:  # now an orphan: recovery and the event watcher own it
+                self.admission.stop_running(lease)
+                self._pump()
+                self.uncertain_changed.set()
+                self.wake_reaper.set()
+
+    async def _hand_on_launch_slot(self, live: LiveLease, slot: LaunchSlot) -> None:
+        """The daemon's launch work ends when the caller has started the container (or gives
+        up); a caller that never says so holds its slot at most until the startup deadline."""
+        with trio.move_on_at(live.startup_deadline):
+            await first_of(live.intent.started, live.stop, live.finished)
+        slot.release()
+
+    async def _create(self, live: LiveLease, engine: Engine) -> str | None:
+        """Create the stopped container; return its id only if the caller may start it."""
+        lease = live.record.lease
+        outcome: list[str | SbxError] = []
+        created = trio.Event()
+
+        async def send_create() -> None:
+            # Never cancelled by the caller: a create that may reach the daemon runs to an
+            # answer (the engine's create deadline bounds it) so its container can be removed.
+            try:
+                outcome.append(await engine.container_create(live.body, name=live.record.name))
+            except SbxError as exc:
+                outcome.append(exc)
+            created.set()
+
+        self.nursery.start_soon(send_create)
+        startup_missed = False
+        with trio.move_on_at(live.startup_deadline):
+            await created.wait()
+        if not created.is_set():
+            startup_missed = True
+            await live.peer.send(
+                Failed(
+                    lease=lease,
+                    reason="startup deadline passed before the container was "
+                    "created; it will be removed without starting",
+                )
+            )
+        await created.wait()
+        result = outcome[0]
+        if isinstance(result, SbxError):
+            await self._create_failed(live, result)
+            return None
+        container_id = result
+        live.record = rec.created(live.record, container_id)
+        self.records[lease] = live.record
+        await self.journal.write(live.record)
+        if startup_missed or live.stop.is_set():
+            live.request_stop("startup deadline" if startup_missed else live.stop_reason)
+            await self._remove_live(live, engine, container_id)
+            return None
+        problem = await self._check_reservation(engine, live, container_id)
+        if problem:
+            await live.peer.send(Failed(lease=lease, reason=problem))
+            live.request_stop(problem)
+            await self._remove_live(live, engine, container_id)
+            return None
+        await live.peer.send(Created(lease=lease, container_id=container_id))
+        return container_id
+
+    async def _check_reservation(
+        self, engine: Engine, live: LiveLease, container_id: str
+    ) -> str | None:
+        """The container's actual limits must be what was admitted, before it may start."""
+        try:
+            info = await engine.container_inspect(container_id)
+        except SbxError as exc:
+            return f"post-create inspection failed: {exc}"
+        labels = info.config.labels or {}
+        if not carries_lease(labels, live.record.lease):
+            return "the created container does not carry this lease's label"
+        if info.host_config.memory != live.record.memory_bytes:
+            return (
+                f"container memory {info.host_config.memory} differs from the reservation "
+                f"{live.record.memory_bytes}"
+            )
+        if info.host_config.nano_cpus != live.record.nano_cpus:
+            return (
+                f"container NanoCpus {info.host_config.nano_cpus} differs from the "
+                f"reservation {live.record.nano_cpus}"
+            )
+        if info.state.running or info.state.status != "created":
+            return f"the container is {info.state.status}, not a stopped 'created' container"
+        return None
+
+    async def _create_failed(self, live: LiveLease, error: SbxError) -> None:
+        lease = live.record.lease
+        if is_definite_create_failure(error):
+            await self._forget(lease)
+            await live.peer.send(Failed(lease=lease, reason=f"create failed: {error}"))
+            await live.peer.send(Closed(lease=lease))
+            return
+        live.record = rec.uncertain(live.record, f"create failed: {error}")
+        self.records[lease] = live.record
+        await self.journal.write(live.record)
+        log(f"lease {lease}: create outcome uncertain ({error}); recovery owns it now")
+        self.uncertain_changed.set()
+        self.wake_reaper.set()
+        reason = f"create outcome uncertain ({error}); recovery removes the container if it appears"
+        await live.peer.send(Failed(lease=lease, reason=reason))
+        await live.peer.send(Orphaned(lease=lease, reason=reason))
+
+    async def _remove_live(self, live: LiveLease, engine: Engine, container_id: str) -> None:
+        lease = live.record.lease
+        error = await self._remove_container(engine, lease, container_id)
+        if error is None:
+            await self._forget(lease)
+            await live.peer.send(Closed(lease=lease))
+            return
+        log(f"lease {lease}: removal failed ({error}); record kept, the reaper retries")
+        self.wake_reaper.set()
+        await live.peer.send(
+            Orphaned(lease=lease, reason=f"removal failed, record kept for retry: {error}")
+        )
