@@ -39,7 +39,8 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.gpu import GpuRequest
-from sbxkit.harness import Job, JobError, JobResult, run_many
+from sbxkit.harness import Job, JobError, JobResult
+from sbxkit.harness import run_many as _run_many
 from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
@@ -52,6 +53,10 @@ from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
 from sbxkit.stdio import StdioWorker, open_stdio_worker
 from sbxkit.supervisor.client import CapacityExhausted, SupervisedOwner, SupervisorError
+from sbxkit.unwrap import plain_async
+
+run_many = plain_async(_run_many)
+"""``sbxkit.harness.run_many`` with no exception group escaping its nursery (Ctrl-C is plain)."""
 
 __all__ = [
     "LEASE_LABEL",

@@ -57,6 +57,7 @@ from sbxkit.result import json_fields
 from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
+from sbxkit.unwrap import plain_async
 
 __all__ = [
     "JobsFileError",
@@ -495,6 +496,7 @@ def _budgets(args: argparse.Namespace) -> tuple[int | None, float | None]:
     return memory, cpus
 
 
+@plain_async
 async def run_batch(
     jobs: Sequence[Job],
     writer: ResultsWriter,
@@ -585,15 +587,17 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 settings=settings,
             )
         )
-    except Interrupted as exc:
+    except (Interrupted, KeyboardInterrupt) as exc:
+        # KeyboardInterrupt: a repeated Ctrl-C, redelivered by trio after the cleanup ran.
         progress.finish()
         print(
-            f"sbxkit batch: interrupted by {exc}; every sandbox in flight was removed; "
+            f"sbxkit batch: interrupted by {str(exc) or 'SIGINT'}; every sandbox in flight was "
+            "removed; "
             f"{progress.done} of {len(jobs)} jobs have a line in {args.out} "
             "(run the same command again to resume)",
             file=sys.stderr,
         )
-        return exc.exit_code
+        return getattr(exc, "exit_code", 128 + signal.SIGINT)
     finally:
         try:
             writer.sync()

@@ -41,6 +41,7 @@ from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, SandboxSpec, parse_size
+from sbxkit.unwrap import plain_async
 
 EXIT_REFUSED = 2
 EXIT_OUTPUT_EXCEEDED = 123
@@ -49,6 +50,7 @@ EXIT_OOM_KILLED = 137
 EXIT_ENGINE_UNAVAILABLE = 69
 EXIT_INTERNAL = 70
 EXIT_CLEANUP_FAILED = 74
+EXIT_SIGINT = 128 + signal.SIGINT
 
 STATUS_EXIT: dict[Status, int] = {
     "timed_out": EXIT_TIMED_OUT,
@@ -217,6 +219,7 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
+@plain_async
 async def run_interruptibly(
     spec: SandboxSpec,
     stdin: bytes | None,
@@ -497,4 +500,9 @@ def exit_with(handler: Callable[[argparse.Namespace], int], args: argparse.Names
     except Interrupted as exc:
         print(f"sbxkit: interrupted by {exc}; sandbox removed", file=sys.stderr)
         code = exc.exit_code
+    except KeyboardInterrupt:
+        # A Ctrl-C outside trio's signal receiver: before the run began, or a repeated one
+        # that trio redelivers once the receiver closes (after cleanup). No traceback.
+        print("sbxkit: interrupted by SIGINT", file=sys.stderr)
+        code = EXIT_SIGINT
     sys.exit(code)

@@ -32,6 +32,7 @@ from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.unwrap import plain_async
 from sbxkit.verify import check_created
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
@@ -225,6 +226,7 @@ class _Outcome:
         self.exit_code: int | None = None
 
 
+@plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def _supervise(
     attach: HijackedStream, waiter: Waiter, stdin: bytes | None, max_output: int, timeout_s: float
 ) -> _Outcome:

@@ -87,6 +87,7 @@ from sbxkit.runner import (
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
 from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.unwrap import plain_async
 from sbxkit.verify import check_created
 
 __all__ = [
@@ -674,6 +675,7 @@ def _check_transfer(result: RunResult, where: str, doing: str) -> None:
     raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")
 
 
+@plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt
 async def _pump(
     stream: HijackedStream, capture: OutputCapture, stdin: bytes | None
 ) -> tuple[bool, bool]:

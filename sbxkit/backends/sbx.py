@@ -86,6 +86,7 @@ from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import check_env, merge_env, runtime_env
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.unwrap import plain_async
 
 __all__ = [
     "CompletedCommand",
@@ -213,6 +214,7 @@ class _Streams:
             self.drained.set()
 
 
+@plain_async  # no exception group escapes the nursery
 async def process_exec(
     argv: Sequence[str], stdin: bytes, timeout: float, max_output: int
 ) -> CompletedCommand:
