@@ -176,7 +176,8 @@ def spec_from_args(
     else:
         if args.image is None:
             raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
-        base = SandboxSpec(image=args.image, command=command, limits=Limits())
+        # Partial on purpose: the flags and defaults below fill the mandatory limits.
+        base = SandboxSpec(image=args.image, command=command, limits=msgspec.convert({}, Limits))
     limits: dict[str, Any] = {}
     for dest, flag, field, kind in _LIMIT_FLAGS:
         given = getattr(args, dest)
