@@ -58,6 +58,9 @@ from sbxkit.unwrap import plain_async
 run_many = plain_async(_run_many)
 """``sbxkit.harness.run_many`` with no exception group escaping its nursery (Ctrl-C is plain)."""
 
+# Non-trio callers: ``sbxkit.blocking`` (scripts, notebooks) and ``sbxkit.aio`` (asyncio).
+from sbxkit import aio, blocking  # noqa: E402
+
 __all__ = [
     "LEASE_LABEL",
     "ArchiveError",
@@ -106,7 +109,9 @@ __all__ = [
     "SupervisorError",
     "TmpfsMount",
     "VolumeMount",
+    "aio",
     "apply_profile",
+    "blocking",
     "build_create_body",
     "load_profile",
     "open_engine",
