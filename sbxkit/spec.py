@@ -74,12 +74,17 @@ _SIZE_UNITS = {
     "": 1,
     "b": 1,
     "k": 1024,
+    "kb": 1024,
     "kib": 1024,
     "m": MiB,
+    "mb": MiB,
     "mib": MiB,
     "g": 1024 * MiB,
+    "gb": 1024 * MiB,
     "gib": 1024 * MiB,
 }
+"""Binary units, as Docker's own CLI reads them: ``64mb`` is 64 MiB there (``docker run
+--memory 64mb``), so it is here too."""
 _MAX_SIZE_DIGITS = 19
 """INT64_MAX has 19 digits; longer inputs are refused before int() sees them."""
 
@@ -210,10 +215,10 @@ def parse_user(user: str, field: str = "user") -> tuple[int, int]:
 
 
 def parse_size(text: str, field: str) -> int:
-    """Parse a byte size such as "256m", "1g", "512KiB" or "1024" (binary units only).
+    """Parse a byte size such as "256m", "64MB", "1g", "512KiB" or "1024" (bytes).
 
-    Decimal-looking units ("kb", "mb") and fractions are refused rather than guessed:
-    a limit that is off by 2.4 % or rounded is not the limit the user wrote.
+    Every unit is binary, as in Docker's CLI (``mb`` is MiB there too). Fractions and
+    exponents are refused rather than rounded: a rounded limit is not the one the user wrote.
     """
     if not isinstance(text, str):
         raise SpecError(field, "size must be a string such as '256m'")
@@ -226,11 +231,14 @@ def parse_size(text: str, field: str) -> int:
     if match is None:
         raise SpecError(
             field,
-            f"not a size: {text!r} (use whole numbers with b, k, m, g, kib, mib or gib)",
+            f"not a size: {text!r} (use whole numbers with b, k, m, g, kb, mb, gb, kib, mib "
+            "or gib)",
         )
     digits, unit = match.groups()
     if unit not in _SIZE_UNITS:
-        raise SpecError(field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kib, mib, gib)")
+        raise SpecError(
+            field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kb, mb, gb, kib, mib, gib)"
+        )
     if len(digits.lstrip("0")) > _MAX_SIZE_DIGITS:
         raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
     size = int(digits) * _SIZE_UNITS[unit]
