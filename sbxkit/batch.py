@@ -191,6 +191,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     stderr_bytes: int = 0
     overflowed: str | None = None
     oom_evidence: str | None = None
+    kill_evidence: str | None = None
     container_id: str | None = None
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)

@@ -58,6 +58,7 @@ STATUS_EXIT: dict[Status, int] = {
     "timed_out": EXIT_TIMED_OUT,
     "output_exceeded": EXIT_OUTPUT_EXCEEDED,
     "oom_killed": EXIT_OOM_KILLED,
+    "killed": EXIT_OOM_KILLED,  # 128 + SIGKILL as well: --json's status says which
 }
 
 DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
@@ -76,6 +77,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     container_id: str
     lease: str
     oom_evidence: str | None
+    kill_evidence: str | None
     timings: dict[str, float]
 
 

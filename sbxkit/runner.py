@@ -23,6 +23,7 @@ from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
 from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount
+from sbxkit.outcome import judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
@@ -189,8 +190,7 @@ async def run_created(
             # Only a payload that really exited has an exit code; after an overflow or a
             # timeout the code (if any) is sbxkit's kill, not the payload's answer.
             exit_code = outcome.exit_code
-            state = (await engine.container_inspect(container_id)).state
-            status, evidence = classify_exit(state.oom_killed, exit_code)
+            status, evidence = await judge_exit(engine, container_id, exit_code)
     finally:
         t_remove = clock()
         with trio.CancelScope(shield=True):
@@ -206,17 +206,9 @@ async def run_created(
         container_id=container_id,
         lease=lease,
         timings=PhaseTimings(**timings),
-        oom_evidence=evidence,
+        oom_evidence=evidence if status == "oom_killed" else None,
+        kill_evidence=evidence if status == "killed" else None,
     )
-
-
-def classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
-    """Docker's OOMKilled flag is not always set (moby #15621); 137 is SIGKILL we did not send."""
-    if oom_flag:
-        return "oom_killed", "State.OOMKilled"
-    if exit_code == SIGKILL_EXIT:
-        return "oom_killed", "exit status 137 (SIGKILL not sent by sbxkit; OOMKilled unset)"
-    return "exited", None
 
 
 class _Outcome:

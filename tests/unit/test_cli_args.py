@@ -382,6 +382,7 @@ JSON_KEYS = {
     "container_id",
     "lease",
     "oom_evidence",
+    "kill_evidence",
     "timings",
 }
 
