@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,15 +20,15 @@ from sbxkit.engine.client import Engine, Waiter, open_engine
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
+from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount
 from sbxkit.outcome import judge_exit
-from sbxkit.output import OutputCapture
+from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
 from sbxkit.preflight import check_daemon, resolve_mounts
-from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.client import SupervisedOwner
@@ -45,6 +45,9 @@ ATTACH_READ = 256 * 1024
 SIGKILL_EXIT = 137
 # The owner's backstop beyond the payload's own time limit: create, start and removal.
 LIFETIME_MARGIN_S = 120.0
+
+OutputCallback = Callable[[Stream, bytes], object]
+"""``on_output(stream, chunk)``: output as it arrives, within the caps."""
 
 GPU_CURSOR = GpuCursor()
 """This process's round-robin position over the daemon's CDI GPUs (runs share it)."""
@@ -90,6 +93,8 @@ async def run(
     socket_path: str | None = None,
     settings: Settings | None = None,
     gpu_cursor: GpuCursor | None = None,
+    on_output: OutputCallback | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -101,7 +106,29 @@ async def run(
     (the image, named volumes, the runtime being registered, CDI GPUs) is refused before
     create. The caller's trio cancel scope is honoured: the container is removed before
     Cancelled propagates.
+
+    ``on_output(stream, chunk)`` (``stream`` is ``"stdout"`` or ``"stderr"``) is called with
+    each chunk as it arrives, only with bytes within ``output_bytes``: the callback sees exactly
+    what the result keeps. It runs in the run's task; if it raises, the run ends with that error
+    (after removal).
+
+    ``files`` (relative name → content) are put into ``/tmp`` before the command runs
+    (sbxkit/files_run.py: the run is then a short sandbox session; the image needs ``sh``).
     """
+    if files is not None:
+        if on_output is not None:
+            raise SpecError("on_output", "not supported together with files")
+        from sbxkit.files_run import run_with_files  # the session layer builds on this module
+
+        return await run_with_files(
+            spec,
+            stdin,
+            files,
+            engine=engine,
+            owner=owner,
+            socket_path=socket_path,
+            settings=settings,
+        )
     settings = effective_settings(settings)
     validate_spec(spec, settings)
     lease = new_lease_id()
@@ -116,7 +143,14 @@ async def run(
             assert settings.supervisor_state_dir is not None
             owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
         return await run_created(
-            eng, owner, spec, body, lease, stdin, expected_mounts=resolved.expected
+            eng,
+            owner,
+            spec,
+            body,
+            lease,
+            stdin,
+            expected_mounts=resolved.expected,
+            on_output=on_output,
         )
 
 
@@ -147,6 +181,7 @@ async def run_created(
     stdin: bytes | None,
     *,
     expected_mounts: Sequence[ExpectedMount] = (),
+    on_output: OutputCallback | None = None,
 ) -> RunResult:
     """Steps 3–9 for an already validated body."""
     assert spec.limits.output_bytes is not None
@@ -178,7 +213,12 @@ async def run_created(
                 t2 = clock()
                 timings["start_s"] = t2 - t1
                 outcome = await _supervise(
-                    attach, waiter, stdin, spec.limits.output_bytes, spec.limits.timeout_s
+                    attach,
+                    waiter,
+                    stdin,
+                    spec.limits.output_bytes,
+                    spec.limits.timeout_s,
+                    on_output,
                 )
                 timings["run_s"] = clock() - t2
             finally:
@@ -220,7 +260,12 @@ class _Outcome:
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def _supervise(
-    attach: HijackedStream, waiter: Waiter, stdin: bytes | None, max_output: int, timeout_s: float
+    attach: HijackedStream,
+    waiter: Waiter,
+    stdin: bytes | None,
+    max_output: int,
+    timeout_s: float,
+    on_output: OutputCallback | None = None,
 ) -> _Outcome:
     """Feed stdin, stream output under the caps, wait for exit — all within the time limit."""
     outcome = _Outcome(OutputCapture(max_output))
@@ -232,7 +277,13 @@ async def _supervise(
                 demuxer = Demuxer()
                 while chunk := await attach.receive_some(ATTACH_READ):
                     for stream_id, data in demuxer.feed(chunk):
-                        if outcome.capture.add(stream_id, data):
+                        name = stream_name(stream_id)
+                        before = outcome.capture.kept(name)
+                        overflowed = outcome.capture.add(stream_id, data)
+                        kept = outcome.capture.kept(name) - before
+                        if on_output is not None and kept:
+                            on_output(name, bytes(data[:kept]))  # never past the cap
+                        if overflowed:
                             outcome.status = "output_exceeded"
                             nursery.cancel_scope.cancel()
                             return
