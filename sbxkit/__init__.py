@@ -40,7 +40,8 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.gpu import GpuRequest
-from sbxkit.harness import Job, JobError, JobResult, run_many
+from sbxkit.harness import Job, JobError, JobResult
+from sbxkit.harness import run_many as _run_many
 from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
@@ -58,6 +59,13 @@ from sbxkit.supervisor.client import (
     SupervisedOwner,
     SupervisorError,
 )
+from sbxkit.unwrap import plain_async
+
+run_many = plain_async(_run_many)
+"""``sbxkit.harness.run_many`` with no exception group escaping its nursery (Ctrl-C is plain)."""
+
+# Non-trio callers: ``sbxkit.blocking`` (scripts, notebooks) and ``sbxkit.aio`` (asyncio).
+from sbxkit import aio, blocking  # noqa: E402
 
 __all__ = [
     "LEASE_LABEL",
@@ -109,7 +117,9 @@ __all__ = [
     "SupervisorError",
     "TmpfsMount",
     "VolumeMount",
+    "aio",
     "apply_profile",
+    "blocking",
     "build_create_body",
     "load_profile",
     "open_engine",

@@ -3,8 +3,9 @@
 Input: one job per line, a JSON object ``{"id": ..., "image": ..., "command": [...],
 "limits": {...}, "env": {...}, "stdin": "..."}`` — ``id`` (a string or an integer, unique in
 the file), optional ``stdin`` (text, sent UTF-8 encoded), and otherwise exactly the fields of
-``SandboxSpec`` (``limits`` uses ``Limits``' field names: ``cpus``, ``memory_bytes``, ``pids``,
-``output_bytes``, ``timeout_s`` …). Blank lines are ignored. Every line is decoded and
+``SandboxSpec`` (``limits`` takes ``Limits``' field names or ``sbxkit run``'s, sizes as strings
+such as ``"64m"``). ``--profile`` and the limit flags give defaults a line may leave out
+(sbxkit/jobs.py). Blank lines are ignored. Every line is decoded and
 validated before anything runs; the first bad one is reported with its line number and field,
 and the exit status is 2.
 
@@ -32,9 +33,10 @@ holds only complete lines.
 
 Exit status: 0 when every job ran (whatever the payloads did: read ``status`` and
 ``exit_code``); 1 when some job could not run and has an ``error`` line instead (the line stays,
-so a resume does not retry it: delete the line to retry); 2 for bad input (jobs file, results
-file, budgets, a job larger than the budget); 69 engine unavailable; 74 when a sandbox's removal
-failed (its lease is kept: see ``sbxkit leases``); 128 + N when interrupted by signal N.
+so a resume does not retry it: ``--retry-errors`` does, replacing the line); 2 for bad input
+(jobs file, results file, budgets, a job larger than the budget); 69 engine unavailable; 74
+when a sandbox's removal failed (its lease is kept: see ``sbxkit leases``); 128 + N when
+interrupted by signal N.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -56,10 +58,11 @@ import trio
 
 from sbxkit.errors import CleanupError, SbxError, SpecError
 from sbxkit.harness import Job, JobError, JobId, JobResult, run_many
+from sbxkit.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
 from sbxkit.result import json_fields
-from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
+from sbxkit.unwrap import plain_async
 
 __all__ = [
     "JobsFileError",
@@ -115,8 +118,11 @@ def _job_id(value: object) -> JobId:
     return value
 
 
-def decode_job(raw: bytes, settings: Settings | None = None) -> Job:
-    """One line to a validated Job; every refusal is a SpecError naming the field."""
+def decode_job(
+    raw: bytes, settings: Settings | None = None, defaults: Mapping[str, Any] | None = None
+) -> Job:
+    """One line to a validated Job over ``defaults`` (sbxkit/jobs.py); every refusal is a
+    SpecError naming the field."""
     try:
         data = _OBJECT.decode(raw)
     except msgspec.ValidationError:
@@ -129,6 +135,7 @@ def decode_job(raw: bytes, settings: Settings | None = None) -> Job:
     stdin = data.pop("stdin", None)
     if stdin is not None and not isinstance(stdin, str):
         raise SpecError("stdin", f"must be a string (text) or null, got {type(stdin).__name__}")
+    data = with_defaults(data, defaults or {})
     try:
         spec = msgspec.convert(data, SandboxSpec)
     except msgspec.ValidationError as exc:
@@ -137,7 +144,12 @@ def decode_job(raw: bytes, settings: Settings | None = None) -> Job:
     return Job(id=job_id, spec=spec, stdin=None if stdin is None else stdin.encode("utf-8"))
 
 
-def decode_jobs(data: bytes, source: str = "jobs", settings: Settings | None = None) -> list[Job]:
+def decode_jobs(
+    data: bytes,
+    source: str = "jobs",
+    settings: Settings | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> list[Job]:
     """Every job of a JSONL document, or JobsFileError for the first bad line (1-based)."""
     jobs: list[Job] = []
     first_line: dict[JobId, int] = {}
@@ -145,7 +157,7 @@ def decode_jobs(data: bytes, source: str = "jobs", settings: Settings | None = N
         if not raw.strip():
             continue
         try:
-            job = decode_job(raw, settings)
+            job = decode_job(raw, settings, defaults)
         except SpecError as exc:
             raise JobsFileError(source, number, exc.field, exc.rule) from None
         if job.id in first_line:
@@ -157,12 +169,14 @@ def decode_jobs(data: bytes, source: str = "jobs", settings: Settings | None = N
     return jobs
 
 
-def load_jobs(path: Path, settings: Settings | None = None) -> list[Job]:
+def load_jobs(
+    path: Path, settings: Settings | None = None, defaults: Mapping[str, Any] | None = None
+) -> list[Job]:
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise SpecError("JOBS", f"cannot read {path}: {exc.strerror}") from None
-    return decode_jobs(data, str(path), settings)
+    return decode_jobs(data, str(path), settings, defaults)
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -180,6 +194,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     stderr_bytes: int = 0
     overflowed: str | None = None
     oom_evidence: str | None = None
+    kill_evidence: str | None = None
     container_id: str | None = None
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)
@@ -492,6 +507,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="no status line, even on a terminal"
     )
+    add_default_flags(parser)
 
 
 def add_batch_parser(
@@ -530,6 +546,7 @@ def _budgets(args: argparse.Namespace) -> tuple[int | None, float | None]:
     return memory, cpus
 
 
+@plain_async
 async def run_batch(
     jobs: Sequence[Job],
     writer: ResultsWriter,
@@ -591,9 +608,11 @@ async def run_batch(
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    settings = effective_settings(None)
-    jobs = load_jobs(args.jobs, settings)
+    defaults, settings = defaults_from_args(args)
+    jobs = load_jobs(args.jobs, settings, defaults)
     memory_budget, cpu_budget = _budgets(args)
+    if args.retry_errors:
+        forget_error_lines(args.out, {job.id for job in jobs})
     scan = prepare_results(args.out)
     pending = pending_jobs(jobs, scan)
     skipped = len(jobs) - len(pending)
@@ -621,15 +640,17 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 settings=settings,
             )
         )
-    except Interrupted as exc:
+    except (Interrupted, KeyboardInterrupt) as exc:
+        # KeyboardInterrupt: a repeated Ctrl-C, redelivered by trio after the cleanup ran.
         progress.finish()
         print(
-            f"sbxkit batch: interrupted by {exc}; every sandbox in flight was removed; "
+            f"sbxkit batch: interrupted by {str(exc) or 'SIGINT'}; every sandbox in flight was "
+            "removed; "
             f"{progress.done} of {len(jobs)} jobs have a line in {args.out} "
             "(run the same command again to resume)",
             file=sys.stderr,
         )
-        return exc.exit_code
+        return getattr(exc, "exit_code", 128 + signal.SIGINT)
     finally:
         try:
             writer.sync()

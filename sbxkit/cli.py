@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import msgspec
 import trio
@@ -29,6 +30,7 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.gpu import GpuRequest
+from sbxkit.jobs import LIMIT_FLAGS
 from sbxkit.profile import (
     Profile,
     apply_profile,
@@ -40,8 +42,9 @@ from sbxkit.profile import (
 from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.runner import run
 from sbxkit.settings import Settings
-from sbxkit.spec import Limits, SandboxSpec, parse_size
+from sbxkit.spec import Limits, SandboxSpec, check_limit, parse_size
 from sbxkit.supervisor.client import CapacityExhausted, QueueObserver
+from sbxkit.unwrap import plain_async
 
 EXIT_REFUSED = 2
 EXIT_OUTPUT_EXCEEDED = 123
@@ -51,11 +54,13 @@ EXIT_ENGINE_UNAVAILABLE = 69
 EXIT_INTERNAL = 70
 EXIT_CLEANUP_FAILED = 74
 EXIT_CAPACITY = 75  # EX_TEMPFAIL: a hard bound of the supervisor, or the admission deadline
+EXIT_SIGINT = 128 + signal.SIGINT
 
 STATUS_EXIT: dict[Status, int] = {
     "timed_out": EXIT_TIMED_OUT,
     "output_exceeded": EXIT_OUTPUT_EXCEEDED,
     "oom_killed": EXIT_OOM_KILLED,
+    "killed": EXIT_OOM_KILLED,  # 128 + SIGKILL as well: --json's status says which
 }
 
 DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
@@ -74,6 +79,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     container_id: str
     lease: str
     oom_evidence: str | None
+    kill_evidence: str | None
     timings: dict[str, float]
 
 
@@ -140,23 +146,27 @@ def _gpus(text: str) -> GpuRequest:
 
 
 # (argparse dest, flag, Limits field, parser): the limits a flag sets; sizes use parse_size.
-_LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
-    ("cpus", "--cpus", "cpus", "float"),
-    ("memory", "--memory", "memory_bytes", "size"),
-    ("pids", "--pids", "pids", "int"),
-    ("max_output", "--max-output", "output_bytes", "size"),
-    ("timeout", "--timeout", "timeout_s", "float"),
-    ("fsize", "--fsize", "fsize_bytes", "size"),
-    ("scratch", "--scratch", "scratch_bytes", "size"),
-)
+_LIMIT_FLAGS = LIMIT_FLAGS
 
 
-def _limit(text: str, flag: str, kind: str) -> int | float:
+def limit_value(text: str, flag: str, kind: str) -> int | float:
+    """A limit flag's value: sizes as ``parse_size`` reads them, numbers as Python does."""
     if kind == "size":
         return parse_size(text, flag)
     if kind == "int":
         return int(_number(text, flag, int))
     return _number(text, flag, float)
+
+
+def check_limit_flag(field: str, value: int | float, flag: str, text: str) -> None:
+    """Refuse a flag's bad limit naming the flag (``--memory``), not the spec field."""
+    try:
+        check_limit(field, value, flag)
+    except SpecError as exc:
+        if text.strip().isdigit() and int(text) > 0 and field.endswith("_bytes"):
+            hint = f"{exc.rule}; a bare number is bytes (did you mean {text.strip()}m?)"
+            raise SpecError(flag, hint) from None
+        raise
 
 
 def spec_from_args(
@@ -178,14 +188,16 @@ def spec_from_args(
     else:
         if args.image is None:
             raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
-        base = SandboxSpec(image=args.image, command=command, limits=Limits())
+        # Partial on purpose: the flags and defaults below fill the mandatory limits.
+        base = SandboxSpec(image=args.image, command=command, limits=msgspec.convert({}, Limits))
     limits: dict[str, Any] = {}
     for dest, flag, field, kind in _LIMIT_FLAGS:
         given = getattr(args, dest)
         if given is not None:
-            limits[field] = _limit(given, flag, kind)
+            limits[field] = limit_value(given, flag, kind)
+            check_limit_flag(field, limits[field], flag, given)
         elif getattr(base.limits, field) is None and dest in defaults:
-            limits[field] = _limit(defaults[dest], flag, kind)
+            limits[field] = limit_value(defaults[dest], flag, kind)
     overrides: dict[str, Any] = {
         "limits": msgspec.structs.replace(base.limits, **limits),
         "env": {**base.env, **_env(getattr(args, "env", None) or [])},
@@ -201,8 +213,29 @@ def spec_from_args(
     return msgspec.structs.replace(base, **overrides)
 
 
+def stdin_carries_data() -> bool:
+    """True when this process's stdin is a pipe or a regular file (not a terminal, not
+    /dev/null, not closed): bytes someone meant for somebody."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
 def _read_stdin(source: str | None) -> bytes | None:
+    """``--stdin -`` reads ours, ``--stdin FILE`` a file, ``--stdin none`` nothing. Without the
+    flag, a piped stdin is refused rather than dropped or read: reading an inherited pipe
+    (a script's loop, a CI runner) would swallow someone else's input or block forever."""
     if source is None:
+        if stdin_carries_data():
+            raise SpecError(
+                "--stdin",
+                "stdin is a pipe or a file: pass --stdin - to send it to the payload, or "
+                "--stdin none to ignore it (e.g. a script's inherited stdin)",
+            )
+        return None
+    if source == "none":
         return None
     if source == "-":
         return sys.stdin.buffer.read()
@@ -221,6 +254,7 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
+@plain_async
 async def run_interruptibly(
     spec: SandboxSpec,
     stdin: bytes | None,
@@ -406,11 +440,37 @@ class _ImageAndCommand(argparse.Action):
         namespace.command = rest
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error under ``--json`` is also one JSON object on stdout."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if Parser.json_errors:
+            print_json_error("UsageError", message, None, EXIT_REFUSED)
+        super().error(message)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("sbxkit")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sbxkit", description="Run untrusted commands in hardened Docker sandboxes."
     )
-    sub = parser.add_subparsers(dest="action", required=True)
+    parser.add_argument("--version", action="version", version=f"sbxkit {version()}")
+    # Subcommands are Parsers too (argparse uses the parent's class), typed as the base class.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="action", required=True),
+    )
 
     p_run = sub.add_parser(
         "run",
@@ -447,7 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         help="set a variable; a bare K passes the host's value",
     )
-    p_run.add_argument("--stdin", metavar="FILE|-", help="feed a file (or - for stdin)")
+    p_run.add_argument(
+        "--stdin",
+        metavar="FILE|-|none",
+        help="feed a file, - (this stdin) or none; a piped stdin needs this flag",
+    )
     p_run.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
     p_run.add_argument("--workdir", help="absolute working directory")
     p_run.add_argument(
@@ -512,18 +576,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    Parser.json_errors = "--json" in options
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a typo in a subcommand's flag: that subcommand's usage, not the top level's
+        subcommand_parser(parser, args.action).error("unrecognized arguments: " + " ".join(unknown))
     exit_with(args.handler, args)
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[name]
+            return chosen
+    return parser
+
+
+def print_json_error(kind: str, message: str, field: str | None, code: int) -> None:
+    """``--json``'s answer on an error: one object, ``error`` set, on stdout."""
+    doc = {"error": {"type": kind, "message": message, "field": field}, "exit_status": code}
+    sys.stdout.write(msgspec.json.encode(doc).decode() + "\n")
+    sys.stdout.flush()
 
 
 def exit_with(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> NoReturn:
     """Run a subcommand's handler and exit with its status; errors become documented codes."""
+    json_errors = bool(getattr(args, "json", False))
     try:
         code = handler(args)
     except SbxError as exc:
         print(f"sbxkit: error: {exc}", file=sys.stderr)
         code = exit_code_for_error(exc)
+        if json_errors:
+            print_json_error(type(exc).__name__, str(exc), getattr(exc, "field", None), code)
     except Interrupted as exc:
         print(f"sbxkit: interrupted by {exc}; sandbox removed", file=sys.stderr)
         code = exc.exit_code
+        if json_errors:
+            print_json_error("Interrupted", f"interrupted by {exc}", None, code)
+    except KeyboardInterrupt:
+        # A Ctrl-C outside trio's signal receiver: before the run began, or a repeated one
+        # that trio redelivers once the receiver closes (after cleanup). No traceback.
+        print("sbxkit: interrupted by SIGINT", file=sys.stderr)
+        code = EXIT_SIGINT
     sys.exit(code)

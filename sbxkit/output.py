@@ -24,6 +24,14 @@ _STREAM_NAMES: dict[int, StreamName] = {
 }
 
 
+def stream_name(stream_id: int) -> StreamName:
+    """``stdout`` for frame streams 0 and 1, ``stderr`` for 2 and 3."""
+    name = _STREAM_NAMES.get(stream_id)
+    if name is None:
+        raise ValueError(f"stream id must be 0-3, got {stream_id}")
+    return name
+
+
 class CappedBuffer:
     """The first ``cap`` bytes of one stream, plus a count of everything offered."""
 
@@ -96,6 +104,10 @@ class OutputCapture:
             return False
         self._overflowed = name
         return True
+
+    def kept(self, name: StreamName) -> int:
+        """Bytes kept so far on one stream."""
+        return self._buffers[name].kept_bytes
 
     @property
     def overflowed(self) -> StreamName | None:

@@ -114,7 +114,12 @@ class PtySession(OwnedView, trio.abc.Stream):
     async def wait(self) -> SandboxExit:
         """How the process ended (killing it at the time limit)."""
         status, exit_code, evidence = await self._process.wait()
-        return SandboxExit(status=status, exit_code=exit_code, oom_evidence=evidence)
+        return SandboxExit(
+            status=status,
+            exit_code=exit_code,
+            oom_evidence=evidence if status == "oom_killed" else None,
+            kill_evidence=evidence if status == "killed" else None,
+        )
 
     async def aclose(self) -> None:
         """Close the terminal connection (the container is removed when the block ends)."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed"]
+Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
 Stream = Literal["stdout", "stderr"]
 
 
@@ -24,7 +24,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """What happened. ``exit_code`` is the payload's own when it exited, else None.
 
     ``oom_evidence`` says what decided ``oom_killed``: Docker's ``OOMKilled`` flag, or — since
-    the flag is not always set (moby #15621) — exit status 137 (SIGKILL) that sbxkit did not send.
+    the flag is not always set (moby #15621) — the daemon's ``oom`` event. A signal exit is
+    ``oom_killed`` or ``killed`` only on such evidence, never on its status (137) alone.
     """
 
     status: Status
@@ -36,6 +37,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     lease: str
     timings: PhaseTimings
     oom_evidence: str | None = None
+    kill_evidence: str | None = None
+    """For ``killed``: the daemon's record of a kill sbxkit did not send (``docker kill``, a
+    daemon shutdown); see sbxkit/outcome.py."""
 
     @property
     def ok(self) -> bool:
@@ -56,5 +60,6 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "container_id": result.container_id,
         "lease": result.lease,
         "oom_evidence": result.oom_evidence,
+        "kill_evidence": result.kill_evidence,
         "timings": msgspec.structs.asdict(result.timings),
     }

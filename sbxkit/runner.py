@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,18 +20,20 @@ from sbxkit.engine.client import Engine, Waiter, open_engine
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
+from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount
-from sbxkit.output import OutputCapture
+from sbxkit.outcome import judge_exit
+from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owner import Owner
 from sbxkit.policy import build_create_body, container_name
 from sbxkit.preflight import check_daemon, resolve_mounts
-from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.unwrap import plain_async
 from sbxkit.verify import check_created
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
@@ -43,6 +45,9 @@ ATTACH_READ = 256 * 1024
 SIGKILL_EXIT = 137
 # The owner's backstop beyond the payload's own time limit: create, start and removal.
 LIFETIME_MARGIN_S = 120.0
+
+OutputCallback = Callable[[Stream, bytes], object]
+"""``on_output(stream, chunk)``: output as it arrives, within the caps."""
 
 GPU_CURSOR = GpuCursor()
 """This process's round-robin position over the daemon's CDI GPUs (runs share it)."""
@@ -89,6 +94,8 @@ async def run(
     settings: Settings | None = None,
     gpu_cursor: GpuCursor | None = None,
     on_queued: QueueObserver | None = None,
+    on_output: OutputCallback | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -105,7 +112,29 @@ async def run(
     (the image, named volumes, the runtime being registered, CDI GPUs) is refused before
     create. The caller's trio cancel scope is honoured: the container is removed before
     Cancelled propagates.
+
+    ``on_output(stream, chunk)`` (``stream`` is ``"stdout"`` or ``"stderr"``) is called with
+    each chunk as it arrives, only with bytes within ``output_bytes``: the callback sees exactly
+    what the result keeps. It runs in the run's task; if it raises, the run ends with that error
+    (after removal).
+
+    ``files`` (relative name → content) are put into ``/tmp`` before the command runs
+    (sbxkit/files_run.py: the run is then a short sandbox session; the image needs ``sh``).
     """
+    if files is not None:
+        if on_output is not None:
+            raise SpecError("on_output", "not supported together with files")
+        from sbxkit.files_run import run_with_files  # the session layer builds on this module
+
+        return await run_with_files(
+            spec,
+            stdin,
+            files,
+            engine=engine,
+            owner=owner,
+            socket_path=socket_path,
+            settings=settings,
+        )
     settings = effective_settings(settings)
     validate_spec(spec, settings)
     lease = new_lease_id()
@@ -122,7 +151,14 @@ async def run(
                 eng, state_dir=Path(settings.supervisor_state_dir), on_queued=on_queued
             )
         return await run_created(
-            eng, owner, spec, body, lease, stdin, expected_mounts=resolved.expected
+            eng,
+            owner,
+            spec,
+            body,
+            lease,
+            stdin,
+            expected_mounts=resolved.expected,
+            on_output=on_output,
         )
 
 
@@ -153,6 +189,7 @@ async def run_created(
     stdin: bytes | None,
     *,
     expected_mounts: Sequence[ExpectedMount] = (),
+    on_output: OutputCallback | None = None,
 ) -> RunResult:
     """Steps 3–9 for an already validated body."""
     assert spec.limits.output_bytes is not None
@@ -186,7 +223,12 @@ async def run_created(
                 t2 = clock()
                 timings["start_s"] = t2 - t1
                 outcome = await _supervise(
-                    attach, waiter, stdin, spec.limits.output_bytes, spec.limits.timeout_s
+                    attach,
+                    waiter,
+                    stdin,
+                    spec.limits.output_bytes,
+                    spec.limits.timeout_s,
+                    on_output,
                 )
                 timings["run_s"] = clock() - t2
             finally:
@@ -198,8 +240,7 @@ async def run_created(
             # Only a payload that really exited has an exit code; after an overflow or a
             # timeout the code (if any) is sbxkit's kill, not the payload's answer.
             exit_code = outcome.exit_code
-            state = (await engine.container_inspect(container_id)).state
-            status, evidence = classify_exit(state.oom_killed, exit_code)
+            status, evidence = await judge_exit(engine, container_id, exit_code)
     finally:
         t_remove = clock()
         with trio.CancelScope(shield=True):
@@ -215,17 +256,9 @@ async def run_created(
         container_id=container_id,
         lease=lease,
         timings=PhaseTimings(**timings),
-        oom_evidence=evidence,
+        oom_evidence=evidence if status == "oom_killed" else None,
+        kill_evidence=evidence if status == "killed" else None,
     )
-
-
-def classify_exit(oom_flag: bool, exit_code: int | None) -> tuple[Status, str | None]:
-    """Docker's OOMKilled flag is not always set (moby #15621); 137 is SIGKILL we did not send."""
-    if oom_flag:
-        return "oom_killed", "State.OOMKilled"
-    if exit_code == SIGKILL_EXIT:
-        return "oom_killed", "exit status 137 (SIGKILL not sent by sbxkit; OOMKilled unset)"
-    return "exited", None
 
 
 class _Outcome:
@@ -235,8 +268,14 @@ class _Outcome:
         self.exit_code: int | None = None
 
 
+@plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def _supervise(
-    attach: HijackedStream, waiter: Waiter, stdin: bytes | None, max_output: int, timeout_s: float
+    attach: HijackedStream,
+    waiter: Waiter,
+    stdin: bytes | None,
+    max_output: int,
+    timeout_s: float,
+    on_output: OutputCallback | None = None,
 ) -> _Outcome:
     """Feed stdin, stream output under the caps, wait for exit — all within the time limit."""
     outcome = _Outcome(OutputCapture(max_output))
@@ -248,7 +287,13 @@ async def _supervise(
                 demuxer = Demuxer()
                 while chunk := await attach.receive_some(ATTACH_READ):
                     for stream_id, data in demuxer.feed(chunk):
-                        if outcome.capture.add(stream_id, data):
+                        name = stream_name(stream_id)
+                        before = outcome.capture.kept(name)
+                        overflowed = outcome.capture.add(stream_id, data)
+                        kept = outcome.capture.kept(name) - before
+                        if on_output is not None and kept:
+                            on_output(name, bytes(data[:kept]))  # never past the cap
+                        if overflowed:
                             outcome.status = "output_exceeded"
                             nursery.cancel_scope.cancel()
                             return

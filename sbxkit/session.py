@@ -70,6 +70,7 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
+from sbxkit.outcome import SIGNAL_EXIT_BASE, classify_exit, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
 from sbxkit.policy import SCRATCH_PATH, build_create_body, container_name
@@ -79,15 +80,14 @@ from sbxkit.rules import merge_env, runtime_env
 from sbxkit.runner import (
     GPU_CURSOR,
     LIFETIME_MARGIN_S,
-    SIGKILL_EXIT,
     check_image,
-    classify_exit,
     effective_settings,
     new_lease_id,
 )
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
 from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.unwrap import plain_async
 from sbxkit.verify import check_created
 
 __all__ = [
@@ -190,6 +190,7 @@ class SandboxExit(msgspec.Struct, frozen=True, kw_only=True):
     stderr: bytes = b""
     overflowed: Stream | None = None
     oom_evidence: str | None = None
+    kill_evidence: str | None = None
 
 
 # --- the owned container --------------------------------------------------------------------
@@ -353,11 +354,9 @@ class ContainerProcess:
         if reply.error is not None and reply.error.message:
             raise EngineError("POST", "wait", 500, reply.error.message)
         code = reply.status_code
-        oom = False
-        if code == SIGKILL_EXIT:
-            info = await self.box.engine.container_inspect(self.box.container_id)
-            oom = info.state.oom_killed
-        status, evidence = classify_exit(oom, code)
+        status, evidence = classify_exit(False, code)
+        if code > SIGNAL_EXIT_BASE:
+            status, evidence = await judge_exit(self.box.engine, self.box.container_id, code)
         self._result = (status, code if status == "exited" else None, evidence)
         return self._result
 
@@ -508,11 +507,8 @@ class Sandbox(OwnedView):
         evidence: str | None = None
         if status == "exited":
             exit_code = await self._exit_code(exec_id)
-            oom = False
-            if exit_code == SIGKILL_EXIT:
-                info = await engine.container_inspect(self.container_id)
-                oom = info.state.oom_killed
-            status, evidence = classify_exit(oom, exit_code)
+            if exit_code > SIGNAL_EXIT_BASE:
+                status, evidence = await judge_exit(engine, self.container_id, exit_code)
             if status != "exited":
                 exit_code = None
         return RunResult(
@@ -524,7 +520,8 @@ class Sandbox(OwnedView):
             container_id=self.container_id,
             lease=self.lease,
             timings=PhaseTimings(**timings),
-            oom_evidence=evidence,
+            oom_evidence=evidence if status == "oom_killed" else None,
+            kill_evidence=evidence if status == "killed" else None,
         )
 
     async def _exit_code(self, exec_id: str) -> int:
@@ -686,6 +683,7 @@ def _check_transfer(result: RunResult, where: str, doing: str) -> None:
     raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")
 
 
+@plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt
 async def _pump(
     stream: HijackedStream, capture: OutputCapture, stdin: bytes | None
 ) -> tuple[bool, bool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -58,6 +59,8 @@ MAX_PIDS = 4_194_304
 MAX_ID = 2**32 - 2
 """Largest usable uid/gid: 2**32 - 1 is the kernel's "no id" sentinel."""
 
+MANDATORY_LIMITS = ("cpus", "memory_bytes", "pids", "output_bytes", "timeout_s")
+
 _MANDATORY = "mandatory: set a finite bound"
 _UNBOUNDED = "must be > 0 (0 and -1 mean unbounded to Docker)"
 _NOT_FINITE = "must be a finite number (NaN and infinity are not bounds)"
@@ -71,29 +74,46 @@ _SIZE_UNITS = {
     "": 1,
     "b": 1,
     "k": 1024,
+    "kb": 1024,
     "kib": 1024,
     "m": MiB,
+    "mb": MiB,
     "mib": MiB,
     "g": 1024 * MiB,
+    "gb": 1024 * MiB,
     "gib": 1024 * MiB,
 }
+"""Binary units, as Docker's own CLI reads them: ``64mb`` is 64 MiB there (``docker run
+--memory 64mb``), so it is here too."""
 _MAX_SIZE_DIGITS = 19
 """INT64_MAX has 19 digits; longer inputs are refused before int() sees them."""
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Resource ceilings. The first five default to None only so their absence can be named."""
+    """Resource ceilings; the first five are mandatory.
 
-    cpus: float | None = None
-    """CPUs as a fraction of cores; sent to Docker as NanoCpus = cpus * 1e9."""
-    memory_bytes: int | None = None
-    """Memory ceiling; swap is disabled, so this is the whole budget."""
-    pids: int | None = None
-    """Maximum number of processes and threads in the container."""
-    output_bytes: int | None = None
-    """Per stream (stdout and stderr each): exactly N bytes pass, N + 1 is an overflow."""
-    timeout_s: float | None = None
-    """Elapsed (wall clock) time from start to exit."""
+    A type checker sees them as required (``Limits()`` does not type-check). At run time they
+    default to None so that validation can name every missing one in a single SpecError
+    instead of a TypeError naming only the first (profiles also build partial limits).
+    """
+
+    if TYPE_CHECKING:
+        cpus: float
+        memory_bytes: int
+        pids: int
+        output_bytes: int
+        timeout_s: float
+    else:
+        cpus: float | None = None
+        """CPUs as a fraction of cores; sent to Docker as NanoCpus = cpus * 1e9."""
+        memory_bytes: int | None = None
+        """Memory ceiling; swap is disabled, so this is the whole budget."""
+        pids: int | None = None
+        """Maximum number of processes and threads in the container."""
+        output_bytes: int | None = None
+        """Per stream (stdout and stderr each): exactly N bytes pass, N + 1 is an overflow."""
+        timeout_s: float | None = None
+        """Elapsed (wall clock) time from start to exit."""
     fsize_bytes: int = 64 * MiB
     """Largest file a process may write (RLIMIT_FSIZE)."""
     scratch_bytes: int = 64 * MiB
@@ -195,10 +215,10 @@ def parse_user(user: str, field: str = "user") -> tuple[int, int]:
 
 
 def parse_size(text: str, field: str) -> int:
-    """Parse a byte size such as "256m", "1g", "512KiB" or "1024" (binary units only).
+    """Parse a byte size such as "256m", "64MB", "1g", "512KiB" or "1024" (bytes).
 
-    Decimal-looking units ("kb", "mb") and fractions are refused rather than guessed:
-    a limit that is off by 2.4 % or rounded is not the limit the user wrote.
+    Every unit is binary, as in Docker's CLI (``mb`` is MiB there too). Fractions and
+    exponents are refused rather than rounded: a rounded limit is not the one the user wrote.
     """
     if not isinstance(text, str):
         raise SpecError(field, "size must be a string such as '256m'")
@@ -211,11 +231,14 @@ def parse_size(text: str, field: str) -> int:
     if match is None:
         raise SpecError(
             field,
-            f"not a size: {text!r} (use whole numbers with b, k, m, g, kib, mib or gib)",
+            f"not a size: {text!r} (use whole numbers with b, k, m, g, kb, mb, gb, kib, mib "
+            "or gib)",
         )
     digits, unit = match.groups()
     if unit not in _SIZE_UNITS:
-        raise SpecError(field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kib, mib, gib)")
+        raise SpecError(
+            field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kb, mb, gb, kib, mib, gib)"
+        )
     if len(digits.lstrip("0")) > _MAX_SIZE_DIGITS:
         raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
     size = int(digits) * _SIZE_UNITS[unit]
@@ -252,7 +275,11 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
 
 
 def validate_limits(limits: Limits) -> None:
-    """Refuse absent, unbounded or out-of-range limits, naming the first offending field."""
+    """Refuse absent, unbounded or out-of-range limits: every absent mandatory one named in a
+    single error, otherwise the first offending field."""
+    missing = [name for name in MANDATORY_LIMITS if getattr(limits, name) is None]
+    if missing:
+        raise SpecError(", ".join(f"limits.{name}" for name in missing), _MANDATORY)
     for name in Limits.__struct_fields__:
         check_limit(name, getattr(limits, name))
 

@@ -186,7 +186,8 @@ class StdioWorker(OwnedView):
             exit_code=exit_code,
             stderr=self.stderr,
             overflowed=self._channel.overflowed,
-            oom_evidence=evidence,
+            oom_evidence=evidence if status == "oom_killed" else None,
+            kill_evidence=evidence if status == "killed" else None,
         )
 
 

@@ -77,3 +77,10 @@ class Witness:
         self.session.delete(
             f"{self.base}/containers/{container_id}", params={"force": "1", "v": "1"}, timeout=30
         )
+
+    def kill(self, container_id: str, signal: str = "KILL") -> None:
+        """An operator's ``docker kill``, through the daemon's API."""
+        response = self.session.post(
+            f"{self.base}/containers/{container_id}/kill", params={"signal": signal}, timeout=30
+        )
+        response.raise_for_status()

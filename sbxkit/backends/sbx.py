@@ -86,6 +86,7 @@ from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import check_env, merge_env, runtime_env
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.unwrap import plain_async
 
 __all__ = [
     "CompletedCommand",
@@ -104,7 +105,6 @@ COMMAND_OUTPUT_CAP = 1024 * 1024
 """Bytes kept per stream of the runner's own commands (create, policy, rm, ls)."""
 DRAIN_GRACE_S = 2.0
 """After a command exits, how long its pipes may stay open (a backgrounded descendant)."""
-SIGKILL_EXIT = 137
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -213,6 +213,7 @@ class _Streams:
             self.drained.set()
 
 
+@plain_async  # no exception group escapes the nursery
 async def process_exec(
     argv: Sequence[str], stdin: bytes, timeout: float, max_output: int
 ) -> CompletedCommand:
@@ -640,11 +641,6 @@ def _classify(done: CompletedCommand) -> tuple[Status, int | None, str | None]:
         raise SbxCommandError(
             "exec", code, f"the sbx client was killed by signal {-code if code else '?'}"
         )
-    if code == SIGKILL_EXIT:
-        return (
-            "oom_killed",
-            code,
-            "exit status 137 inside the microVM (SIGKILL not sent by sbxkit; sbx reports no "
-            "OOM flag)",
-        )
+    # sbx reports no OOM flag and no kill events: a 137 is reported as the exit it is, never
+    # as an OOM nobody saw (sbxkit/outcome.py).
     return "exited", code, None

@@ -211,6 +211,24 @@ class Engine:
         finally:
             await stream.aclose()
 
+    async def events_between(
+        self, since: float, until: float, filters: dict[str, list[str]]
+    ) -> list[models.Event]:
+        """The daemon's recorded events in ``[since, until]`` (unix seconds) matching
+        ``filters``; ``until`` must not be in the future (the daemon would wait for it)."""
+        params = [
+            ("since", f"{since:.9f}"),
+            ("until", f"{until:.9f}"),
+            ("filters", msgspec.json.encode(filters).decode()),
+        ]
+        target = self._path(join_query("/events", params))
+        response = await self._transport.request("GET", target, timeout=self.deadlines.list)
+        decoder = EventStream._decoder
+        try:
+            return [decoder.decode(line) for line in response.body.splitlines() if line.strip()]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise EngineProtocolError(f"GET {target}: malformed event: {exc}") from exc
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 

@@ -119,6 +119,8 @@ class ContainerState(Reply):
     exit_code: int = 0
     error: str = ""
     pid: int = 0
+    started_at: str = ""
+    finished_at: str = ""
 
 
 class ContainerConfigReply(Reply):

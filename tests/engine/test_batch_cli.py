@@ -157,7 +157,7 @@ def test_a_bad_line_is_refused_by_number_and_field_before_anything_runs(
 ) -> None:
     label = unique("batch")
     bad = json.loads(job("bad", busybox, "true", label))
-    bad["limits"]["memory_bytes"] = "64m"
+    bad["limits"]["memory_bytes"] = 64.5
     jobs = write_jobs(
         tmp_path / "jobs.jsonl",
         [job("ok1", busybox, "true", label), job("ok2", busybox, "true", label), json.dumps(bad)],

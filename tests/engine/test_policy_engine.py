@@ -422,6 +422,7 @@ state_dir = "{state_dir}"
             "-c",
             'echo "$FROM_PROFILE $OVERRIDDEN $SBXKIT_SANDBOX $SBXKIT_LEASE"',
         ],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=60,
         check=False,

@@ -154,10 +154,11 @@ def test_every_flag_maps(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("flag", "text", "field", "value"),
     [
-        ("--memory", "1048576", "memory_bytes", MiB),
-        ("--memory", "512K", "memory_bytes", 512 * 1024),
+        ("--memory", "8388608", "memory_bytes", 8 * MiB),
+        ("--scratch", "512K", "scratch_bytes", 512 * 1024),
         ("--memory", "2GiB", "memory_bytes", 2 * 1024 * MiB),
-        ("--max-output", "0b", "output_bytes", 0),
+        ("--memory", "64mb", "memory_bytes", 64 * MiB),
+        ("--memory", "512MB", "memory_bytes", 512 * MiB),
         ("--max-output", "1kib", "output_bytes", 1024),
         ("--fsize", "3m", "fsize_bytes", 3 * MiB),
         ("--scratch", "100", "scratch_bytes", 100),
@@ -171,7 +172,8 @@ def test_sizes_use_parse_size(flag: str, text: str, field: str, value: int) -> N
     ("argv", "field"),
     [
         (["--memory", "1.5g"], "--memory"),
-        (["--memory", "10mb"], "--memory"),
+        (["--memory", "10"], "--memory"),  # 10 bytes: below Docker's minimum
+        (["--max-output", "0b"], "--max-output"),
         (["--memory", "-1"], "--memory"),
         (["--max-output", "lots"], "--max-output"),
         (["--scratch", "1t"], "--scratch"),
@@ -380,6 +382,7 @@ JSON_KEYS = {
     "container_id",
     "lease",
     "oom_evidence",
+    "kill_evidence",
     "timings",
 }
 

@@ -256,7 +256,7 @@ def test_missing_tables_and_fields_are_named(text: str, field: str) -> None:
             "networking is selected with network",
         ),
         ("[sandbox.docker.limits]\nmemory = '0'", "sandbox.docker.limits.memory", "must be > 0"),
-        ("[sandbox.docker.limits]\nmemory = '1mb'", "sandbox.docker.limits.memory", "unknown unit"),
+        ("[sandbox.docker.limits]\nmemory = '1tb'", "sandbox.docker.limits.memory", "unknown unit"),
         (
             "[sandbox.docker.limits]\nmemory = 1024",
             "sandbox.docker.limits.memory",

@@ -101,8 +101,29 @@ def test_each_mandatory_limit_absent_is_refused(name: str) -> None:
     assert error.rule == "mandatory: set a finite bound"
 
 
-def test_empty_limits_name_the_first_mandatory_field() -> None:
-    assert refused(good_spec(limits=Limits())).field == "limits.cpus"
+def test_empty_limits_name_every_mandatory_field_in_one_error() -> None:
+    error = refused(good_spec(limits=Limits()))  # type checkers refuse it; run time names all
+    assert error.field == ", ".join(f"limits.{name}" for name in MANDATORY)
+    assert error.rule == "mandatory: set a finite bound"
+
+
+def test_missing_mandatory_limits_are_named_before_bad_ones() -> None:
+    limits = msgspec.convert({"cpus": -1, "pids": 8, "output_bytes": 1}, Limits)
+    error = refused(good_spec(limits=limits))
+    assert error.field == "limits.memory_bytes, limits.timeout_s"
+
+
+def test_one_missing_limit_is_named_alone() -> None:
+    limits = msgspec.structs.replace(good_limits(), pids=None)
+    assert refused(good_spec(limits=limits)).field == "limits.pids"
+
+
+def test_spec_from_dict_names_every_missing_limit() -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from_dict({"image": "busybox", "command": ["true"], "limits": {"cpus": 1}})
+    assert caught.value.field == (
+        "limits.memory_bytes, limits.pids, limits.output_bytes, limits.timeout_s"
+    )
 
 
 @pytest.mark.parametrize("name", [*MANDATORY, "fsize_bytes", "scratch_bytes"])
@@ -415,6 +436,10 @@ def test_spec_from_dict_returns_or_raises_spec_error(data: dict[str, Any]) -> No
         ("64mib", 64 * MiB),
         ("1g", 1024 * MiB),
         ("2GiB", 2048 * MiB),
+        ("64mb", 64 * MiB),  # binary, as docker run --memory 64mb reads it
+        ("512MB", 512 * MiB),
+        ("10kb", 10 * 1024),
+        ("1gb", 1024 * MiB),
         (" 8m ", 8 * MiB),
         ("007", 7),
     ],
@@ -435,9 +460,8 @@ def test_parse_size_accepts(text: str, expected: int) -> None:
         "1e6",
         "m",
         "12 m",
-        "10mb",
-        "10kb",
         "1t",
+        "1tb",
         "ten",
         "0x10",
         "\u0663",  # ARABIC-INDIC DIGIT THREE: isdigit() but not a byte count

@@ -1,0 +1,54 @@
+"""sbxkit for asyncio callers: await a sandboxed run from an asyncio program.
+
+    import asyncio, sbxkit.aio
+
+    async def main() -> None:
+        task = asyncio.create_task(sbxkit.aio.run(spec))
+        ...
+        task.cancel()          # the container is removed before the task finishes cancelling
+
+    asyncio.run(main())
+
+sbxkit is trio code. Calling it as ``asyncio.to_thread(trio.run, sbxkit.run, spec)`` works but
+leaks the sandbox's lifetime: cancelling the asyncio task abandons the thread, and the container
+runs on until its payload ends. Here each call runs in a trio thread (``sbxkit.portal``), and
+cancelling the awaiting task cancels the trio call and waits for its cleanup — the container's
+removal — before ``CancelledError`` propagates. ``asyncio.timeout`` works the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sbxkit import runner
+from sbxkit.harness import Job, JobResult
+from sbxkit.harness import run_many as _harness_run_many
+from sbxkit.portal import Portal
+from sbxkit.result import RunResult
+from sbxkit.spec import SandboxSpec
+from sbxkit.unwrap import plain_async
+
+_run_many = plain_async(_harness_run_many)
+
+__all__ = ["call", "run", "run_many"]
+
+T = TypeVar("T")
+
+
+async def call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``await fn(*args)`` where ``fn`` is trio code (any sbxkit coroutine function, or your
+    own that uses ``sbxkit.open_sandbox``); cancellation reaches it as trio cancellation."""
+    with Portal() as portal:
+        return await portal.acall(fn, *args)
+
+
+async def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
+    """``sbxkit.run`` for asyncio; ``options`` are its keyword arguments."""
+    return await call(functools.partial(runner.run, spec, stdin, **options))
+
+
+async def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:
+    """``sbxkit.run_many`` for asyncio; ``options`` are its keyword arguments."""
+    return await call(functools.partial(_run_many, jobs, **options))

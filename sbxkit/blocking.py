@@ -1,0 +1,124 @@
+"""sbxkit for scripts and notebooks: the same runs and sandboxes, as plain blocking calls.
+
+    import sbxkit.blocking
+
+    result = sbxkit.blocking.run(spec, stdin=b"hello")
+    results = sbxkit.blocking.run_many(jobs, parallel=8)
+    with sbxkit.blocking.open_sandbox(spec) as sandbox:
+        sandbox.put_files({"in.txt": b"3 4\\n"})
+        print(sandbox.exec(["wc", "-w", "/tmp/in.txt"]).stdout)
+
+Each call runs sbxkit's trio code in a worker thread (``sbxkit.portal``), so it works from any
+thread, with or without an event loop running (Jupyter included). Ctrl-C while a call waits
+cancels it: the sandbox is removed, then a plain ``KeyboardInterrupt`` is raised (pressing it
+again waits for the same removal). Leaving a ``with open_sandbox`` block — normally or by an
+exception — removes the container before the block's exception (or nothing) propagates.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from sbxkit import runner, session
+from sbxkit.harness import Job, JobResult
+from sbxkit.harness import run_many as _harness_run_many
+from sbxkit.portal import Portal
+from sbxkit.result import RunResult
+from sbxkit.spec import SandboxSpec
+from sbxkit.unwrap import plain_async
+
+_run_many = plain_async(_harness_run_many)
+
+__all__ = ["BlockingSandbox", "open_sandbox", "run", "run_many"]
+
+
+def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
+    """``sbxkit.run`` as a blocking call; ``options`` are its keyword arguments."""
+    with Portal() as portal:
+        return portal.call(functools.partial(runner.run, spec, stdin, **options))
+
+
+def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:
+    """``sbxkit.run_many`` as a blocking call; ``options`` are its keyword arguments."""
+    with Portal() as portal:
+        return portal.call(functools.partial(_run_many, jobs, **options))
+
+
+class BlockingSandbox:
+    """A long-lived sandbox driven from blocking code (see ``sbxkit.Sandbox``)."""
+
+    def __init__(self, portal: Portal, sandbox: session.Sandbox) -> None:
+        self._portal = portal
+        self._sandbox = sandbox
+
+    @property
+    def container_id(self) -> str:
+        return self._sandbox.container_id
+
+    @property
+    def lease(self) -> str:
+        return self._sandbox.lease
+
+    def exec(self, argv: Sequence[str], stdin: bytes | None = None, **options: Any) -> RunResult:
+        """``Sandbox.exec``: the exec's process group dies on timeout, overflow or Ctrl-C."""
+        return self._portal.call(functools.partial(self._sandbox.exec, argv, stdin, **options))
+
+    def put_files(self, files: Mapping[str, bytes], dest_dir: str = ".", **options: Any) -> None:
+        """``Sandbox.put_files``: write files under the file root (``/tmp`` by default)."""
+        self._portal.call(functools.partial(self._sandbox.put_files, files, dest_dir, **options))
+
+    def get_files(self, paths: Sequence[str], **options: Any) -> dict[str, bytes]:
+        """``Sandbox.get_files``: read regular files back."""
+        return self._portal.call(functools.partial(self._sandbox.get_files, paths, **options))
+
+
+@contextmanager
+def open_sandbox(spec: SandboxSpec, **options: Any) -> Iterator[BlockingSandbox]:
+    """``sbxkit.open_sandbox`` as a ``with`` block; ``options`` are its keyword arguments.
+
+    The sandbox lives in a trio task in the portal's thread; leaving the block ends that task,
+    which removes the container (through the supervisor by default) before the block's
+    exception propagates. What ended the sandbox itself (``SandboxExpired``, ``CleanupError``)
+    is raised after a normal exit, or chained over the block's exception.
+    """
+    opened = threading.Event()
+    release = trio.Event()
+    held: list[session.Sandbox] = []
+
+    async def hold() -> None:
+        try:
+            async with session.open_sandbox(spec, **options) as sandbox:
+                held.append(sandbox)
+                opened.set()
+                await release.wait()
+        finally:
+            opened.set()  # wakes the opener if the sandbox never opened
+
+    with Portal() as portal:
+        holding = portal.submit(hold)
+        try:
+            opened.wait()
+        except BaseException:
+            holding.cancel()
+            holding.wait()
+            raise
+        if not held:
+            holding.wait()
+            holding.result()  # raises why it did not open
+        try:
+            yield BlockingSandbox(portal, held[0])
+        except BaseException as exc:
+            portal.run_sync(release.set)
+            holding.wait()
+            if holding.error is not None:
+                raise holding.error from exc
+            raise
+        portal.run_sync(release.set)
+        holding.wait()
+        holding.result()

@@ -1,0 +1,55 @@
+"""``sbxkit.run(spec, files={...})``: a one-shot run whose command finds files in ``/tmp``.
+
+The root filesystem is read-only and ``/tmp`` is a tmpfs that exists only once the container
+runs, so files cannot be placed before start. A run with files is therefore a short-lived
+sandbox session: open (hardened and supervised as always), ``put_files`` into ``/tmp``, ``exec``
+the command under the spec's limits, remove. The result is the exec's ``RunResult``: same
+statuses, caps and time limit (a timeout kills the command's whole process group), the image
+needs ``sh`` and ``tar`` (the exec wrapper and the file transfer use them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from sbxkit.engine.client import Engine
+from sbxkit.owner import Owner
+from sbxkit.result import RunResult
+from sbxkit.session import open_sandbox
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, check_limit
+
+SESSION_MARGIN_S = 60.0
+"""The session outlives the command's own limit by this much: open, transfer, removal."""
+
+
+async def run_with_files(
+    spec: SandboxSpec,
+    stdin: bytes | None,
+    files: Mapping[str, bytes],
+    *,
+    engine: Engine | None = None,
+    owner: Owner | None = None,
+    socket_path: str | None = None,
+    settings: Settings | None = None,
+) -> RunResult:
+    """Put ``files`` (relative name → content) into ``/tmp``, then run ``spec.command``."""
+    check_limit("timeout_s", spec.limits.timeout_s)
+    check_limit("output_bytes", spec.limits.output_bytes)
+    session_limits = msgspec.structs.replace(
+        spec.limits, timeout_s=spec.limits.timeout_s + SESSION_MARGIN_S
+    )
+    session_spec = msgspec.structs.replace(spec, limits=session_limits)
+    async with open_sandbox(
+        session_spec, engine=engine, owner=owner, settings=settings, socket_path=socket_path
+    ) as sandbox:
+        await sandbox.put_files(files)
+        return await sandbox.exec(
+            spec.command,
+            stdin,
+            timeout=spec.limits.timeout_s,
+            max_output=spec.limits.output_bytes,
+            workdir=spec.workdir,
+        )

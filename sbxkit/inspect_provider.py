@@ -1,0 +1,311 @@
+"""sbxkit as an Inspect sandbox provider: ``sandbox=("sbxkit", "profile.toml")``.
+
+Installed with ``pip install sbxkit[inspect]``; the ``inspect_ai`` entry point imports this
+module, which registers the provider under the name ``sbxkit``. Each sample gets one hardened,
+supervised, long-lived sbxkit sandbox (``sbxkit.open_sandbox``) built from a sbxkit profile;
+it is removed at sample cleanup, and by the supervisor if the eval process is killed.
+
+Inspect must run on trio (``INSPECT_ASYNC_BACKEND=trio``): sbxkit is trio code and runs in the
+eval's own event loop. What this provider refuses by design, and why, is in docs/inspect.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from pathlib import Path
+from typing import Literal, overload
+
+import sniffio
+import trio
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+    sandboxenv,
+)
+
+from sbxkit import aio
+from sbxkit.errors import SbxError, SpecError
+from sbxkit.profile import apply_profile, load_profile
+from sbxkit.result import RunResult
+from sbxkit.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, parse_user, validate_spec
+from sbxkit.supervisor.journal import default_state_dir
+
+PROVIDER = "sbxkit"
+INSPECT_LABEL = "sbxkit.inspect.task"
+DEFAULT_WORKDIR = "/tmp"
+"""The per-sample working directory: the scratch tmpfs, the only writable place."""
+EXEC_NOT_PERMITTED = 126
+
+
+def _require_trio() -> None:
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = "none"
+    if library != "trio":
+        raise RuntimeError(
+            f"the sbxkit sandbox runs on trio, but Inspect is running on {library}: "
+            "set INSPECT_ASYNC_BACKEND=trio"
+        )
+
+
+def sample_spec(
+    config: SandboxEnvironmentConfigType | None, task_name: str
+) -> tuple[SandboxSpec, Settings]:
+    """The sandbox a sample gets: the profile's image, limits and policy, ``/tmp`` as the
+    working directory unless the profile names one, and a label naming the task."""
+    if not isinstance(config, str):
+        raise SpecError(
+            "sandbox config",
+            'the sbxkit sandbox needs a profile: sandbox=("sbxkit", "path/to/profile.toml")',
+        )
+    profile = load_profile(Path(config))
+    spec, settings, _ = apply_profile(profile, ["true"])
+    labels = {**spec.labels, INSPECT_LABEL: task_name}
+    workdir = spec.workdir or DEFAULT_WORKDIR
+    spec = SandboxSpec(
+        image=spec.image,
+        command=spec.command,
+        limits=spec.limits,
+        env=spec.env,
+        user=spec.user,
+        workdir=workdir,
+        network=spec.network,
+        runtime=spec.runtime,
+        labels=labels,
+        mounts=spec.mounts,
+        extra_flags=spec.extra_flags,
+        gpus=spec.gpus,
+    )
+    validate_spec(spec, settings)
+    return spec, settings
+
+
+class _Holder:
+    """Keeps one ``open_sandbox`` block open in a trio system task until released: Inspect
+    opens a sample's sandbox in one task and cleans it up in another, and a trio cancel
+    scope must be left in the task that entered it."""
+
+    def __init__(self, spec: SandboxSpec, settings: Settings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.opened = trio.Event()
+        self.release = trio.Event()
+        self.closed = trio.Event()
+        self.sandbox: Sandbox | None = None
+        self.error: BaseException | None = None
+
+    async def hold(self) -> None:
+        try:
+            async with open_sandbox(self.spec, settings=self.settings) as sandbox:
+                self.sandbox = sandbox
+                self.opened.set()
+                await self.release.wait()
+        except Exception as exc:  # a system task must not raise; the waiter re-raises it
+            self.error = exc
+        finally:
+            self.opened.set()
+            self.closed.set()
+
+
+@sandboxenv(name=PROVIDER)
+class SbxkitSandboxEnvironment(SandboxEnvironment):
+    """One sbxkit sandbox of a sample (see the module doc)."""
+
+    def __init__(self, holder: _Holder) -> None:
+        super().__init__()
+        self._holder = holder
+
+    @property
+    def _sandbox(self) -> Sandbox:
+        sandbox = self._holder.sandbox
+        if sandbox is None or self._holder.closed.is_set():
+            raise SandboxUnavailableError("the sbxkit sandbox is closed")
+        return sandbox
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        _require_trio()
+        sample_spec(config, task_name)  # a bad profile fails the task before any sample runs
+
+    @classmethod
+    async def sample_init(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        metadata: dict[str, str],
+    ) -> dict[str, SandboxEnvironment]:
+        _require_trio()
+        spec, settings = sample_spec(config, task_name)
+        holder = _Holder(spec, settings)
+        trio.lowlevel.spawn_system_task(holder.hold, name="sbxkit-inspect-sandbox")
+        await holder.opened.wait()
+        if holder.sandbox is None:
+            assert holder.error is not None
+            raise holder.error
+        return {"default": cls(holder)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        errors: list[BaseException] = []
+        for environment in environments.values():
+            if isinstance(environment, SbxkitSandboxEnvironment):
+                holder = environment._holder
+                holder.release.set()
+                with trio.CancelScope(shield=True):
+                    await holder.closed.wait()
+                if holder.error is not None and not isinstance(holder.error, SandboxExpired):
+                    errors.append(holder.error)
+        if errors:
+            raise errors[0]
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """``inspect sandbox cleanup sbxkit``: ask the supervisor to recover every lease whose
+        owner is gone (a killed eval's sandboxes are normally removed at once anyway)."""
+        from sbxkit.supervisor import admin
+        from sbxkit.supervisor.wire import Recover
+
+        async def recover() -> None:
+            report = await admin.request(default_state_dir(), Recover())
+            for line in report.lines:
+                print(line)
+
+        if sniffio.current_async_library() == "trio":
+            await recover()
+        else:
+            await aio.call(recover)
+
+    # -- exec ---------------------------------------------------------------------------------
+
+    def _workdir(self, cwd: str | None) -> str:
+        base = self._sandbox.spec.workdir or DEFAULT_WORKDIR
+        return base if cwd is None else posixpath.normpath(posixpath.join(base, cwd))
+
+    def _check_user(self, user: str | None) -> None:
+        """Every exec runs as the sandbox's one non-root user; naming it is fine."""
+        if user is None:
+            return
+        uid, gid = parse_user(self._sandbox.spec.user)
+        if user not in (str(uid), f"{uid}:{gid}"):
+            raise SandboxUserUnsupportedError(
+                f"the sbxkit sandbox runs every command as {uid}:{gid} (non-root, no "
+                f"capabilities); it cannot run as {user!r}"
+            )
+
+    async def _exec(
+        self,
+        argv: list[str],
+        stdin: bytes | None,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        max_output: int,
+    ) -> RunResult:
+        try:
+            return await self._sandbox.exec(
+                argv,
+                stdin,
+                timeout=timeout,
+                max_output=max_output,
+                workdir=self._workdir(cwd),
+                env=env,
+            )
+        except SandboxUnusable as exc:
+            raise SandboxUnavailableError(str(exc)) from exc
+
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        """Run ``cmd`` as the sandbox user. A timeout kills the command's whole process group
+        and raises ``TimeoutError`` (never retried: a command may not be idempotent)."""
+        self._check_user(user)
+        stdin = input.encode("utf-8") if isinstance(input, str) else input
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        result = await self._exec(cmd, stdin, cwd=cwd, env=env, timeout=timeout, max_output=limit)
+        if result.status == "timed_out":
+            raise TimeoutError(
+                f"command timed out after {timeout} s (its process group was killed)"
+            )
+        if result.status == "output_exceeded":
+            raise OutputLimitExceededError(
+                SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+                _text(result.stdout),
+            )
+        code = result.exit_code if result.exit_code is not None else 137
+        stderr = _text(result.stderr)
+        if code == EXEC_NOT_PERMITTED and "permission denied" in stderr.lower():
+            raise PermissionError(errno.EACCES, stderr.strip(), cmd[0] if cmd else "")
+        return ExecResult(
+            success=code == 0, returncode=code, stdout=_text(result.stdout), stderr=stderr
+        )
+
+    # -- files --------------------------------------------------------------------------------
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        data = contents.encode("utf-8") if isinstance(contents, str) else contents
+        script = 'd=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1"'
+        result = await self._exec(
+            ["sh", "-c", script, "sbxkit-write", file], data, max_output=64 * 1024
+        )
+        _raise_file_error(result, file)
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        result = await self._exec(["cat", "--", file], None, max_output=limit)
+        if result.status == "output_exceeded" and result.overflowed == "stdout":
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        _raise_file_error(result, file)
+        return result.stdout.decode("utf-8") if text else result.stdout
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _raise_file_error(result: RunResult, file: str) -> None:
+    """Map a failed ``cat``/write to the exceptions Inspect's contract names."""
+    if result.ok:
+        return
+    message = _text(result.stderr).strip()
+    lowered = message.lower()
+    if result.status == "timed_out":
+        raise TimeoutError(f"{file}: timed out")
+    if "is a directory" in lowered:
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
+    if "no such file" in lowered or "not a directory" in lowered:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", file)
+    if "permission denied" in lowered or "read-only file system" in lowered:
+        raise PermissionError(errno.EACCES, "Permission denied", file)
+    raise SbxError(f"{file}: {result.status} {result.exit_code}: {message[:500]}")

@@ -1,0 +1,211 @@
+"""``sbxkit batch`` job lines: defaults, CLI-style limit names and sizes, and retrying errors.
+
+Pure helpers (bytes and dicts in, dicts and bytes out) for ``sbxkit/batch.py``, and the one
+file rewrite ``--retry-errors`` needs:
+
+- ``normalize_limits``: a job's ``limits`` may use ``Limits``' names (``memory_bytes``,
+  ``output_bytes``, ``timeout_s``, …) or the names of ``sbxkit run``'s flags and profiles
+  (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``); sizes may be strings
+  such as ``"64m"`` or ``"512MB"``, read as ``sbxkit run`` reads them.
+- ``with_defaults``: a job line over the batch's defaults (``--profile`` and flags): a field the
+  line gives wins, and ``limits``, ``env`` and ``labels`` merge key by key.
+- ``without_error_lines``: RESULTS without the ``error`` lines of the given ids, so
+  ``--retry-errors`` re-runs those jobs and leaves one line per id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sbxkit.errors import SpecError
+from sbxkit.profile import (
+    Profile,
+    load_profile,
+    profile_limits,
+    profile_settings,
+    supervisor_command,
+)
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, parse_size
+
+LIMIT_ALIASES = {
+    "memory": "memory_bytes",
+    "max_output": "output_bytes",
+    "timeout": "timeout_s",
+    "fsize": "fsize_bytes",
+    "scratch": "scratch_bytes",
+}
+"""``sbxkit run``/profile names → ``Limits`` names."""
+
+SIZE_FIELDS = frozenset({"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes"})
+MERGED_FIELDS = ("limits", "env", "labels")
+"""Mappings a job line extends key by key instead of replacing."""
+
+SPEC_FIELDS = frozenset(SandboxSpec.__struct_fields__)
+
+LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("cpus", "--cpus", "cpus", "float"),
+    ("memory", "--memory", "memory_bytes", "size"),
+    ("pids", "--pids", "pids", "int"),
+    ("max_output", "--max-output", "output_bytes", "size"),
+    ("timeout", "--timeout", "timeout_s", "float"),
+    ("fsize", "--fsize", "fsize_bytes", "size"),
+    ("scratch", "--scratch", "scratch_bytes", "size"),
+)
+"""(argparse dest, flag, ``Limits`` field, kind): the same flags as ``sbxkit run``'s."""
+
+
+def normalize_limits(limits: object, where: str = "limits") -> object:
+    """``Limits``' names and byte counts for a job's ``limits`` (see the module doc).
+
+    Anything that is not a mapping is returned as is, for the spec's own decoding to refuse.
+    """
+    if not isinstance(limits, Mapping):
+        return limits
+    normalized: dict[str, Any] = {}
+    for key, value in limits.items():
+        name = LIMIT_ALIASES.get(str(key), str(key))
+        if name in normalized:
+            raise SpecError(f"{where}.{key}", f"given twice (also as {name!r})")
+        if name in SIZE_FIELDS and isinstance(value, str):
+            value = parse_size(value, f"{where}.{key}")
+        normalized[name] = value
+    return normalized
+
+
+def with_defaults(job: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The job line over the defaults; ``limits``, ``env`` and ``labels`` merge by key."""
+    job = {**job}
+    if "limits" in job:
+        job["limits"] = normalize_limits(job["limits"])
+    merged = {**defaults, **job}
+    for key in MERGED_FIELDS:
+        base, given = defaults.get(key), job.get(key)
+        if isinstance(base, Mapping) and isinstance(given, Mapping):
+            merged[key] = {**base, **given}
+    return merged
+
+
+def profile_defaults(profile: Profile) -> dict[str, Any]:
+    """What a profile gives every job: its ``[sandbox.docker]`` spec fields, limits in
+    ``Limits``' names (operator switches and the supervisor go to the settings instead)."""
+    docker = profile.sandbox.docker
+    fields = msgspec.to_builtins(docker)
+    defaults = {
+        key: value
+        for key, value in fields.items()
+        if key in SPEC_FIELDS and key != "limits" and value not in (None, [], {})
+    }
+    limits = profile_limits(docker.limits)
+    if limits:
+        defaults["limits"] = limits
+    return defaults
+
+
+def without_error_lines(data: bytes, ids: Collection[object]) -> tuple[bytes, int]:
+    """RESULTS minus the complete ``error`` lines whose id is in ``ids``; how many went."""
+    kept: list[bytes] = []
+    dropped = 0
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    for raw in lines:
+        if _is_error_line_of(raw, ids):
+            dropped += 1
+        else:
+            kept.append(raw + b"\n")
+    return b"".join(kept) + tail, dropped
+
+
+class _Line(msgspec.Struct):
+    id: str | int
+    status: str = ""
+
+
+_LINE = msgspec.json.Decoder(_Line)
+
+
+def _is_error_line_of(raw: bytes, ids: Collection[object]) -> bool:
+    try:
+        line = _LINE.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return line.status == "error" and line.id in ids
+
+
+def forget_error_lines(path: Path, ids: Collection[object]) -> int:
+    """Rewrite RESULTS without the ``error`` lines of ``ids`` (atomically: a temporary file
+    beside it, fsynced, renamed over it). Returns how many lines went; absent file: 0."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise SpecError("--out", f"cannot read {path}: {exc.strerror}") from None
+    kept, dropped = without_error_lines(data, ids)
+    if dropped:
+        temporary = path.with_name(f".{path.name}.retry-{os.getpid()}")
+        try:
+            with open(temporary, "wb") as handle:
+                handle.write(kept)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise SpecError("--out", f"cannot rewrite {path}: {exc.strerror}") from None
+    return dropped
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def add_default_flags(parser: argparse.ArgumentParser) -> None:
+    """``sbxkit batch``'s job defaults and ``--retry-errors``."""
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="TOML profile ([sandbox.docker]) whose image, limits, env, labels and policy are "
+        "every job's defaults; the flags below override it, a job line overrides both",
+    )
+    parser.add_argument("--image", help="default image for job lines without one")
+    for _, flag, _, _ in LIMIT_FLAGS:
+        parser.add_argument(flag, metavar="VALUE", help=f"default {flag[2:]} (as sbxkit run)")
+    parser.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="re-run the jobs whose line in RESULTS is an error (their error line is replaced)",
+    )
+
+
+def defaults_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], Settings]:
+    """The job defaults and settings ``--profile``, ``--image`` and the limit flags give;
+    a bad flag value is refused naming the flag."""
+    from sbxkit.cli import check_limit_flag, limit_value
+    from sbxkit.runner import effective_settings
+
+    defaults: dict[str, Any] = {}
+    settings: Settings | None = None
+    if args.profile is not None:
+        profile = load_profile(args.profile)
+        defaults = profile_defaults(profile)
+        settings, supervisor = profile_settings(profile)
+        command = supervisor_command(supervisor)
+        if command is not None:
+            os.environ["SBXKIT_SUPERVISOR"] = command  # this process's own launches only
+    if args.image is not None:
+        defaults["image"] = args.image
+    limits = dict(defaults.get("limits", {}))
+    for dest, flag, field, kind in LIMIT_FLAGS:
+        given = getattr(args, dest)
+        if given is not None:
+            limits[field] = limit_value(given, flag, kind)
+            check_limit_flag(field, limits[field], flag, given)
+    if limits:
+        defaults["limits"] = limits
+    return defaults, effective_settings(settings)

@@ -1,0 +1,219 @@
+"""The blocking API and the asyncio recipe against the real engine: results as from trio,
+Ctrl-C and task cancellation remove the container before control returns (the witness sees
+it gone at once, no waiting), sessions clean up however their block ends."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sbxkit
+import sbxkit.aio
+import sbxkit.blocking
+from sbxkit.session import SandboxExpired
+from tests.engine.helpers import BASE_LIMITS, limits, spec, unique, wait_until
+from tests.witness import Witness
+
+TEST_LABEL = "sbxkit.test"
+
+
+def labelled(image: str, script: str, label: str, **overrides: object) -> sbxkit.SandboxSpec:
+    base = spec(image, script, **overrides)
+    return sbxkit.SandboxSpec(
+        image=base.image, command=base.command, limits=base.limits, labels={TEST_LABEL: label}
+    )
+
+
+def ours(witness: Witness, label: str) -> list[dict[str, object]]:
+    return witness.containers(label=f"{TEST_LABEL}={label}")
+
+
+def running(witness: Witness, label: str) -> bool:
+    return any(c.get("State") == "running" for c in ours(witness, label))
+
+
+def test_blocking_run_returns_the_result(witness: Witness, busybox: str) -> None:
+    result = sbxkit.blocking.run(
+        spec(busybox, "read x; echo got $x; exit 3"), b"hi\n", socket_path=witness.socket_path
+    )
+    assert (result.status, result.exit_code, result.stdout) == ("exited", 3, b"got hi\n")
+
+
+def test_blocking_run_raises_spec_errors_plainly(busybox: str) -> None:
+    bad = sbxkit.SandboxSpec(image=busybox, command=["true"], limits=limits(pids=0))
+    with pytest.raises(sbxkit.SpecError) as caught:
+        sbxkit.blocking.run(bad)
+    assert caught.value.field == "limits.pids"
+
+
+def test_blocking_run_many(witness: Witness, busybox: str) -> None:
+    jobs = [sbxkit.Job(id=i, spec=spec(busybox, f"echo {i}")) for i in range(3)]
+    results = sbxkit.blocking.run_many(jobs, parallel=3, socket_path=witness.socket_path)
+    assert sorted((r.id, r.result.stdout) for r in results if r.result) == [
+        (i, f"{i}\n".encode()) for i in range(3)
+    ]
+
+
+def test_blocking_sandbox_session_puts_execs_and_gets(witness: Witness, busybox: str) -> None:
+    label = unique("blk")
+    with sbxkit.blocking.open_sandbox(
+        labelled(busybox, "true", label), socket_path=witness.socket_path
+    ) as box:
+        box.put_files({"job/in.txt": b"3 4\n"})
+        result = box.exec(["sh", "-c", "wc -w < /tmp/job/in.txt > /tmp/job/out.txt"])
+        assert result.ok, result
+        assert box.get_files(["job/out.txt"]) == {"job/out.txt": b"2\n"}
+        assert running(witness, label)
+    assert ours(witness, label) == []  # removed when the block ended, before this line
+
+
+def test_blocking_sandbox_is_removed_when_the_block_raises(witness: Witness, busybox: str) -> None:
+    label = unique("blk")
+
+    def use_then_fail() -> None:
+        with sbxkit.blocking.open_sandbox(labelled(busybox, "true", label)) as box:
+            assert box.exec(["true"]).ok
+            _ = 1 / 0
+
+    with pytest.raises(ZeroDivisionError):
+        use_then_fail()
+    assert ours(witness, label) == []
+
+
+def test_blocking_sandbox_expiry_is_raised_after_the_block(witness: Witness, busybox: str) -> None:
+    label = unique("blk")
+
+    def outstay() -> None:
+        with sbxkit.blocking.open_sandbox(labelled(busybox, "true", label, timeout_s=1)):
+            time.sleep(2.5)
+
+    with pytest.raises(SandboxExpired):
+        outstay()
+    assert ours(witness, label) == []
+
+
+RUN_UNTIL_INTERRUPTED = {
+    "run": """
+try:
+    sbxkit.blocking.run(spec)
+except BaseException as exc:
+    print(type(exc).__name__, flush=True)
+""",
+    "sandbox-exec": """
+try:
+    with sbxkit.blocking.open_sandbox(spec) as box:
+        box.exec(["sleep", "60"])
+except BaseException as exc:
+    print(type(exc).__name__, flush=True)
+""",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RUN_UNTIL_INTERRUPTED))
+def test_ctrl_c_removes_the_sandbox_then_raises_keyboard_interrupt(
+    witness: Witness, busybox: str, kind: str
+) -> None:
+    label = unique("blk")
+    script = (
+        textwrap.dedent(
+            f"""
+        import sbxkit, sbxkit.blocking
+        spec = sbxkit.SandboxSpec(
+            image={busybox!r}, command=["sleep", "60"], labels={{{TEST_LABEL!r}: {label!r}}},
+            limits=sbxkit.Limits(**{ {**BASE_LIMITS, "timeout_s": 60}!r}),
+        )
+        """
+        )
+        + RUN_UNTIL_INTERRUPTED[kind]
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_until(lambda: running(witness, label), 30), proc.poll()
+        time.sleep(0.3)  # the exec (or the run's payload) is under way
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert stdout.decode().strip() == "KeyboardInterrupt", stderr.decode()
+    assert ours(witness, label) == []
+
+
+def test_cancelling_the_asyncio_task_removes_the_container_before_it_finishes(
+    witness: Witness, busybox: str
+) -> None:
+    label = unique("aio")
+
+    async def main() -> float:
+        task = asyncio.create_task(sbxkit.aio.run(labelled(busybox, "sleep 60", label)))
+        deadline = time.monotonic() + 30
+        while not await asyncio.to_thread(running, witness, label):
+            assert time.monotonic() < deadline
+            assert not task.done()
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ours(witness, label) == []  # gone the moment the task finished cancelling
+        return time.monotonic() - started
+
+    cancel_s = asyncio.run(main())
+    assert cancel_s < 30  # the 60 s payload was not waited out
+
+
+def test_asyncio_timeout_removes_the_container(witness: Witness, busybox: str) -> None:
+    label = unique("aio")
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(2):
+                await sbxkit.aio.run(labelled(busybox, "sleep 60", label))
+        assert ours(witness, label) == []
+
+    asyncio.run(main())
+
+
+def test_the_asyncio_recipe_returns_results_and_errors(witness: Witness, busybox: str) -> None:
+    async def main() -> None:
+        result = await sbxkit.aio.run(spec(busybox, "echo hi"))
+        assert result.stdout == b"hi\n"
+        with pytest.raises(sbxkit.ImageError):
+            await sbxkit.aio.run(spec("sbxkit-test/absent:latest", "true"))
+
+    asyncio.run(main())
+
+
+def test_the_naive_to_thread_recipe_leaves_the_container_running(
+    witness: Witness, busybox: str
+) -> None:
+    """The premise: ``asyncio.to_thread(trio.run, …)`` cannot be cancelled."""
+    import trio
+
+    label = unique("aio")
+    naive = labelled(busybox, "sleep 3", label)
+
+    async def main() -> bool:
+        task = asyncio.create_task(asyncio.to_thread(trio.run, sbxkit.run, naive))
+        while not await asyncio.to_thread(running, witness, label):
+            assert not task.done()
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return bool(ours(witness, label))
+
+    assert asyncio.run(main())  # still there after the task was cancelled
+    assert wait_until(lambda: not ours(witness, label), 30)  # only the payload's end removed it

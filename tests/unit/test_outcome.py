@@ -1,0 +1,60 @@
+"""A signal exit is OOM or someone else's kill only on the daemon's evidence (pure part)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sbxkit.engine.models import Event, EventActor
+from sbxkit.outcome import classify_exit, docker_time, signal_number
+
+
+def event(action: str, **attributes: str) -> Event:
+    return Event(type="container", action=action, actor=EventActor(attributes=attributes))
+
+
+def test_the_oom_flag_decides_whatever_the_status() -> None:
+    assert classify_exit(True, 0) == ("oom_killed", "State.OOMKilled")
+    assert classify_exit(True, 137)[0] == "oom_killed"
+
+
+def test_137_alone_is_an_exit_not_an_oom() -> None:
+    assert classify_exit(False, 137) == ("exited", None)  # `exit 137`, or the payload's own kill
+
+
+def test_an_oom_event_decides_when_the_flag_is_unset() -> None:
+    status, evidence = classify_exit(False, 137, [event("kill", signal="9"), event("oom")])
+    assert status == "oom_killed"
+    assert evidence is not None
+    assert "oom event" in evidence
+
+
+@pytest.mark.parametrize("spelling", ["9", "KILL", "SIGKILL"])
+def test_a_daemon_kill_event_with_the_exit_signal_is_killed(spelling: str) -> None:
+    status, evidence = classify_exit(False, 137, [event("kill", signal=spelling)])
+    assert status == "killed"
+    assert evidence is not None
+    assert "SIGKILL" in evidence
+
+
+def test_a_kill_event_for_another_signal_does_not_explain_the_exit() -> None:
+    assert classify_exit(False, 137, [event("kill", signal="15")]) == ("exited", None)
+    assert classify_exit(False, 143, [event("kill", signal="15")])[0] == "killed"
+
+
+def test_ordinary_exits_ignore_events() -> None:
+    assert classify_exit(False, 1, [event("kill", signal="9")]) == ("exited", None)
+    assert classify_exit(False, None) == ("exited", None)
+
+
+def test_docker_time_reads_nanoseconds_and_unset() -> None:
+    assert docker_time("1970-01-01T00:00:01.500000000Z") == pytest.approx(1.5)
+    assert docker_time("1970-01-01T01:00:00+01:00") == pytest.approx(0.0)
+    assert docker_time("0001-01-01T00:00:00Z") is None
+    assert docker_time("") is None
+
+
+def test_signal_number_spellings() -> None:
+    assert signal_number("9") == 9
+    assert signal_number("term") == 15
+    assert signal_number("SIGNOPE") is None
+    assert signal_number(None) is None
