@@ -13,59 +13,149 @@ The curated public surface. Everything else is importable but undocumented and m
     result = trio.run(sbxkit.run, spec)
 """
 
-from sbxkit.archive import ArchiveError
-from sbxkit.broker import (
-    GrantError,
-    GrantResult,
-    Grants,
-    InputGrant,
-    OutputGrant,
-    Receipt,
-    run_with_grants,
-)
-from sbxkit.engine.client import Deadlines, Engine, open_engine
-from sbxkit.errors import (
-    CleanupError,
-    Conflict,
-    ContainerMismatch,
-    EngineConnectionError,
-    EngineError,
-    EngineProtocolError,
-    EngineTimeout,
-    EngineUnavailable,
-    ImageError,
-    NeverFits,
-    NotFound,
-    SbxError,
-    SpecError,
-)
-from sbxkit.gpu import GpuRequest
-from sbxkit.harness import Job, JobError, JobResult
-from sbxkit.harness import run_many as _run_many
-from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
-from sbxkit.owner import InProcessOwner, Owner
-from sbxkit.policy import LEASE_LABEL, build_create_body
-from sbxkit.profile import apply_profile, load_profile
-from sbxkit.pty import PtySession, open_pty
-from sbxkit.result import PhaseTimings, RunResult, Status
-from sbxkit.runner import run
-from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
-from sbxkit.stdio import StdioWorker, open_stdio_worker
-from sbxkit.supervisor.client import (
-    AdmissionTimeout,
-    CapacityExhausted,
-    SupervisedOwner,
-    SupervisorError,
-)
-from sbxkit.unwrap import plain_async
+from __future__ import annotations
 
-run_many = plain_async(_run_many)
-"""``sbxkit.harness.run_many`` with no exception group escaping its nursery (Ctrl-C is plain)."""
+import importlib
+from typing import TYPE_CHECKING, Any
 
-# Non-trio callers: ``sbxkit.blocking`` (scripts, notebooks) and ``sbxkit.aio`` (asyncio).
-from sbxkit import aio, blocking  # noqa: E402
+if TYPE_CHECKING:
+    from sbxkit import aio, blocking
+    from sbxkit.archive import ArchiveError
+    from sbxkit.broker import (
+        GrantError,
+        GrantResult,
+        Grants,
+        InputGrant,
+        OutputGrant,
+        Receipt,
+        run_with_grants,
+    )
+    from sbxkit.engine.client import Deadlines, Engine, open_engine
+    from sbxkit.errors import (
+        CleanupError,
+        Conflict,
+        ContainerMismatch,
+        EngineConnectionError,
+        EngineError,
+        EngineProtocolError,
+        EngineTimeout,
+        EngineUnavailable,
+        ImageError,
+        NeverFits,
+        NotFound,
+        SbxError,
+        SpecError,
+    )
+    from sbxkit.gpu import GpuRequest
+    from sbxkit.harness import Job, JobError, JobResult, run_many
+    from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit.owner import InProcessOwner, Owner
+    from sbxkit.policy import LEASE_LABEL, build_create_body
+    from sbxkit.profile import apply_profile, load_profile
+    from sbxkit.pty import PtySession, open_pty
+    from sbxkit.result import PhaseTimings, RunResult, Status
+    from sbxkit.runner import run
+    from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
+    from sbxkit.settings import Settings
+    from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
+    from sbxkit.stdio import StdioWorker, open_stdio_worker
+    from sbxkit.supervisor.client import (
+        AdmissionTimeout,
+        CapacityExhausted,
+        SupervisedOwner,
+        SupervisorError,
+    )
+
+# Public name -> the module that defines it. Loaded on first use (PEP 562), so that
+# ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
+_WHERE: dict[str, str] = {
+    "AdmissionTimeout": "sbxkit.supervisor.client",
+    "ArchiveError": "sbxkit.archive",
+    "BindMount": "sbxkit.mounts",
+    "CapacityExhausted": "sbxkit.supervisor.client",
+    "CleanupError": "sbxkit.errors",
+    "Conflict": "sbxkit.errors",
+    "ContainerMismatch": "sbxkit.errors",
+    "Deadlines": "sbxkit.engine.client",
+    "Engine": "sbxkit.engine.client",
+    "EngineConnectionError": "sbxkit.errors",
+    "EngineError": "sbxkit.errors",
+    "EngineProtocolError": "sbxkit.errors",
+    "EngineTimeout": "sbxkit.errors",
+    "EngineUnavailable": "sbxkit.errors",
+    "GpuRequest": "sbxkit.gpu",
+    "GrantError": "sbxkit.broker",
+    "GrantResult": "sbxkit.broker",
+    "Grants": "sbxkit.broker",
+    "ImageError": "sbxkit.errors",
+    "InProcessOwner": "sbxkit.owner",
+    "InputGrant": "sbxkit.broker",
+    "Job": "sbxkit.harness",
+    "JobError": "sbxkit.harness",
+    "JobResult": "sbxkit.harness",
+    "LEASE_LABEL": "sbxkit.policy",
+    "Limits": "sbxkit.spec",
+    "MiB": "sbxkit.spec",
+    "NeverFits": "sbxkit.errors",
+    "NotFound": "sbxkit.errors",
+    "OutputGrant": "sbxkit.broker",
+    "Owner": "sbxkit.owner",
+    "PhaseTimings": "sbxkit.result",
+    "PtySession": "sbxkit.pty",
+    "Receipt": "sbxkit.broker",
+    "RunResult": "sbxkit.result",
+    "Sandbox": "sbxkit.session",
+    "SandboxExit": "sbxkit.session",
+    "SandboxExpired": "sbxkit.session",
+    "SandboxSpec": "sbxkit.spec",
+    "SandboxUnusable": "sbxkit.session",
+    "SbxError": "sbxkit.errors",
+    "Settings": "sbxkit.settings",
+    "SpecError": "sbxkit.errors",
+    "Status": "sbxkit.result",
+    "StdioWorker": "sbxkit.stdio",
+    "SupervisedOwner": "sbxkit.supervisor.client",
+    "SupervisorError": "sbxkit.supervisor.client",
+    "TmpfsMount": "sbxkit.mounts",
+    "VolumeMount": "sbxkit.mounts",
+    "_run_many": "sbxkit.harness",
+    "apply_profile": "sbxkit.profile",
+    "as": "sbxkit.harness",
+    "build_create_body": "sbxkit.policy",
+    "load_profile": "sbxkit.profile",
+    "open_engine": "sbxkit.engine.client",
+    "open_pty": "sbxkit.pty",
+    "open_sandbox": "sbxkit.session",
+    "open_stdio_worker": "sbxkit.stdio",
+    "parse_size": "sbxkit.spec",
+    "run": "sbxkit.runner",
+    "run_with_grants": "sbxkit.broker",
+    "spec_from_dict": "sbxkit.spec",
+    "validate_spec": "sbxkit.spec",
+}
+_SUBMODULES = ("aio", "blocking")  # non-trio callers: scripts and notebooks, asyncio
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value: Any = importlib.import_module(f"sbxkit.{name}")
+    elif name == "run_many":
+        # ``sbxkit.harness.run_many`` with no exception group escaping its nursery.
+        from sbxkit.harness import run_many as harness_run_many
+        from sbxkit.unwrap import plain_async
+
+        value = plain_async(harness_run_many)
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    else:
+        raise AttributeError(f"module 'sbxkit' has no attribute {name!r}")
+    globals()[name] = value  # once loaded, a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "LEASE_LABEL",
