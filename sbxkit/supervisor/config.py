@@ -8,10 +8,11 @@ make a request wait its turn instead; see ``admission.py`` and docs/operations.m
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import msgspec
+
+from sbxkit.argtypes import positive_float, positive_int
 
 ADMISSION_TIMEOUT_S = 3600.0
 """How long a request may wait for capacity by default: a batch of thousands at any sane
@@ -46,26 +47,6 @@ def launch_bound(capacity: Capacity, ncpu: int) -> int:
     return max(2, 2 * ncpu)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
 def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     defaults = Capacity()
     parser = argparse.ArgumentParser(
@@ -95,25 +76,25 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-workers",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_workers,
         help=f"live sandboxes at once; more wait their turn (default: {defaults.max_workers})",
     )
     parser.add_argument(
         "--max-records",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_records,
         help=f"lease records; more are refused (default: {defaults.max_records})",
     )
     parser.add_argument(
         "--max-connections",
-        type=_positive_int,
+        type=positive_int,
         default=defaults.max_connections,
         help=f"client connections; more are refused (default: {defaults.max_connections})",
     )
     parser.add_argument(
         "--memory-budget",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="BYTES",
         help="memory the sandboxes may reserve at once (default: the daemon's MemTotal less "
@@ -121,21 +102,21 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cpu-budget",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="CPUS",
         help="CPUs the sandboxes' quotas may add up to (default: none; quotas are ceilings)",
     )
     parser.add_argument(
         "--max-launching",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="creates and starts in flight at once (default: twice the daemon's NCPU)",
     )
     parser.add_argument(
         "--admission-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=ADMISSION_TIMEOUT_S,
         metavar="SECONDS",
         help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g})",

@@ -45,7 +45,7 @@ def batch_argv(*args: str) -> list[str]:
     """``python -m sbxkit batch ...`` once the CLI has the subcommand, else the module."""
     if cli_has_batch():
         return [sys.executable, "-m", "sbxkit", "batch", *args]
-    return [sys.executable, "-c", "from sbxkit.batch import main; main()", *args]
+    return [sys.executable, "-c", "from sbxkit.cli.batch import main; main()", *args]
 
 
 def job(job_id: Any, image: str, script: str, label: str, **extra: Any) -> str:

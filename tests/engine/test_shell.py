@@ -42,7 +42,7 @@ def shell_argv(*args: str) -> list[str]:
     """``python -m sbxkit shell ...`` once the CLI has the subcommand, else the module."""
     if cli_has_shell():
         return [sys.executable, "-m", "sbxkit", "shell", *args]
-    return [sys.executable, "-m", "sbxkit.shell", *args]
+    return [sys.executable, "-m", "sbxkit.cli.shell", *args]
 
 
 class Terminal:

@@ -20,6 +20,7 @@ from sbxkit import cli, runner
 from sbxkit.backends import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
+from sbxkit.cli import run_command
 from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.policy import build_create_body
@@ -269,9 +270,9 @@ def test_sbxkit_run_without_the_switch_is_the_old_call(
     def no_backend(*_: Any) -> Any:
         raise AssertionError("a backend was built on the Docker path")
 
-    monkeypatch.setattr(cli, "run", fake_run)
-    monkeypatch.setattr(cli, "sandbox_backend", no_backend)
-    monkeypatch.setattr(cli, "open_backend", no_backend)
+    monkeypatch.setattr(run_command, "run", fake_run)
+    monkeypatch.setattr(run_command, "sandbox_backend", no_backend)
+    monkeypatch.setattr(run_command, "open_backend", no_backend)
     argv = ["run", "--socket", "/d.sock"]
     if profile_text is None:
         argv += ["img:1", "--", "true"]
@@ -314,14 +315,14 @@ def test_sbxkit_run_with_the_switch_never_calls_the_docker_runner(
             return fake_result()
 
     built: list[Any] = []
-    real = cli.sandbox_backend
+    real = run_command.sandbox_backend
 
     def capture(profile: Any, args: argparse.Namespace, spec: SandboxSpec) -> Any:
         built.append(real(profile, args, spec))
         return FakeBackend()
 
-    monkeypatch.setattr(cli, "run", no_run)
-    monkeypatch.setattr(cli, "sandbox_backend", capture)
+    monkeypatch.setattr(run_command, "run", no_run)
+    monkeypatch.setattr(run_command, "sandbox_backend", capture)
     path = tmp_path / "p.toml"
     path.write_text(SANDBOX_PROFILE)
     with pytest.raises(SystemExit) as caught:

@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 from sbxkit.cli import (
-    DEFAULTS,
     EXIT_CLEANUP_FAILED,
     EXIT_ENGINE_UNAVAILABLE,
     EXIT_INTERNAL,
@@ -27,6 +26,7 @@ from sbxkit.cli import (
     spec_from_args,
     to_json,
 )
+from sbxkit.cli.flags import DEFAULTS
 from sbxkit.errors import (
     CleanupError,
     ContainerMismatch,

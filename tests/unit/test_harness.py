@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import given
 
 from sbxkit import harness
-from sbxkit.batch import (
+from sbxkit.cli.batch import (
     JobsFileError,
     Progress,
     ResultsFileError,

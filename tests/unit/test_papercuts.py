@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from sbxkit.batch import configure, decode_jobs
-from sbxkit.cli import EXIT_REFUSED, _read_stdin, main
-from sbxkit.errors import SpecError
-from sbxkit.jobs import (
+from sbxkit.cli import EXIT_REFUSED, main
+from sbxkit.cli.batch import configure, decode_jobs
+from sbxkit.cli.jobs import (
     defaults_from_args,
     forget_error_lines,
     normalize_limits,
     with_defaults,
     without_error_lines,
 )
+from sbxkit.cli.run_command import _read_stdin
+from sbxkit.errors import SpecError
 from sbxkit.spec import MiB
 
 IMAGE = "sbxkit-test/busybox:latest"

@@ -25,7 +25,10 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 def test_the_command_line_does_not_load_what_it_does_not_use() -> None:
     """``python -m sbxkit run`` is a process per sandbox for some harnesses: the session, PTY,
     grant-broker and asyncio layers stay unloaded."""
-    code = "import sys, sbxkit.cli; print(' '.join(sorted(sys.modules)))"
+    code = (
+        "import sys; from sbxkit.cli.main import build_parser; build_parser(); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
     loaded = set(
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from sbxkit.cli.flags import LIMIT_FLAGS, check_limit_flag, limit_value
 from sbxkit.errors import SpecError
 from sbxkit.profile import (
     Profile,
@@ -31,6 +32,7 @@ from sbxkit.profile import (
     profile_settings,
     supervisor_command,
 )
+from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size
 
@@ -48,17 +50,6 @@ MERGED_FIELDS = ("limits", "env", "labels")
 """Mappings a job line extends key by key instead of replacing."""
 
 SPEC_FIELDS = frozenset(SandboxSpec.__struct_fields__)
-
-LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
-    ("cpus", "--cpus", "cpus", "float"),
-    ("memory", "--memory", "memory_bytes", "size"),
-    ("pids", "--pids", "pids", "int"),
-    ("max_output", "--max-output", "output_bytes", "size"),
-    ("timeout", "--timeout", "timeout_s", "float"),
-    ("fsize", "--fsize", "fsize_bytes", "size"),
-    ("scratch", "--scratch", "scratch_bytes", "size"),
-)
-"""(argparse dest, flag, ``Limits`` field, kind): the same flags as ``sbxkit run``'s."""
 
 
 def normalize_limits(limits: object, where: str = "limits") -> object:
@@ -186,9 +177,6 @@ def add_default_flags(parser: argparse.ArgumentParser) -> None:
 def defaults_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], Settings]:
     """The job defaults and settings ``--profile``, ``--image`` and the limit flags give;
     a bad flag value is refused naming the flag."""
-    from sbxkit.cli import check_limit_flag, limit_value
-    from sbxkit.runner import effective_settings
-
     defaults: dict[str, Any] = {}
     settings: Settings | None = None
     if args.profile is not None:

@@ -10,7 +10,7 @@ for errors (2 refused input, 69 engine unavailable, 74 cleanup failed, 70 other)
 
 Wiring: ``add_shell_parser(subparsers)`` adds the subcommand to ``sbxkit``'s parser; its
 handler returns the exit status and raises ``SbxError`` for the caller to map. ``main(argv)``
-runs it standalone (``python -m sbxkit.shell IMAGE``).
+runs it standalone (``python -m sbxkit.cli.shell IMAGE``).
 """
 
 from __future__ import annotations
@@ -24,17 +24,20 @@ import sys
 import termios
 import tty
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
-from sbxkit.cli import EXIT_INTERNAL, STATUS_EXIT, exit_with, spec_from_args
+from sbxkit.cli.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
+from sbxkit.cli.flags import ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SbxError
 from sbxkit.profile import Profile, load_profile, profile_settings, supervisor_command
-from sbxkit.pty import PtySession, open_pty
-from sbxkit.session import SandboxExit
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
+
+if TYPE_CHECKING:  # the PTY layer loads only when a shell runs, not for every subcommand
+    from sbxkit.pty import PtySession
+    from sbxkit.session import SandboxExit
 
 DEFAULT_COMMAND = ["/bin/sh"]
 SHELL_DEFAULTS = {
@@ -53,63 +56,19 @@ READ_CHUNK = 64 * 1024
 # --- arguments ---------------------------------------------------------------------------------
 
 
-class _ImageAndCommand(argparse.Action):
-    """``IMAGE [-- CMD...]``, or ``[-- CMD...]`` alone with ``--profile`` naming the image."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        rest = [str(v) for v in values or []]
-        image: str | None = None
-        if rest and rest[0] != "--":
-            image, rest = rest[0], rest[1:]
-        if rest and rest[0] == "--":
-            rest = rest[1:]
-        if image is None and namespace.profile is None:
-            raise argparse.ArgumentError(
-                self, "IMAGE is required (or --profile FILE whose profile names an image)"
-            )
-        namespace.image = image
-        namespace.command = rest
-
-
 def add_shell_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--profile", metavar="FILE", help="TOML profile ([sandbox.docker]); flags override it"
+    add_sandbox_flags(
+        parser,
+        SHELL_DEFAULTS,
+        profile_help="TOML profile ([sandbox.docker]); flags override it",
+        output_help="terminal output bytes for the whole session; one more ends it",
+        timeout_help="the session's time limit in seconds",
+        network_help="none (default) or bridge",
     )
-    parser.add_argument("--cpus", help=f"CPU quota (default: {SHELL_DEFAULTS['cpus']})")
-    parser.add_argument("--memory", help=f"memory ceiling (default: {SHELL_DEFAULTS['memory']})")
-    parser.add_argument("--pids", help=f"process ceiling (default: {SHELL_DEFAULTS['pids']})")
-    parser.add_argument(
-        "--max-output",
-        help="terminal output bytes for the whole session; one more ends it "
-        f"(default: {SHELL_DEFAULTS['max_output']})",
-    )
-    parser.add_argument(
-        "--timeout",
-        help=f"the session's time limit in seconds (default: {SHELL_DEFAULTS['timeout']})",
-    )
-    parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
-    parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="set a variable; a bare K passes the host's value",
-    )
-    parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
-    parser.add_argument("--workdir", help="absolute working directory")
-    parser.add_argument("--network", choices=["none", "bridge"], help="none (default) or bridge")
-    parser.add_argument("--socket", help="Docker socket path (default: discovered)")
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
-        action=_ImageAndCommand,
+        action=ImageAndCommand,
         metavar="IMAGE [-- CMD]",
         help="image, then the command (default: /bin/sh)",
     )
@@ -240,6 +199,8 @@ async def _session(
 
             async def work() -> None:
                 try:
+                    from sbxkit.pty import open_pty
+
                     async with open_pty(
                         spec,
                         size=_terminal_size(fd_in),

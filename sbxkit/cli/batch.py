@@ -56,9 +56,11 @@ from typing import Any, NoReturn, TextIO
 import msgspec
 import trio
 
-from sbxkit.errors import CleanupError, SbxError, SpecError
+from sbxkit.argtypes import positive_int
+from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
+from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
+from sbxkit.errors import CleanupError, SpecError
 from sbxkit.harness import Job, JobError, JobId, JobResult, run_many
-from sbxkit.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
 from sbxkit.result import json_fields
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
@@ -465,16 +467,6 @@ class Progress:
 # --- the command ---------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("jobs", type=Path, metavar="JOBS.jsonl", help="one job per line")
     parser.add_argument(
@@ -486,7 +478,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--parallel",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_PARALLEL,
         metavar="N",
         help=f"at most N sandboxes at once (default {DEFAULT_PARALLEL})",
@@ -524,13 +516,6 @@ def add_batch_parser(
     return parser
 
 
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-        self.exit_code = 128 + signum
-
-
 def _budgets(args: argparse.Namespace) -> tuple[int | None, float | None]:
     memory = (
         None if args.memory_budget is None else parse_size(args.memory_budget, "--memory-budget")
@@ -560,51 +545,29 @@ async def run_batch(
 ) -> None:
     """Run the jobs, writing each result as it completes; SIGINT/SIGTERM cancel the batch
     (every run removes its container first) and raise Interrupted."""
-    received: list[int] = []
-    error: list[SbxError] = []
 
     def on_result(done: JobResult) -> None:
         writer.append(encode_result(done))
         progress.record(done)
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
+    async def tick() -> None:
+        while True:
+            await trio.sleep(PROGRESS_INTERVAL_S)
+            progress.draw()
 
-            async def watch() -> None:
-                async for signum in signals:
-                    received.append(signum)
-                    nursery.cancel_scope.cancel()
-                    return
+    async def work() -> None:
+        await run_many(
+            jobs,
+            parallel=parallel,
+            host_memory_bytes=memory_budget,
+            host_cpus=cpu_budget,
+            on_result=on_result,
+            on_start=progress.start,
+            settings=settings,
+            socket_path=socket_path,
+        )
 
-            async def tick() -> None:
-                while True:
-                    await trio.sleep(PROGRESS_INTERVAL_S)
-                    progress.draw()
-
-            async def work() -> None:
-                try:
-                    await run_many(
-                        jobs,
-                        parallel=parallel,
-                        host_memory_bytes=memory_budget,
-                        host_cpus=cpu_budget,
-                        on_result=on_result,
-                        on_start=progress.start,
-                        settings=settings,
-                        socket_path=socket_path,
-                    )
-                except SbxError as exc:
-                    error.append(exc)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            if progress.enabled:
-                nursery.start_soon(tick)
-            nursery.start_soon(work)
-    if error:
-        raise error[0]
-    if received:
-        raise Interrupted(received[0])
+    await cancel_on_signals(work, *([tick] if progress.enabled else []))
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -674,9 +637,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m sbxkit.batch`` (the same as ``sbxkit batch``)."""
-    from sbxkit.cli import exit_with
-
+    """``python -m sbxkit.cli.batch`` (the same as ``sbxkit batch``)."""
     parser = argparse.ArgumentParser(
         prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
     )

@@ -1,0 +1,81 @@
+"""``sbxkit supervisor``, ``sbxkit leases`` and ``sbxkit demo``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sbxkit.errors import SpecError
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sbxkit.demo import main as demo_main
+
+    return demo_main(image=args.image, socket_path=args.socket)
+
+
+def cmd_supervisor(args: argparse.Namespace) -> int:
+    from sbxkit.supervisor.config import config_from_args
+    from sbxkit.supervisor.service import serve
+
+    return trio.run(serve, config_from_args(args))
+
+
+def cmd_leases(args: argparse.Namespace) -> int:
+    from sbxkit.supervisor import admin
+    from sbxkit.supervisor.journal import default_state_dir
+
+    state_dir = args.state_dir or default_state_dir()
+    if args.leases_action == "list":
+        records, problems = admin.read_journal(state_dir)
+        print("\n".join(admin.format_records(records)))
+        for problem in problems:
+            print(f"UNSAFE: {problem}")
+        return 1 if problems else 0
+    if args.leases_action == "retire" and not args.confirm:
+        raise SpecError(
+            "--confirm",
+            "retiring deletes a tombstone for good: investigate the "
+            "recorded daemon first, then pass --confirm",
+        )
+    if args.leases_action == "recover":
+        report = admin.recover(state_dir)
+    else:
+        report = admin.retire(state_dir, args.lease)
+    print("\n".join(report.lines) if report.lines else "nothing left to recover")
+    print(f"records remaining: {report.remaining}")
+    return 0
+
+
+def add_admin_parsers(sub: Any) -> None:
+    from sbxkit.supervisor.config import build_parser as supervisor_parser
+
+    sub.add_parser(
+        "supervisor",
+        parents=[supervisor_parser()],
+        add_help=False,
+        help="run the lease supervisor (normally auto-launched)",
+        description="Own sandbox creation and cleanup through a durable journal.",
+    ).set_defaults(handler=cmd_supervisor)
+
+    p_leases = sub.add_parser("leases", help="inspect and recover supervisor lease records")
+    p_leases.add_argument(
+        "--state-dir", type=Path, help="default: $SBXKIT_STATE_DIR or ~/.sbxkit/leases"
+    )
+    leases_sub = p_leases.add_subparsers(dest="leases_action", required=True)
+    leases_sub.add_parser("list", help="show every record (read-only)")
+    leases_sub.add_parser("recover", help="run a recovery pass now")
+    p_retire = leases_sub.add_parser(
+        "retire", help="delete an uncertain tombstone whose container was never observed"
+    )
+    p_retire.add_argument("lease")
+    p_retire.add_argument("--confirm", action="store_true")
+    p_leases.set_defaults(handler=cmd_leases)
+
+    p_demo = sub.add_parser("demo", help="show the hardened defaults and limits holding")
+    p_demo.add_argument("--image", default="sbxkit-test/busybox:latest")
+    p_demo.add_argument("--socket", help="Docker socket path (default: discovered)")
+    p_demo.set_defaults(handler=cmd_demo)

@@ -1,0 +1,191 @@
+"""One flag table for ``run``, ``shell`` and ``batch``: the sandbox flags, their parsing into a
+``SandboxSpec`` (a profile's values are defaults, explicit flags win) and the one ``IMAGE -- CMD``
+positional."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from sbxkit.errors import SpecError
+from sbxkit.gpu import GpuRequest
+from sbxkit.profile import Profile, apply_profile
+from sbxkit.spec import Limits, SandboxSpec, check_limit, parse_size
+
+LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("cpus", "--cpus", "cpus", "float"),
+    ("memory", "--memory", "memory_bytes", "size"),
+    ("pids", "--pids", "pids", "int"),
+    ("max_output", "--max-output", "output_bytes", "size"),
+    ("timeout", "--timeout", "timeout_s", "float"),
+    ("fsize", "--fsize", "fsize_bytes", "size"),
+    ("scratch", "--scratch", "scratch_bytes", "size"),
+)
+"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes use parse_size."""
+
+DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
+
+
+def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise SpecError(field, f"expected a number, got {text!r}") from None
+
+
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    """``K=V`` sets a value; a bare ``K`` passes the host's value, by name only."""
+    env: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in os.environ:
+                raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+def _labels(pairs: Sequence[str]) -> dict[str, str]:
+    """``--label K=V``; the value may be empty, the key may not."""
+    labels: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SpecError(f"--label {item}", "expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _gpus(text: str) -> GpuRequest:
+    """``--gpus N`` asks for N GPUs chosen round-robin; ``--gpus ID[,ID...]`` names CDI devices."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return GpuRequest(count=int(stripped))
+    return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
+
+
+def limit_value(text: str, flag: str, kind: str) -> int | float:
+    """A limit flag's value: sizes as ``parse_size`` reads them, numbers as Python does."""
+    if kind == "size":
+        return parse_size(text, flag)
+    if kind == "int":
+        return int(_number(text, flag, int))
+    return _number(text, flag, float)
+
+
+def check_limit_flag(field: str, value: int | float, flag: str, text: str) -> None:
+    """Refuse a flag's bad limit naming the flag (``--memory``), not the spec field."""
+    try:
+        check_limit(field, value, flag)
+    except SpecError as exc:
+        if text.strip().isdigit() and int(text) > 0 and field.endswith("_bytes"):
+            hint = f"{exc.rule}; a bare number is bytes (did you mean {text.strip()}m?)"
+            raise SpecError(flag, hint) from None
+        raise
+
+
+def spec_from_args(
+    args: argparse.Namespace,
+    profile: Profile | None = None,
+    *,
+    defaults: Mapping[str, str] = DEFAULTS,
+    default_command: Sequence[str] = (),
+) -> SandboxSpec:
+    """The spec the flags describe: a profile's values are defaults, explicit flags win, and
+    ``defaults`` fill any mandatory limit neither set. Shared by ``run`` and ``shell``; flags a
+    command does not define count as not given."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    command = command or list(default_command)
+    if profile is not None:
+        base, _, _ = apply_profile(profile, command, image=args.image)
+    else:
+        if args.image is None:
+            raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
+        # Partial on purpose: the flags and defaults below fill the mandatory limits.
+        base = SandboxSpec(image=args.image, command=command, limits=msgspec.convert({}, Limits))
+    limits: dict[str, Any] = {}
+    for dest, flag, field, kind in LIMIT_FLAGS:
+        given = getattr(args, dest)
+        if given is not None:
+            limits[field] = limit_value(given, flag, kind)
+            check_limit_flag(field, limits[field], flag, given)
+        elif getattr(base.limits, field) is None and dest in defaults:
+            limits[field] = limit_value(defaults[dest], flag, kind)
+    overrides: dict[str, Any] = {
+        "limits": msgspec.structs.replace(base.limits, **limits),
+        "env": {**base.env, **_env(getattr(args, "env", None) or [])},
+        "labels": {**base.labels, **_labels(getattr(args, "label", None) or [])},
+    }
+    if getattr(args, "user", None):
+        overrides["user"] = args.user
+    for dest in ("workdir", "runtime", "network"):
+        if getattr(args, dest, None) is not None:
+            overrides[dest] = getattr(args, dest)
+    if getattr(args, "gpus", None) is not None:
+        overrides["gpus"] = _gpus(args.gpus)
+    return msgspec.structs.replace(base, **overrides)
+
+
+class ImageAndCommand(argparse.Action):
+    """``IMAGE [-- CMD...]``, or ``-- CMD...`` alone with ``--profile`` naming the image.
+
+    Everything after IMAGE belongs to the command, a leading ``--`` included: ``spec_from_args``
+    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options all
+    precede this positional (it swallows everything), so ``--profile`` is known when this runs.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        rest = [str(v) for v in values or []]
+        image: str | None = None
+        if rest and rest[0] != "--":
+            image, rest = rest[0], rest[1:]
+        if image is None and namespace.profile is None:
+            raise argparse.ArgumentError(
+                self, "IMAGE is required (or --profile FILE whose profile names an image)"
+            )
+        namespace.image = image
+        namespace.command = rest
+
+
+def add_sandbox_flags(
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, str],
+    *,
+    profile_help: str,
+    output_help: str,
+    timeout_help: str,
+    network_help: str,
+) -> None:
+    """The flags ``run`` and ``shell`` share (a command adds its own after these)."""
+    parser.add_argument("--profile", metavar="FILE", help=profile_help)
+    parser.add_argument("--cpus", help=f"CPU quota (default: {defaults['cpus']})")
+    parser.add_argument("--memory", help=f"memory ceiling, no swap (default: {defaults['memory']})")
+    parser.add_argument("--pids", help=f"process count ceiling (default: {defaults['pids']})")
+    parser.add_argument("--max-output", help=f"{output_help} (default: {defaults['max_output']})")
+    parser.add_argument("--timeout", help=f"{timeout_help} (default: {defaults['timeout']})")
+    parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
+    parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable; a bare K passes the host's value",
+    )
+    parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
+    parser.add_argument("--workdir", help="absolute working directory")
+    parser.add_argument("--network", choices=["none", "bridge"], help=network_help)
+    parser.add_argument("--socket", help="Docker socket path (default: discovered)")

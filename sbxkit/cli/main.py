@@ -1,0 +1,52 @@
+"""``sbxkit``'s parser: the subcommands wired together, and ``main``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn, cast
+
+from sbxkit.cli.admin import add_admin_parsers
+from sbxkit.cli.batch import add_batch_parser
+from sbxkit.cli.common import Parser, exit_with, subcommand_parser
+from sbxkit.cli.run_command import add_run_parser
+from sbxkit.cli.shell import add_shell_parser
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("sbxkit")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="sbxkit", description="Run untrusted commands in hardened Docker sandboxes."
+    )
+    parser.add_argument("--version", action="version", version=f"sbxkit {version()}")
+    # Subcommands are Parsers too (argparse uses the parent's class), typed as the base class.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="action", required=True),
+    )
+    add_run_parser(sub)
+    add_admin_parsers(sub)
+    add_batch_parser(sub)
+    add_shell_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    Parser.json_errors = "--json" in options
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a typo in a subcommand's flag: that subcommand's usage, not the top level's
+        subcommand_parser(parser, args.action).error("unrecognized arguments: " + " ".join(unknown))
+    exit_with(args.handler, args)

@@ -1,0 +1,196 @@
+"""``sbxkit run [options] IMAGE -- CMD...``: one command in a fresh sandbox, then removed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+from typing import Any
+
+import trio
+
+from sbxkit.backends.base import Backend, open_backend
+from sbxkit.cli.common import cancel_on_signals, exit_code_for, to_json
+from sbxkit.cli.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
+from sbxkit.errors import SpecError
+from sbxkit.profile import (
+    Profile,
+    load_profile,
+    profile_settings,
+    sandbox_options,
+    supervisor_command,
+)
+from sbxkit.result import RunResult
+from sbxkit.runner import run
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec
+from sbxkit.supervisor.client import QueueObserver
+from sbxkit.unwrap import plain_async
+
+
+def stdin_carries_data() -> bool:
+    """True when this process's stdin is a pipe or a regular file (not a terminal, not
+    /dev/null, not closed): bytes someone meant for somebody."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def _read_stdin(source: str | None) -> bytes | None:
+    """``--stdin -`` reads ours, ``--stdin FILE`` a file, ``--stdin none`` nothing. Without the
+    flag, a piped stdin is refused rather than dropped or read: reading an inherited pipe
+    (a script's loop, a CI runner) would swallow someone else's input or block forever."""
+    if source is None:
+        if stdin_carries_data():
+            raise SpecError(
+                "--stdin",
+                "stdin is a pipe or a file: pass --stdin - to send it to the payload, or "
+                "--stdin none to ignore it (e.g. a script's inherited stdin)",
+            )
+        return None
+    if source == "none":
+        return None
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SpecError("--stdin", f"cannot read {source}: {exc.strerror}") from None
+
+
+@plain_async
+async def run_interruptibly(
+    spec: SandboxSpec,
+    stdin: bytes | None,
+    socket_path: str | None,
+    settings: Settings | None = None,
+    backend: Backend | None = None,
+    on_queued: QueueObserver | None = None,
+) -> RunResult:
+    """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
+    (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short).
+
+    Without ``backend`` this is ``sbxkit.runner.run``, as it always was; with one (the sandbox
+    runtime) the backend is preflighted, reconciled, used once and closed."""
+
+    async def once() -> RunResult:
+        if backend is None:
+            return await run(
+                spec, stdin, socket_path=socket_path, settings=settings, on_queued=on_queued
+            )
+        async with open_backend(backend):
+            return await backend.run_once(spec, stdin)
+
+    return await cancel_on_signals(once)
+
+
+class WaitingNotice:
+    """Says on a terminal that the run waits for capacity, once it has waited a second, and
+    again whenever its place in the queue changes."""
+
+    AFTER_S = 1.0
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.told: int | None = None
+
+    def __call__(self, ahead: int, waited_s: float) -> None:
+        if waited_s >= self.AFTER_S and ahead != self.told:
+            self.told = ahead
+            print(f"sbxkit: waiting for capacity: {ahead} ahead", file=self.stream, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile) if args.profile is not None else None
+    spec = spec_from_args(args, profile)
+    settings: Settings | None = None
+    backend: Backend | None = None
+    if profile is not None and sandbox_options(profile) is not None:
+        backend = sandbox_backend(profile, args, spec)
+    elif profile is not None:
+        settings, supervisor = profile_settings(profile)
+        command = supervisor_command(supervisor)
+        if command is not None:
+            # The supervisor client reads SBXKIT_SUPERVISOR when it launches the helper; this
+            # process is the CLI's own, so setting it here affects this run only.
+            os.environ["SBXKIT_SUPERVISOR"] = command
+    stdin = _read_stdin(args.stdin)
+    on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
+    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend, on_queued)
+    if args.json:
+        sys.stdout.buffer.write(to_json(result) + b"\n")
+    else:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stderr.buffer.write(result.stderr)
+        if result.status != "exited":
+            detail = f" ({result.overflowed})" if result.overflowed else ""
+            print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
+    sys.stdout.flush()
+    return exit_code_for(result)
+
+
+def sandbox_backend(profile: Profile, args: argparse.Namespace, spec: SandboxSpec) -> Backend:
+    """The sbx microVM runner a ``runtime = "sandbox"`` profile selects (docs/adr-sbx.md),
+    after refusing what it cannot honour (flags included) before any ``sbx`` command runs."""
+    from sbxkit.backends.sbx import SbxBackend, SbxConfig, check_sbx_spec
+
+    options = sandbox_options(profile)
+    assert options is not None
+    if args.socket is not None:
+        raise SpecError("--socket", 'a Docker socket has no meaning under runtime = "sandbox"')
+    check_sbx_spec(spec)
+    config = SbxConfig(
+        binary=options.binary,
+        agent=options.agent,
+        kits=list(options.kits),
+        create_args=list(options.create_args),
+    )
+    return SbxBackend(config)
+
+
+def add_run_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run one command in a fresh sandbox, then remove it",
+        usage="sbxkit run [options] IMAGE -- CMD...\n"
+        "       sbxkit run --profile FILE [options] [IMAGE] -- CMD...",
+        epilog="exit status: the payload's own when it exited; 124 timed out; 123 output "
+        "exceeded; 137 OOM-killed; 2 refused input; 69 engine unavailable; "
+        "74 cleanup failed; 75 capacity; 70 other error",
+    )
+    add_sandbox_flags(
+        parser,
+        DEFAULTS,
+        profile_help="TOML profile ([sandbox.docker]) supplying defaults; flags override it; "
+        '[sandbox] runtime = "sandbox" runs the command in an sbx microVM instead',
+        output_help="bytes kept per stream; one more is 'output exceeded'",
+        timeout_help="elapsed-time limit in seconds",
+        network_help="none (default) or bridge: unrestricted egress, refused in production",
+    )
+    parser.add_argument(
+        "--stdin",
+        metavar="FILE|-|none",
+        help="feed a file, - (this stdin) or none; a piped stdin needs this flag",
+    )
+    parser.add_argument(
+        "--runtime",
+        help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
+    )
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="add a container label"
+    )
+    parser.add_argument(
+        "--gpus",
+        metavar="N|CDI-ID[,...]",
+        help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, action=ImageAndCommand, metavar="IMAGE -- CMD"
+    )
+    parser.set_defaults(handler=cmd_run)
+    return parser
