@@ -46,7 +46,7 @@ from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.policy import LEASE_LABEL, build_create_body
 from sbxkit.profile import apply_profile, load_profile
 from sbxkit.pty import PtySession, open_pty
-from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit.runner import run
 from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
 from sbxkit.settings import Settings
@@ -108,6 +108,7 @@ __all__ = [
     "SupervisedOwner",
     "SupervisorError",
     "TmpfsMount",
+    "Usage",
     "VolumeMount",
     "aio",
     "apply_profile",

@@ -148,3 +148,20 @@ def test_inspect_sandbox_cleanup_asks_the_supervisor_to_recover(tmp_path: Path) 
         check=False,
     )
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+
+
+def test_the_asyncio_backend_is_refused_with_a_clear_message(
+    witness: Witness, python_image: str, tmp_path: Path
+) -> None:
+    task = write_task(tmp_path, python_image)
+    proc = subprocess.run(
+        inspect_argv("eval", task.name, "--display", "plain"),
+        cwd=tmp_path,
+        env={**eval_env(tmp_path), "INSPECT_ASYNC_BACKEND": "asyncio"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert b"INSPECT_ASYNC_BACKEND=trio" in proc.stdout + proc.stderr
+    assert inspect_containers(witness) == []
