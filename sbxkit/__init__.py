@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from sbxkit.policy import LEASE_LABEL, build_create_body
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
-    from sbxkit.result import PhaseTimings, RunResult, Status
+    from sbxkit.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit.runner import run
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
@@ -113,6 +113,7 @@ _WHERE: dict[str, str] = {
     "Settings": "sbxkit.settings",
     "SpecError": "sbxkit.errors",
     "Status": "sbxkit.result",
+    "Usage": "sbxkit.result",
     "StdioWorker": "sbxkit.stdio",
     "SupervisedOwner": "sbxkit.supervisor.client",
     "SupervisorError": "sbxkit.supervisor.client",
@@ -206,6 +207,7 @@ __all__ = [
     "SupervisedOwner",
     "SupervisorError",
     "TmpfsMount",
+    "Usage",
     "VolumeMount",
     "aio",
     "apply_profile",

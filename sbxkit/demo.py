@@ -16,6 +16,7 @@ from sbxkit.policy import LEASE_LABEL
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit.unwrap import plain_async
 
 
 class Check(msgspec.Struct, frozen=True):
@@ -111,6 +112,7 @@ def _total(result: RunResult) -> float:
     return t.create_s + t.start_s + t.run_s + t.remove_s
 
 
+@plain_async  # Ctrl-C or a run's error leaves the nursery as itself, not as a group
 async def _run_all(engine: Engine, image: str) -> list[tuple[Check, RunResult]]:
     results: list[tuple[Check, RunResult] | None] = [None] * len(CHECKS)
 

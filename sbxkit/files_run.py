@@ -1,4 +1,5 @@
-"""``sbxkit.run(spec, files={...})``: a one-shot run whose command finds files in ``/tmp``.
+"""``sbxkit.run(spec, files={...})`` and ``measure_usage=True``: a one-shot run whose command
+finds files in ``/tmp``, or whose peak memory and CPU time are measured.
 
 The root filesystem is read-only and ``/tmp`` is a tmpfs that exists only once the container
 runs, so files cannot be placed before start. A run with files is therefore a short-lived
@@ -16,7 +17,7 @@ import msgspec
 
 from sbxkit.engine.client import Engine
 from sbxkit.owner import Owner
-from sbxkit.result import RunResult
+from sbxkit.result import RunResult, Usage
 from sbxkit.session import open_sandbox
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit
@@ -30,12 +31,14 @@ async def run_with_files(
     stdin: bytes | None,
     files: Mapping[str, bytes],
     *,
+    measure_usage: bool = False,
     engine: Engine | None = None,
     owner: Owner | None = None,
     socket_path: str | None = None,
     settings: Settings | None = None,
 ) -> RunResult:
-    """Put ``files`` (relative name → content) into ``/tmp``, then run ``spec.command``."""
+    """Put ``files`` (relative name → content) into ``/tmp``, then run ``spec.command``;
+    with ``measure_usage``, read the sandbox's cgroup before and after it (sbxkit/usage.py)."""
     check_limit("timeout_s", spec.limits.timeout_s)
     check_limit("output_bytes", spec.limits.output_bytes)
     session_limits = msgspec.structs.replace(
@@ -45,11 +48,23 @@ async def run_with_files(
     async with open_sandbox(
         session_spec, engine=engine, owner=owner, settings=settings, socket_path=socket_path
     ) as sandbox:
-        await sandbox.put_files(files)
-        return await sandbox.exec(
+        if files:
+            await sandbox.put_files(files)
+        before = await sandbox.usage() if measure_usage else None
+        result = await sandbox.exec(
             spec.command,
             stdin,
             timeout=spec.limits.timeout_s,
             max_output=spec.limits.output_bytes,
             workdir=spec.workdir,
         )
+        if before is None or result.status == "killed":
+            return result
+        after = await sandbox.usage()
+        cpu = None
+        if after.cpu_time_s is not None and before.cpu_time_s is not None:
+            cpu = after.cpu_time_s - before.cpu_time_s
+        usage = Usage(
+            memory_peak_bytes=after.memory_peak_bytes, cpu_time_s=cpu, cgroup=after.cgroup
+        )
+        return msgspec.structs.replace(result, usage=usage)

@@ -5,17 +5,21 @@ module, which registers the provider under the name ``sbxkit``. Each sample gets
 supervised, long-lived sbxkit sandbox (``sbxkit.open_sandbox``) built from a sbxkit profile;
 it is removed at sample cleanup, and by the supervisor if the eval process is killed.
 
-Inspect must run on trio (``INSPECT_ASYNC_BACKEND=trio``): sbxkit is trio code and runs in the
-eval's own event loop. What this provider refuses by design, and why, is in docs/inspect.md.
+On Inspect's trio backend (``INSPECT_ASYNC_BACKEND=trio``) sbxkit runs in the eval's own event
+loop; on asyncio (Inspect's default) each sandbox's trio code runs in a portal thread. What this
+provider refuses by design, and why, is in docs/inspect.md.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import posixpath
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
+import anyio
 import sniffio
 import trio
 from inspect_ai.util import (
@@ -31,12 +35,15 @@ from inspect_ai.util import (
 
 from sbxkit import aio
 from sbxkit.errors import SbxError, SpecError
+from sbxkit.portal import Portal
 from sbxkit.profile import apply_profile, load_profile
 from sbxkit.result import RunResult
 from sbxkit.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_user, validate_spec
 from sbxkit.supervisor.journal import default_state_dir
+
+T = TypeVar("T")
 
 PROVIDER = "sbxkit"
 INSPECT_LABEL = "sbxkit.inspect.task"
@@ -45,16 +52,38 @@ DEFAULT_WORKDIR = "/tmp"
 EXEC_NOT_PERMITTED = 126
 
 
-def _require_trio() -> None:
+def _on_trio() -> bool:
     try:
-        library = sniffio.current_async_library()
+        return sniffio.current_async_library() == "trio"
     except sniffio.AsyncLibraryNotFoundError:
-        library = "none"
-    if library != "trio":
-        raise RuntimeError(
-            f"the sbxkit sandbox runs on trio, but Inspect is running on {library}: "
-            "set INSPECT_ASYNC_BACKEND=trio"
-        )
+        return False
+
+
+class _Loop:
+    """Where one sandbox's trio code runs: the eval's own loop when Inspect runs on trio; a
+    portal (trio in a worker thread, sbxkit/portal.py) when it runs on asyncio, so that
+    cancelling an Inspect task still cancels the sbxkit call and waits for its cleanup."""
+
+    def __init__(self) -> None:
+        self.portal: Portal | None = None
+        if not _on_trio():
+            self.portal = Portal()
+            self.portal.start()
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self.portal is None:
+            return await fn(*args)
+        return await self.portal.acall(fn, *args)
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        if self.portal is None:
+            trio.lowlevel.spawn_system_task(fn, name="sbxkit-inspect-sandbox")
+        else:
+            self.portal.submit(fn)
+
+    async def close(self) -> None:
+        if self.portal is not None:
+            await anyio.to_thread.run_sync(self.portal.close)
 
 
 def sample_spec(
@@ -103,6 +132,11 @@ class _Holder:
         self.sandbox: Sandbox | None = None
         self.error: BaseException | None = None
 
+    async def release_and_wait(self) -> None:
+        self.release.set()
+        with trio.CancelScope(shield=True):
+            await self.closed.wait()
+
     async def hold(self) -> None:
         try:
             async with open_sandbox(self.spec, settings=self.settings) as sandbox:
@@ -120,9 +154,10 @@ class _Holder:
 class SbxkitSandboxEnvironment(SandboxEnvironment):
     """One sbxkit sandbox of a sample (see the module doc)."""
 
-    def __init__(self, holder: _Holder) -> None:
+    def __init__(self, holder: _Holder, loop: _Loop) -> None:
         super().__init__()
         self._holder = holder
+        self._loop = loop
 
     @property
     def _sandbox(self) -> Sandbox:
@@ -135,7 +170,6 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        _require_trio()
         sample_spec(config, task_name)  # a bad profile fails the task before any sample runs
 
     @classmethod
@@ -145,15 +179,16 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
-        _require_trio()
         spec, settings = sample_spec(config, task_name)
         holder = _Holder(spec, settings)
-        trio.lowlevel.spawn_system_task(holder.hold, name="sbxkit-inspect-sandbox")
-        await holder.opened.wait()
+        loop = _Loop()
+        loop.spawn(holder.hold)
+        await loop.call(holder.opened.wait)
         if holder.sandbox is None:
+            await loop.close()
             assert holder.error is not None
             raise holder.error
-        return {"default": cls(holder)}
+        return {"default": cls(holder, loop)}
 
     @classmethod
     async def sample_cleanup(
@@ -167,9 +202,8 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         for environment in environments.values():
             if isinstance(environment, SbxkitSandboxEnvironment):
                 holder = environment._holder
-                holder.release.set()
-                with trio.CancelScope(shield=True):
-                    await holder.closed.wait()
+                await environment._loop.call(holder.release_and_wait)
+                await environment._loop.close()
                 if holder.error is not None and not isinstance(holder.error, SandboxExpired):
                     errors.append(holder.error)
         if errors:
@@ -219,15 +253,17 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         timeout: float | None = None,
         max_output: int,
     ) -> RunResult:
+        run = functools.partial(
+            self._sandbox.exec,
+            argv,
+            stdin,
+            timeout=timeout,
+            max_output=max_output,
+            workdir=self._workdir(cwd),
+            env=env,
+        )
         try:
-            return await self._sandbox.exec(
-                argv,
-                stdin,
-                timeout=timeout,
-                max_output=max_output,
-                workdir=self._workdir(cwd),
-                env=env,
-            )
+            return await self._loop.call(run)
         except SandboxUnusable as exc:
             raise SandboxUnavailableError(str(exc)) from exc
 

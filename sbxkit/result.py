@@ -20,6 +20,20 @@ class PhaseTimings(msgspec.Struct, frozen=True, kw_only=True):
     remove_s: float = 0.0  # forced removal confirmed by the daemon
 
 
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What the sandbox's cgroup measured (``run(..., measure_usage=True)``, ``Sandbox.usage``).
+
+    ``memory_peak_bytes``: the memory cgroup's high-water mark since the sandbox started
+    (cgroup v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``; None where the kernel has
+    neither). ``cpu_time_s``: CPU time charged to the cgroup (v1 ``cpuacct.usage``, v2
+    ``cpu.stat`` ``usage_usec``) — for a run, the difference across the command.
+    """
+
+    memory_peak_bytes: int | None
+    cpu_time_s: float | None
+    cgroup: Literal["v1", "v2"]
+
+
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """What happened. ``exit_code`` is the payload's own when it exited, else None.
 
@@ -40,6 +54,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     kill_evidence: str | None = None
     """For ``killed``: the daemon's record of a kill sbxkit did not send (``docker kill``, a
     daemon shutdown); see sbxkit/outcome.py."""
+    usage: Usage | None = None
+    """Peak memory and CPU time, when asked for (``measure_usage=True``); None otherwise."""
 
     @property
     def ok(self) -> bool:
@@ -61,5 +77,6 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "lease": result.lease,
         "oom_evidence": result.oom_evidence,
         "kill_evidence": result.kill_evidence,
+        "usage": None if result.usage is None else msgspec.structs.asdict(result.usage),
         "timings": msgspec.structs.asdict(result.timings),
     }

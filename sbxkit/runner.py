@@ -96,6 +96,7 @@ async def run(
     on_queued: QueueObserver | None = None,
     on_output: OutputCallback | None = None,
     files: Mapping[str, bytes] | None = None,
+    measure_usage: bool = False,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -120,16 +121,19 @@ async def run(
 
     ``files`` (relative name → content) are put into ``/tmp`` before the command runs
     (sbxkit/files_run.py: the run is then a short sandbox session; the image needs ``sh``).
+    ``measure_usage`` fills ``RunResult.usage`` (peak memory, CPU time) the same way: the
+    container's cgroup is gone once a plain run's payload exits (sbxkit/usage.py).
     """
-    if files is not None:
+    if files is not None or measure_usage:
         if on_output is not None:
-            raise SpecError("on_output", "not supported together with files")
+            raise SpecError("on_output", "not supported together with files or measure_usage")
         from sbxkit.files_run import run_with_files  # the session layer builds on this module
 
         return await run_with_files(
             spec,
             stdin,
-            files,
+            files or {},
+            measure_usage=measure_usage,
             engine=engine,
             owner=owner,
             socket_path=socket_path,

@@ -75,7 +75,7 @@ from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
 from sbxkit.policy import SCRATCH_PATH, build_create_body, container_name
 from sbxkit.preflight import check_daemon, resolve_mounts
-from sbxkit.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream, Usage
 from sbxkit.rules import merge_env, runtime_env
 from sbxkit.runner import (
     GPU_CURSOR,
@@ -88,6 +88,7 @@ from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.unwrap import plain_async
+from sbxkit.usage import USAGE_SCRIPT, parse_usage
 from sbxkit.verify import check_created
 
 __all__ = [
@@ -596,6 +597,14 @@ class Sandbox(OwnedView):
         code = await self._exit_code(exec_id)
         if code != 0:
             raise SbxError(f"the killer exited {code}: {output[:200]!r}")
+
+    async def usage(self) -> Usage:
+        """The sandbox's peak memory and CPU time so far, read from its cgroup (sbxkit/usage.py):
+        the high-water mark since it started, and the CPU time of everything it ran."""
+        result = await self._run(["sh", "-c", USAGE_SCRIPT], None, self._box.timeout_s, 4096)
+        if not result.ok:
+            raise SbxError(f"reading the sandbox's cgroup failed: {result.stderr[:200]!r}")
+        return parse_usage(result.stdout.decode("ascii", "replace"))
 
     # -- files --------------------------------------------------------------------------------
 

@@ -197,6 +197,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     overflowed: str | None = None
     oom_evidence: str | None = None
     kill_evidence: str | None = None
+    usage: dict[str, Any] | None = None
     container_id: str | None = None
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)

@@ -56,6 +56,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     lease: str
     oom_evidence: str | None
     kill_evidence: str | None
+    usage: dict[str, object] | None
     timings: dict[str, float]
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -217,3 +218,21 @@ def test_the_naive_to_thread_recipe_leaves_the_container_running(
 
     assert asyncio.run(main())  # still there after the task was cancelled
     assert wait_until(lambda: not ours(witness, label), 30)  # only the payload's end removed it
+
+
+def test_blocking_calls_work_inside_a_running_event_loop_and_from_any_thread(
+    witness: Witness, busybox: str
+) -> None:
+    """A Jupyter cell is plain code running inside an asyncio loop; scripts use threads."""
+
+    async def cell() -> bytes:
+        return sbxkit.blocking.run(spec(busybox, "echo cell")).stdout
+
+    assert asyncio.run(cell()) == b"cell\n"
+    outputs: list[bytes] = []
+    worker = threading.Thread(
+        target=lambda: outputs.append(sbxkit.blocking.run(spec(busybox, "echo thread")).stdout)
+    )
+    worker.start()
+    worker.join(60)
+    assert outputs == [b"thread\n"]

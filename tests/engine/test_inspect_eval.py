@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.engine.helpers import wait_until
 from tests.engine.test_inspect_provider import write_profile
 from tests.witness import Witness
@@ -77,14 +79,15 @@ def inspect_containers(witness: Witness) -> list[dict[str, object]]:
     return witness.containers(label="sbxkit.inspect.task=sbx_tools")
 
 
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_inspect_eval_runs_bash_and_python_in_one_sbxkit_sandbox_per_sample(
-    witness: Witness, python_image: str, tmp_path: Path
+    witness: Witness, python_image: str, tmp_path: Path, backend: str
 ) -> None:
     task = write_task(tmp_path, python_image)
     proc = subprocess.run(
         inspect_argv("eval", task.name, "--log-format", "json", "--display", "plain"),
         cwd=tmp_path,
-        env=eval_env(tmp_path),
+        env={**eval_env(tmp_path), "INSPECT_ASYNC_BACKEND": backend},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=300,
@@ -108,14 +111,15 @@ def test_inspect_eval_runs_bash_and_python_in_one_sbxkit_sandbox_per_sample(
     assert not (tmp_path / "no-tiktoken").exists()
 
 
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_a_killed_eval_leaves_no_container(
-    witness: Witness, python_image: str, tmp_path: Path
+    witness: Witness, python_image: str, tmp_path: Path, backend: str
 ) -> None:
     task = write_task(tmp_path, python_image, bash_tail="sleep 120")
     proc = subprocess.Popen(
         inspect_argv("eval", task.name, "--display", "plain"),
         cwd=tmp_path,
-        env=eval_env(tmp_path),
+        env={**eval_env(tmp_path), "INSPECT_ASYNC_BACKEND": backend},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

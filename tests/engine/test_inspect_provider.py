@@ -50,8 +50,10 @@ def profile(tmp_path: Path, python_image: str) -> Path:
 
 @pytest.fixture
 async def sandbox_env(
-    request: pytest.FixtureRequest, profile: Path, witness: Witness
+    request: pytest.FixtureRequest, profile: Path, witness: Witness, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[SandboxEnvironment]:
+    # pytest-trio runs each check on trio already; the variable is what an eval would set.
+    monkeypatch.setenv("INSPECT_ASYNC_BACKEND", "trio")
     reason = REFUSED_BY_DESIGN.get(request.node.originalname)
     if reason is not None:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))

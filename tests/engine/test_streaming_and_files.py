@@ -81,3 +81,38 @@ async def test_files_and_on_output_together_are_refused(busybox: str) -> None:
     with pytest.raises(sbxkit.SpecError) as caught:
         await sbxkit.run(spec(busybox, "true"), files={"a": b""}, on_output=lambda s, c: None)
     assert caught.value.field == "on_output"
+
+
+async def test_measure_usage_reports_peak_memory_and_cpu_time_of_the_command(
+    engine: Engine, python_image: str
+) -> None:
+    def measured(code: str) -> sbxkit.SandboxSpec:
+        return sbxkit.SandboxSpec(
+            image=python_image,
+            command=["python3", "-c", code],
+            limits=spec(python_image, "true", memory_bytes=256 << 20).limits,
+        )
+
+    idle = await sbxkit.run(measured("pass"), engine=engine, measure_usage=True)
+    busy = await sbxkit.run(
+        measured("b = bytearray(96 << 20); sum(range(20_000_000))"),
+        engine=engine,
+        measure_usage=True,
+    )
+    assert idle.ok, idle
+    assert busy.ok, busy
+    assert idle.usage is not None
+    assert busy.usage is not None
+    assert busy.usage.cgroup == idle.usage.cgroup
+    assert idle.usage.memory_peak_bytes is not None
+    assert busy.usage.memory_peak_bytes is not None
+    assert busy.usage.memory_peak_bytes >= 96 << 20  # the cgroup saw the allocation
+    assert idle.usage.memory_peak_bytes < 96 << 20
+    assert busy.usage.memory_peak_bytes <= 256 << 20  # within the limit
+    assert idle.usage.cpu_time_s is not None
+    assert busy.usage.cpu_time_s is not None
+    assert busy.usage.cpu_time_s > 2 * idle.usage.cpu_time_s  # the loop's CPU time is counted
+
+
+async def test_a_plain_run_has_no_usage(engine: Engine, busybox: str) -> None:
+    assert (await sbxkit.run(spec(busybox, "true"), engine=engine)).usage is None

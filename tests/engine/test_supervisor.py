@@ -755,7 +755,15 @@ def test_leases_retire_refuses_a_created_record_and_a_foreign_container_is_kept(
     try:
         write_raw(
             record_path,
-            encode_record(tombstone(lease, state="created", container_id=foreign_id, reason=None)),
+            encode_record(
+                tombstone(
+                    lease,
+                    state="created",
+                    container_id=foreign_id,
+                    reason=None,
+                    engine_socket=witness.socket_path,
+                )
+            ),
         )
         with running_supervisor(state_dir) as sup:
             assert wait_until(lambda: "belongs to another lease" in sup.log(), 10.0), sup.log()

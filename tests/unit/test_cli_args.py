@@ -383,6 +383,7 @@ JSON_KEYS = {
     "lease",
     "oom_evidence",
     "kill_evidence",
+    "usage",
     "timings",
 }
 

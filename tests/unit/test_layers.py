@@ -23,6 +23,7 @@ PURE = [
     "rules.py",
     "gpu.py",
     "settings.py",
+    "usage.py",
     "supervisor/wire.py",
     "supervisor/records.py",
     "admission.py",

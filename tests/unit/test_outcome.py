@@ -58,3 +58,15 @@ def test_signal_number_spellings() -> None:
     assert signal_number("term") == 15
     assert signal_number("SIGNOPE") is None
     assert signal_number(None) is None
+
+
+def test_parse_usage_reads_both_cgroup_versions() -> None:
+    from sbxkit.usage import parse_usage
+
+    v1 = parse_usage("v1\n3788800\n54468007\n")
+    assert (v1.cgroup, v1.memory_peak_bytes) == ("v1", 3788800)
+    assert v1.cpu_time_s == pytest.approx(0.054468007)
+    v2 = parse_usage("v2\n-\n1500\n")
+    assert (v2.cgroup, v2.memory_peak_bytes) == ("v2", None)  # memory.peak needs Linux 5.19
+    assert v2.cpu_time_s == pytest.approx(0.0015)
+    assert parse_usage("") == parse_usage("v1\n-\n-\n")
