@@ -49,12 +49,12 @@ if TYPE_CHECKING:
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.policy import LEASE_LABEL, build_create_body
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
-    from sbxkit.runner import run
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
@@ -119,9 +119,7 @@ _WHERE: dict[str, str] = {
     "SupervisorError": "sbxkit.supervisor.client",
     "TmpfsMount": "sbxkit.mounts",
     "VolumeMount": "sbxkit.mounts",
-    "_run_many": "sbxkit.harness",
     "apply_profile": "sbxkit.profile",
-    "as": "sbxkit.harness",
     "build_create_body": "sbxkit.policy",
     "load_profile": "sbxkit.profile",
     "open_engine": "sbxkit.engine.client",
@@ -129,7 +127,8 @@ _WHERE: dict[str, str] = {
     "open_sandbox": "sbxkit.session",
     "open_stdio_worker": "sbxkit.stdio",
     "parse_size": "sbxkit.spec",
-    "run": "sbxkit.runner",
+    "run": "sbxkit.oneshot",
+    "run_many": "sbxkit.harness",
     "run_with_grants": "sbxkit.broker",
     "spec_from_dict": "sbxkit.spec",
     "validate_spec": "sbxkit.spec",
@@ -140,12 +139,6 @@ _SUBMODULES = ("aio", "blocking")  # non-trio callers: scripts and notebooks, as
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         value: Any = importlib.import_module(f"sbxkit.{name}")
-    elif name == "run_many":
-        # ``sbxkit.harness.run_many`` with no exception group escaping its nursery.
-        from sbxkit.harness import run_many as harness_run_many
-        from sbxkit.unwrap import plain_async
-
-        value = plain_async(harness_run_many)
     elif name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
     else:

@@ -22,7 +22,7 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from sbxkit import runner
+from sbxkit import oneshot
 from sbxkit.harness import Job, JobResult
 from sbxkit.harness import run_many as _harness_run_many
 from sbxkit.portal import Portal
@@ -46,7 +46,7 @@ async def call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
 
 async def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
     """``sbxkit.run`` for asyncio; ``options`` are its keyword arguments."""
-    return await call(functools.partial(runner.run, spec, stdin, **options))
+    return await call(functools.partial(oneshot.run, spec, stdin, **options))
 
 
 async def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from sbxkit import runner, session
+from sbxkit import oneshot, session
 from sbxkit.harness import Job, JobResult
 from sbxkit.harness import run_many as _harness_run_many
 from sbxkit.portal import Portal
@@ -41,7 +41,7 @@ __all__ = ["BlockingSandbox", "open_sandbox", "run", "run_many"]
 def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
     """``sbxkit.run`` as a blocking call; ``options`` are its keyword arguments."""
     with Portal() as portal:
-        return portal.call(functools.partial(runner.run, spec, stdin, **options))
+        return portal.call(functools.partial(oneshot.run, spec, stdin, **options))
 
 
 def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:

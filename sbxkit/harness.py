@@ -31,13 +31,12 @@ never start.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import trio
 
-from sbxkit.engine.client import Engine, open_engine
+from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SpecError
 from sbxkit.owner import Owner
 from sbxkit.result import RunResult
@@ -45,6 +44,7 @@ from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import CapacityExhausted
+from sbxkit.unwrap import plain_async
 
 __all__ = [
     "Admission",
@@ -239,15 +239,6 @@ def caller_budget(host_memory_bytes: int | None, host_cpus: float | None) -> Bud
     )
 
 
-@asynccontextmanager
-async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
-    if engine is not None:
-        yield engine
-    else:
-        async with open_engine(socket_path) as own:
-            yield own
-
-
 async def _run_job(
     engine: Engine,
     job: Job,
@@ -269,6 +260,7 @@ async def _run_job(
         delay = min(delay * 2, ceiling)
 
 
+@plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def run_many(
     jobs: Iterable[Job],
     *,
@@ -316,7 +308,7 @@ async def run_many(
     needs = [need_of(job.spec) for job in job_list]
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
-    async with _engine_for(engine, socket_path) as eng:
+    async with engine_or_open(engine, socket_path) as eng:
         return await _dispatch(
             eng,
             job_list,

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 import trio
 
-from sbxkit.engine.client import Engine, Waiter, open_engine
+from sbxkit.engine.client import Engine, Waiter, engine_or_open
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound, SpecError
+from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
 from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount
 from sbxkit.outcome import judge_exit
@@ -75,15 +74,6 @@ async def check_image(engine: Engine, image: str) -> None:
         )
 
 
-@asynccontextmanager
-async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
-    if engine is not None:
-        yield engine
-    else:
-        async with open_engine(socket_path) as own:
-            yield own
-
-
 async def run(
     spec: SandboxSpec,
     stdin: bytes | None = None,
@@ -95,8 +85,6 @@ async def run(
     gpu_cursor: GpuCursor | None = None,
     on_queued: QueueObserver | None = None,
     on_output: OutputCallback | None = None,
-    files: Mapping[str, bytes] | None = None,
-    measure_usage: bool = False,
 ) -> RunResult:
     """Run ``spec.command`` once in a fresh hardened sandbox and remove it.
 
@@ -119,30 +107,12 @@ async def run(
     what the result keeps. It runs in the run's task; if it raises, the run ends with that error
     (after removal).
 
-    ``files`` (relative name → content) are put into ``/tmp`` before the command runs
-    (sbxkit/files_run.py: the run is then a short sandbox session; the image needs ``sh``).
-    ``measure_usage`` fills ``RunResult.usage`` (peak memory, CPU time) the same way: the
-    container's cgroup is gone once a plain run's payload exits (sbxkit/usage.py).
+    ``sbxkit.run`` (``oneshot.py``) adds ``files=`` and ``measure_usage=`` on top of this.
     """
-    if files is not None or measure_usage:
-        if on_output is not None:
-            raise SpecError("on_output", "not supported together with files or measure_usage")
-        from sbxkit.files_run import run_with_files  # the session layer builds on this module
-
-        return await run_with_files(
-            spec,
-            stdin,
-            files or {},
-            measure_usage=measure_usage,
-            engine=engine,
-            owner=owner,
-            socket_path=socket_path,
-            settings=settings,
-        )
     settings = effective_settings(settings)
     validate_spec(spec, settings)
     lease = new_lease_id()
-    async with _engine_for(engine, socket_path) as eng:
+    async with engine_or_open(engine, socket_path) as eng:
         await check_image(eng, spec.image)
         resolved = await resolve_mounts(eng, spec, settings)
         plan = await check_daemon(eng, spec, gpu_cursor or GPU_CURSOR)

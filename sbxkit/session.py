@@ -57,7 +57,7 @@ from sbxkit.archive import (
     parse_tar,
     stream_cap,
 )
-from sbxkit.engine.client import Engine, Waiter, open_engine
+from sbxkit.engine.client import Engine, Waiter, engine_or_open
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.models import ContainerCreate, ContainerWaitReply
@@ -243,15 +243,6 @@ class OwnedContainer:
 
 
 @asynccontextmanager
-async def _engine_for(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
-    if engine is not None:
-        yield engine
-    else:
-        async with open_engine(socket_path) as own:
-            yield own
-
-
-@asynccontextmanager
 async def owned_container(
     spec: SandboxSpec,
     *,
@@ -275,7 +266,7 @@ async def owned_container(
     assert spec.limits.timeout_s is not None
     lease = new_lease_id()
     name = container_name(lease)
-    async with _engine_for(engine, socket_path) as eng:
+    async with engine_or_open(engine, socket_path) as eng:
         await check_image(eng, spec.image)
         resolved = await resolve_mounts(eng, spec, settings)
         plan = await check_daemon(eng, spec, GPU_CURSOR)

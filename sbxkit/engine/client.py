@@ -285,3 +285,14 @@ async def open_engine(
         yield engine
     finally:
         await engine.aclose()
+
+
+@asynccontextmanager
+async def engine_or_open(engine: Engine | None, socket_path: str | None) -> AsyncIterator[Engine]:
+    """``engine`` itself when the caller has one (and keeps owning it), else a pool of our own
+    for the duration of the block."""
+    if engine is not None:
+        yield engine
+    else:
+        async with open_engine(socket_path) as own:
+            yield own

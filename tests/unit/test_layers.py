@@ -64,3 +64,57 @@ def test_policy_knows_nothing_of_the_engine_client() -> None:
 def test_the_test_can_fail() -> None:
     # A module importing trio must be caught by the same check the pure modules pass.
     assert "trio" in imports_of(ROOT / "runner.py")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """sbxkit module → the sbxkit modules it imports, function-level imports included (a
+    cycle hidden behind a late import is still a cycle); TYPE_CHECKING-only imports too."""
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in imports_of(path):
+            # "from sbxkit.cli import run_command" names a submodule: count the deepest module.
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported.startswith("sbxkit."):
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " → ".join(cycle or [])
+
+
+def test_the_cycle_check_can_fail() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
