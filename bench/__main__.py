@@ -20,6 +20,7 @@ from bench import (
     exec_latency,
     humaneval,
     oneshot,
+    runtimes,
     streaming,
     supervised,
     throughput,
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         cancel_latency,
         client_memory,
         humaneval,
+        runtimes,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

@@ -355,3 +355,34 @@ def check_runtime_registered(runtime: str | None, registered: Iterable[str]) -> 
     asked = f"{runtime!r} (daemon name {name!r})" if name != runtime else repr(name)
     listing = ", ".join(known) if known else "(none)"
     raise SpecError("runtime", f"{asked} is not registered in the daemon; registered: {listing}")
+
+
+GVISOR_RUNTIME = "runsc"
+GVISOR_MIN_PIDS = 128
+"""gVisor's own Sentry and gofer threads (about 30 on an idle sandbox, more per payload task)
+live in the container's pids cgroup: with 16 the sandbox cannot start, with 64 a shell that
+backgrounds a few children kills the whole sandbox (exit 2, no message)."""
+
+
+def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> None:
+    """Refuse what a runtime cannot honour as asked, by name, before any container exists.
+
+    runsc is registered with ``--network=none`` (without it a ``none`` container cannot start
+    under Docker 20.10), so a bridge container under it would silently get no network; and its
+    pids ceiling counts gVisor's own threads, so a small ceiling means a sandbox that dies.
+    """
+    if runtime_name(runtime) != GVISOR_RUNTIME:
+        return
+    if network == "bridge":
+        raise SpecError(
+            "network",
+            "bridge is refused under gVisor (runsc): the runtime is registered with "
+            "--network=none, so the sandbox would get no network; use runc or crun for bridge",
+        )
+    if pids is not None and pids < GVISOR_MIN_PIDS:
+        raise SpecError(
+            "limits.pids",
+            f"must be at least {GVISOR_MIN_PIDS} under gVisor (runsc): its pids ceiling also "
+            "counts the sandbox kernel's own threads, and below that the sandbox dies on its "
+            "first few children",
+        )

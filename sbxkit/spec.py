@@ -24,6 +24,7 @@ from sbxkit.rules import (
     check_env,
     check_env_size,
     check_network,
+    check_runtime_fit,
     merge_labels,
     parse_extra_flags,
 )
@@ -370,6 +371,7 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     validate_workdir(spec.workdir)
     check_network(spec.network, settings.environment)
     validate_runtime_name(spec.runtime)
+    check_runtime_fit(spec.runtime, spec.network, spec.limits.pids)
     validate_labels(spec.labels)
     validate_labels(spec_labels(spec), "extra_flags")
     if spec.gpus is not None:

@@ -11,13 +11,29 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from sbxkit.engine.client import Engine, open_engine
+from tests.engine.runtimes import runtime_cells, spec_runtime
 from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "conformance: runs once per OCI runtime (tests/engine/runtimes.py)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes ``runtime`` runs once per runtime cell (the conformance subset)."""
+    if "runtime" in metafunc.fixturenames:
+        cells = runtime_cells()
+        metafunc.parametrize("runtime", [spec_runtime(c) for c in cells], ids=cells)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/engine/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.engine)
+            if "runtime" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.conformance)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from tests.engine.runtimes import min_pids
 from tests.witness import Witness
 
 BASE_LIMITS: dict[str, Any] = {
@@ -33,24 +34,46 @@ def limits(**overrides: Any) -> Limits:
     return msgspec.convert({**BASE_LIMITS, **overrides}, Limits)
 
 
+def runtime_limits(runtime: str | None, **overrides: Any) -> Limits:
+    """BASE_LIMITS with ``overrides``; the pids default is raised to the runtime's floor."""
+    if "pids" not in overrides:
+        overrides["pids"] = max(BASE_LIMITS["pids"], min_pids(runtime))
+    return limits(**overrides)
+
+
 def spec(
-    image: str, script: str, *, env: dict[str, str] | None = None, **overrides: Any
+    image: str,
+    script: str,
+    *,
+    env: dict[str, str] | None = None,
+    runtime: str | None = None,
+    **overrides: Any,
 ) -> SandboxSpec:
     """``sh -c script`` in ``image`` under BASE_LIMITS with ``overrides``."""
     return SandboxSpec(
-        image=image, command=["sh", "-c", script], limits=limits(**overrides), env=env or {}
+        image=image,
+        command=["sh", "-c", script],
+        limits=runtime_limits(runtime, **overrides),
+        env=env or {},
+        runtime=runtime,
     )
 
 
 def python_spec(
-    image: str, code: str, *args: str, env: dict[str, str] | None = None, **overrides: Any
+    image: str,
+    code: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    runtime: str | None = None,
+    **overrides: Any,
 ) -> SandboxSpec:
     """``python3 -c code args...`` in ``image`` under BASE_LIMITS with ``overrides``."""
     return SandboxSpec(
         image=image,
         command=["python3", "-c", code, *args],
-        limits=limits(**overrides),
+        limits=runtime_limits(runtime, **overrides),
         env=env or {},
+        runtime=runtime,
     )
 
 
@@ -202,3 +225,43 @@ def image_volumes(witness: Witness, reference: str) -> dict[str, Any]:
 def actions(events: list[dict[str, Any]]) -> list[str]:
     """The ``Action`` of each daemon event, in order."""
     return [str(e.get("Action") or e.get("status")) for e in events]
+
+
+def witness_exec(witness: Witness, container_id: str, command: list[str]) -> bytes | None:
+    """Run ``command`` in a running container through the witness (TTY: the raw output).
+
+    Under gVisor the payload's processes and files are invisible from the host's /proc, so an
+    exec of the witness's own is the independent view of the sandbox. None: not running.
+    """
+    created = witness.session.post(
+        f"{witness.base}/containers/{container_id}/exec",
+        json={"Cmd": command, "AttachStdout": True, "AttachStderr": True, "Tty": True},
+        timeout=30,
+    )
+    if created.status_code in (404, 409):
+        return None
+    created.raise_for_status()
+    started = witness.session.post(
+        f"{witness.base}/exec/{created.json()['Id']}/start",
+        json={"Detach": False, "Tty": True},
+        timeout=30,
+    )
+    if started.status_code in (404, 409):
+        return None
+    started.raise_for_status()
+    return started.content
+
+
+def host_processes_of(container_id: str) -> list[int]:
+    """Host pids whose command line names the container (its shim; runsc's sandbox, gofer)."""
+    needle = container_id.encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if needle in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -27,6 +28,7 @@ from tests.engine.helpers import (
     containers_with_marker,
     create_plain_container,
     delete_image,
+    host_processes_of,
     image_volumes,
     processes_with_marker,
     python_spec,
@@ -34,7 +36,9 @@ from tests.engine.helpers import (
     text,
     unique,
     wait_until,
+    witness_exec,
 )
+from tests.engine.runtimes import is_gvisor
 from tests.witness import LEASE_LABEL, Witness
 
 N = 100_000
@@ -47,13 +51,14 @@ def _pattern(size: int) -> bytes:
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
-    engine: Engine, busybox: str, stream: str
+    runtime: str | None, engine: Engine, busybox: str, stream: str
 ) -> None:
     other = "stderr" if stream == "stdout" else "stdout"
     redirect = "" if stream == "stdout" else " >&2"
 
     exact = await run(
-        spec(busybox, f"yes abcdefghi | head -c {N}{redirect}", output_bytes=N), engine=engine
+        spec(busybox, f"yes abcdefghi | head -c {N}{redirect}", output_bytes=N, runtime=runtime),
+        engine=engine,
     )
     assert exact.ok, exact
     assert exact.overflowed is None
@@ -61,7 +66,10 @@ async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
     assert getattr(exact, other) == b""
 
     over = await run(
-        spec(busybox, f"yes abcdefghi | head -c {N + 1}{redirect}", output_bytes=N), engine=engine
+        spec(
+            busybox, f"yes abcdefghi | head -c {N + 1}{redirect}", output_bytes=N, runtime=runtime
+        ),
+        engine=engine,
     )
     assert over.status == "output_exceeded", over
     assert over.overflowed == stream
@@ -69,8 +77,8 @@ async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
     assert getattr(over, other) == b""
 
 
-async def test_exit_code_is_reported(engine: Engine, busybox: str) -> None:
-    result = await run(spec(busybox, "exit 17"), engine=engine)
+async def test_exit_code_is_reported(runtime: str | None, engine: Engine, busybox: str) -> None:
+    result = await run(spec(busybox, "exit 17", runtime=runtime), engine=engine)
 
     assert result.status == "exited"
     assert result.exit_code == 17
@@ -78,19 +86,25 @@ async def test_exit_code_is_reported(engine: Engine, busybox: str) -> None:
 
 
 async def test_one_mib_of_random_stdin_round_trips_through_cat(
-    engine: Engine, busybox: str
+    runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     data = os.urandom(MiB)
-    result = await run(spec(busybox, "cat", output_bytes=2 * MiB), data, engine=engine)
+    result = await run(
+        spec(busybox, "cat", output_bytes=2 * MiB, runtime=runtime), data, engine=engine
+    )
 
     assert result.ok, (result.status, result.exit_code, result.stderr)
     assert len(result.stdout) == len(data)
     assert result.stdout == data
 
 
-async def test_no_stdin_gives_the_payload_immediate_eof(engine: Engine, busybox: str) -> None:
+async def test_no_stdin_gives_the_payload_immediate_eof(
+    runtime: str | None, engine: Engine, busybox: str
+) -> None:
     start = trio.current_time()
-    result = await run(spec(busybox, "cat; echo eof", timeout_s=5.0), None, engine=engine)
+    result = await run(
+        spec(busybox, "cat; echo eof", timeout_s=5.0, runtime=runtime), None, engine=engine
+    )
 
     assert result.ok, result
     assert result.stdout == b"eof\n"
@@ -98,10 +112,12 @@ async def test_no_stdin_gives_the_payload_immediate_eof(engine: Engine, busybox:
 
 
 async def test_a_sleeping_payload_times_out_promptly(
-    engine: Engine, busybox: str, witness: Witness
+    runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     start = trio.current_time()
-    result = await run(spec(busybox, "sleep 30; echo woke", timeout_s=1.0), engine=engine)
+    result = await run(
+        spec(busybox, "sleep 30; echo woke", timeout_s=1.0, runtime=runtime), engine=engine
+    )
     elapsed = trio.current_time() - start
 
     assert result.status == "timed_out", result
@@ -124,7 +140,7 @@ async def _watch_running_container(witness: Witness, marker: str, seen: list[str
 
 
 async def test_cancellation_mid_run_removes_the_container(
-    engine: Engine, busybox: str, witness: Witness
+    runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     marker = unique("cancel")
     seen: list[str] = []
@@ -132,7 +148,10 @@ async def test_cancellation_mid_run_removes_the_container(
     with trio.move_on_after(1.0) as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_running_container, witness, marker, seen)
-            await run(spec(busybox, f"sleep 30; echo {marker}", timeout_s=20.0), engine=engine)
+            await run(
+                spec(busybox, f"sleep 30; echo {marker}", timeout_s=20.0, runtime=runtime),
+                engine=engine,
+            )
     elapsed = trio.current_time() - start
 
     assert scope.cancelled_caught
@@ -175,7 +194,10 @@ class _Sighting(msgspec.Struct):
     container_ids: set[str] = msgspec.field(default_factory=set)
 
 
-def _look(marker: str, witness: Witness, sighting: _Sighting) -> None:
+def _look(marker: str, witness: Witness, sighting: _Sighting, gvisor: bool) -> None:
+    if gvisor:  # the payload's processes live inside gVisor's Sentry, invisible to the host
+        _look_through_exec(marker, witness, sighting)
+        return
     procs = processes_with_marker(marker)
     inits = [p for p in procs if p.is_container_init]
     if len(inits) == 1:
@@ -188,15 +210,46 @@ def _look(marker: str, witness: Witness, sighting: _Sighting) -> None:
     sighting.container_ids.update(c["Id"] for c in containers_with_marker(witness, marker))
 
 
+def _look_through_exec(marker: str, witness: Witness, sighting: _Sighting) -> None:
+    """gVisor: the ticks file and the detached session, read by an exec of the witness's own."""
+    found = containers_with_marker(witness, marker)
+    sighting.container_ids.update(c["Id"] for c in found)
+    for container in found:
+        if container.get("State") != "running":
+            continue
+        seen = witness_exec(witness, container["Id"], ["python3", "-c", DETACHED_PROBE])
+        words = (seen or b"").split()
+        if len(words) == 2:
+            if int(words[0]) > 0:
+                sighting.detached_pids.add(int(words[0]))
+            sighting.max_ticks = max(sighting.max_ticks, int(words[1]))
+
+
+DETACHED_PROBE = """
+import os
+init_session = os.getsid(1)
+detached = [p for p in os.listdir("/proc") if p.isdigit() and os.getsid(int(p)) not in
+            (init_session, os.getsid(0))]
+try:
+    ticks = sum(1 for _ in open("/tmp/ticks"))
+except OSError:
+    ticks = 0
+print(detached[0] if detached else 0, ticks)
+"""
+"""Inside the sandbox: a pid in a session of its own (not init's, not this exec's), and ticks."""
+
+
 async def _observe(
     marker: str,
     witness: Witness,
     sighting: _Sighting,
     cancel_at_ticks: int | None = None,
     scope: trio.CancelScope | None = None,
+    *,
+    gvisor: bool = False,
 ) -> None:
     while True:
-        await trio.to_thread.run_sync(_look, marker, witness, sighting)
+        await trio.to_thread.run_sync(_look, marker, witness, sighting, gvisor)
         if (
             scope is not None
             and cancel_at_ticks is not None
@@ -208,9 +261,11 @@ async def _observe(
 
 
 def _assert_descendants_gone(marker: str, witness: Witness, container_id: str) -> None:
-    """Within 2 s no process carries the marker, and it stays so while we watch 1.5 s more."""
+    """Within 2 s no process carries the marker or names the container (its shim, gVisor's
+    sandbox and gofer, inside which gVisor's tasks live), and it stays so for 1.5 s more."""
     assert not container_exists(witness, container_id)
     assert wait_until(lambda: not processes_with_marker(marker), 2.0), processes_with_marker(marker)
+    assert wait_until(lambda: not host_processes_of(container_id), 2.0)
     deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:
         assert processes_with_marker(marker) == []
@@ -219,13 +274,15 @@ def _assert_descendants_gone(marker: str, witness: Witness, container_id: str) -
 
 
 async def test_a_setsid_descendant_stops_ticking_after_timeout(
-    engine: Engine, python_image: str, witness: Witness
+    runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     marker = unique("ticker-timeout")
     sighting = _Sighting()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_observe, marker, witness, sighting)
-        result = await run(python_spec(python_image, TICKER, marker, timeout_s=2.0), engine=engine)
+        nursery.start_soon(partial(_observe, gvisor=is_gvisor(runtime)), marker, witness, sighting)
+        result = await run(
+            python_spec(python_image, TICKER, marker, timeout_s=2.0, runtime=runtime), engine=engine
+        )
         nursery.cancel_scope.cancel()
 
     assert result.status == "timed_out", result
@@ -241,16 +298,26 @@ async def test_a_setsid_descendant_stops_ticking_after_timeout(
 
 
 async def test_a_setsid_descendant_stops_ticking_after_cancellation(
-    engine: Engine, python_image: str, witness: Witness
+    runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     marker = unique("ticker-cancel")
     sighting = _Sighting()
     finished: list[object] = []
     with trio.move_on_after(15.0) as backstop:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_observe, marker, witness, sighting, 5, nursery.cancel_scope)
+            nursery.start_soon(
+                partial(_observe, gvisor=is_gvisor(runtime)),
+                marker,
+                witness,
+                sighting,
+                5,
+                nursery.cancel_scope,
+            )
             finished.append(
-                await run(python_spec(python_image, TICKER, marker, timeout_s=20.0), engine=engine)
+                await run(
+                    python_spec(python_image, TICKER, marker, timeout_s=20.0, runtime=runtime),
+                    engine=engine,
+                )
             )
     cancelled_at = trio.current_time()
 
@@ -260,6 +327,7 @@ async def test_a_setsid_descendant_stops_ticking_after_cancellation(
     assert sighting.detached_pids
     assert len(sighting.container_ids) == 1, sighting.container_ids
     (container_id,) = sighting.container_ids
+    assert not container_exists(witness, container_id)  # immediately, not eventually
     _assert_descendants_gone(marker, witness, container_id)
     assert trio.current_time() - cancelled_at < 5.0
 

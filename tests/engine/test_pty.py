@@ -13,7 +13,8 @@ import trio
 from sbxkit.engine.client import Engine
 from sbxkit.pty import PtySession, open_pty
 from sbxkit.spec import SandboxSpec
-from tests.engine.helpers import container_exists, limits
+from tests.engine.helpers import container_exists, runtime_limits
+from tests.engine.runtimes import pty_device_name
 from tests.witness import Witness
 
 
@@ -28,13 +29,15 @@ async def read_until(pty: PtySession, needle: bytes, seconds: float = 10.0) -> b
 
 
 async def test_a_pty_round_trips_resizes_and_reports_the_exit_status(
-    busybox: str, engine: Engine, witness: Witness
+    runtime: str | None, busybox: str, engine: Engine, witness: Witness
 ) -> None:
-    spec = SandboxSpec(image=busybox, command=["/bin/sh"], limits=limits())
+    spec = SandboxSpec(
+        image=busybox, command=["/bin/sh"], limits=runtime_limits(runtime), runtime=runtime
+    )
     async with open_pty(spec, size=(24, 80), engine=engine) as pty:
         await read_until(pty, b"$ ")
         await pty.send_all(b"stty size; tty\r")
-        seen = await read_until(pty, b"/dev/pts/")
+        seen = await read_until(pty, pty_device_name(runtime))
         assert b"24 80" in seen
         await pty.resize(40, 132)
         await pty.send_all(b"echo ro''und; stty size\r")
@@ -49,12 +52,15 @@ async def test_a_pty_round_trips_resizes_and_reports_the_exit_status(
     assert not container_exists(witness, container_id)
 
 
-async def test_pty_output_is_capped_exactly(busybox: str, engine: Engine) -> None:
+async def test_pty_output_is_capped_exactly(
+    runtime: str | None, busybox: str, engine: Engine
+) -> None:
     cap = 5000
     spec = SandboxSpec(
         image=busybox,
         command=["sh", "-c", "stty raw -echo; head -c 10000 /dev/zero; sleep 100"],
-        limits=limits(output_bytes=cap),
+        limits=runtime_limits(runtime, output_bytes=cap),
+        runtime=runtime,
     )
     async with open_pty(spec, engine=engine) as pty:
         received = 0
@@ -66,8 +72,13 @@ async def test_pty_output_is_capped_exactly(busybox: str, engine: Engine) -> Non
     assert (result.status, result.exit_code) == ("output_exceeded", None)
 
 
-async def test_the_time_limit_ends_a_pty(busybox: str, engine: Engine) -> None:
-    spec = SandboxSpec(image=busybox, command=["sleep", "100"], limits=limits(timeout_s=1.0))
+async def test_the_time_limit_ends_a_pty(runtime: str | None, busybox: str, engine: Engine) -> None:
+    spec = SandboxSpec(
+        image=busybox,
+        command=["sleep", "100"],
+        limits=runtime_limits(runtime, timeout_s=1.0),
+        runtime=runtime,
+    )
     started = trio.current_time()
     async with open_pty(spec, engine=engine) as pty:
         assert await pty.receive_some() == b""
@@ -82,8 +93,8 @@ from sbxkit.pty import open_pty
 from sbxkit.spec import Limits, SandboxSpec
 
 async def main():
-    spec = SandboxSpec(image={image!r}, command=["/bin/sh"], limits=Limits(
-        cpus=0.5, memory_bytes=64 << 20, pids=64, output_bytes=1 << 20, timeout_s=120))
+    spec = SandboxSpec(image={image!r}, command=["/bin/sh"], runtime={runtime!r}, limits=Limits(
+        cpus=0.5, memory_bytes=64 << 20, pids={pids}, output_bytes=1 << 20, timeout_s=120))
     async with open_pty(spec, size=(24, 80)) as pty:
         print(pty.container_id, flush=True)
         await pty.send_all(b"echo ready\\r")
@@ -94,12 +105,14 @@ trio.run(main)
 
 
 def test_a_sigkilled_pty_caller_leaves_no_container(
-    busybox: str, witness: Witness, tmp_path: Path
+    runtime: str | None, busybox: str, witness: Witness, tmp_path: Path
 ) -> None:
     """The default owner is the supervisor: killing the caller closes its connection, and the
     supervisor removes the container."""
     script = tmp_path / "caller.py"
-    script.write_text(CALLER.format(image=busybox))
+    script.write_text(
+        CALLER.format(image=busybox, runtime=runtime, pids=runtime_limits(runtime).pids)
+    )
     caller = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

@@ -56,7 +56,7 @@ from tests.engine.helpers import (
     wait_until,
 )
 from tests.supervision import private_state_dir, running_supervisor, supervisor_command
-from tests.witness import Witness
+from tests.witness import SOCKET, Witness
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ def tombstone(lease: str, **fields: Any) -> LeaseRecord:
         "lease": lease,
         "name": container_name(lease),
         "state": "uncertain",
-        "engine_socket": "/var/run/docker.sock",
+        "engine_socket": SOCKET,  # the daemon under test (a private one too)
         "registered_at": now - 30,
         "lifetime_deadline": now + 600,
         "memory_bytes": 64 * 1024 * 1024,

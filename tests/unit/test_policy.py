@@ -116,7 +116,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     body = encoded(
         make_spec(
             workdir="/work",
-            runtime="runsc",
+            runtime="crun",
             user="1000:2000",
             env={"B": "2", "A": "x=y"},
             labels={"team": "ml"},
@@ -137,7 +137,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     assert body["Labels"] == {"team": "ml", LEASE_LABEL: LEASE}
     host = body["HostConfig"]
     assert set(host) == HARDENED_HOST_KEYS | {"Runtime"}
-    assert host["Runtime"] == "runsc"
+    assert host["Runtime"] == "crun"
     assert host["NanoCpus"] == 250_000_000
     assert host["Memory"] == host["MemorySwap"] == 6 * MiB
     assert host["PidsLimit"] == 1

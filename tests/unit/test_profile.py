@@ -33,7 +33,7 @@ FULL = """
 [sandbox.docker]
 image = "sbxkit-test/python:latest"
 user = "1000:1000"
-runtime = "gvisor"
+runtime = "crun"
 network = "bridge"
 workdir = "/work"
 extra_flags = ["--label=team=ml"]
@@ -93,7 +93,7 @@ def test_a_full_profile_decodes() -> None:
     docker = decode_profile(FULL).sandbox.docker
     assert docker.image == "sbxkit-test/python:latest"
     assert docker.user == "1000:1000"
-    assert docker.runtime == "gvisor"
+    assert docker.runtime == "crun"
     assert docker.network == "bridge"
     assert docker.workdir == "/work"
     assert docker.env == {"MODE": "batch", "HOME_LITERAL": "$HOME"}
@@ -132,7 +132,7 @@ def test_apply_profile_gives_spec_settings_and_supervisor_options() -> None:
     assert (spec.user, spec.workdir, spec.runtime, spec.network) == (
         "1000:1000",
         "/work",
-        "gvisor",
+        "crun",
         "bridge",
     )
     assert spec.gpus == GpuRequest(count=1)

@@ -460,7 +460,11 @@ def test_runtime_names() -> None:
 
 def test_default_body_has_no_runtime_and_gvisor_means_runsc() -> None:
     assert "Runtime" not in body_of(make_spec())["HostConfig"]
-    assert body_of(make_spec(runtime="gvisor"))["HostConfig"]["Runtime"] == "runsc"
+    gvisor = make_spec(
+        runtime="gvisor",
+        limits=Limits(cpus=1.0, memory_bytes=64 * MiB, pids=128, output_bytes=1024, timeout_s=5),
+    )
+    assert body_of(gvisor)["HostConfig"]["Runtime"] == "runsc"
     assert body_of(make_spec(runtime="crun"))["HostConfig"]["Runtime"] == "crun"
 
 

@@ -299,7 +299,7 @@ def test_workdir_must_be_absolute() -> None:
     assert refused(good_spec(workdir="/a\0b")).field == "workdir"
 
 
-@pytest.mark.parametrize("runtime", ["runc", "runsc", "io.containerd.runc.v2", "crun-1_2"])
+@pytest.mark.parametrize("runtime", ["runc", "runsc-debug", "io.containerd.runc.v2", "crun-1_2"])
 def test_plain_runtime_names_pass(runtime: str) -> None:
     validate_spec(good_spec(runtime=runtime))
 

@@ -1,0 +1,51 @@
+"""The OCI runtimes the conformance subset runs under, and what a test may expect of each.
+
+A test joins the conformance subset by taking the ``runtime`` fixture: it then runs once per
+runtime in ``SBXKIT_TEST_RUNTIMES`` (default ``runc,crun,runsc``) and is marked ``conformance``
+(``pytest -m conformance`` runs the subset alone, e.g. against another engine). ``runc`` is the
+daemon's default runtime, so its cell passes no runtime at all, as a default run does.
+
+Every expectation that differs by runtime lives here, so the list of differences is one table
+(docs/security.md explains each, naming the test that shows it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from sbxkit.rules import GVISOR_MIN_PIDS, GVISOR_RUNTIME
+
+DEFAULT_RUNTIMES = "runc,crun,runsc"
+DAEMON_DEFAULT = ("runc", "default")
+"""Cell names that mean "ask for no runtime": the daemon's own default."""
+
+
+def runtime_cells() -> list[str]:
+    names = [n.strip() for n in os.environ.get("SBXKIT_TEST_RUNTIMES", DEFAULT_RUNTIMES).split(",")]
+    return [n for n in names if n]
+
+
+def spec_runtime(cell: str) -> str | None:
+    """What a spec asks for in this cell: None for the daemon default."""
+    return None if cell in DAEMON_DEFAULT else cell
+
+
+def is_gvisor(runtime: str | None) -> bool:
+    return runtime in (GVISOR_RUNTIME, "gvisor")
+
+
+def read_only_error(runtime: str | None) -> str:
+    """strerror of a write to the read-only root: gVisor answers EACCES, Linux EROFS."""
+    return "Permission denied" if is_gvisor(runtime) else "Read-only file system"
+
+
+def min_pids(runtime: str | None) -> int:
+    """The smallest pids ceiling sbxkit accepts under this runtime."""
+    return GVISOR_MIN_PIDS if is_gvisor(runtime) else 1
+
+
+def pty_device_name(runtime: str | None) -> bytes:
+    """What ``tty`` prints in a PTY sandbox: gVisor hands the payload the host's terminal as a
+    host fd (``/proc/self/fd/0 -> host:[1]``), with no /dev/pts entry, so ``ttyname`` fails
+    while every terminal ioctl (size, resize, raw mode) works."""
+    return b"not a tty" if is_gvisor(runtime) else b"/dev/pts/"
