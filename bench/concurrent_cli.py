@@ -74,6 +74,8 @@ def commands(args: argparse.Namespace, docker: str) -> dict[str, list[str]]:
             "sbxkit",
             "run",
             "--json",
+            "--stdin",
+            "none",  # the bench's pipe is not meant for the payload
             "--socket",
             args.socket,
             "--cpus",
