@@ -599,3 +599,20 @@ def test_an_empty_workdir_is_still_refused_not_ignored(
         main(["run", "--socket", "/nonexistent/d.sock", "--workdir", "", IMAGE, "true"])
     assert caught.value.code == EXIT_REFUSED
     assert "workdir: must be an absolute path" in capsys.readouterr().err
+
+
+def test_the_waiting_notice_speaks_after_a_second_and_when_the_place_changes() -> None:
+    import io
+
+    from sbxkit.cli.run_command import WaitingNotice
+
+    stream = io.StringIO()
+    notice = WaitingNotice(stream)
+    notice(3, 0.2)  # a short wait says nothing
+    notice(3, 1.1)
+    notice(3, 2.1)  # same place: said once
+    notice(1, 3.1)
+    assert stream.getvalue().splitlines() == [
+        "sbxkit: waiting for capacity: 3 ahead",
+        "sbxkit: waiting for capacity: 1 ahead",
+    ]
