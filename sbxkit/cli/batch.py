@@ -44,14 +44,11 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
-import shutil
 import signal
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 import msgspec
 import trio
@@ -59,15 +56,25 @@ import trio
 from sbxkit.argtypes import positive_int
 from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
-from sbxkit.errors import CleanupError, SpecError
-from sbxkit.harness import Job, JobError, JobId, JobResult, run_many
-from sbxkit.result import json_fields
+from sbxkit.cli.progress import Progress, format_clock, format_progress
+from sbxkit.cli.results import (
+    ResultLine,
+    ResultsFileError,
+    ResultsWriter,
+    encode_result,
+    pending_jobs,
+    prepare_results,
+    scan_results,
+)
+from sbxkit.errors import SpecError
+from sbxkit.harness import Job, JobId, JobResult, run_many
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
 from sbxkit.unwrap import plain_async
 
 __all__ = [
     "JobsFileError",
+    "Progress",
     "ResultLine",
     "ResultsFileError",
     "ResultsWriter",
@@ -75,7 +82,10 @@ __all__ = [
     "cmd_batch",
     "decode_jobs",
     "encode_result",
+    "format_progress",
     "main",
+    "pending_jobs",
+    "prepare_results",
     "scan_results",
 ]
 
@@ -93,16 +103,6 @@ class JobsFileError(SpecError):
     def __init__(self, source: str, line: int, field: str, rule: str) -> None:
         super().__init__(field, rule)
         self.args = (f"{source} line {line}: {field}: {rule}",)
-        self.source = source
-        self.line = line
-
-
-class ResultsFileError(SpecError):
-    """The results file holds a line that is not a complete result: it is not ours to extend."""
-
-    def __init__(self, source: str, line: int, rule: str) -> None:
-        super().__init__("results", rule)
-        self.args = (f"{source} line {line}: {rule}",)
         self.source = source
         self.line = line
 
@@ -179,290 +179,6 @@ def load_jobs(
     except OSError as exc:
         raise SpecError("JOBS", f"cannot read {path}: {exc.strerror}") from None
     return decode_jobs(data, str(path), settings, defaults)
-
-
-# --- output --------------------------------------------------------------------------------------
-
-
-class ResultLine(msgspec.Struct, kw_only=True):
-    """One line of RESULTS."""
-
-    id: JobId
-    status: str
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    overflowed: str | None = None
-    oom_evidence: str | None = None
-    kill_evidence: str | None = None
-    usage: dict[str, Any] | None = None
-    container_id: str | None = None
-    lease: str | None = None
-    timings: dict[str, float] = msgspec.field(default_factory=dict)
-    error: JobError | None = None
-
-
-_ENCODER = msgspec.json.Encoder()
-
-
-def result_line(done: JobResult) -> ResultLine:
-    timings = {"queued_s": done.queued_s}
-    result = done.result
-    if result is None:
-        assert done.error is not None
-        timings["elapsed_s"] = done.elapsed_s
-        return ResultLine(
-            id=done.id,
-            status="error",
-            container_id=done.error.container_id,
-            lease=done.error.lease,
-            timings=timings,
-            error=done.error,
-        )
-    fields = json_fields(result)
-    fields["timings"] = {
-        **timings,
-        **msgspec.structs.asdict(result.timings),
-        "elapsed_s": done.elapsed_s,
-    }
-    return ResultLine(id=done.id, **fields)  # type: ignore[arg-type]
-
-
-def encode_result(done: JobResult) -> bytes:
-    """The complete line for one job, newline included (JSON escapes any newline inside)."""
-    return _ENCODER.encode(result_line(done)) + b"\n"
-
-
-class _Seen(msgspec.Struct):
-    id: JobId
-    status: str = ""
-
-
-_SEEN = msgspec.json.Decoder(_Seen)
-
-
-class ResultsScan(msgspec.Struct, frozen=True):
-    """What a results file already holds: the ids done, and how much of the file to keep."""
-
-    done: set[JobId]
-    errors: set[JobId]
-    """The ids whose line is an ``error`` line (the job never ran)."""
-    keep_bytes: int
-    """Length of the valid prefix; a crash's trailing fragment lies beyond it."""
-    needs_newline: bool
-    """The last record is complete but lost its newline: add one before appending."""
-
-
-def scan_results(data: bytes, source: str = "results") -> ResultsScan:
-    """Pure: the ids of every complete result line; a trailing fragment is to be dropped.
-
-    A complete line (newline-terminated) that is not a result object refuses the file: it is
-    not something this command wrote, and appending to it would hide that.
-    """
-    done: set[JobId] = set()
-    errors: set[JobId] = set()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the last newline: b"" when the file ends in one
-    offset = 0
-    for number, raw in enumerate(lines, start=1):
-        offset += len(raw) + 1
-        if not raw.strip():
-            continue
-        try:
-            seen = _SEEN.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise ResultsFileError(source, number, f"not a result line ({exc})") from None
-        done.add(seen.id)
-        if seen.status == "error":
-            errors.add(seen.id)
-    if tail.strip():
-        try:
-            seen = _SEEN.decode(tail)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return ResultsScan(done, errors, offset, needs_newline=False)  # a crash's half line
-        done.add(seen.id)
-        if seen.status == "error":
-            errors.add(seen.id)
-        return ResultsScan(done, errors, len(data), needs_newline=True)
-    return ResultsScan(done, errors, len(data), needs_newline=False)
-
-
-def prepare_results(path: Path) -> ResultsScan:
-    """Read RESULTS (absent: nothing done) and drop a trailing fragment left by a crash."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return ResultsScan(set(), set(), 0, needs_newline=False)
-    except OSError as exc:
-        raise SpecError("--out", f"cannot read {path}: {exc.strerror}") from None
-    scan = scan_results(data, str(path))
-    if scan.keep_bytes < len(data) or scan.needs_newline:
-        with open(path, "r+b") as handle:
-            handle.truncate(scan.keep_bytes)
-            if scan.needs_newline:
-                handle.seek(0, os.SEEK_END)
-                handle.write(b"\n")
-    return scan
-
-
-def pending_jobs(jobs: Sequence[Job], scan: ResultsScan) -> list[Job]:
-    """The jobs without a line in RESULTS, in input order (resume)."""
-    return [job for job in jobs if job.id not in scan.done]
-
-
-WriteFn = Callable[[int, bytes], int]
-
-
-class ResultsWriter:
-    """Appends whole lines: one unbuffered write each, truncated back if the write fails."""
-
-    def __init__(self, path: Path, *, write: WriteFn = os.write) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        self._fd = os.open(path, flags, 0o644)
-        self._write = write
-        self.lines = 0
-
-    def append(self, line: bytes) -> None:
-        if not line.endswith(b"\n") or b"\n" in line[:-1]:
-            raise ValueError("a result line is one line ending in a newline")
-        start = os.lseek(self._fd, 0, os.SEEK_END)
-        try:
-            view = memoryview(line)
-            while view:
-                written = self._write(self._fd, bytes(view))
-                view = view[written:]
-        except BaseException:
-            os.ftruncate(self._fd, start)
-            raise
-        self.lines += 1
-
-    def sync(self) -> None:
-        os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            os.close(fd)
-
-
-# --- progress ------------------------------------------------------------------------------------
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_progress(
-    *,
-    done: int,
-    total: int,
-    failed: int,
-    errors: int,
-    ran: int,
-    elapsed_s: float,
-    running: int = 0,
-    width: int | None = None,
-) -> str:
-    """Running and queued jobs, ``done/total``, failures, this session's rate and the ETA —
-    cut to ``width`` columns by dropping the least telling parts from the end."""
-    rate = ran / elapsed_s if elapsed_s > 0 and ran else 0.0
-    left = total - done
-    eta = _clock(left / rate) if rate > 0 else "?"
-    if left == 0:
-        eta = "0:00"
-    parts = [
-        f"{done}/{total} done",
-        f"{running} running",
-        f"{max(left - running, 0)} queued",
-        f"{failed} failed",
-        f"{errors} errors",
-        f"{rate:.2f} jobs/s",
-        f"ETA {eta}",
-    ]
-    line = parts[0]
-    for part in parts[1:]:
-        candidate = f"{line} · {part}"
-        if width is not None and len(candidate) > width:
-            break
-        line = candidate
-    return line[:width] if width is not None else line
-
-
-def is_failure(done: JobResult) -> bool:
-    return done.result is not None and not done.result.ok
-
-
-class Progress:
-    """The status line: drawn with ``\\r`` on a terminal, silent otherwise."""
-
-    def __init__(
-        self,
-        total: int,
-        already: int,
-        stream: TextIO,
-        *,
-        enabled: bool | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.total = total
-        self.done = already
-        self.running = 0
-        self.ran = 0
-        self.failed = 0
-        self.errors = 0
-        self.cleanup_errors = 0
-        self.stream = stream
-        self.enabled = stream.isatty() if enabled is None else enabled
-        self._clock = clock
-        self._began = clock()
-
-    def start(self, job_id: JobId) -> None:
-        """A job was admitted by the batch (it may still wait for the host's capacity)."""
-        self.running += 1
-
-    def record(self, done: JobResult) -> None:
-        self.done += 1
-        self.ran += 1
-        self.running = max(self.running - 1, 0)
-        if done.error is not None:
-            self.errors += 1
-            if done.error.type == CleanupError.__name__:
-                self.cleanup_errors += 1
-        elif is_failure(done):
-            self.failed += 1
-        self.draw()
-
-    @property
-    def elapsed_s(self) -> float:
-        return self._clock() - self._began
-
-    def line(self) -> str:
-        return format_progress(
-            done=self.done,
-            total=self.total,
-            failed=self.failed,
-            errors=self.errors,
-            ran=self.ran,
-            elapsed_s=self.elapsed_s,
-            running=self.running,
-            width=shutil.get_terminal_size().columns - 1 if self.enabled else None,
-        )
-
-    def draw(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + self.line() + "\x1b[K")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            self.draw()
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -622,7 +338,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             writer.close()
     progress.finish()
     print(
-        f"sbxkit batch: {progress.ran} jobs ran in {_clock(progress.elapsed_s)} "
+        f"sbxkit batch: {progress.ran} jobs ran in {format_clock(progress.elapsed_s)} "
         f"({skipped} already done): {progress.failed} failed, {progress.errors} errors; "
         f"results in {args.out}",
         file=sys.stderr,

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from sbxkit import broker
+from sbxkit import broker, grant_files
 from sbxkit.broker import (
     GrantError,
     Grants,
@@ -77,7 +77,7 @@ def snap(grant: InputGrant, dest: tuple[Path, int], name: str = "0") -> broker.R
 
 
 def test_snapshot_copies_hashes_and_is_read_only(tmp_path: Path, dir_fd: tuple[Path, int]) -> None:
-    data = os.urandom(3 * broker.CHUNK + 17)  # several chunks and a tail
+    data = os.urandom(3 * grant_files.CHUNK + 17)  # several chunks and a tail
     source = tmp_path / "input.bin"
     source.write_bytes(data)
 
@@ -546,7 +546,7 @@ def stage(tmp_path: Path) -> Iterator[Stage]:
 
 
 def test_publish_writes_the_file_with_a_correct_receipt(stage: Stage) -> None:
-    data = os.urandom(2 * broker.CHUNK + 5)
+    data = os.urandom(2 * grant_files.CHUNK + 5)
     (stage.staging / "result").write_bytes(data)
 
     [receipt] = stage.publish(stage.out("result", max_bytes=len(data)))

@@ -332,9 +332,9 @@ async def test_exec_setup_failure_is_reported_by_the_script(
 async def test_a_descendant_holding_the_pipes_does_not_hold_the_run(
     machine: Machine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sbxkit.backends import sbx
+    from sbxkit.backends import sbx_exec
 
-    monkeypatch.setattr(sbx, "DRAIN_GRACE_S", 0.2)
+    monkeypatch.setattr(sbx_exec, "DRAIN_GRACE_S", 0.2)
     pidfile = tmp_path / "descendant.pid"
     backend = machine.backend()
     async with open_backend(backend):
