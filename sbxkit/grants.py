@@ -9,7 +9,6 @@ mounts instead of the ceilings, and the per-file size limit tightened, never loo
 from __future__ import annotations
 
 import posixpath
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from sbxkit.mounts import (
     overlap_reason,
     protected_reason,
 )
+from sbxkit.predicates import has_control
 from sbxkit.preflight import resolve_host_path
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
@@ -141,7 +141,7 @@ def _check_grant_path(field: str, path: object, state_dir: str | None) -> str:
     """
     if not isinstance(path, str) or not path:
         raise SpecError(field, "must be a non-empty string")
-    if any(unicodedata.category(ch) == "Cc" for ch in path):
+    if has_control(path):
         raise SpecError(field, "must not contain control characters")
     if not path.startswith("/"):
         raise SpecError(field, "must be an absolute path")
@@ -161,7 +161,7 @@ def _check_name(field: str, name: object) -> str:
         raise SpecError(field, "must be a non-empty file name")
     if "/" in name or name in (".", ".."):
         raise SpecError(field, "must be a single path component (no '/', '.' or '..')")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+    if has_control(name):
         raise SpecError(field, "must not contain control characters")
     if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
         raise SpecError(field, f"must be at most {NAME_MAX} bytes")

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-import unicodedata
 from typing import Literal
 
 import msgspec
 
 from sbxkit.engine.models import MountSpec
 from sbxkit.errors import SpecError
+from sbxkit.predicates import has_control
 
 MAX_MOUNTS = 32
 
@@ -177,7 +177,7 @@ def _check_text(field: str, value: str, what: str) -> None:
         raise SpecError(field, f"{what} must not be empty")
     if value != value.strip():
         raise SpecError(field, f"{what} must not have surrounding whitespace")
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
+    if has_control(value):
         raise SpecError(field, f"{what} must not contain control characters")
 
 

@@ -79,6 +79,7 @@ from sbxkit.backends.sbx_commands import (
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.predicates import has_control
 from sbxkit.rules import check_env, check_network, merge_labels, parse_extra_flags
 from sbxkit.settings import Settings
 from sbxkit.spec import (
@@ -199,7 +200,7 @@ def _check_absolute(field: str, path: str | None) -> None:
         return
     if not path.startswith("/"):
         raise SpecError(field, "must be an absolute path")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+    if has_control(path):
         raise SpecError(field, "must not contain control characters")
     if ".." in path.split("/"):
         raise SpecError(field, "must not contain '..'")

@@ -26,10 +26,10 @@ Environment ownership
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
 from sbxkit.errors import SpecError
+from sbxkit.predicates import has_control
 from sbxkit.settings import EnvKind, parse_environment
 
 LEASE_LABEL = "sbxkit.lease"
@@ -131,10 +131,6 @@ _SHORT_REASONS: dict[str, str] = {
 }
 
 
-def _has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) == "Cc" for ch in text)
-
-
 def extra_flag_refusal(flag: str) -> tuple[str, str] | None:
     """``(flag name, reason)`` if ``flag`` is refused, ``None`` for a well-formed label.
 
@@ -176,7 +172,7 @@ def parse_extra_flags(flags: Sequence[str], field: str = "extra_flags") -> dict[
         where = f"{field}[{index}]"
         if not isinstance(flag, str):
             raise SpecError(where, "must be a string")
-        if _has_control(flag):
+        if has_control(flag):
             raise SpecError(where, "must not contain control characters")
         refusal = extra_flag_refusal(flag)
         if refusal is not None:
@@ -272,7 +268,7 @@ def env_key_problem(key: str) -> str | None:
         return "key must not start with '#'"
     if any(ch.isspace() for ch in key):
         return "key must not contain whitespace"
-    if _has_control(key):
+    if has_control(key):
         return "key must not contain control characters (NUL included)"
     return None
 

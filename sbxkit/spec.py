@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -18,6 +17,7 @@ import msgspec
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.predicates import has_control
 from sbxkit.rules import (
     LEASE_LABEL,
     RUNTIME_ENV_RESERVE,
@@ -146,11 +146,6 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _has_control(text: str) -> bool:
-    """True if any character is a control character (C0, DEL or C1)."""
-    return any(unicodedata.category(ch) == "Cc" for ch in text)
 
 
 def _is_zero(digits: str) -> bool:
@@ -289,7 +284,7 @@ def validate_image(image: object, field: str = "image") -> None:
     """A plain image reference (it travels in a URL path, so only reference characters)."""
     if not isinstance(image, str) or not image:
         raise SpecError(field, "must be a non-empty image reference")
-    if any(ch.isspace() for ch in image) or _has_control(image):
+    if any(ch.isspace() for ch in image) or has_control(image):
         raise SpecError(field, "must not contain whitespace or control characters")
     # It travels in a URL path (/images/{name}/json): only reference characters, no traversal.
     if not _IMAGE_RE.fullmatch(image) or ".." in image.split("@")[0].split("/"):
@@ -319,7 +314,7 @@ def validate_workdir(workdir: object, field: str = "workdir") -> None:
         return
     if not isinstance(workdir, str) or not workdir.startswith("/"):
         raise SpecError(field, "must be an absolute path")
-    if _has_control(workdir):
+    if has_control(workdir):
         raise SpecError(field, "must not contain control characters")
 
 
@@ -342,7 +337,7 @@ def validate_labels(labels: object, field: str = "labels") -> None:
             raise SpecError(where, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
         if not key:
             raise SpecError(where, "key must not be empty")
-        if _has_control(key) or _has_control(value):
+        if has_control(key) or has_control(value):
             raise SpecError(where, "keys and values must not contain control characters")
 
 

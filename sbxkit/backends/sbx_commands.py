@@ -30,6 +30,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from sbxkit.errors import SbxError, SpecError
+from sbxkit.predicates import has_control
 
 __all__ = [
     "DEFAULT_AGENT",
@@ -95,10 +96,6 @@ _OWNED_CREATE_FLAGS = ("--name", "--template", "-t")
 _PORT_MAX = 65535
 
 
-def _has_control(text: str) -> bool:
-    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
-
-
 # --- names --------------------------------------------------------------------------------------
 
 
@@ -135,7 +132,7 @@ def check_binary(binary: object, field: str = "binary") -> str:
     """``sbx`` (looked up on PATH) or an absolute path; never a relative path or flags."""
     if not isinstance(binary, str) or not binary:
         raise SpecError(field, "must be a program name or an absolute path")
-    if _has_control(binary) or binary.startswith("-"):
+    if has_control(binary) or binary.startswith("-"):
         raise SpecError(field, "must not contain control characters or start with '-'")
     if "/" in binary and not binary.startswith("/"):
         raise SpecError(field, "must be a bare program name (found on PATH) or an absolute path")
@@ -159,7 +156,7 @@ def check_kits(kits: object, field: str = "kits") -> list[str]:
         where = f"{field}[{index}]"
         if not isinstance(kit, str) or not kit.strip():
             raise SpecError(where, "must be a non-empty string")
-        if _has_control(kit) or kit.startswith("-"):
+        if has_control(kit) or kit.startswith("-"):
             raise SpecError(where, "must not contain control characters or start with '-'")
     return kits
 
@@ -176,7 +173,7 @@ def check_create_args(args: object, field: str = "create_args") -> list[str]:
         where = f"{field}[{index}]"
         if not isinstance(arg, str) or not arg:
             raise SpecError(where, "must be a non-empty string")
-        if _has_control(arg):
+        if has_control(arg):
             raise SpecError(where, "must not contain control characters")
         flag = arg.split("=", 1)[0]
         if flag in _OWNED_CREATE_FLAGS or (arg.startswith("-t") and not arg.startswith("--")):
@@ -209,7 +206,7 @@ def check_workspace(path: object, field: str = "workspace") -> str:
     """The workspace's host path: absolute, plain (``:`` would read as ``PATH:ro``)."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise SpecError(field, "must be an absolute host path")
-    if _has_control(path) or ":" in path or ".." in path.split("/"):
+    if has_control(path) or ":" in path or ".." in path.split("/"):
         raise SpecError(field, "must not contain control characters, ':' or '..'")
     return path
 
@@ -315,7 +312,7 @@ def sbx_exec_script(links: Sequence[tuple[str, str]], cwd: str) -> str:
     Any setup failure exits with ``EXEC_SETUP_FAILED`` (125) and a ``sbxkit-exec:`` message.
     Nothing secret is in the script: it travels in argv.
     """
-    if not cwd.startswith("/") or _has_control(cwd):
+    if not cwd.startswith("/") or has_control(cwd):
         raise SpecError("cwd", "must be an absolute path")
     q = shlex.quote
     lines = [
@@ -336,7 +333,7 @@ def sbx_exec_script(links: Sequence[tuple[str, str]], cwd: str) -> str:
     ]
     for target, host_path in links:
         for path in (target, host_path):
-            if not path.startswith("/") or _has_control(path):
+            if not path.startswith("/") or has_control(path):
                 raise SpecError("links", f"{path!r}: must be an absolute path")
         if target.rstrip("/") != host_path.rstrip("/"):
             lines.append(f"sbxkit_link {q(target)} {q(host_path)}")

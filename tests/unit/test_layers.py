@@ -27,6 +27,7 @@ PURE = [
     "supervisor/wire.py",
     "supervisor/records.py",
     "admission.py",
+    "predicates.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
