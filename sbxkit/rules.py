@@ -386,3 +386,25 @@ def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> No
             "counts the sandbox kernel's own threads, and below that the sandbox dies on its "
             "first few children",
         )
+
+
+LIMIT_CONTROLLERS = ("cpu", "memory", "pids")
+"""The cgroup controllers that enforce sbxkit's mandatory cpus, memory and pids limits."""
+
+
+def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, version: str) -> None:
+    """Refuse a Podman service that cannot enforce the mandatory limits, before any container.
+
+    Rootless Podman on cgroup v1 gets no delegated controllers: it creates the container and
+    silently drops the memory, CPU and pids limits (its compat ``/info`` still claims them).
+    """
+    missing = [name for name in LIMIT_CONTROLLERS if name not in set(controllers)]
+    if missing:
+        kind = "rootless" if rootless else "rootful"
+        raise SpecError(
+            "limits",
+            f"this Podman service ({kind}, cgroup {version or '?'}) has no "
+            f"{'/'.join(missing)} cgroup controller, so it would run the sandbox without its "
+            "mandatory limits; use rootful Podman, Docker, or rootless Podman on cgroup v2 with "
+            "the controllers delegated",
+        )
