@@ -33,7 +33,11 @@ from sbxkit.mounts import (
     VolumeMount,
     check_host_path,
 )
-from sbxkit.rules import check_podman_controllers, check_runtime_registered
+from sbxkit.rules import (
+    check_podman_controllers,
+    check_podman_runtime,
+    check_runtime_registered,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_user
 
@@ -181,7 +185,8 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
 
     Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
     The GPU cursor advances only when devices were chosen by count. A Podman service that
-    cannot enforce the limits (rootless on cgroup v1) is refused (its answer is read once).
+    cannot enforce the limits (rootless on cgroup v1) is refused (its answer is read once), and
+    so is a runtime other than its default, which its compat API would silently ignore.
     """
     if engine.is_podman:
         host = await engine.podman_host()
@@ -190,6 +195,8 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
             rootless=host.security.rootless,
             version=host.cgroup_version,
         )
+        if spec.runtime is not None:
+            check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
     if spec.runtime is None and spec.gpus is None:
         return DaemonPlan()
     info = await engine.cached_info()

@@ -408,3 +408,20 @@ def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, vers
             "mandatory limits; use rootful Podman, Docker, or rootless Podman on cgroup v2 with "
             "the controllers delegated",
         )
+
+
+def check_podman_runtime(runtime: str | None, default_runtime: str) -> None:
+    """Refuse a runtime a Podman service would not use, before any container exists.
+
+    Podman 4.3's Docker-compatible create ignores ``HostConfig.Runtime``: asking for gVisor
+    would silently run the service's default (crun), and its inspect says ``oci`` either way.
+    """
+    name = runtime_name(runtime)
+    if name is None or name == default_runtime:
+        return
+    raise SpecError(
+        "runtime",
+        f"{name!r} cannot be selected through Podman's Docker-compatible API, which ignores "
+        f"HostConfig.Runtime and would run {default_runtime or 'its default runtime'!r}; "
+        "configure the Podman service's default runtime, or use Docker for this runtime",
+    )

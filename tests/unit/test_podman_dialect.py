@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from sbxkit.engine.transport import error_for
-from sbxkit.errors import Conflict, ContainerMismatch, EngineError, NotFound
+from sbxkit.errors import Conflict, ContainerMismatch, EngineError, NotFound, SpecError
 from sbxkit.policy import PODMAN_SEALED_TMPFS, build_create_body, scratch_options
+from sbxkit.rules import check_podman_runtime
 from sbxkit.verify import check_created
 from tests.unit.test_verify import CONTAINER_ID, LEASE, NAME, inspect, make_spec, reply_for
 
@@ -81,6 +82,16 @@ def test_podman_mode_refuses_another_image() -> None:
     data["Config"]["Image"] = "localhost/other:latest"
     with pytest.raises(ContainerMismatch, match=r"Config\.Image"):
         check_created(inspect(data), body, lease=LEASE, name=NAME, podman=True)
+
+
+@pytest.mark.parametrize("runtime", ["runsc", "gvisor", "runc"])
+def test_podman_refuses_a_runtime_it_would_ignore(runtime: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        check_podman_runtime(runtime, "crun")
+    assert refused.value.field == "runtime"
+    assert "ignores HostConfig.Runtime" in refused.value.rule
+    check_podman_runtime(None, "crun")
+    check_podman_runtime("crun", "crun")
 
 
 @pytest.mark.parametrize(
