@@ -9,14 +9,44 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
 ENGINE_UP = "scripts/engine-up"
+PODMAN_UP = "scripts/podman-up"
+PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite: pure unit tests and real-engine tests (provisions the engine first)."""
+    """The whole suite on Docker (provisions the engine first), then the Podman cell: the
+    conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
     session.install("-e", ".[test,inspect]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-m", "not podman", *session.posargs)
+    rootful = _podman_up(session, {})
+    # The rootless service takes its own defaults, whatever the rootful one was given.
+    rootless = _podman_up(
+        session,
+        {
+            "SBXKIT_PODMAN_USER": PODMAN_ROOTLESS_USER,
+            "SBXKIT_PODMAN_SOCKET": "",
+            "SBXKIT_PODMAN_ROOT": "",
+            "SBXKIT_PODMAN_RUNROOT": "",
+        },
+    )
+    env = {
+        "SBXKIT_TEST_SOCKET": rootful,
+        "DOCKER_HOST": f"unix://{rootful}",
+        "SBXKIT_TEST_RUNTIMES": "default",
+        "SBXKIT_TEST_PODMAN_ROOTLESS_SOCKET": rootless,
+    }
+    # 5: the posargs selected nothing of the cell (e.g. ./dev test tests/unit).
+    session.run(
+        "pytest", "-m", "conformance or podman", *session.posargs, env=env, success_codes=[0, 5]
+    )
+
+
+def _podman_up(session: nox.Session, env: dict[str, str]) -> str:
+    """Provision one Podman service; its socket is the script's last line of output."""
+    out = session.run("bash", PODMAN_UP, external=True, silent=True, env=env)
+    return str(out).strip().splitlines()[-1]
 
 
 @nox.session

@@ -10,8 +10,10 @@ round by round with every other runtime's:
     ``sbxkit.runner.run(spec, engine=engine)`` with ``spec.runtime = R`` (the default owner,
     the supervisor).
 
-``runc`` is the daemon's default runtime: its cells ask for none, as a default run does. Every
-cell uses the same bounds, with **128 pids** (gVisor's floor, so all cells are alike). Ratios:
+The daemon's default runtime (runc on Docker, crun on Podman) is asked for by no name, as a
+default run does. Every cell uses the same bounds, with **128 pids** (gVisor's floor, so all
+cells are alike); on Podman the floor also sets sbxkit's ``nofile``/``nproc`` ulimits, without
+which nothing starts there. Ratios:
 ``sbxkit_R/raw_R`` (sbxkit's price under each runtime) and ``raw_R/raw_runc``,
 ``sbxkit_R/sbxkit_runc`` (each runtime's price against runc's, same run). A runtime the
 daemon does not list is reported as an errored contender pair, never silently dropped.
@@ -51,6 +53,7 @@ from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch, LeakCheck, default_busybox, label_of, peer_body
 from sbxkit.engine.client import open_engine
 from sbxkit.engine.discovery import ping_socket
+from sbxkit.policy import PODMAN_ULIMITS
 from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "runtimes"
@@ -59,6 +62,7 @@ SUMMARY = "one-shot `true`: raw floor and sbxkit under runc, crun and runsc (one
 COUNTS = common.RoundCounts(rounds=20, warmup=3, quick_rounds=5, quick_warmup=1)
 DEFAULT_RUNTIMES = "runc,crun,runsc"
 DAEMON_DEFAULT = "runc"
+"""The reference runtime of the ratios (Docker's default; Podman's is crun)."""
 CPUS = 1.0
 MEMORY_BYTES = 64 * MiB
 PIDS = 128
@@ -84,11 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def cell_runtime(runtime: str) -> str | None:
-    return None if runtime == DAEMON_DEFAULT else runtime
+def cell_runtime(runtime: str, default: str = DAEMON_DEFAULT) -> str | None:
+    """What a cell asks for: nothing for the daemon's own default runtime, as a default run."""
+    return None if runtime == default else runtime
 
 
-def spec_for(image: str, runtime: str) -> SandboxSpec:
+def spec_for(image: str, runtime: str, default: str = DAEMON_DEFAULT) -> SandboxSpec:
     return SandboxSpec(
         image=image,
         command=["true"],
@@ -96,11 +101,13 @@ def spec_for(image: str, runtime: str) -> SandboxSpec:
             cpus=CPUS, memory_bytes=MEMORY_BYTES, pids=PIDS, output_bytes=MiB, timeout_s=30
         ),
         labels=label_of(NAME, f"sbxkit_{runtime}"),
-        runtime=cell_runtime(runtime),
+        runtime=cell_runtime(runtime, default),
     )
 
 
-def raw_body_for(image: str, runtime: str) -> dict[str, Any]:
+def raw_body_for(
+    image: str, runtime: str, default: str = DAEMON_DEFAULT, *, podman: bool = False
+) -> dict[str, Any]:
     body = peer_body(
         image,
         ["true"],
@@ -108,9 +115,13 @@ def raw_body_for(image: str, runtime: str) -> dict[str, Any]:
         cpus=CPUS,
         memory_bytes=MEMORY_BYTES,
         pids=PIDS,
-        runtime=cell_runtime(runtime),
+        runtime=cell_runtime(runtime, default),
     )
     body["HostConfig"] = {"AutoRemove": False, **body["HostConfig"]}
+    if podman:
+        body["HostConfig"]["Ulimits"] = [
+            {"Name": u.name, "Soft": u.soft, "Hard": u.hard} for u in PODMAN_ULIMITS
+        ]
     return body
 
 
@@ -134,10 +145,11 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         facts["engine"] = engine_label
         await common.require_image(engine, args.image, NAME)
         registered = set(facts.get("runtimes") or [])
+        default = str(facts.get("default_runtime") or DAEMON_DEFAULT)
         contenders = []
         measured: list[str] = []
         for runtime in runtimes:
-            if cell_runtime(runtime) is not None and runtime not in registered:
+            if cell_runtime(runtime, default) is not None and runtime not in registered:
                 reason = (
                     f"runtime {runtime!r} is not registered in the daemon ({sorted(registered)})"
                 )
@@ -147,14 +159,14 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             contenders += [
                 raw_contender(
                     raw_api,
-                    raw_body_for(args.image, runtime),
+                    raw_body_for(args.image, runtime, default, podman=engine.is_podman),
                     key=f"raw_{runtime}",
                     label=f"raw floor, {runtime}",
                     what=f"the floor's body, runtime {runtime}",
                 ),
                 sbxkit_contender(
                     engine,
-                    spec_for(args.image, runtime),
+                    spec_for(args.image, runtime, default),
                     leases,
                     key=f"sbxkit_{runtime}",
                     label=f"sbxkit, {runtime}",
@@ -303,6 +315,9 @@ def combine(directory: Path) -> int:
         if "failed" not in path.name and "matrix" not in path.name
     ]
     reports = [r for r in reports if r.get("ok") and r.get("plot")]
+    reports.sort(
+        key=lambda r: (r["engine"] != "docker", r["engine"])
+    )  # Docker, the reference, first
     if not reports:
         say(f"{NAME} --combine: no complete runtimes*.json in {directory}")
         return 1

@@ -55,14 +55,38 @@ def container_name(lease: str) -> str:
     return f"sbxkit-{lease}"
 
 
-def scratch_options(spec: SandboxSpec) -> str:
+def scratch_options(spec: SandboxSpec, *, podman: bool = False) -> str:
     """tmpfs options for /tmp: bounded, non-executable, owned by the sandbox user.
 
     ``mode=1777`` is lost when the image already has a /tmp (Docker copies the directory's
     mode up), but ``uid``/``gid`` survive, so the sandbox user can always write its scratch.
+    Podman refuses ``uid=``/``gid=`` ("unknown mount option") but keeps ``mode=1777``, so
+    there the sticky, world-writable mode is what lets the sandbox user write.
     """
+    options = f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777"
+    if podman:
+        return options
     uid, gid = parse_user(spec.user)
-    return f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777,uid={uid},gid={gid}"
+    return f"{options},uid={uid},gid={gid}"
+
+
+PODMAN_ULIMITS = (
+    Ulimit(name="nofile", soft=1024, hard=4096),
+    Ulimit(name="nproc", soft=32768, hard=32768),
+)
+"""Podman's default ``nofile``/``nproc`` exceed common hard limits, and start then fails with
+"setrlimit RLIMIT_NOFILE: Operation not permitted"; Docker inherits containerd's. These
+values sit under the hard limits seen on CI (20000 / 96364); ``nproc`` counts per host uid,
+so it is far above any pids ceiling, which stays the real bound."""
+
+
+PODMAN_SEALED_TMPFS = {
+    path: "ro,nosuid,nodev,noexec,size=4096,mode=755" for path in ("/run", "/var/tmp")
+}
+"""Podman's compat API mounts a writable, unbounded, executable tmpfs on /run and /var/tmp of
+every read-only container (``--read-only-tmpfs``, which the API cannot turn off). A mount of
+sbxkit's own at those paths replaces them: tiny and read-only, so /tmp stays the one writable,
+bounded scratch space, as under Docker."""
 
 
 def _required(value: _T | None, field: str) -> _T:
@@ -108,6 +132,7 @@ def build_create_body(
     settings: Settings | None = None,
     resolved: ResolvedMounts | None = None,
     gpu_devices: Sequence[str] | None = None,
+    podman: bool = False,
 ) -> ContainerCreate:
     """Validate the spec and return the hardened create body for a stopped container.
 
@@ -119,7 +144,8 @@ def build_create_body(
     ``network="bridge"`` (allowed outside production only) is the one switch that opens the
     network: ``NetworkMode=bridge``, ``NetworkDisabled=false`` and a ``host.docker.internal``
     alias for the host gateway. ``gpu_devices`` are CDI ids the I/O shell resolved against the
-    daemon (required when ``spec.gpus`` is a count).
+    daemon (required when ``spec.gpus`` is a count). ``podman`` adapts the body to a Podman
+    API service: scratch tmpfs without ``uid``/``gid`` and explicit ``nofile``/``nproc``.
     """
     validate_spec(spec, settings)
     _check_lease(lease)
@@ -134,7 +160,10 @@ def build_create_body(
         memory=memory,
         memory_swap=memory,
         pids_limit=_required(limits.pids, "limits.pids"),
-        ulimits=[Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes)],
+        ulimits=[
+            Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
+            *(PODMAN_ULIMITS if podman else ()),
+        ],
         readonly_rootfs=True,
         ipc_mode="private",
         cgroupns_mode="private",
@@ -147,7 +176,11 @@ def build_create_body(
         init=True,
         privileged=False,
         auto_remove=False,
-        tmpfs={SCRATCH_PATH: scratch_options(spec), **resolved.tmpfs},
+        tmpfs={
+            SCRATCH_PATH: scratch_options(spec, podman=podman),
+            **(PODMAN_SEALED_TMPFS if podman else {}),
+            **resolved.tmpfs,
+        },
         binds=list(resolved.binds) or None,
         mounts=list(resolved.mounts) or None,
         runtime=runtime_name(spec.runtime),

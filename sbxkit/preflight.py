@@ -33,7 +33,11 @@ from sbxkit.mounts import (
     VolumeMount,
     check_host_path,
 )
-from sbxkit.rules import check_runtime_registered
+from sbxkit.rules import (
+    check_podman_controllers,
+    check_podman_runtime,
+    check_runtime_registered,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_user
 
@@ -71,15 +75,18 @@ def _bind_string(source: str, mount: BindMount) -> str:
     return f"{source}:{mount.target}:{','.join(options)}"
 
 
-def tmpfs_options(mount: TmpfsMount, user: str) -> str:
-    """Always bounded, nosuid and nodev, owned by the sandbox user; noexec unless ``exec``."""
-    uid, gid = parse_user(user)
+def tmpfs_options(mount: TmpfsMount, user: str, *, podman: bool = False) -> str:
+    """Always bounded, nosuid and nodev, owned by the sandbox user; noexec unless ``exec``.
+
+    Podman refuses ``uid=``/``gid=``: there the tmpfs is root's, with the mode asked for.
+    """
     access = "ro" if "ro" in mount.options else "rw"
     execute = "exec" if "exec" in mount.options else "noexec"
-    return (
-        f"{access},nosuid,nodev,{execute},size={mount.size_bytes},mode={mount.mode:o},"
-        f"uid={uid},gid={gid}"
-    )
+    options = f"{access},nosuid,nodev,{execute},size={mount.size_bytes},mode={mount.mode:o}"
+    if podman:
+        return options
+    uid, gid = parse_user(user)
+    return f"{options},uid={uid},gid={gid}"
 
 
 async def resolve_mounts(engine: Engine, spec: SandboxSpec, settings: Settings) -> ResolvedMounts:
@@ -98,7 +105,7 @@ async def resolve_mounts(engine: Engine, spec: SandboxSpec, settings: Settings) 
         elif isinstance(mount, VolumeMount):
             await _resolve_volume(engine, field, mount, settings, resolved)
         else:
-            resolved.tmpfs[mount.target] = tmpfs_options(mount, spec.user)
+            resolved.tmpfs[mount.target] = tmpfs_options(mount, spec.user, podman=engine.is_podman)
     return resolved
 
 
@@ -177,8 +184,19 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
     """Refuse a runtime the daemon lacks and resolve GPUs, before any container exists.
 
     Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
-    The GPU cursor advances only when devices were chosen by count.
+    The GPU cursor advances only when devices were chosen by count. A Podman service that
+    cannot enforce the limits (rootless on cgroup v1) is refused (its answer is read once), and
+    so is a runtime other than its default, which its compat API would silently ignore.
     """
+    if engine.is_podman:
+        host = await engine.podman_host()
+        check_podman_controllers(
+            host.cgroup_controllers or [],
+            rootless=host.security.rootless,
+            version=host.cgroup_version,
+        )
+        if spec.runtime is not None:
+            check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
     if spec.runtime is None and spec.gpus is None:
         return DaemonPlan()
     info = await engine.cached_info()

@@ -382,3 +382,42 @@ def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> No
             "counts the sandbox kernel's own threads, and below that the sandbox dies on its "
             "first few children",
         )
+
+
+LIMIT_CONTROLLERS = ("cpu", "memory", "pids")
+"""The cgroup controllers that enforce sbxkit's mandatory cpus, memory and pids limits."""
+
+
+def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, version: str) -> None:
+    """Refuse a Podman service that cannot enforce the mandatory limits, before any container.
+
+    Rootless Podman on cgroup v1 gets no delegated controllers: it creates the container and
+    silently drops the memory, CPU and pids limits (its compat ``/info`` still claims them).
+    """
+    missing = [name for name in LIMIT_CONTROLLERS if name not in set(controllers)]
+    if missing:
+        kind = "rootless" if rootless else "rootful"
+        raise SpecError(
+            "limits",
+            f"this Podman service ({kind}, cgroup {version or '?'}) has no "
+            f"{'/'.join(missing)} cgroup controller, so it would run the sandbox without its "
+            "mandatory limits; use rootful Podman, Docker, or rootless Podman on cgroup v2 with "
+            "the controllers delegated",
+        )
+
+
+def check_podman_runtime(runtime: str | None, default_runtime: str) -> None:
+    """Refuse a runtime a Podman service would not use, before any container exists.
+
+    Podman 4.3's Docker-compatible create ignores ``HostConfig.Runtime``: asking for gVisor
+    would silently run the service's default (crun), and its inspect says ``oci`` either way.
+    """
+    name = runtime_name(runtime)
+    if name is None or name == default_runtime:
+        return
+    raise SpecError(
+        "runtime",
+        f"{name!r} cannot be selected through Podman's Docker-compatible API, which ignores "
+        f"HostConfig.Runtime and would run {default_runtime or 'its default runtime'!r}; "
+        "configure the Podman service's default runtime, or use Docker for this runtime",
+    )

@@ -117,7 +117,12 @@ async def run(
         resolved = await resolve_mounts(eng, spec, settings)
         plan = await check_daemon(eng, spec, gpu_cursor or GPU_CURSOR)
         body = build_create_body(
-            spec, lease, settings=settings, resolved=resolved, gpu_devices=plan.gpu_devices
+            spec,
+            lease,
+            settings=settings,
+            resolved=resolved,
+            gpu_devices=plan.gpu_devices,
+            podman=eng.is_podman,
         )
         if owner is None:
             assert settings.supervisor_state_dir is not None
@@ -184,6 +189,7 @@ async def run_created(
             name=name,
             container_id=container_id,
             expected_mounts=expected_mounts,
+            podman=engine.is_podman,
         )
         t1 = clock()
         timings["queued_s"] = queued = owner.queued_s(lease)

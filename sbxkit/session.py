@@ -271,7 +271,12 @@ async def owned_container(
         resolved = await resolve_mounts(eng, spec, settings)
         plan = await check_daemon(eng, spec, GPU_CURSOR)
         body = build_create_body(
-            spec, lease, settings=settings, resolved=resolved, gpu_devices=plan.gpu_devices
+            spec,
+            lease,
+            settings=settings,
+            resolved=resolved,
+            gpu_devices=plan.gpu_devices,
+            podman=eng.is_podman,
         )
         if body_overrides:
             body = msgspec.structs.replace(body, **dict(body_overrides))
@@ -293,6 +298,7 @@ async def owned_container(
                 name=name,
                 container_id=container_id,
                 expected_mounts=resolved.expected,
+                podman=eng.is_podman,
             )
             yield OwnedContainer(
                 engine=eng,

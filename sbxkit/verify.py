@@ -2,6 +2,14 @@
 
 Pure: an inspect reply and the create body in, a ContainerMismatch out. Run before start, so a
 mismatch means the payload never ran (the caller removes the container).
+
+A Podman API service answers in its own dialect (``podman=True``): it spells ulimits
+``RLIMIT_NOFILE``, adds ``tmpcopyup``/``rprivate`` to tmpfs options, lists the capabilities it
+dropped instead of ``ALL``, reports a private IPC namespace as ``shareable``, leaves
+``CgroupnsMode`` and ``Runtime`` (always ``oci``) unreported, and names images
+``localhost/…``. Those fields are compared in that dialect; everything else exactly as for
+Docker. What Podman does not report is proven inside the sandbox by the conformance subset
+(docs/backends.md).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ def check_created(
     name: str,
     container_id: str | None = None,
     expected_mounts: Sequence[ExpectedMount] = (),
+    podman: bool = False,
 ) -> None:
     """Raise ContainerMismatch naming the first field that differs from the request."""
     labels = info.config.labels or {}
@@ -55,7 +64,7 @@ def check_created(
         ("HostConfig.PidsLimit", asked.pids_limit, got.pids_limit),
         ("HostConfig.ReadonlyRootfs", asked.readonly_rootfs, got.readonly_rootfs),
         ("HostConfig.NetworkMode", asked.network_mode, got.network_mode),
-        ("HostConfig.Tmpfs", asked.tmpfs, got.tmpfs),
+        ("HostConfig.Tmpfs", asked.tmpfs, _podman_tmpfs(got.tmpfs) if podman else got.tmpfs),
     ]
     for field, want, have in pairs:
         if want is not None and want != have:
@@ -66,18 +75,25 @@ def check_created(
         raise mismatch(f"HostConfig.CapAdd is {got.cap_add!r}, expected none")
     if (got.binds or []) != (asked.binds or []):
         raise mismatch(f"HostConfig.Binds is {got.binds!r}, expected {asked.binds!r}")
-    if asked.runtime is not None and got.runtime != asked.runtime:
+    if asked.runtime is not None and not podman and got.runtime != asked.runtime:
         raise mismatch(f"HostConfig.Runtime is {got.runtime!r}, expected {asked.runtime!r}")
     if body.user is not None and info.config.user != body.user:
         raise mismatch(f"Config.User is {info.config.user!r}, expected {body.user!r}")
+    image = info.config.image
+    if podman and image == PODMAN_LOCAL + body.image:
+        image = body.image
+    cap_drop = got.cap_drop
+    if podman and asked.cap_drop == ["ALL"] and got.cap_drop and not got.cap_add:
+        cap_drop = ["ALL"]  # Podman lists every capability it would have granted, all dropped
+    ipc_mode = "private" if podman and got.ipc_mode == "shareable" else got.ipc_mode
     config_pairs: list[tuple[str, object, object]] = [
-        ("Config.Image", body.image, info.config.image),
+        ("Config.Image", body.image, image),
         ("Config.Cmd", body.cmd, info.config.cmd),
         ("Config.Entrypoint", body.entrypoint, info.config.entrypoint),
-        ("HostConfig.IpcMode", asked.ipc_mode, got.ipc_mode),
-        ("HostConfig.CgroupnsMode", asked.cgroupns_mode, got.cgroupns_mode),
+        ("HostConfig.IpcMode", asked.ipc_mode, ipc_mode),
+        ("HostConfig.CgroupnsMode", None if podman else asked.cgroupns_mode, got.cgroupns_mode),
         ("HostConfig.AutoRemove", asked.auto_remove, got.auto_remove),
-        ("HostConfig.CapDrop", asked.cap_drop, got.cap_drop),
+        ("HostConfig.CapDrop", asked.cap_drop, cap_drop),
         ("HostConfig.SecurityOpt", asked.security_opt, got.security_opt),
         ("HostConfig.Init", asked.init, got.init),
         (
@@ -95,8 +111,28 @@ def check_created(
         if want is not None and want != have:
             raise mismatch(f"{field} is {have!r}, expected {want!r}")
     asked_ulimits = {(u.name, u.soft, u.hard) for u in asked.ulimits or []}
-    got_ulimits = {(u.name, u.soft, u.hard) for u in got.ulimits or []}
+    got_ulimits = {
+        (u.name.removeprefix("RLIMIT_").lower() if podman else u.name, u.soft, u.hard)
+        for u in got.ulimits or []
+    }
     if asked_ulimits != got_ulimits:
         raise mismatch(
             f"HostConfig.Ulimits are {sorted(got_ulimits)}, expected {sorted(asked_ulimits)}"
         )
+
+
+PODMAN_LOCAL = "localhost/"
+"""Podman names images loaded from ``docker save`` archives (and short names) ``localhost/…``."""
+
+
+PODMAN_TMPFS_EXTRAS = frozenset({"rprivate", "tmpcopyup"})
+
+
+def _podman_tmpfs(tmpfs: dict[str, str] | None) -> dict[str, str] | None:
+    """Podman appends ``tmpcopyup`` (or ``rprivate``) to tmpfs options; nothing else changes."""
+    if tmpfs is None:
+        return None
+    return {
+        target: ",".join(o for o in options.split(",") if o not in PODMAN_TMPFS_EXTRAS)
+        for target, options in tmpfs.items()
+    }

@@ -37,6 +37,11 @@ class Witness:
         except Exception:
             return False
 
+    def is_podman(self) -> bool:
+        """A Podman API service answers /_ping with a Libpod-Api-Version header."""
+        response = self.session.get(self.base + "/_ping", timeout=5)
+        return "Libpod-Api-Version" in response.headers
+
     def image_exists(self, name: str) -> bool:
         return self.session.get(f"{self.base}/images/{name}/json", timeout=30).status_code == 200
 

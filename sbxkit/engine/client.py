@@ -82,10 +82,16 @@ class Engine:
         self.deadlines = deadlines
         self._decoders: dict[type[object], msgspec.json.Decoder[object]] = {}
         self._info: tuple[float, models.InfoReply] | None = None
+        self._podman_host: models.PodmanHost | None = None
 
     @property
     def socket_path(self) -> str:
         return self._transport.socket_path
+
+    @property
+    def is_podman(self) -> bool:
+        """A Podman API service (its ping carries ``Libpod-Api-Version``): bodies adapt."""
+        return self.ping_result.is_podman
 
     def _path(self, path: str) -> str:
         return f"/v{self.api_version}{path}"
@@ -126,6 +132,14 @@ class Engine:
         if self._info is None or now - self._info[0] > max_age_s:
             self._info = (now, await self.info())
         return self._info[1]
+
+    async def podman_host(self) -> models.PodmanHost:
+        """Podman's own ``/libpod/info`` host section, read once per engine (it changes only
+        with the service's configuration)."""
+        if self._podman_host is None:
+            reply = await self._get("/libpod/info", models.PodmanInfo, self.deadlines.inspect)
+            self._podman_host = reply.host
+        return self._podman_host
 
     # -- images ---------------------------------------------------------------------------------
 

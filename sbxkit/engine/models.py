@@ -263,6 +263,23 @@ class InfoReply(Reply):
     discovered_devices: list[DiscoveredDevice] | None = None
 
 
+class PodmanSecurity(msgspec.Struct, rename="camel"):
+    rootless: bool = False
+
+
+class PodmanHost(msgspec.Struct, rename="camel"):
+    """The part of Podman's own ``/libpod/info`` sbxkit reads: which cgroup controllers the
+    service may use (none when rootless on cgroup v1) and whether it is rootless."""
+
+    cgroup_version: str = ""
+    cgroup_controllers: list[str] | None = None
+    security: PodmanSecurity = msgspec.field(default_factory=PodmanSecurity)
+
+
+class PodmanInfo(msgspec.Struct):
+    host: PodmanHost = msgspec.field(default_factory=PodmanHost)
+
+
 class ErrorReply(msgspec.Struct):
     message: str = ""
 

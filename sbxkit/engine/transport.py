@@ -52,13 +52,24 @@ class Response(msgspec.Struct, frozen=True):
 
 def error_for(method: str, path: str, status: int, body: bytes) -> EngineError:
     """Map an error status and the daemon's JSON message to the precise EngineError subclass."""
+    cause: object = None
     try:
-        message = msgspec.json.decode(body, type=dict[str, object]).get("message", "")
+        reply = msgspec.json.decode(body, type=dict[str, object])
+        message, cause = reply.get("message", ""), reply.get("cause")
     except msgspec.DecodeError:
         message = body.decode("utf-8", "replace")
     text = str(message).strip() or f"HTTP {status}"
     cls = {404: NotFound, 409: Conflict}.get(status, EngineError)
+    # Podman answers 500 where Docker says 404 or 409; its ``cause`` says which it means.
+    cls = PODMAN_CAUSES.get(str(cause), cls)
     return cls(method, path, status, text)
+
+
+PODMAN_CAUSES: dict[str, type[EngineError]] = {
+    "no such container": NotFound,  # e.g. an inspect racing a removal
+    "container state improper": Conflict,  # e.g. a kill of a stopped container ("not running")
+}
+"""Podman's ``cause`` for replies Docker gives a precise status."""
 
 
 class _Connection:

@@ -19,6 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "conformance: runs once per OCI runtime (tests/engine/runtimes.py)"
     )
+    config.addinivalue_line("markers", "podman: the Podman cell's own checks (./dev test)")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

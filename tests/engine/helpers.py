@@ -160,9 +160,14 @@ def container_file_lines(pid: int, path: str) -> int | None:
 
 
 def container_exists(witness: Witness, container_id: str) -> bool:
-    """GET /containers/{id}/json through the witness: 200 → True, 404 → False, else raise."""
+    """GET /containers/{id}/json through the witness: 200 → True, 404 → False, else raise.
+
+    Podman answers a container removed while it looks with 500 and cause "no such container":
+    that is "gone" too."""
     response = witness.session.get(f"{witness.base}/containers/{container_id}/json", timeout=30)
-    if response.status_code == 404:
+    if response.status_code == 404 or (
+        response.status_code == 500 and '"cause":"no such container"' in response.text
+    ):
         return False
     response.raise_for_status()
     return True

@@ -21,32 +21,47 @@ from sbxkit.errors import SpecError
 from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB
-from tests.engine.helpers import containers_with_marker, host_processes_of, spec, unique
+from tests.engine.helpers import containers_with_marker, host_processes_of, spec, text, unique
 from tests.engine.runtimes import is_gvisor
 from tests.witness import Witness
 
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
+def container_cgroup(controller_root: Path, container_id: str) -> Path:
+    """The container's cgroup under one hierarchy: Docker's ``docker/ID``, Podman's
+    ``libpod_parent/libpod-ID`` (the cgroupfs drivers), found by the id."""
+    found = [p for p in controller_root.glob(f"*/*{container_id}*") if p.is_dir()]
+    assert len(found) == 1, (controller_root, container_id, found)
+    return found[0]
+
+
 def host_cgroup_limits(container_id: str) -> dict[str, str]:
-    """pids, memory and CPU quota of the container's cgroup as the host sees it (cgroup v1 with
-    the cgroupfs driver, as on the CI machine, or v2 with the same parent)."""
+    """pids, memory and CPU quota of the container's cgroup as the host sees it (cgroup v1,
+    as on the CI machine, or v2)."""
     if (CGROUP_V1 / "pids").is_dir():
+        pids = container_cgroup(CGROUP_V1 / "pids", container_id)
+        memory = container_cgroup(CGROUP_V1 / "memory", container_id)
+        cpu = container_cgroup(CGROUP_V1 / "cpu", container_id)
         return {
-            "pids": (CGROUP_V1 / "pids/docker" / container_id / "pids.max").read_text().strip(),
-            "memory": (CGROUP_V1 / "memory/docker" / container_id / "memory.limit_in_bytes")
-            .read_text()
-            .strip(),
-            "cpu": (CGROUP_V1 / "cpu/docker" / container_id / "cpu.cfs_quota_us")
-            .read_text()
-            .strip(),
+            "pids": (pids / "pids.max").read_text().strip(),
+            "memory": (memory / "memory.limit_in_bytes").read_text().strip(),
+            "cpu": (cpu / "cpu.cfs_quota_us").read_text().strip(),
         }
-    group = CGROUP_V1 / "docker" / container_id
+    group = container_cgroup(CGROUP_V1, container_id)
     return {
         "pids": (group / "pids.max").read_text().strip(),
         "memory": (group / "memory.max").read_text().strip(),
         "cpu": (group / "cpu.max").read_text().split()[0],
     }
+
+
+def oci_runtime(witness: Witness, container_id: str) -> str:
+    """The OCI runtime a container runs under. Podman's compat inspect says ``oci`` for every
+    runtime; its own (libpod) inspect names it."""
+    if witness.is_podman():
+        return str(witness.get(f"/v4.0.0/libpod/containers/{container_id}/json")["OCIRuntime"])
+    return str(witness.get(f"/containers/{container_id}/json")["HostConfig"]["Runtime"])
 
 
 def host_file(path: str) -> bytes:
@@ -79,12 +94,12 @@ async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_li
 ) -> None:
     session = spec(busybox, "unused", runtime=runtime, cpus=0.5, memory_bytes=96 * MiB, pids=160)
     async with open_sandbox(session, engine=engine) as sandbox:
-        inspected = witness.get(f"/containers/{sandbox.container_id}/json")
+        runtime_used = oci_runtime(witness, sandbox.container_id)
         kernel = await sandbox.exec(["cat", "/proc/version"])
         limits = host_cgroup_limits(sandbox.container_id)
         host_side = host_process_facts(sandbox.container_id)
 
-    assert inspected["HostConfig"]["Runtime"] == (runtime or "runc")
+    assert runtime_used == (runtime or witness.get("/info")["DefaultRuntime"])
     assert kernel.ok, kernel
     host_kernel = host_file("/proc/version")
     if is_gvisor(runtime):
@@ -132,3 +147,24 @@ async def test_bridge_and_a_low_pids_ceiling_are_refused_under_gvisor_by_name(
     creates = witness.events(since, until, type=["container"], event=["create"])
     assert len(creates) == 1, creates  # only the positive control was ever created
     assert containers_with_marker(witness, marker) == []
+
+
+WRITABLE_PROBE = (
+    "for d in / /etc /root /home /usr /var /var/tmp /run /dev /dev/shm /dev/mqueue /tmp /work; do "
+    '[ -d "$d" ] || continue; '
+    '(echo x >"$d/.sbxkit-probe") 2>/dev/null && echo "$d"; '
+    "done; exit 0"
+)
+
+
+async def test_only_the_scratch_space_and_shared_memory_are_writable(
+    runtime: str | None, busybox: str, engine: Engine
+) -> None:
+    """As the sandbox user, a file can be created in /tmp and /dev/shm (tmpfs, charged to the
+    memory limit) and nowhere else — including Podman's /run and /var/tmp, which sbxkit seals."""
+    result = await run(spec(busybox, WRITABLE_PROBE, runtime=runtime), engine=engine)
+
+    assert result.ok, result
+    writable = text(result.stdout).split()
+    assert "/tmp" in writable  # positive control: the probe can write
+    assert sorted(writable) == ["/dev/shm", "/tmp"], writable

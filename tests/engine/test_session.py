@@ -7,7 +7,9 @@ sandbox are read back by a second exec (the sandbox is the only place they are v
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import tarfile
 import time
 
 import pytest
@@ -31,6 +33,16 @@ def session_spec(image: str, runtime: str | None = None, **overrides: object) ->
         limits=runtime_limits(runtime, **overrides),
         runtime=runtime,
     )
+
+
+def tar_of(name: str, data: bytes) -> bytes:
+    """A one-file tar archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 TICKER = "(while :; do echo t >>/tmp/ticks; sleep 0.1; done) & sleep 100"
@@ -76,11 +88,26 @@ async def test_exec_timeout_kills_the_whole_process_group(
 
 
 async def test_children_that_outlive_their_command_are_killed_at_the_timeout(
-    runtime: str | None, busybox: str, engine: Engine
+    runtime: str | None, busybox: str, engine: Engine, witness: Witness
 ) -> None:
     """The command exits at once, leaving a ticking child that holds its output open: the
-    exec times out, and the group — whose leader is gone — is still found and killed."""
+    exec times out, and the group — whose leader is gone — is still found and killed.
+
+    Podman ends an exec's stream when its main process exits, whoever still holds the output:
+    there the exec is ``exited`` at once and the children run on, inside the sandbox's limits,
+    until it closes (docs/backends.md)."""
     script = "(while :; do echo t >>/tmp/ticks; sleep 0.1; done) & sleep 100 & exit 0"
+    async with open_sandbox(session_spec(busybox, runtime), engine=engine) as sandbox:
+        result = await sandbox.exec(["sh", "-c", script], timeout=1.0)
+        if witness.is_podman():
+            assert (result.status, result.exit_code) == ("exited", 0)
+            first = await ticks(sandbox)
+            await trio.sleep(0.6)
+            assert await ticks(sandbox) > first  # still running, until the sandbox closes
+            container_id = sandbox.container_id
+    if witness.is_podman():
+        assert not container_exists(witness, container_id)
+        return
     async with open_sandbox(session_spec(busybox, runtime), engine=engine) as sandbox:
         result = await sandbox.exec(["sh", "-c", script], timeout=1.0)
         assert result.status == "timed_out"
@@ -216,13 +243,21 @@ async def test_file_transfer_refuses_escapes_links_and_caps(
 
 
 async def test_the_archive_endpoints_cannot_reach_the_scratch_tmpfs(
-    runtime: str | None, busybox: str, engine: Engine
+    runtime: str | None, busybox: str, engine: Engine, witness: Witness
 ) -> None:
     """Why file transfer runs tar in an exec: the daemon's archive calls see neither the
-    read-only root's writable tmpfs (PUT refused) nor files written into it (GET 404)."""
+    read-only root's writable tmpfs (PUT refused) nor files written into it (GET 404).
+
+    Podman's archive calls do see the tmpfs; its read-only root stays refused."""
     async with open_sandbox(session_spec(busybox, runtime), engine=engine) as sandbox:
         made = await sandbox.exec(["sh", "-c", "echo data >/tmp/seen"])
         assert made.ok
+        if witness.is_podman():
+            seen = await archive_get(engine, sandbox.container_id, "/tmp/seen", max_bytes=MiB)
+            assert b"data\n" in seen
+            with pytest.raises(EngineError, match="read-only file system"):
+                await archive_put(engine, sandbox.container_id, "/etc", tar_of("planted", b"x"))
+            return
         with pytest.raises(NotFound):
             await archive_get(engine, sandbox.container_id, "/tmp/seen", max_bytes=MiB)
         with pytest.raises(EngineError, match="read-only"):

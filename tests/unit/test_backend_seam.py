@@ -53,6 +53,7 @@ class StubEngine:
     """Just enough engine for ``runner.run`` to reach the owner's create."""
 
     api_version = "1.41"
+    is_podman = False
 
     async def image_inspect(self, name: str) -> ImageInspect:
         return ImageInspect(id="sha256:" + "0" * 64, config=ImageConfig())

@@ -320,6 +320,8 @@ def test_body_refuses_unresolved_or_unasked_devices() -> None:
 class StubEngine:
     """Answers /info from a fixed reply and counts the calls."""
 
+    is_podman = False
+
     def __init__(self, info: InfoReply) -> None:
         self.reply = info
         self.calls = 0

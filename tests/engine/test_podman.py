@@ -1,0 +1,78 @@
+"""The Podman cell's own checks (run by ``./dev test`` against its Podman services).
+
+The conformance subset proves the hardened contract on rootful Podman; these prove that the
+engine under test really is Podman, and that a rootless Podman service that cannot enforce the
+mandatory limits (cgroup v1: no delegated controllers) is refused before anything exists.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.errors import SpecError
+from sbxkit.runner import run
+from tests.engine.helpers import spec, unique
+from tests.witness import Witness
+
+pytestmark = pytest.mark.podman
+
+ROOTLESS_ENV = "SBXKIT_TEST_PODMAN_ROOTLESS_SOCKET"
+
+
+def rootless_socket() -> str:
+    path = os.environ.get(ROOTLESS_ENV)
+    if not path:
+        pytest.fail(f"{ROOTLESS_ENV} is not set: run the Podman cell through ./dev test")
+    return path
+
+
+async def test_the_engine_under_test_is_podman(witness: Witness, engine: Engine) -> None:
+    assert witness.is_podman()
+    assert engine.is_podman
+    host = await engine.podman_host()
+    assert not host.security.rootless
+    assert {"cpu", "memory", "pids"} <= set(host.cgroup_controllers or [])
+
+
+@pytest.mark.parametrize("asked", ["runsc", "runc"])
+async def test_a_runtime_the_compat_api_would_ignore_is_refused_before_any_container(
+    asked: str, busybox: str, engine: Engine, witness: Witness
+) -> None:
+    """Podman's compat create ignores HostConfig.Runtime: gVisor asked for would be crun."""
+    marker = unique("podman-runtime")
+    with pytest.raises(SpecError) as refused:
+        await run(spec(busybox, f"echo {marker}", runtime=asked, pids=128), engine=engine)
+    # Podman keeps no queryable event log here, so "nothing was created" is read from the
+    # container list, right after the refusal.
+    assert witness.containers() == []
+    # Positive control: the service's own default runtime runs.
+    default = witness.get("/info")["DefaultRuntime"]
+    ok = await run(spec(busybox, f"echo {marker}", runtime=default), engine=engine)
+
+    assert refused.value.field == "runtime"
+    assert "ignores HostConfig.Runtime" in refused.value.rule
+    assert ok.ok, ok
+    assert ok.stdout == f"{marker}\n".encode()
+
+
+async def test_rootless_podman_without_controllers_is_refused_before_any_container(
+    busybox: str,
+) -> None:
+    socket_path = rootless_socket()
+    rootless = Witness(socket_path)
+    assert rootless.is_podman()
+    marker = unique("rootless")
+    async with open_engine(socket_path) as engine:
+        host = await engine.podman_host()
+        assert host.security.rootless
+        with pytest.raises(SpecError) as refused:
+            await run(spec(busybox, f"echo {marker}"), engine=engine)
+
+    assert refused.value.field == "limits"
+    assert "rootless" in refused.value.rule
+    if host.cgroup_version == "v1":
+        assert "cpu/memory/pids" in refused.value.rule
+    assert rootless.containers() == []  # nothing was created (Podman keeps no event log here)
