@@ -16,7 +16,7 @@ import trio
 
 from sbxkit.engine import models
 from sbxkit.engine.discovery import PingResult, discover_socket, parse_api_version, ping_socket
-from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, join_query
+from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, api_path
 from sbxkit.errors import EngineProtocolError, EngineUnavailable, NotFound
 
 INFO_MAX_AGE_S = 30.0
@@ -94,6 +94,7 @@ class Engine:
         return self.ping_result.is_podman
 
     def _path(self, path: str) -> str:
+        """The versioned target of an ``api_path`` (its parameters already quoted)."""
         return f"/v{self.api_version}{path}"
 
     def _decode(self, data: bytes, kind: type[T], what: str) -> T:
@@ -111,11 +112,45 @@ class Engine:
         return self._decode(response.body, kind, f"GET {target}")
 
     async def _post(self, path: str, *, body: bytes | None = None, timeout: float) -> bytes:
-        headers = [("Content-Type", "application/json")] if body is not None else []
+        return await self.call("POST", path, body=body, timeout=timeout)
+
+    # -- the public call surface (sbxkit.engine.execapi and other endpoint modules) ------------
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        timeout: float,
+    ) -> bytes:
+        """One short call on a pooled connection; ``path`` from ``api_path``. The reply body."""
+        headers = [("Content-Type", content_type)] if body is not None else []
         response = await self._transport.request(
-            "POST", self._path(path), body=body, headers=headers, timeout=timeout
+            method, self._path(path), body=body, headers=headers, timeout=timeout
         )
         return response.body
+
+    async def call_json(
+        self, method: str, path: str, kind: type[T], *, body: bytes | None = None, timeout: float
+    ) -> T:
+        """``call``, its reply decoded as ``kind`` (a malformed reply is EngineProtocolError)."""
+        reply = await self.call(method, path, body=body, timeout=timeout)
+        return self._decode(reply, kind, f"{method} {path}")
+
+    async def hijack(
+        self, method: str, path: str, *, body: bytes | None = None, timeout: float
+    ) -> HijackedStream:
+        """``Upgrade: tcp`` on a dedicated connection (attach, exec start)."""
+        headers = [("Content-Type", "application/json")] if body is not None else []
+        return await self._transport.hijack(
+            method, self._path(path), body=body, headers=headers, timeout=timeout
+        )
+
+    async def stream(self, method: str, path: str, *, timeout: float) -> StreamResponse:
+        """A streamed response on a dedicated connection (wait, events, archive)."""
+        return await self._transport.open_stream(method, self._path(path), timeout=timeout)
 
     # -- system -------------------------------------------------------------------------------
 
@@ -144,15 +179,19 @@ class Engine:
     # -- images ---------------------------------------------------------------------------------
 
     async def image_inspect(self, name: str) -> models.ImageInspect:
-        return await self._get(f"/images/{name}/json", models.ImageInspect, self.deadlines.inspect)
+        return await self._get(
+            api_path("/images/{}/json", name), models.ImageInspect, self.deadlines.inspect
+        )
 
     async def volume_inspect(self, name: str) -> models.VolumeReply:
-        return await self._get(f"/volumes/{name}", models.VolumeReply, self.deadlines.inspect)
+        return await self._get(
+            api_path("/volumes/{}", name), models.VolumeReply, self.deadlines.inspect
+        )
 
     # -- containers ---------------------------------------------------------------------------
 
     async def container_create(self, body: models.ContainerCreate, *, name: str) -> str:
-        path = join_query("/containers/create", [("name", name)])
+        path = api_path("/containers/create", query=[("name", name)])
         reply = await self._post(
             path, body=msgspec.json.encode(body), timeout=self.deadlines.create
         )
@@ -160,37 +199,45 @@ class Engine:
 
     async def container_inspect(self, container: str) -> models.ContainerInspect:
         return await self._get(
-            f"/containers/{container}/json", models.ContainerInspect, self.deadlines.inspect
+            api_path("/containers/{}/json", container),
+            models.ContainerInspect,
+            self.deadlines.inspect,
         )
 
     async def container_start(self, container_id: str) -> None:
-        await self._post(f"/containers/{container_id}/start", timeout=self.deadlines.start)
+        await self._post(
+            api_path("/containers/{}/start", container_id), timeout=self.deadlines.start
+        )
 
     async def container_attach(self, container_id: str, *, stdin: bool) -> HijackedStream:
         """Hijacked attach to stdout/stderr (and stdin); call before start to lose nothing."""
-        path = join_query(
-            f"/containers/{container_id}/attach",
-            [("stream", "1"), ("stdout", "1"), ("stderr", "1"), ("stdin", "1" if stdin else "0")],
+        path = api_path(
+            "/containers/{}/attach",
+            container_id,
+            query=[
+                ("stream", "1"),
+                ("stdout", "1"),
+                ("stderr", "1"),
+                ("stdin", "1" if stdin else "0"),
+            ],
         )
-        return await self._transport.hijack("POST", self._path(path), timeout=self.deadlines.attach)
+        return await self.hijack("POST", path, timeout=self.deadlines.attach)
 
     async def container_wait(self, container_id: str, condition: str = "next-exit") -> Waiter:
         """Register a wait; returns once the daemon confirmed it by sending the head."""
-        path = self._path(
-            join_query(f"/containers/{container_id}/wait", [("condition", condition)])
-        )
-        stream = await self._transport.open_stream("POST", path, timeout=self.deadlines.attach)
+        path = api_path("/containers/{}/wait", container_id, query=[("condition", condition)])
+        stream = await self.stream("POST", path, timeout=self.deadlines.attach)
         return Waiter(stream, path)
 
     async def container_kill(self, container_id: str, signal: str = "KILL") -> None:
-        path = join_query(f"/containers/{container_id}/kill", [("signal", signal)])
+        path = api_path("/containers/{}/kill", container_id, query=[("signal", signal)])
         await self._post(path, timeout=self.deadlines.kill)
 
     async def container_remove(self, container_id: str) -> bool:
         """Remove with ``force&v``. Returns False when the container was already gone."""
-        path = join_query(f"/containers/{container_id}", [("force", "true"), ("v", "true")])
+        path = api_path("/containers/{}", container_id, query=[("force", "true"), ("v", "true")])
         try:
-            await self._transport.request("DELETE", self._path(path), timeout=self.deadlines.remove)
+            await self.call("DELETE", path, timeout=self.deadlines.remove)
         except NotFound:
             return False
         return True
@@ -208,7 +255,7 @@ class Engine:
         if filters:
             params.append(("filters", msgspec.json.encode(filters).decode()))
         return await self._get(
-            join_query("/containers/json", params),
+            api_path("/containers/json", query=params),
             list[models.ContainerSummary],
             self.deadlines.list,
         )
@@ -216,10 +263,8 @@ class Engine:
     @asynccontextmanager
     async def events(self, filters: dict[str, list[str]]) -> AsyncIterator[EventStream]:
         """Stream daemon events matching ``filters`` from now on (dedicated connection)."""
-        path = self._path(
-            join_query("/events", [("filters", msgspec.json.encode(filters).decode())])
-        )
-        stream = await self._transport.open_stream("GET", path, timeout=self.deadlines.attach)
+        path = api_path("/events", query=[("filters", msgspec.json.encode(filters).decode())])
+        stream = await self.stream("GET", path, timeout=self.deadlines.attach)
         try:
             yield EventStream(stream, path)
         finally:
@@ -235,11 +280,11 @@ class Engine:
             ("until", f"{until:.9f}"),
             ("filters", msgspec.json.encode(filters).decode()),
         ]
-        target = self._path(join_query("/events", params))
-        response = await self._transport.request("GET", target, timeout=self.deadlines.list)
+        target = api_path("/events", query=params)
+        body = await self.call("GET", target, timeout=self.deadlines.list)
         decoder = EventStream._decoder
         try:
-            return [decoder.decode(line) for line in response.body.splitlines() if line.strip()]
+            return [decoder.decode(line) for line in body.splitlines() if line.strip()]
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise EngineProtocolError(f"GET {target}: malformed event: {exc}") from exc
 

@@ -1,6 +1,7 @@
 """Engine API calls for long-lived sandboxes: exec, resize and the archive endpoints.
 
-Functions over an ``Engine`` (its transport, versioned paths and cached decoders), kept apart
+Functions over an ``Engine``'s public call surface (``call``, ``call_json``, ``hijack``,
+``stream``) and ``api_path``'s quoted paths, kept apart
 from ``engine.client`` so the one-shot client stays small. Like the rest of ``sbxkit.engine``
 this knows nothing of sandboxes: it speaks the endpoints and returns msgspec models.
 
@@ -22,10 +23,8 @@ import msgspec
 
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import Body, Reply
-from sbxkit.engine.transport import HijackedStream, join_query
+from sbxkit.engine.transport import HijackedStream, api_path
 from sbxkit.errors import EngineProtocolError
-
-_JSON = [("Content-Type", "application/json")]
 
 
 class ExecCreate(Body):
@@ -64,45 +63,46 @@ async def exec_create(engine: Engine, container_id: str, body: ExecCreate) -> st
     """Create an exec instance in a running container; return its id."""
     if body.privileged:
         raise ValueError("privileged execs are never created")
-    path = engine._path(f"/containers/{container_id}/exec")
-    data = msgspec.json.encode(body)
-    response = await engine._transport.request(
-        "POST", path, body=data, headers=_JSON, timeout=engine.deadlines.create
+    path = api_path("/containers/{}/exec", container_id)
+    reply = await engine.call_json(
+        "POST",
+        path,
+        ExecCreateReply,
+        body=msgspec.json.encode(body),
+        timeout=engine.deadlines.create,
     )
-    return engine._decode(response.body, ExecCreateReply, f"POST {path}").id
+    return reply.id
 
 
 async def exec_start(engine: Engine, exec_id: str, *, tty: bool = False) -> HijackedStream:
     """Start an exec, hijacking the connection: multiplexed output (raw if ``tty``), stdin."""
-    path = engine._path(f"/exec/{exec_id}/start")
     body = msgspec.json.encode(ExecStart(detach=False, tty=tty))
-    return await engine._transport.hijack(
-        "POST", path, body=body, headers=_JSON, timeout=engine.deadlines.start
+    return await engine.hijack(
+        "POST", api_path("/exec/{}/start", exec_id), body=body, timeout=engine.deadlines.start
     )
 
 
 async def exec_inspect(engine: Engine, exec_id: str) -> ExecInspect:
-    path = engine._path(f"/exec/{exec_id}/json")
-    response = await engine._transport.request("GET", path, timeout=engine.deadlines.inspect)
-    return engine._decode(response.body, ExecInspect, f"GET {path}")
+    path = api_path("/exec/{}/json", exec_id)
+    return await engine.call_json("GET", path, ExecInspect, timeout=engine.deadlines.inspect)
 
 
-def _size_query(path: str, height: int, width: int) -> str:
+def _size_query(height: int, width: int) -> list[tuple[str, str]]:
     if not (0 < height < 65536 and 0 < width < 65536):
         raise ValueError(f"terminal size must be 1..65535, got {height}x{width}")
-    return join_query(path, [("h", str(height)), ("w", str(width))])
+    return [("h", str(height)), ("w", str(width))]
 
 
 async def exec_resize(engine: Engine, exec_id: str, height: int, width: int) -> None:
     """Resize a TTY exec's terminal (rows ``height``, columns ``width``)."""
-    path = engine._path(_size_query(f"/exec/{exec_id}/resize", height, width))
-    await engine._transport.request("POST", path, timeout=engine.deadlines.kill)
+    path = api_path("/exec/{}/resize", exec_id, query=_size_query(height, width))
+    await engine.call("POST", path, timeout=engine.deadlines.kill)
 
 
 async def container_resize(engine: Engine, container_id: str, height: int, width: int) -> None:
     """Resize a TTY container's terminal (rows ``height``, columns ``width``)."""
-    path = engine._path(_size_query(f"/containers/{container_id}/resize", height, width))
-    await engine._transport.request("POST", path, timeout=engine.deadlines.kill)
+    path = api_path("/containers/{}/resize", container_id, query=_size_query(height, width))
+    await engine.call("POST", path, timeout=engine.deadlines.kill)
 
 
 async def archive_get(engine: Engine, container_id: str, path: str, *, max_bytes: int) -> bytes:
@@ -110,8 +110,8 @@ async def archive_get(engine: Engine, container_id: str, path: str, *, max_bytes
 
     Sees image layers, volumes and binds only (not tmpfs): see the module doc.
     """
-    target = engine._path(join_query(f"/containers/{container_id}/archive", [("path", path)]))
-    stream = await engine._transport.open_stream("GET", target, timeout=engine.deadlines.inspect)
+    target = api_path("/containers/{}/archive", container_id, query=[("path", path)])
+    stream = await engine.stream("GET", target, timeout=engine.deadlines.inspect)
     try:
         parts: list[bytes] = []
         size = 0
@@ -130,16 +130,11 @@ async def archive_put(engine: Engine, container_id: str, path: str, tar: bytes) 
 
     Refused by the daemon on a read-only root filesystem unless ``path`` is in a volume.
     """
-    target = engine._path(
-        join_query(
-            f"/containers/{container_id}/archive",
-            [("path", path), ("noOverwriteDirNonDir", "true")],
-        )
+    target = api_path(
+        "/containers/{}/archive",
+        container_id,
+        query=[("path", path), ("noOverwriteDirNonDir", "true")],
     )
-    await engine._transport.request(
-        "PUT",
-        target,
-        body=tar,
-        headers=[("Content-Type", "application/x-tar")],
-        timeout=engine.deadlines.create,
+    await engine.call(
+        "PUT", target, body=tar, content_type="application/x-tar", timeout=engine.deadlines.create
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import select
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import h11
 import msgspec
@@ -411,6 +411,16 @@ def mapped_errors(method: str, path: str) -> Iterator[None]:
         raise EngineProtocolError(f"{method} {path}: local: {exc}") from exc
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         raise EngineConnectionError(method, path, str(exc) or type(exc).__name__) from exc
+
+
+def api_path(template: str, *params: str, query: Iterable[tuple[str, str]] = ()) -> str:
+    """An Engine API path: every ``{}`` of ``template`` takes one path parameter,
+    percent-encoded whole (``/``, ``..``, ``?`` and ``#`` included), so no id, name or image
+    reference can change which endpoint is called; then the query."""
+    if template.count("{}") != len(params):
+        raise ValueError(f"{template!r} takes {template.count('{}')} parameters, got {len(params)}")
+    path = template.format(*(quote(str(p), safe="") for p in params))
+    return join_query(path, query)
 
 
 def join_query(path: str, params: Iterable[tuple[str, str]]) -> str:

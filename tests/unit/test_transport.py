@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import socket
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,9 +17,11 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 import sbxkit.engine.transport as transport_module
-from sbxkit.engine.transport import HijackedStream, Transport, error_for, join_query
+from sbxkit.engine.transport import HijackedStream, Transport, api_path, error_for, join_query
 from sbxkit.errors import (
     Conflict,
     EngineConnectionError,
@@ -749,3 +752,32 @@ async def test_hijack_send_after_peer_reset_is_connection_error(tmp_path: Path) 
                     await flood(hijacked)
         finally:
             await hijacked.aclose()
+
+
+@pytest.mark.parametrize(
+    ("param", "expected"),
+    [
+        ("abc123", "/containers/abc123/json"),
+        ("sbxkit-test/busybox:latest", "/containers/sbxkit-test%2Fbusybox%3Alatest/json"),
+        ("../../images/x", "/containers/..%2F..%2Fimages%2Fx/json"),
+        ("a?b#c d", "/containers/a%3Fb%23c%20d/json"),
+    ],
+)
+def test_api_path_quotes_every_path_parameter_whole(param: str, expected: str) -> None:
+    assert api_path("/containers/{}/json", param) == expected
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_no_parameter_changes_which_endpoint_is_called(param: str) -> None:
+    path = api_path("/containers/{}/json", param, query=[("x", "1")])
+    route, _, query = path.partition("?")
+    segments = route.split("/")
+    assert segments[:2] == ["", "containers"]
+    assert segments[3:] == ["json"]
+    assert urllib.parse.unquote(segments[2]) == param
+    assert query == "x=1"
+
+
+def test_api_path_needs_one_parameter_per_placeholder() -> None:
+    with pytest.raises(ValueError, match="takes 1 parameters, got 0"):
+        api_path("/containers/{}/json")
