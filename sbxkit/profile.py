@@ -362,6 +362,7 @@ def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
         enable_bind_mounts=docker.enable_bind_mounts,
         enable_named_volumes=docker.enable_named_volumes,
         supervisor_state_dir=docker.supervisor.state_dir,
+        supervisor_command=supervisor_command(docker.supervisor),
     )
     return settings, docker.supervisor
 

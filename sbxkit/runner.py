@@ -127,7 +127,10 @@ async def run(
         if owner is None:
             assert settings.supervisor_state_dir is not None
             owner = SupervisedOwner(
-                eng, state_dir=Path(settings.supervisor_state_dir), on_queued=on_queued
+                eng,
+                state_dir=Path(settings.supervisor_state_dir),
+                on_queued=on_queued,
+                supervisor_command=settings.supervisor_command,
             )
         return await run_created(
             eng,

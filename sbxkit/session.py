@@ -282,7 +282,11 @@ async def owned_container(
             body = msgspec.structs.replace(body, **dict(body_overrides))
         if owner is None:
             assert settings.supervisor_state_dir is not None
-            owner = SupervisedOwner(eng, state_dir=Path(settings.supervisor_state_dir))
+            owner = SupervisedOwner(
+                eng,
+                state_dir=Path(settings.supervisor_state_dir),
+                supervisor_command=settings.supervisor_command,
+            )
         began = trio.current_time()
         container_id: str | None = None
         try:

@@ -62,6 +62,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     enable_bind_mounts: bool = False
     enable_named_volumes: bool = False
     supervisor_state_dir: str | None = None  # bind sources may not overlap it
+    supervisor_command: str | None = None
+    """The supervisor to launch when none runs for the state dir (an executable plus arguments,
+    shell-quoted; it receives ``--state-dir DIR``). None: ``$SBXKIT_SUPERVISOR``, else this
+    interpreter's ``sbxkit.supervisor``. Passed explicitly, never through ``os.environ``."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
     (``sbxkit.runner.effective_settings``) and parsed only where a rule depends on it (see the

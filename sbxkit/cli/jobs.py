@@ -30,7 +30,6 @@ from sbxkit.profile import (
     load_profile,
     profile_limits,
     profile_settings,
-    supervisor_command,
 )
 from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
@@ -182,10 +181,7 @@ def defaults_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], Settin
     if args.profile is not None:
         profile = load_profile(args.profile)
         defaults = profile_defaults(profile)
-        settings, supervisor = profile_settings(profile)
-        command = supervisor_command(supervisor)
-        if command is not None:
-            os.environ["SBXKIT_SUPERVISOR"] = command  # this process's own launches only
+        settings, _ = profile_settings(profile)  # supervisor.binary rides in the settings
     if args.image is not None:
         defaults["image"] = args.image
     limits = dict(defaults.get("limits", {}))

@@ -19,7 +19,6 @@ from sbxkit.profile import (
     load_profile,
     profile_settings,
     sandbox_options,
-    supervisor_command,
 )
 from sbxkit.result import RunResult
 from sbxkit.runner import run
@@ -112,12 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if profile is not None and sandbox_options(profile) is not None:
         backend = sandbox_backend(profile, args, spec)
     elif profile is not None:
-        settings, supervisor = profile_settings(profile)
-        command = supervisor_command(supervisor)
-        if command is not None:
-            # The supervisor client reads SBXKIT_SUPERVISOR when it launches the helper; this
-            # process is the CLI's own, so setting it here affects this run only.
-            os.environ["SBXKIT_SUPERVISOR"] = command
+        settings, _ = profile_settings(profile)  # supervisor.binary rides in the settings
     stdin = _read_stdin(args.stdin)
     on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
     result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend, on_queued)

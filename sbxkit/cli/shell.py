@@ -31,7 +31,7 @@ import trio
 from sbxkit.cli.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
 from sbxkit.cli.flags import ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SbxError
-from sbxkit.profile import Profile, load_profile, profile_settings, supervisor_command
+from sbxkit.profile import Profile, load_profile, profile_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
@@ -274,11 +274,7 @@ def run_shell(
 def cmd_shell(args: argparse.Namespace) -> int:
     """The ``sbxkit shell`` handler: returns the exit status, raises ``SbxError``."""
     profile = load_profile(args.profile) if args.profile is not None else None
-    spec, settings = shell_spec(args, profile)
-    if profile is not None:
-        command = supervisor_command(profile.sandbox.docker.supervisor)
-        if command is not None:
-            os.environ["SBXKIT_SUPERVISOR"] = command  # this process's own launches only
+    spec, settings = shell_spec(args, profile)  # supervisor.binary rides in the settings
     return run_shell(spec, settings, args.socket)
 
 

@@ -84,10 +84,11 @@ QueueObserver = Callable[[int, float], object]
 when its place changes and about every second."""
 
 
-def supervisor_argv(state_dir: Path) -> list[str]:
-    """How to start the helper: ``SBXKIT_SUPERVISOR`` names an executable taking
-    ``--state-dir``; the default is this interpreter running ``sbxkit.supervisor``."""
-    override = os.environ.get("SBXKIT_SUPERVISOR", "").strip()
+def supervisor_argv(state_dir: Path, command: str | None = None) -> list[str]:
+    """How to start the helper: ``command`` (a profile's ``supervisor.binary``), else
+    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir``; the default is this
+    interpreter running ``sbxkit.supervisor``."""
+    override = (command if command is not None else os.environ.get("SBXKIT_SUPERVISOR", "")).strip()
     base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
     return [*base, "--state-dir", str(state_dir)]
 
@@ -144,7 +145,9 @@ async def _connect_once(path: Path) -> trio.SocketStream | None:
         raise SupervisorError(f"cannot connect to {path}: {exc.strerror}") from exc
 
 
-async def connect_supervisor(state_dir: Path, first: Message | None = None) -> _Session:
+async def connect_supervisor(
+    state_dir: Path, first: Message | None = None, *, command: str | None = None
+) -> _Session:
     """Connect to the state dir's supervisor (launching it if needed); complete the handshake.
 
     ``first`` is sent right behind the Hello, in the same write, to save a round trip: the
@@ -158,7 +161,7 @@ async def connect_supervisor(state_dir: Path, first: Message | None = None) -> _
         _CHECKED_STATE_DIRS.add(state_dir)  # the supervisor re-checks at every start
     for attempt in range(HANDSHAKE_ATTEMPTS):
         try:
-            return await _connect_and_greet(state_dir, first)
+            return await _connect_and_greet(state_dir, first, command)
         except _HandshakeLost:
             if attempt + 1 == HANDSHAKE_ATTEMPTS:
                 raise SupervisorError(
@@ -176,11 +179,13 @@ class _HandshakeLost(Exception):
 _CHECKED_STATE_DIRS: set[Path] = set()
 
 
-async def _connect_and_greet(state_dir: Path, first: Message | None) -> _Session:
+async def _connect_and_greet(
+    state_dir: Path, first: Message | None, command: str | None
+) -> _Session:
     socket_path = state_dir / SOCKET_NAME
     stream = await _connect_once(socket_path)
     if stream is None:
-        argv = supervisor_argv(state_dir)
+        argv = supervisor_argv(state_dir, command)
         log_path = state_dir / "supervisor.log"
         try:
             await trio.to_thread.run_sync(launch_detached, argv, log_path)
@@ -261,8 +266,10 @@ class SupervisedOwner:
         startup_deadline_s: float = 30.0,
         close_timeout_s: float = 60.0,
         on_queued: QueueObserver | None = None,
+        supervisor_command: str | None = None,
     ) -> None:
         self._engine = engine
+        self.supervisor_command = supervisor_command
         self.state_dir = state_dir or default_state_dir()
         self.startup_deadline_s = startup_deadline_s
         self.close_timeout_s = close_timeout_s
@@ -271,7 +278,7 @@ class SupervisedOwner:
         self._queued: dict[str, float] = {}
 
     async def connect(self, first: Message | None = None) -> _Session:
-        return await connect_supervisor(self.state_dir, first)
+        return await connect_supervisor(self.state_dir, first, command=self.supervisor_command)
 
     # -- the owner seam -------------------------------------------------------------------------
 

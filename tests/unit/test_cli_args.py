@@ -577,18 +577,35 @@ def test_main_refuses_a_bad_profile(tmp_path: Any, capsys: pytest.CaptureFixture
     assert caught.value.code == EXIT_REFUSED
 
 
-def test_main_with_a_profile_sets_the_supervisor_binary(
+def test_main_with_a_profile_passes_the_supervisor_binary_in_the_settings(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The profile's supervisor.binary travels in the Settings the run receives; the process
+    environment is left alone (a library caller's os.environ is not ours to change)."""
     import os
 
-    monkeypatch.setenv("SBXKIT_SUPERVISOR", "restored-after-the-test")
+    from sbxkit.cli import run_command
+    from sbxkit.supervisor.client import supervisor_argv
+
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "the-callers-own")
+    seen: list[Any] = []
+
+    async def fake_run(spec: Any, stdin: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["settings"])
+        raise EngineUnavailable("/nonexistent/d.sock", "not started in this test")
+
+    monkeypatch.setattr(run_command, "run", fake_run)
     path = write_profile(tmp_path)
     with pytest.raises(SystemExit) as caught:
         main(["run", "--socket", "/nonexistent/d.sock", "--profile", path, "--", "true"])
-    # The profile passed validation; only the daemon was missing.
     assert caught.value.code == EXIT_ENGINE_UNAVAILABLE
-    assert os.environ["SBXKIT_SUPERVISOR"] == "/opt/sbx/sbxkit-supervisor"
+    (settings,) = seen
+    assert settings.supervisor_command == "/opt/sbx/sbxkit-supervisor"
+    assert os.environ["SBXKIT_SUPERVISOR"] == "the-callers-own"
+    state = tmp_path / "leases"
+    argv = supervisor_argv(state, settings.supervisor_command)
+    assert argv == ["/opt/sbx/sbxkit-supervisor", "--state-dir", str(state)]
+    assert supervisor_argv(state)[0] == "the-callers-own"  # without one, the environment's
     assert "/nonexistent/d.sock" in capsys.readouterr().err
 
 

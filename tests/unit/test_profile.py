@@ -141,6 +141,7 @@ def test_apply_profile_gives_spec_settings_and_supervisor_options() -> None:
         enable_bind_mounts=True,
         enable_named_volumes=True,
         supervisor_state_dir="/var/lib/sbxkit/leases",
+        supervisor_command="'/opt/sbx tools/sbxkit-supervisor'",
     )
     assert supervisor.binary == "/opt/sbx tools/sbxkit-supervisor"
     command = supervisor_command(supervisor)
