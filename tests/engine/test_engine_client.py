@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -153,7 +154,8 @@ async def test_missing_image_is_not_found_with_context(engine: Engine, witness: 
         await engine.image_inspect(image)
     error = caught.value
     assert error.method == "GET"
-    assert error.path == f"/v1.41/images/{image}/json"
+    # The path parameter travels percent-encoded whole (api_path): the path as sent.
+    assert error.path == f"/v1.41/images/{urllib.parse.quote(image, safe='')}/json"
     assert error.status == 404
     assert "No such image" in error.message
     assert image in error.message
@@ -252,9 +254,9 @@ async def test_stalled_daemon_raises_engine_timeout(witness: Witness, tmp_path: 
         assert 0.45 <= elapsed < 3.0
         error = caught.value
         assert error.method == "GET"
-        assert error.path == "/v1.41/images/sbxkit-test/busybox:latest/json"
+        assert error.path == "/v1.41/images/sbxkit-test%2Fbusybox%3Alatest/json"
         assert error.seconds == 0.5
-        assert "GET /v1.41/images/sbxkit-test/busybox:latest/json" in str(error)
+        assert "GET /v1.41/images/sbxkit-test%2Fbusybox%3Alatest/json" in str(error)
         assert "0.5 s" in str(error)
         # The stalled connection was not pooled: once the daemon answers again, calls work.
         proxy.stall = False
