@@ -21,7 +21,7 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError, ImageError, NotFound
 from sbxkit.gpu import GpuCursor
-from sbxkit.mounts import ExpectedMount
+from sbxkit.mounts import ExpectedMount, ResolvedMounts
 from sbxkit.outcome import judge_exit
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owner import Owner
@@ -113,25 +113,8 @@ async def run(
     validate_spec(spec, settings)
     lease = new_lease_id()
     async with engine_or_open(engine, socket_path) as eng:
-        await check_image(eng, spec.image)
-        resolved = await resolve_mounts(eng, spec, settings)
-        plan = await check_daemon(eng, spec, gpu_cursor or GPU_CURSOR)
-        body = build_create_body(
-            spec,
-            lease,
-            settings=settings,
-            resolved=resolved,
-            gpu_devices=plan.gpu_devices,
-            podman=eng.is_podman,
-        )
-        if owner is None:
-            assert settings.supervisor_state_dir is not None
-            owner = SupervisedOwner(
-                eng,
-                state_dir=Path(settings.supervisor_state_dir),
-                on_queued=on_queued,
-                supervisor_command=settings.supervisor_command,
-            )
+        body, resolved = await prepare_create(eng, spec, settings, lease, gpu_cursor or GPU_CURSOR)
+        owner = owner or default_owner(eng, settings, on_queued)
         return await run_created(
             eng,
             owner,
@@ -142,6 +125,38 @@ async def run(
             expected_mounts=resolved.expected,
             on_output=on_output,
         )
+
+
+async def prepare_create(
+    engine: Engine, spec: SandboxSpec, settings: Settings, lease: str, gpu_cursor: GpuCursor
+) -> tuple[ContainerCreate, ResolvedMounts]:
+    """What only the daemon can judge, then the hardened create body: the image (present, no
+    VOLUME), the mounts, the runtime and GPUs. Shared by one-shot runs and sessions."""
+    await check_image(engine, spec.image)
+    resolved = await resolve_mounts(engine, spec, settings)
+    plan = await check_daemon(engine, spec, gpu_cursor)
+    body = build_create_body(
+        spec,
+        lease,
+        settings=settings,
+        resolved=resolved,
+        gpu_devices=plan.gpu_devices,
+        podman=engine.is_podman,
+    )
+    return body, resolved
+
+
+def default_owner(
+    engine: Engine, settings: Settings, on_queued: QueueObserver | None = None
+) -> SupervisedOwner:
+    """The supervisor of the settings' state dir (``effective_settings`` fills it in)."""
+    assert settings.supervisor_state_dir is not None
+    return SupervisedOwner(
+        engine,
+        state_dir=Path(settings.supervisor_state_dir),
+        on_queued=on_queued,
+        supervisor_command=settings.supervisor_command,
+    )
 
 
 def effective_settings(settings: Settings | None) -> Settings:

@@ -39,7 +39,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -73,20 +72,19 @@ from sbxkit.errors import (
 from sbxkit.outcome import SIGNAL_EXIT_BASE, classify_exit, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owner import Owner
-from sbxkit.policy import SCRATCH_PATH, build_create_body, container_name
-from sbxkit.preflight import check_daemon, resolve_mounts
+from sbxkit.policy import SCRATCH_PATH, container_name
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream, Usage
 from sbxkit.rules import merge_env, runtime_env
 from sbxkit.runner import (
     GPU_CURSOR,
     LIFETIME_MARGIN_S,
-    check_image,
+    default_owner,
     effective_settings,
     new_lease_id,
+    prepare_create,
 )
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_spec, validate_workdir
-from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.unwrap import plain_async
 from sbxkit.usage import USAGE_SCRIPT, parse_usage
 from sbxkit.verify import check_created
@@ -267,26 +265,10 @@ async def owned_container(
     lease = new_lease_id()
     name = container_name(lease)
     async with engine_or_open(engine, socket_path) as eng:
-        await check_image(eng, spec.image)
-        resolved = await resolve_mounts(eng, spec, settings)
-        plan = await check_daemon(eng, spec, GPU_CURSOR)
-        body = build_create_body(
-            spec,
-            lease,
-            settings=settings,
-            resolved=resolved,
-            gpu_devices=plan.gpu_devices,
-            podman=eng.is_podman,
-        )
+        body, resolved = await prepare_create(eng, spec, settings, lease, GPU_CURSOR)
         if body_overrides:
             body = msgspec.structs.replace(body, **dict(body_overrides))
-        if owner is None:
-            assert settings.supervisor_state_dir is not None
-            owner = SupervisedOwner(
-                eng,
-                state_dir=Path(settings.supervisor_state_dir),
-                supervisor_command=settings.supervisor_command,
-            )
+        owner = owner or default_owner(eng, settings)
         began = trio.current_time()
         container_id: str | None = None
         try:
