@@ -11,7 +11,7 @@ round by round with every other runtime's:
     the supervisor).
 
 The daemon's default runtime (runc on Docker, crun on Podman) is asked for by no name, as a
-default run does. Every cell uses the same bounds, with **128 pids** (gVisor's floor, so all
+default run does. Every cell uses the same bounds, with **gVisor's floor of pids** (so all
 cells are alike); on Podman the floor also sets sbxkit's ``nofile``/``nproc`` ulimits, without
 which nothing starts there. Ratios:
 ``sbxkit_R/raw_R`` (sbxkit's price under each runtime) and ``raw_R/raw_runc``,
@@ -54,6 +54,7 @@ from bench.suite import ActivityWatch, LeakCheck, default_busybox, label_of, pee
 from sbxkit.engine.client import open_engine
 from sbxkit.engine.discovery import ping_socket
 from sbxkit.policy import PODMAN_ULIMITS
+from sbxkit.rules import GVISOR_MIN_PIDS
 from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "runtimes"
@@ -65,7 +66,7 @@ DAEMON_DEFAULT = "runc"
 """The reference runtime of the ratios (Docker's default; Podman's is crun)."""
 CPUS = 1.0
 MEMORY_BYTES = 64 * MiB
-PIDS = 128
+PIDS = GVISOR_MIN_PIDS
 """gVisor's floor (sbxkit refuses less under runsc); every cell uses it so they compare."""
 
 
@@ -256,7 +257,7 @@ def plot_of(runs: list[tuple[str, list[str], dict[str, Any]]]) -> dict[str, Any]
         "ylabel": "ms (median, whiskers p10–p90)",
         "groups": groups,
         "series": [{"label": labels[k], **v} for k, v in series.items()],
-        "note": "ratios only within one run (one engine); 128 pids in every cell",
+        "note": f"ratios only within one run (one engine); {PIDS} pids in every cell",
     }
 
 

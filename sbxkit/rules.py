@@ -354,10 +354,12 @@ def check_runtime_registered(runtime: str | None, registered: Iterable[str]) -> 
 
 
 GVISOR_RUNTIME = "runsc"
-GVISOR_MIN_PIDS = 128
-"""gVisor's own Sentry and gofer threads (about 30 on an idle sandbox, more per payload task)
-live in the container's pids cgroup: with 16 the sandbox cannot start, with 64 a shell that
-backgrounds a few children kills the whole sandbox (exit 2, no message)."""
+GVISOR_MIN_PIDS = 256
+"""gVisor's own Sentry and gofer threads (about 45 on an idle sandbox, more per payload task and
+more again while the host's CPUs are contended: the Go runtime adds threads for blocked
+syscalls) live in the container's pids cgroup. Over the ceiling the whole sandbox dies (exit 2,
+no message): with 16 it cannot start, with 64 a shell with five background children kills it,
+and with 128 an idle-looking session died under CPU load; 256 held in the same load."""
 
 
 def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> None:
@@ -380,7 +382,7 @@ def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> No
             "limits.pids",
             f"must be at least {GVISOR_MIN_PIDS} under gVisor (runsc): its pids ceiling also "
             "counts the sandbox kernel's own threads, and below that the sandbox dies on its "
-            "first few children",
+            "first few children or under CPU load",
         )
 
 

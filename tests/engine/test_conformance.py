@@ -18,6 +18,7 @@ import pytest
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
+from sbxkit.rules import GVISOR_MIN_PIDS
 from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB
@@ -92,7 +93,7 @@ def host_process_facts(container_id: str) -> list[dict[str, str]]:
 async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_limits(
     runtime: str | None, busybox: str, engine: Engine, witness: Witness
 ) -> None:
-    session = spec(busybox, "unused", runtime=runtime, cpus=0.5, memory_bytes=96 * MiB, pids=160)
+    session = spec(busybox, "unused", runtime=runtime, cpus=0.5, memory_bytes=96 * MiB, pids=300)
     async with open_sandbox(session, engine=engine) as sandbox:
         runtime_used = oci_runtime(witness, sandbox.container_id)
         kernel = await sandbox.exec(["cat", "/proc/version"])
@@ -106,7 +107,7 @@ async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_li
         assert kernel.stdout != host_kernel  # gVisor answers with its own kernel
     else:
         assert kernel.stdout == host_kernel  # runc and crun share the host's
-    assert limits == {"pids": "160", "memory": str(96 * MiB), "cpu": "50000"}
+    assert limits == {"pids": "300", "memory": str(96 * MiB), "cpu": "50000"}
     if is_gvisor(runtime):
         # gVisor's own processes on the host: the Sentry runs as 65534 in a user namespace of
         # its own, the gofer as host root with file capabilities; both under seccomp and
@@ -133,15 +134,19 @@ async def test_bridge_and_a_low_pids_ceiling_are_refused_under_gvisor_by_name(
     with pytest.raises(SpecError) as bridge:
         await run(bridged, engine=engine)
     with pytest.raises(SpecError) as pids:
-        await run(spec(busybox, f"echo {marker}", runtime=name, pids=127), engine=engine)
-    # Positive control: the same spec with 128 pids runs under gVisor.
-    ok = await run(spec(busybox, f"echo {marker}", runtime=name, pids=128), engine=engine)
+        await run(
+            spec(busybox, f"echo {marker}", runtime=name, pids=GVISOR_MIN_PIDS - 1), engine=engine
+        )
+    # Positive control: the same spec at the floor runs under gVisor.
+    ok = await run(
+        spec(busybox, f"echo {marker}", runtime=name, pids=GVISOR_MIN_PIDS), engine=engine
+    )
     until = time.time()
 
     assert bridge.value.field == "network"
     assert "gVisor" in bridge.value.rule
     assert pids.value.field == "limits.pids"
-    assert "at least 128" in pids.value.rule
+    assert f"at least {GVISOR_MIN_PIDS}" in pids.value.rule
     assert ok.ok, ok
     assert ok.stdout == f"{marker}\n".encode()
     creates = witness.events(since, until, type=["container"], event=["create"])

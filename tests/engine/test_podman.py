@@ -13,6 +13,7 @@ import pytest
 
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.errors import SpecError
+from sbxkit.rules import GVISOR_MIN_PIDS
 from sbxkit.runner import run
 from tests.engine.helpers import spec, unique
 from tests.witness import Witness
@@ -44,7 +45,9 @@ async def test_a_runtime_the_compat_api_would_ignore_is_refused_before_any_conta
     """Podman's compat create ignores HostConfig.Runtime: gVisor asked for would be crun."""
     marker = unique("podman-runtime")
     with pytest.raises(SpecError) as refused:
-        await run(spec(busybox, f"echo {marker}", runtime=asked, pids=128), engine=engine)
+        await run(
+            spec(busybox, f"echo {marker}", runtime=asked, pids=GVISOR_MIN_PIDS), engine=engine
+        )
     # Podman keeps no queryable event log here, so "nothing was created" is read from the
     # container list, right after the refusal.
     assert witness.containers() == []

@@ -18,6 +18,7 @@ from sbxkit.errors import EngineUnavailable, SpecError
 from sbxkit.policy import build_create_body
 from sbxkit.rules import (
     ENV_SIZE_LIMIT,
+    GVISOR_MIN_PIDS,
     HOST_GATEWAY_ALIAS,
     LEASE_LABEL,
     ONLY_LABELS,
@@ -462,7 +463,9 @@ def test_default_body_has_no_runtime_and_gvisor_means_runsc() -> None:
     assert "Runtime" not in body_of(make_spec())["HostConfig"]
     gvisor = make_spec(
         runtime="gvisor",
-        limits=Limits(cpus=1.0, memory_bytes=64 * MiB, pids=128, output_bytes=1024, timeout_s=5),
+        limits=Limits(
+            cpus=1.0, memory_bytes=64 * MiB, pids=GVISOR_MIN_PIDS, output_bytes=1024, timeout_s=5
+        ),
     )
     assert body_of(gvisor)["HostConfig"]["Runtime"] == "runsc"
     assert body_of(make_spec(runtime="crun"))["HostConfig"]["Runtime"] == "crun"
