@@ -25,14 +25,9 @@ from sbxkit.engine.client import Engine
 from sbxkit.engine.execapi import container_resize
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.errors import SbxError
+from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, owned_container
 from sbxkit.owner import Owner
-from sbxkit.session import (
-    ContainerProcess,
-    OwnedContainer,
-    OwnedView,
-    SandboxExit,
-    owned_container,
-)
+from sbxkit.session import OwnedView
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 

@@ -26,15 +26,10 @@ from sbxkit.engine.client import Engine
 from sbxkit.engine.frames import STDIN, STDOUT, Demuxer
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.output import CappedBuffer
+from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, owned_container
 from sbxkit.owner import Owner
 from sbxkit.result import Status, Stream
-from sbxkit.session import (
-    ContainerProcess,
-    OwnedContainer,
-    OwnedView,
-    SandboxExit,
-    owned_container,
-)
+from sbxkit.session import OwnedView
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
