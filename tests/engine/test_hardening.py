@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from sbxkit.engine.client import Engine
+from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import python_spec, spec, text, unique
 from tests.engine.runtimes import is_gvisor, min_pids, read_only_error
+from tests.witness import Witness
 
 NOBODY = "65534"
 
@@ -221,8 +223,21 @@ async def test_a_fork_loop_hits_the_pids_ceiling(
         assert "can't fork" in text(result.stderr)
 
 
+def assert_oom_outcome(result: RunResult, podman: bool) -> None:
+    """An OOM kill is ``oom_killed`` on the daemon's evidence. Podman 4.3 here gives none:
+    ``OOMKilled`` stays unset (conmon drops its oom marker into the service's working
+    directory) and its events say only ``died``, so the kill is reported as the exit it is,
+    137, never as an OOM nobody proved (docs/backends.md)."""
+    if podman:
+        assert (result.status, result.exit_code, result.oom_evidence) == ("exited", 137, None)
+        return
+    assert result.status == "oom_killed", result
+    assert result.oom_evidence
+    assert result.exit_code == 137
+
+
 async def test_a_large_python_allocation_is_oom_killed(
-    runtime: str | None, engine: Engine, python_image: str
+    runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     code = (
         "chunks = []\n"
@@ -234,24 +249,20 @@ async def test_a_large_python_allocation_is_oom_killed(
         python_spec(python_image, code, memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
-    assert result.status == "oom_killed", result
-    assert result.oom_evidence
-    assert result.exit_code == 137
+    assert_oom_outcome(result, witness.is_podman())
     mib_held = [int(n) for n in text(result.stdout).split()]
     assert mib_held, result  # it did allocate ...
     assert max(mib_held) < 64  # ... and died before holding the whole limit
 
 
 async def test_tail_of_dev_zero_is_oom_killed(
-    runtime: str | None, engine: Engine, busybox: str
+    runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     result = await run(
         spec(busybox, "tail /dev/zero", memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
-    assert result.status == "oom_killed", result
-    assert result.oom_evidence
-    assert result.exit_code == 137
+    assert_oom_outcome(result, witness.is_podman())
 
 
 CGROUP_PROBE = """
