@@ -193,7 +193,7 @@ def build_create_body(
         env=_env_list(container_env(spec, lease)),
         user=spec.user,
         working_dir=spec.workdir,
-        labels={**spec_labels(spec), LEASE_LABEL: lease},
+        labels={**spec_labels(spec), **(settings.labels if settings else {}), LEASE_LABEL: lease},
         attach_stdin=True,
         attach_stdout=True,
         attach_stderr=True,

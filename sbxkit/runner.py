@@ -29,7 +29,7 @@ from sbxkit.policy import build_create_body, container_name
 from sbxkit.preflight import check_daemon, resolve_mounts
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, validate_spec
+from sbxkit.spec import SandboxSpec, parse_label_list, validate_spec
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.journal import default_state_dir
 from sbxkit.unwrap import plain_async
@@ -174,6 +174,9 @@ def effective_settings(settings: Settings | None) -> Settings:
         raw = os.environb.get(b"SBXKIT_ENV")
         if raw is not None:
             settings = msgspec.structs.replace(settings, environment=raw)
+    if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
+        labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
+        settings = msgspec.structs.replace(settings, labels=labels)
     return settings
 
 

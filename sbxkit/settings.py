@@ -66,6 +66,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     """The supervisor to launch when none runs for the state dir (an executable plus arguments,
     shell-quoted; it receives ``--state-dir DIR``). None: ``$SBXKIT_SUPERVISOR``, else this
     interpreter's ``sbxkit.supervisor``. Passed explicitly, never through ``os.environ``."""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    """Labels on every container this process creates (an operator's or a CI job's tags; the
+    environment's ``SBXKIT_LABELS=k=v,k2=v2`` when empty). They win over a spec's labels; the
+    lease label stays reserved."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
     (``sbxkit.runner.effective_settings``) and parsed only where a rule depends on it (see the

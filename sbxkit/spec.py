@@ -341,6 +341,18 @@ def validate_labels(labels: object, field: str = "labels") -> None:
             raise SpecError(where, "keys and values must not contain control characters")
 
 
+def parse_label_list(text: str, field: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (an environment variable's labels), checked like a spec's labels."""
+    labels: dict[str, str] = {}
+    for item in text.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not eq or not key:
+            raise SpecError(field, f"expected KEY=VALUE[,KEY=VALUE...], got {item.strip()!r}")
+        labels[key] = value
+    validate_labels(labels, field)
+    return labels
+
+
 def spec_labels(spec: SandboxSpec) -> dict[str, str]:
     """The user's labels: ``labels`` plus the ones carried by ``--label=`` extra flags."""
     return merge_labels(spec.labels, parse_extra_flags(spec.extra_flags))

@@ -18,6 +18,11 @@ SOCKET = os.environ.get("SBXKIT_TEST_SOCKET", "/var/run/docker.sock")
 BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
 PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
 LEASE_LABEL = "sbxkit.lease"
+RUN_LABEL = "sbxkit-test.run"
+THIS_RUN = dict(
+    item.partition("=")[::2] for item in os.environ.get("SBXKIT_LABELS", "").split(",") if item
+).get(RUN_LABEL)
+"""This test session's run label (tests/conftest.py sets it through SBXKIT_LABELS)."""
 
 
 class Witness:
@@ -53,12 +58,17 @@ class Witness:
         return result
 
     def sbxkit_containers(self) -> list[dict[str, Any]]:
-        """Every container sbxkit could own: by lease label or by our name prefix."""
+        """Every container sbxkit could own — by lease label or by our name prefix — except
+        those of *another* test session on a shared daemon (another ``sbxkit-test.run``
+        value). A container without a run label counts as ours: leaks are never excused."""
         return [
             c
             for c in self.containers()
-            if LEASE_LABEL in (c.get("Labels") or {})
-            or any(n.lstrip("/").startswith("sbxkit-") for n in c.get("Names") or [])
+            if (
+                LEASE_LABEL in (c.get("Labels") or {})
+                or any(n.lstrip("/").startswith("sbxkit-") for n in c.get("Names") or [])
+            )
+            and (c.get("Labels") or {}).get(RUN_LABEL, THIS_RUN) == THIS_RUN
         ]
 
     def wait_until_no_sbxkit_containers(self, seconds: float) -> list[dict[str, Any]]:
