@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import anyio
+import msgspec
 import sniffio
 import trio
 from inspect_ai.util import (
@@ -100,20 +101,9 @@ def sample_spec(
     spec, settings, _ = apply_profile(profile, ["true"])
     labels = {**spec.labels, INSPECT_LABEL: task_name}
     workdir = spec.workdir or DEFAULT_WORKDIR
-    spec = SandboxSpec(
-        image=spec.image,
-        command=spec.command,
-        limits=spec.limits,
-        env=spec.env,
-        user=spec.user,
-        workdir=workdir,
-        network=spec.network,
-        runtime=spec.runtime,
-        labels=labels,
-        mounts=spec.mounts,
-        extra_flags=spec.extra_flags,
-        gpus=spec.gpus,
-    )
+    # The profile's spec with Inspect's task label and a working directory: every other field
+    # is derived, never copied (a new SandboxSpec field cannot be dropped here).
+    spec = msgspec.structs.replace(spec, labels=labels, workdir=workdir)
     validate_spec(spec, settings)
     return spec, settings
 
