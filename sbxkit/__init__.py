@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
     from sbxkit.archive import ArchiveError
+    from sbxkit.backends.base import Backend, open_backend
+    from sbxkit.backends.docker import DockerBackend
     from sbxkit.broker import (
         GrantError,
         GrantResult,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
+    from sbxkit.plan import CheckedSpec, check_spec
     from sbxkit.policy import LEASE_LABEL, build_create_body
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
@@ -69,6 +72,11 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
 _WHERE: dict[str, str] = {
+    "open_backend": "sbxkit.backends.base",
+    "check_spec": "sbxkit.plan",
+    "CheckedSpec": "sbxkit.plan",
+    "DockerBackend": "sbxkit.backends.docker",
+    "Backend": "sbxkit.backends.base",
     "AdmissionTimeout": "sbxkit.supervisor.client",
     "ArchiveError": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
@@ -155,12 +163,15 @@ __all__ = [
     "LEASE_LABEL",
     "AdmissionTimeout",
     "ArchiveError",
+    "Backend",
     "BindMount",
     "CapacityExhausted",
+    "CheckedSpec",
     "CleanupError",
     "Conflict",
     "ContainerMismatch",
     "Deadlines",
+    "DockerBackend",
     "Engine",
     "EngineConnectionError",
     "EngineError",
@@ -206,7 +217,9 @@ __all__ = [
     "apply_profile",
     "blocking",
     "build_create_body",
+    "check_spec",
     "load_profile",
+    "open_backend",
     "open_engine",
     "open_pty",
     "open_sandbox",

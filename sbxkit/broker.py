@@ -34,11 +34,13 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 import msgspec
 import trio
 
-from sbxkit.engine.client import Engine
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.grant_files import (
     DIR_FLAGS,
     STAGING_MODE,
@@ -58,15 +60,10 @@ from sbxkit.grants import (
     derive_spec,
     exited_zero,
 )
-from sbxkit.mounts import (
-    BindMount,
-    is_within,
-)
-from sbxkit.owner import Owner
+from sbxkit.mounts import BindMount, is_within, validate_mounts
+from sbxkit.plan import CheckedSpec
 from sbxkit.result import RunResult
-from sbxkit.runner import effective_settings, run
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, parse_user, validate_spec
+from sbxkit.spec import SandboxSpec, parse_user, validate_limits
 
 __all__ = [
     "DEFAULT_INPUT_MAX_BYTES",
@@ -172,12 +169,10 @@ async def run_with_grants(
     grants: Grants,
     stdin: bytes | None = None,
     *,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    socket_path: str | None = None,
-    settings: Settings | None = None,
     success: Callable[[RunResult], bool] = exited_zero,
     work_dir: str | None = None,
+    backend: Backend | None = None,
+    **docker: Unpack[DockerOptions],
 ) -> GrantResult:
     """Run ``spec`` once with file grants; publish outputs only after a successful run.
 
@@ -194,15 +189,13 @@ async def run_with_grants(
     (including CleanupError) propagate and nothing is published. The broker's directory is
     removed in every case, cancellation included.
     """
-    settings = effective_settings(settings)
-    validate_spec(spec, settings)
-    check_grants(spec, grants, settings)
+    chosen = docker_backend(backend, **docker)
+    checked = chosen.check(spec, "grants")
+    check_grants(checked.spec, grants, checked.settings)
     uid, gid = parse_user(spec.user)
     ws = await trio.to_thread.run_sync(_open_workspace, work_dir, uid, gid, bool(grants.outputs))
     try:
-        outcome = await _run_in(
-            ws, spec, grants, stdin, engine, owner, socket_path, settings, success
-        )
+        outcome = await _run_in(ws, checked, grants, stdin, chosen, success)
     except BaseException as exc:
         with trio.CancelScope(shield=True):
             problem = await trio.to_thread.run_sync(_dispose, ws)
@@ -220,32 +213,29 @@ async def run_with_grants(
 
 async def _run_in(
     ws: _Workspace,
-    spec: SandboxSpec,
+    checked: CheckedSpec,
     grants: Grants,
     stdin: bytes | None,
-    engine: Engine | None,
-    owner: Owner | None,
-    socket_path: str | None,
-    settings: Settings,
+    backend: Backend,
     success: Callable[[RunResult], bool],
 ) -> GrantResult:
     inputs = await trio.to_thread.run_sync(_snapshot_all, grants.inputs, ws)
     snapshots = [ws.snapshot(index) for index in range(len(grants.inputs))]
-    derived = derive_spec(spec, grants, snapshots, ws.staging if grants.outputs else None)
+    derived = derive_spec(checked.spec, grants, snapshots, ws.staging if grants.outputs else None)
     # The only bind mounts left are the broker's own; enabling them enables nothing else.
     for mount in derived.mounts:
         if isinstance(mount, BindMount) and not is_within(mount.source, ws.root):
             raise AssertionError(f"bind source {mount.source} is not the broker's")
-    derived_settings = msgspec.structs.replace(settings, enable_bind_mounts=True)
-    validate_spec(derived, derived_settings)
-    result = await run(
-        derived,
-        stdin,
-        engine=engine,
-        owner=owner,
-        socket_path=socket_path,
-        settings=derived_settings,
+    settings = msgspec.structs.replace(checked.settings, enable_bind_mounts=True)
+    # Only the mounts and fsize changed from the checked spec: check those, not all of it.
+    validate_mounts(
+        derived.mounts,
+        enable_bind_mounts=True,
+        enable_named_volumes=settings.enable_named_volumes,
+        state_dir=settings.supervisor_state_dir,
     )
+    validate_limits(derived.limits)
+    result = await backend.run_once(CheckedSpec(spec=derived, settings=settings), stdin)
     if not success(result):
         return GrantResult(result=result, receipts=[], inputs=inputs, published=False)
     if not grants.outputs:

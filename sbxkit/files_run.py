@@ -15,11 +15,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from sbxkit.engine.client import Engine
-from sbxkit.owner import Owner
+from sbxkit.backends.base import Backend
 from sbxkit.result import RunResult, Usage
 from sbxkit.session import open_sandbox
-from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit
 
 SESSION_MARGIN_S = 60.0
@@ -32,10 +30,7 @@ async def run_with_files(
     files: Mapping[str, bytes],
     *,
     measure_usage: bool = False,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    socket_path: str | None = None,
-    settings: Settings | None = None,
+    backend: Backend,
 ) -> RunResult:
     """Put ``files`` (relative name → content) into ``/tmp``, then run ``spec.command``;
     with ``measure_usage``, read the sandbox's cgroup before and after it (sbxkit/usage.py)."""
@@ -45,9 +40,7 @@ async def run_with_files(
         spec.limits, timeout_s=spec.limits.timeout_s + SESSION_MARGIN_S
     )
     session_spec = msgspec.structs.replace(spec, limits=session_limits)
-    async with open_sandbox(
-        session_spec, engine=engine, owner=owner, settings=settings, socket_path=socket_path
-    ) as sandbox:
+    async with open_sandbox(session_spec, backend=backend) as sandbox:
         if files:
             await sandbox.put_files(files)
         before = await sandbox.usage() if measure_usage else None

@@ -1,9 +1,9 @@
 """Harness mode: run many one-shot jobs, boundedly parallel, within the host's budget.
 
 ``run_many`` is what a benchmark harness (or ``sbxkit batch``) wants from sbxkit: hand it a list
-of jobs, get one result per job. Each job is an ordinary ``sbxkit.runner.run``, so each keeps
-the whole one-shot lifecycle (design.md §3) and removes its own container through its owner,
-whatever happens — a timeout, an error, or the caller cancelling the batch.
+of jobs, get one result per job. Each job is one ``run_once`` of a backend (Docker by default),
+so each keeps the whole one-shot lifecycle (design.md §3) and removes its own container through
+its owner, whatever happens — a timeout, an error, or the caller cancelling the batch.
 
 Host admission is the owner's, in one place whatever the caller: the supervisor queues each
 run until its memory fits the host's budget (docs/operations.md, "Capacity and admission"), and
@@ -36,11 +36,13 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 import trio
 
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerBackend, docker_backend
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SpecError
 from sbxkit.owner import Owner
+from sbxkit.plan import CheckedSpec
 from sbxkit.result import RunResult
-from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import CapacityExhausted
@@ -70,7 +72,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     """One sandboxed run of a batch."""
 
     id: JobId
-    spec: SandboxSpec
+    spec: SandboxSpec | CheckedSpec
+    """A ``CheckedSpec`` (``sbxkit batch`` checks every line first) is not validated again."""
     stdin: bytes | None = None
 
 
@@ -128,9 +131,11 @@ class Budget(msgspec.Struct, frozen=True):
     nano_cpus: int | None
 
 
-def need_of(spec: SandboxSpec) -> Need:
+def need_of(spec: SandboxSpec | CheckedSpec) -> Need:
     """A spec's reservation. Absent or malformed limits count as 0 here: the run refuses them
     itself (SpecError, as that job's error result) before anything is created."""
+    if isinstance(spec, CheckedSpec):
+        spec = spec.spec
     memory = spec.limits.memory_bytes
     cpus = spec.limits.cpus
     memory_bytes = memory if isinstance(memory, int) and not isinstance(memory, bool) else 0
@@ -239,20 +244,13 @@ def caller_budget(host_memory_bytes: int | None, host_cpus: float | None) -> Bud
     )
 
 
-async def _run_job(
-    engine: Engine,
-    job: Job,
-    owner_factory: OwnerFactory | None,
-    settings: Settings | None,
-    capacity_wait_s: float,
-) -> RunResult:
+async def _run_job(backend: Backend, job: Job, capacity_wait_s: float) -> RunResult:
     """One run; a supervisor that is full is retried with backoff (nothing was created)."""
     delay, ceiling = _CAPACITY_BACKOFF_S
     deadline = trio.current_time() + capacity_wait_s
     while True:
-        owner = owner_factory(engine) if owner_factory is not None else None
         try:
-            return await run(job.spec, job.stdin, engine=engine, owner=owner, settings=settings)
+            return await backend.run_once(job.spec, job.stdin)
         except CapacityExhausted:
             if trio.current_time() + delay > deadline:
                 raise
@@ -274,6 +272,7 @@ async def run_many(
     socket_path: str | None = None,
     capacity_wait_s: float = CAPACITY_WAIT_S,
     on_start: StartCallback | None = None,
+    backend: Backend | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
@@ -282,6 +281,8 @@ async def run_many(
     with each as it completes, ``on_start`` with a job's id as the batch starts it.
     ``owner_factory(engine)`` makes each run's owner (default: the
     runner's, the supervisor). The engine is opened for the batch when not given.
+    ``backend`` runs the jobs elsewhere (a ``DockerBackend`` you configured, or the sbx
+    runtime), instead of ``engine``, ``owner_factory``, ``settings`` and ``socket_path``.
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
     ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
@@ -308,28 +309,30 @@ async def run_many(
     needs = [need_of(job.spec) for job in job_list]
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
-    async with engine_or_open(engine, socket_path) as eng:
+    if backend is not None:
+        docker_backend(backend, engine=engine, settings=settings, socket_path=socket_path)
+        if owner_factory is not None:
+            raise SpecError("backend", "give owner_factory's owner to the backend, not beside it")
         return await _dispatch(
-            eng,
-            job_list,
-            needs,
-            admission,
-            owner_factory,
-            on_result,
-            settings,
-            capacity_wait_s,
-            on_start,
+            lambda: backend, job_list, needs, admission, on_result, capacity_wait_s, on_start
+        )
+    async with engine_or_open(engine, socket_path) as eng:
+
+        def backend_for_job() -> Backend:
+            owner = owner_factory(eng) if owner_factory is not None else None
+            return DockerBackend(engine=eng, owner=owner, settings=settings)
+
+        return await _dispatch(
+            backend_for_job, job_list, needs, admission, on_result, capacity_wait_s, on_start
         )
 
 
 async def _dispatch(
-    engine: Engine,
+    backend_for_job: Callable[[], Backend],
     jobs: Sequence[Job],
     needs: Sequence[Need],
     admission: Admission,
-    owner_factory: OwnerFactory | None,
     on_result: ResultCallback | None,
-    settings: Settings | None,
     capacity_wait_s: float,
     on_start: StartCallback | None,
 ) -> list[JobResult]:
@@ -343,7 +346,7 @@ async def _dispatch(
         async def work(index: int, job: Job, need: Need, started: float) -> None:
             try:
                 try:
-                    outcome = await _run_job(engine, job, owner_factory, settings, capacity_wait_s)
+                    outcome = await _run_job(backend_for_job(), job, capacity_wait_s)
                 except Exception as exc:  # one job's failure is its result, not the batch's
                     finished = trio.current_time()
                     done = JobResult(id=job.id, error=_error_of(exc))

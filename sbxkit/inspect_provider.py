@@ -36,12 +36,12 @@ from inspect_ai.util import (
 
 from sbxkit import aio
 from sbxkit.errors import SbxError, SpecError
+from sbxkit.plan import CheckedSpec, check_spec
 from sbxkit.portal import Portal
 from sbxkit.profile import apply_profile, load_profile
 from sbxkit.result import RunResult
 from sbxkit.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, parse_user, validate_spec
+from sbxkit.spec import parse_user
 from sbxkit.supervisor.journal import default_state_dir
 
 T = TypeVar("T")
@@ -87,9 +87,7 @@ class _Loop:
             await anyio.to_thread.run_sync(self.portal.close)
 
 
-def sample_spec(
-    config: SandboxEnvironmentConfigType | None, task_name: str
-) -> tuple[SandboxSpec, Settings]:
+def sample_spec(config: SandboxEnvironmentConfigType | None, task_name: str) -> CheckedSpec:
     """The sandbox a sample gets: the profile's image, limits and policy, ``/tmp`` as the
     working directory unless the profile names one, and a label naming the task."""
     if not isinstance(config, str):
@@ -104,8 +102,7 @@ def sample_spec(
     # The profile's spec with Inspect's task label and a working directory: every other field
     # is derived, never copied (a new SandboxSpec field cannot be dropped here).
     spec = msgspec.structs.replace(spec, labels=labels, workdir=workdir)
-    validate_spec(spec, settings)
-    return spec, settings
+    return check_spec(spec, settings)
 
 
 class _Holder:
@@ -113,9 +110,8 @@ class _Holder:
     opens a sample's sandbox in one task and cleans it up in another, and a trio cancel
     scope must be left in the task that entered it."""
 
-    def __init__(self, spec: SandboxSpec, settings: Settings) -> None:
-        self.spec = spec
-        self.settings = settings
+    def __init__(self, checked: CheckedSpec) -> None:
+        self.checked = checked
         self.opened = trio.Event()
         self.release = trio.Event()
         self.closed = trio.Event()
@@ -129,7 +125,7 @@ class _Holder:
 
     async def hold(self) -> None:
         try:
-            async with open_sandbox(self.spec, settings=self.settings) as sandbox:
+            async with open_sandbox(self.checked) as sandbox:
                 self.sandbox = sandbox
                 self.opened.set()
                 await self.release.wait()
@@ -169,8 +165,7 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
-        spec, settings = sample_spec(config, task_name)
-        holder = _Holder(spec, settings)
+        holder = _Holder(sample_spec(config, task_name))
         loop = _Loop()
         loop.spawn(holder.hold)
         await loop.call(holder.opened.wait)

@@ -1,22 +1,24 @@
-"""The owned container: created stopped, verified, owned, started, removed — one lifecycle for
-sessions, PTYs and stdio workers (``session.py``, ``pty.py``, ``stdio.py``).
+"""The owned container: created stopped, verified, owned, started, removed — the one lifecycle
+under every consumer (one-shot runs, sessions, PTYs, stdio workers, grants, the harness).
 
-``owned_container`` is steps 1–4 of the one-shot lifecycle (design.md §3) and removal through
-the owner on every exit; ``ContainerProcess`` is the exit of a started container's main process.
+``owned_container(plan, engine, owner)`` creates the plan's container through the owner,
+verifies it against the plan and removes it through the owner on every exit (design.md §3,
+steps 3–4 and 9); ``attached`` attaches to it, registers the exit wait and starts it;
+``ContainerProcess`` is the exit of a started container's main process.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import msgspec
 import trio
 
-from sbxkit.engine.client import Engine, Waiter, engine_or_open
-from sbxkit.engine.models import ContainerCreate, ContainerWaitReply
+from sbxkit.engine.client import Engine, Waiter
+from sbxkit.engine.models import ContainerWaitReply
+from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
     EngineError,
@@ -25,18 +27,8 @@ from sbxkit.errors import (
 )
 from sbxkit.outcome import SIGNAL_EXIT_BASE, classify_exit, judge_exit
 from sbxkit.owner import Owner
-from sbxkit.policy import container_name
+from sbxkit.plan import Plan
 from sbxkit.result import Status, Stream
-from sbxkit.runner import (
-    GPU_CURSOR,
-    LIFETIME_MARGIN_S,
-    default_owner,
-    effective_settings,
-    new_lease_id,
-    prepare_create,
-)
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.verify import check_created
 
 KILL_BUDGET_S = 10.0
@@ -89,24 +81,23 @@ class OwnedContainer:
     """A created, verified, still stopped container, removed when its context ends."""
 
     def __init__(
-        self,
-        *,
-        engine: Engine,
-        spec: SandboxSpec,
-        body: ContainerCreate,
-        lease: str,
-        container_id: str,
-        deadline: float,
-        owner: Owner,
+        self, *, engine: Engine, plan: Plan, container_id: str, began: float, owner: Owner
     ) -> None:
         self.engine = engine
-        self.spec = spec
-        self.body = body
-        self.lease = lease
+        self.plan = plan
+        self.spec = plan.spec
+        self.body = plan.body
+        self.lease = plan.lease
         self.container_id = container_id
-        self.deadline = deadline
+        self.queued_s = owner.queued_s(plan.lease)
+        """How long the create waited for admission."""
+        self.create_s = trio.current_time() - began - self.queued_s
+        """Create and verification, not counting the wait for admission."""
+        self.deadline = began + self.queued_s + plan.timeout_s
         """trio clock time at which the spec's time limit ends (``timeout_s`` after create
         began, not counting the wait for admission; the owner's backstop ends later)."""
+        self.remove_s: float | None = None
+        """How long removal took; set when the ``owned_container`` block has ended."""
         self._owner = owner
 
     async def start(self) -> None:
@@ -116,13 +107,11 @@ class OwnedContainer:
 
     @property
     def timeout_s(self) -> float:
-        assert self.spec.limits.timeout_s is not None
-        return self.spec.limits.timeout_s
+        return self.plan.timeout_s
 
     @property
     def output_bytes(self) -> int:
-        assert self.spec.limits.output_bytes is not None
-        return self.spec.limits.output_bytes
+        return self.plan.output_bytes
 
     async def kill(self) -> None:
         """SIGKILL the container; one that is already stopped or gone is fine."""
@@ -131,63 +120,56 @@ class OwnedContainer:
 
 
 @asynccontextmanager
-async def owned_container(
-    spec: SandboxSpec,
-    *,
-    command: Sequence[str] | None = None,
-    body_overrides: Mapping[str, Any] | None = None,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    settings: Settings | None = None,
-    socket_path: str | None = None,
-) -> AsyncIterator[OwnedContainer]:
-    """Steps 1–4 of the one-shot lifecycle, then removal through the owner on every exit.
-
-    ``command`` replaces ``spec.command`` (a session's keep-alive); ``body_overrides`` replace
-    fields of the hardened body (a PTY's ``tty``/``stdin_once``) before create, and the
-    post-create verification compares the container against that final body.
-    """
-    settings = effective_settings(settings)
-    if command is not None:
-        spec = msgspec.structs.replace(spec, command=list(command))
-    validate_spec(spec, settings)
-    assert spec.limits.timeout_s is not None
-    lease = new_lease_id()
-    name = container_name(lease)
-    async with engine_or_open(engine, socket_path) as eng:
-        body, resolved = await prepare_create(eng, spec, settings, lease, GPU_CURSOR)
-        if body_overrides:
-            body = msgspec.structs.replace(body, **dict(body_overrides))
-        owner = owner or default_owner(eng, settings)
-        began = trio.current_time()
-        container_id: str | None = None
+async def attached(box: OwnedContainer) -> AsyncIterator[tuple[HijackedStream, Waiter]]:
+    """Attach (before start, so no output is lost), register the ``next-exit`` wait, start;
+    both connections are closed when the block ends."""
+    attach = await box.engine.container_attach(box.container_id, stdin=True)
+    try:
+        waiter = await box.engine.container_wait(box.container_id, "next-exit")
         try:
-            lifetime = spec.limits.timeout_s + LIFETIME_MARGIN_S
-            container_id = await owner.create(lease, name, body, lifetime_s=lifetime)
-            # The time limit runs from admission: a wait for capacity does not eat it.
-            deadline = began + owner.queued_s(lease) + spec.limits.timeout_s
-            inspected = await eng.container_inspect(container_id)
-            check_created(
-                inspected,
-                body,
-                lease=lease,
-                name=name,
-                container_id=container_id,
-                expected_mounts=resolved.expected,
-                podman=eng.is_podman,
-            )
-            yield OwnedContainer(
-                engine=eng,
-                spec=spec,
-                body=body,
-                lease=lease,
-                container_id=container_id,
-                deadline=deadline,
-                owner=owner,
-            )
+            await box.start()
+            yield attach, waiter
         finally:
-            with trio.CancelScope(shield=True):
-                await owner.remove(lease, name, container_id)
+            await waiter.aclose()
+    finally:
+        await attach.aclose()
+
+
+@asynccontextmanager
+async def owned_container(
+    plan: Plan, engine: Engine, owner: Owner
+) -> AsyncIterator[OwnedContainer]:
+    """The one lifecycle under every consumer: create the plan's container stopped through the
+    owner (which admits it), verify it against the plan, yield it, and remove it through the
+    owner however the block ends — shielded, and a removal failure is raised, never swallowed.
+    """
+    began = trio.current_time()
+    container_id: str | None = None
+    box: OwnedContainer | None = None
+    try:
+        container_id = await owner.create(
+            plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+        )
+        inspected = await engine.container_inspect(container_id)
+        check_created(
+            inspected,
+            plan.body,
+            lease=plan.lease,
+            name=plan.name,
+            container_id=container_id,
+            expected_mounts=plan.expected_mounts,
+            podman=engine.is_podman,
+        )
+        box = OwnedContainer(
+            engine=engine, plan=plan, container_id=container_id, began=began, owner=owner
+        )
+        yield box
+    finally:
+        removing = trio.current_time()
+        with trio.CancelScope(shield=True):
+            await owner.remove(plan.lease, plan.name, container_id)
+        if box is not None:
+            box.remove_s = trio.current_time() - removing
 
 
 class ContainerProcess:
@@ -242,5 +224,6 @@ __all__ = [
     "SandboxExit",
     "SandboxExpired",
     "SandboxUnusable",
+    "attached",
     "owned_container",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 from sbxkit.engine.models import (
     ContainerCreate,
@@ -32,6 +32,7 @@ __all__ = [
     "SCRATCH_PATH",
     "build_create_body",
     "container_name",
+    "hardened_body",
     "scratch_options",
 ]
 
@@ -125,7 +126,25 @@ def _gpu_ids(spec: SandboxSpec, gpu_devices: Sequence[str] | None) -> list[str] 
     return list(spec.gpus.devices)
 
 
+class BodyInputs(TypedDict, total=False):
+    """What the I/O shell resolved for a body (``hardened_body``'s keywords)."""
+
+    settings: Settings | None
+    resolved: ResolvedMounts | None
+    gpu_devices: Sequence[str] | None
+    podman: bool
+
+
 def build_create_body(
+    spec: SandboxSpec, lease: str, **inputs: Unpack[BodyInputs]
+) -> ContainerCreate:
+    """Validate the spec, then ``hardened_body`` (the plan builder, which validated already,
+    calls ``hardened_body`` itself)."""
+    validate_spec(spec, inputs.get("settings"))
+    return hardened_body(spec, lease, **inputs)
+
+
+def hardened_body(
     spec: SandboxSpec,
     lease: str,
     *,
@@ -134,7 +153,7 @@ def build_create_body(
     gpu_devices: Sequence[str] | None = None,
     podman: bool = False,
 ) -> ContainerCreate:
-    """Validate the spec and return the hardened create body for a stopped container.
+    """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
     ``Entrypoint`` is an empty list, not omitted: omitted means "use the image's entrypoint",
     which would run image-chosen code in front of the command (and turn the command into its
@@ -147,7 +166,6 @@ def build_create_body(
     daemon (required when ``spec.gpus`` is a count). ``podman`` adapts the body to a Podman
     API service: scratch tmpfs without ``uid``/``gid`` and explicit ``nofile``/``nproc``.
     """
-    validate_spec(spec, settings)
     _check_lease(lease)
     resolved = resolved or ResolvedMounts()
     bridge = spec.network == "bridge"

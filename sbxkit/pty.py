@@ -18,17 +18,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Unpack
 
 import trio
 
-from sbxkit.engine.client import Engine
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import container_resize
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.errors import SbxError
-from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, owned_container
-from sbxkit.owner import Owner
+from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, attached
+from sbxkit.plan import CheckedSpec
 from sbxkit.session import OwnedView
-from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
 __all__ = ["PtySession", "open_pty"]
@@ -124,41 +125,25 @@ class PtySession(OwnedView, trio.abc.Stream):
 
 @asynccontextmanager
 async def open_pty(
-    spec: SandboxSpec,
+    spec: SandboxSpec | CheckedSpec,
     *,
     size: tuple[int, int] | None = None,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    settings: Settings | None = None,
-    socket_path: str | None = None,
+    backend: Backend | None = None,
+    **docker: Unpack[DockerOptions],
 ) -> AsyncIterator[PtySession]:
-    """Run ``spec.command`` on a terminal of ``size`` (rows, columns) in a fresh sandbox.
-
-    The container is removed through the owner however the block ends; a removal failure
-    raises ``CleanupError``.
-    """
-    async with owned_container(
-        spec,
-        body_overrides={"tty": True, "stdin_once": False},
-        engine=engine,
-        owner=owner,
-        settings=settings,
-        socket_path=socket_path,
-    ) as box:
-        eng = box.engine
-        attach = await eng.container_attach(box.container_id, stdin=True)
-        try:
-            waiter = await eng.container_wait(box.container_id, "next-exit")
-            try:
-                await box.start()
-                session = PtySession(box, attach, ContainerProcess(box, waiter))
-                if size is not None:
-                    # A process that already exited has no terminal to resize; anything else
-                    # the caller sees at its next read.
-                    with contextlib.suppress(SbxError):
-                        await session.resize(*size)
-                yield session
-            finally:
-                await waiter.aclose()
-        finally:
-            await attach.aclose()
+    """Run ``spec.command`` on a terminal of ``size`` (rows, columns) in a fresh sandbox,
+    removed through its owner however the block ends (a removal failure raises
+    ``CleanupError``). It runs where ``backend`` or the Docker keywords say, as for ``run``;
+    the sbx runtime refuses PTYs before anything is created."""
+    chosen = docker_backend(backend, **docker)
+    async with (
+        chosen.own(spec, "pty", body_overrides={"tty": True, "stdin_once": False}) as box,
+        attached(box) as (attach, waiter),
+    ):
+        session = PtySession(box, attach, ContainerProcess(box, waiter))
+        if size is not None:
+            # A process that already exited has no terminal to resize; anything else the
+            # caller sees at its next read.
+            with contextlib.suppress(SbxError):
+                await session.resize(*size)
+        yield session

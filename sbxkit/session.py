@@ -39,6 +39,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Unpack
 
 import trio
 
@@ -54,13 +55,14 @@ from sbxkit.archive import (
     parse_tar,
     stream_cap,
 )
-from sbxkit.engine.client import Engine
+from sbxkit.attached import feed_stdin
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
-    EngineConnectionError,
     NotFound,
     SbxError,
     SpecError,
@@ -73,13 +75,11 @@ from sbxkit.owned import (
     SandboxExit,
     SandboxExpired,
     SandboxUnusable,
-    owned_container,
 )
-from sbxkit.owner import Owner
+from sbxkit.plan import CheckedSpec
 from sbxkit.policy import SCRATCH_PATH
 from sbxkit.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit.rules import merge_env, runtime_env
-from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_workdir
 from sbxkit.unwrap import plain_async
 from sbxkit.usage import USAGE_SCRIPT, parse_usage
@@ -100,7 +100,6 @@ DRAIN_GRACE_S = 3.0
 it up to 2 s after the exec's main process exits when a descendant still holds its pipes)."""
 KILL_ATTEMPTS = 3
 EXIT_POLL_S = 5.0
-STDIN_CHUNK = 64 * 1024
 
 EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
 """Prefix of each exec's group-id record (``.pid``) and cancellation marker (``.cancel``)."""
@@ -489,7 +488,7 @@ async def _pump(
     ended = overflowed = False
     async with trio.open_nursery() as nursery:
         if stdin is not None:
-            nursery.start_soon(_feed_stdin, stream, stdin)
+            nursery.start_soon(feed_stdin, stream, stdin)
         demuxer = Demuxer()
         try:
             while not overflowed:
@@ -510,17 +509,6 @@ async def _pump(
     return ended, overflowed
 
 
-async def _feed_stdin(stream: HijackedStream, stdin: bytes) -> None:
-    """Write stdin, then half-close; a command that stopped reading is not an error."""
-    try:
-        view = memoryview(stdin)
-        for offset in range(0, len(view), STDIN_CHUNK):
-            await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
-        await stream.send_eof()
-    except EngineConnectionError:
-        pass
-
-
 def keepalive_command(timeout_s: float) -> list[str]:
     """``sleep`` a little longer than the session may last (the owner removes it first)."""
     return ["sleep", str(math.ceil(timeout_s) + KEEPALIVE_MARGIN_S)]
@@ -528,13 +516,11 @@ def keepalive_command(timeout_s: float) -> list[str]:
 
 @asynccontextmanager
 async def open_sandbox(
-    spec: SandboxSpec,
+    spec: SandboxSpec | CheckedSpec,
     *,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    settings: Settings | None = None,
-    socket_path: str | None = None,
     files_root: str = SCRATCH_PATH,
+    backend: Backend | None = None,
+    **docker: Unpack[DockerOptions],
 ) -> AsyncIterator[Sandbox]:
     """A long-lived sandbox for ``Sandbox.exec``, ``put_files`` and ``get_files``.
 
@@ -546,19 +532,17 @@ async def open_sandbox(
     returns; a removal failure raises ``CleanupError``.
 
     ``files_root`` (default ``/tmp``, the scratch tmpfs) confines file transfers; it must be
-    writable by the sandbox user (the root filesystem is read-only).
+    writable by the sandbox user (the root filesystem is read-only). ``backend`` (instead of
+    the engine, owner, settings and socket) is a ``DockerBackend`` you configured; a backend
+    that cannot serve sessions refuses before anything is created.
     """
     check_root(files_root)
-    check_limit("timeout_s", spec.limits.timeout_s)
-    assert spec.limits.timeout_s is not None
-    async with owned_container(
-        spec,
-        command=keepalive_command(spec.limits.timeout_s),
-        engine=engine,
-        owner=owner,
-        settings=settings,
-        socket_path=socket_path,
-    ) as box:
+    limits = spec.spec.limits if isinstance(spec, CheckedSpec) else spec.limits
+    check_limit("timeout_s", limits.timeout_s)
+    assert limits.timeout_s is not None
+    chosen = docker_backend(backend, **docker)
+    keepalive = keepalive_command(limits.timeout_s)
+    async with chosen.own(spec, "session", command=keepalive) as box:
         await box.start()
         sandbox = Sandbox(box, files_root)
         try:

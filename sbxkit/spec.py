@@ -39,6 +39,7 @@ __all__ = [
     "parse_size",
     "parse_user",
     "spec_from_dict",
+    "validate_command",
     "validate_spec",
 ]
 
@@ -291,7 +292,7 @@ def validate_image(image: object, field: str = "image") -> None:
         raise SpecError(field, "must be an image reference (letters, digits and ._-/:@ only)")
 
 
-def _validate_command(command: object) -> None:
+def validate_command(command: object) -> None:
     if not isinstance(command, list) or not command:
         raise SpecError("command", "must be a non-empty list of arguments")
     for index, arg in enumerate(command):
@@ -372,7 +373,7 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
         raise SpecError("limits", "must be a Limits")
     validate_limits(spec.limits)
     validate_image(spec.image)
-    _validate_command(spec.command)
+    validate_command(spec.command)
     validate_env(spec.env)
     parse_user(spec.user)
     validate_workdir(spec.workdir)

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Unpack
 
 import trio
 
-from sbxkit.engine.client import Engine
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.frames import STDIN, STDOUT, Demuxer
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.output import CappedBuffer
-from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, owned_container
-from sbxkit.owner import Owner
+from sbxkit.owned import ContainerProcess, OwnedContainer, SandboxExit, attached
+from sbxkit.plan import CheckedSpec
 from sbxkit.result import Status, Stream
 from sbxkit.session import OwnedView
-from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
 
 __all__ = ["StdioWorker", "WorkerStdin", "WorkerStdout", "open_stdio_worker"]
@@ -188,29 +189,13 @@ class StdioWorker(OwnedView):
 
 @asynccontextmanager
 async def open_stdio_worker(
-    spec: SandboxSpec,
+    spec: SandboxSpec | CheckedSpec,
     *,
-    engine: Engine | None = None,
-    owner: Owner | None = None,
-    settings: Settings | None = None,
-    socket_path: str | None = None,
+    backend: Backend | None = None,
+    **docker: Unpack[DockerOptions],
 ) -> AsyncIterator[StdioWorker]:
-    """Start ``spec.command`` in a fresh sandbox with its stdio connected to the caller.
-
-    The container is removed through the owner however the block ends; a removal failure
-    raises ``CleanupError``.
-    """
-    async with owned_container(
-        spec, engine=engine, owner=owner, settings=settings, socket_path=socket_path
-    ) as box:
-        eng = box.engine
-        attach = await eng.container_attach(box.container_id, stdin=True)
-        try:
-            waiter = await eng.container_wait(box.container_id, "next-exit")
-            try:
-                await box.start()
-                yield StdioWorker(_Channel(box, attach, ContainerProcess(box, waiter)))
-            finally:
-                await waiter.aclose()
-        finally:
-            await attach.aclose()
+    """Start ``spec.command`` in a fresh sandbox with its stdin and stdout connected to the
+    caller. Removal, placement and refusal as for ``open_pty``."""
+    chosen = docker_backend(backend, **docker)
+    async with chosen.own(spec, "stdio") as box, attached(box) as (attach, waiter):
+        yield StdioWorker(_Channel(box, attach, ContainerProcess(box, waiter)))

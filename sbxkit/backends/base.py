@@ -1,34 +1,56 @@
-"""The runner interface: what one-shot runs and the CLI need from an execution backend.
+"""The backend interface: what every consumer needs from an execution backend.
 
 Two backends implement it:
 
-- ``sbxkit.backends.docker.DockerBackend`` — the hardened container of design.md §3, a thin
-  adapter over ``sbxkit.runner.run`` (the create body and the lifecycle are that function's,
-  byte for byte).
+- ``sbxkit.backends.docker.DockerBackend`` — the hardened container of design.md §3: the plan
+  (``sbxkit.plan``) and the one owned-container lifecycle (``sbxkit.owned``).
 - ``sbxkit.backends.sbx.SbxBackend`` — a Docker Sandboxes microVM driven through the ``sbx``
   CLI (docs/adr-sbx.md).
 
 A backend's life: ``preflight()`` once when it starts (not at the first run: a missing binary
 or engine fails the start, not a run an hour later), then ``reconcile_orphans()``, then any
-number of ``run_once()`` calls (concurrently if the caller likes), then ``aclose()``.
+number of ``run_once()``/``own()`` calls (concurrently if the caller likes), then ``aclose()``.
 ``open_backend`` does exactly that around a block.
 
-Sessions (``open_sandbox``), the PTY shell, file grants and harness batches stay Docker-only:
-they are written against the engine, not against this interface.
+Every consumer goes through a backend: one-shot runs (``run_once``), and sessions, PTYs,
+stdio workers, grants and harness batches (``own``: a planned, created, verified container for
+the block, removed when it ends). A backend that cannot serve a consumer refuses it in ``check``
+— at plan time, before anything is created — with a ``SpecError`` naming the runtime
+(``refuse``); the sbx backend serves one-shot runs and batches only.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 import trio
 
-from sbxkit.result import RunResult
+from sbxkit.errors import SpecError
+from sbxkit.result import RunResult, Stream
 from sbxkit.spec import SandboxSpec
 
-__all__ = ["Backend", "open_backend"]
+if TYPE_CHECKING:  # the Docker primitives; a backend module imports this one, not the reverse
+    from sbxkit.owned import OwnedContainer
+    from sbxkit.plan import CheckedSpec
+
+__all__ = ["CONSUMERS", "Backend", "Consumer", "open_backend", "refuse"]
+
+Consumer = Literal["run", "session", "pty", "stdio", "grants", "harness"]
+"""Who asks for a sandbox: a one-shot run, a session (exec, files), a PTY, a stdio worker,
+a file-grants run, a harness batch."""
+CONSUMERS: tuple[Consumer, ...] = ("run", "session", "pty", "stdio", "grants", "harness")
+
+
+def refuse(kind: str, consumer: Consumer, served: Sequence[Consumer], why: str) -> NoReturn:
+    """The plan-time refusal of a consumer this backend cannot serve."""
+    raise SpecError(
+        "sandbox.runtime",
+        f"the {kind!r} runtime cannot serve {consumer} sandboxes ({why}); it serves "
+        f'{", ".join(served)}; use runtime = "docker" for {consumer}',
+    )
+
 
 CLOSE_BUDGET_S = 60.0
 """How long ``open_backend`` gives ``aclose`` when the block ends (shielded)."""
@@ -50,7 +72,30 @@ class Backend(Protocol):
         """
         ...
 
-    async def run_once(self, spec: SandboxSpec, stdin: bytes | None = None) -> RunResult:
+    def check(self, spec: SandboxSpec | CheckedSpec, consumer: Consumer) -> CheckedSpec:
+        """Validate ``spec`` once for ``consumer``; refuse a consumer this backend cannot
+        serve (``refuse``). Pure: nothing is contacted or created."""
+        ...
+
+    def own(
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        consumer: Consumer,
+        *,
+        command: Sequence[str] | None = None,
+        body_overrides: Mapping[str, Any] | None = None,
+    ) -> AbstractAsyncContextManager[OwnedContainer]:
+        """A planned, created and verified (still stopped) container for the block, removed
+        through its owner when the block ends; a removal failure raises ``CleanupError``."""
+        ...
+
+    async def run_once(
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        stdin: bytes | None = None,
+        *,
+        on_output: Callable[[Stream, bytes], object] | None = None,
+    ) -> RunResult:
         """Run ``spec.command`` once in a fresh sandbox, remove the sandbox, return the result.
 
         Refused input raises ``SpecError`` before anything is created. The sandbox is removed

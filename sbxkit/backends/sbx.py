@@ -48,13 +48,15 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
+from sbxkit.backends.base import Consumer, refuse
 from sbxkit.backends.sbx_commands import (
     DEFAULT_AGENT,
     DEFAULT_BINARY,
@@ -88,10 +90,15 @@ from sbxkit.backends.sbx_exec import (
     process_exec,
 )
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.result import PhaseTimings, RunResult, Status
+from sbxkit.plan import CheckedSpec
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import check_env, merge_env, runtime_env
+from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
 from sbxkit.supervisor.journal import default_state_dir
+
+if TYPE_CHECKING:
+    from sbxkit.owned import OwnedContainer
 
 __all__ = [
     "CompletedCommand",
@@ -192,6 +199,11 @@ def _rmtree(path: str) -> None:
         function(failed)
 
     shutil.rmtree(path, onerror=fix)
+
+
+SERVED: tuple[Consumer, ...] = ("run", "harness")
+"""What the sbx runtime serves: one-shot runs, also batched."""
+WHY_NOT = "a microVM is driven through the sbx CLI, not as a Docker container sbxkit owns"
 
 
 # --- the backend --------------------------------------------------------------------------------
@@ -324,16 +336,41 @@ class SbxBackend:
 
     # -- one run ---------------------------------------------------------------------------------
 
+    def check(self, spec: SandboxSpec | CheckedSpec, consumer: Consumer) -> CheckedSpec:
+        """One-shot runs and harness batches only; the spec rules plus this runtime's."""
+        if consumer not in SERVED:
+            refuse(self.kind, consumer, SERVED, WHY_NOT)
+        if isinstance(spec, CheckedSpec):
+            if spec.checked_for == self.kind:
+                return spec
+            spec = spec.spec
+        check_sbx_spec(spec)
+        return CheckedSpec(spec=spec, settings=Settings(), checked_for=self.kind)
+
+    def own(
+        self, spec: SandboxSpec | CheckedSpec, consumer: Consumer, **_: Any
+    ) -> AbstractAsyncContextManager[OwnedContainer]:
+        """Refused at plan time: a microVM has no Docker container to own."""
+        refuse(self.kind, consumer, SERVED, WHY_NOT)
+
     async def run_once(
-        self, spec: SandboxSpec, stdin: bytes | None = None, *, host_ports: Sequence[int] = ()
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        stdin: bytes | None = None,
+        *,
+        on_output: Callable[[Stream, bytes], object] | None = None,
+        host_ports: Sequence[int] = (),
     ) -> RunResult:
         """Run ``spec.command`` once in a fresh microVM sandbox and remove it.
 
         ``host_ports``: host TCP ports the run may connect to (as ``host.docker.internal:PORT``
-        inside), each granted by a rule scoped to this sandbox.
+        inside), each granted by a rule scoped to this sandbox. ``on_output`` is refused: the
+        ``sbx exec`` output is captured whole, not streamed.
         """
+        if on_output is not None:
+            raise SpecError("on_output", f"the {self.kind!r} runtime does not stream output")
+        spec = self.check(spec, "run").spec
         self._check_started()
-        check_sbx_spec(spec)
         ports = check_host_ports(list(host_ports))
         timeout_s = spec.limits.timeout_s
         output_bytes = spec.limits.output_bytes

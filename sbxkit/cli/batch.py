@@ -54,6 +54,8 @@ import msgspec
 import trio
 
 from sbxkit.argtypes import positive_int
+from sbxkit.backends.base import Backend, open_backend
+from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
 from sbxkit.cli.progress import Progress, format_clock, format_progress
@@ -68,8 +70,10 @@ from sbxkit.cli.results import (
 )
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
+from sbxkit.plan import check_spec
+from sbxkit.profile import load_profile
 from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, parse_size, spec_error_from, validate_spec
+from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
 
 __all__ = [
@@ -142,8 +146,8 @@ def decode_job(
         spec = msgspec.convert(data, SandboxSpec)
     except msgspec.ValidationError as exc:
         raise spec_error_from(exc) from None
-    validate_spec(spec, settings)
-    return Job(id=job_id, spec=spec, stdin=None if stdin is None else stdin.encode("utf-8"))
+    checked = check_spec(spec, settings)  # the run does not validate it again
+    return Job(id=job_id, spec=checked, stdin=None if stdin is None else stdin.encode("utf-8"))
 
 
 def decode_jobs(
@@ -257,11 +261,10 @@ async def run_batch(
     parallel: int,
     memory_budget: int | None,
     cpu_budget: float | None,
-    socket_path: str | None,
-    settings: Settings | None,
+    backend: Backend,
 ) -> None:
-    """Run the jobs, writing each result as it completes; SIGINT/SIGTERM cancel the batch
-    (every run removes its container first) and raise Interrupted."""
+    """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
+    the batch (every run removes its container first) and raise Interrupted."""
 
     def on_result(done: JobResult) -> None:
         writer.append(encode_result(done))
@@ -273,22 +276,24 @@ async def run_batch(
             progress.draw()
 
     async def work() -> None:
-        await run_many(
-            jobs,
-            parallel=parallel,
-            host_memory_bytes=memory_budget,
-            host_cpus=cpu_budget,
-            on_result=on_result,
-            on_start=progress.start,
-            settings=settings,
-            socket_path=socket_path,
-        )
+        async with open_backend(backend):
+            await run_many(
+                jobs,
+                parallel=parallel,
+                host_memory_bytes=memory_budget,
+                host_cpus=cpu_budget,
+                on_result=on_result,
+                on_start=progress.start,
+                backend=backend,
+            )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    defaults, settings = defaults_from_args(args)
+    profile = load_profile(args.profile) if args.profile is not None else None
+    defaults, settings = defaults_from_args(args, profile)
+    backend = cli_backend(profile, socket_path=args.socket, settings=settings)
     jobs = load_jobs(args.jobs, settings, defaults)
     memory_budget, cpu_budget = _budgets(args)
     if args.retry_errors:
@@ -316,8 +321,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 parallel=args.parallel,
                 memory_budget=memory_budget,
                 cpu_budget=cpu_budget,
-                socket_path=args.socket,
-                settings=settings,
+                backend=backend,
             )
         )
     except (Interrupted, KeyboardInterrupt) as exc:

@@ -25,13 +25,14 @@ import msgspec
 
 from sbxkit.cli.flags import LIMIT_FLAGS, check_limit_flag, limit_value
 from sbxkit.errors import SpecError
+from sbxkit.plan import effective_settings
 from sbxkit.profile import (
     Profile,
     load_profile,
     profile_limits,
     profile_settings,
+    sandbox_options,
 )
-from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size
 
@@ -92,6 +93,9 @@ def profile_defaults(profile: Profile) -> dict[str, Any]:
         for key, value in fields.items()
         if key in SPEC_FIELDS and key != "limits" and value not in (None, [], {})
     }
+    sbx = sandbox_options(profile)
+    if "image" not in defaults and sbx is not None and sbx.template is not None:
+        defaults["image"] = sbx.template  # the sandbox runtime's image, as for ``sbxkit run``
     limits = profile_limits(docker.limits)
     if limits:
         defaults["limits"] = limits
@@ -173,13 +177,17 @@ def add_default_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def defaults_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], Settings]:
-    """The job defaults and settings ``--profile``, ``--image`` and the limit flags give;
-    a bad flag value is refused naming the flag."""
+def defaults_from_args(
+    args: argparse.Namespace, profile: Profile | None = None
+) -> tuple[dict[str, Any], Settings]:
+    """The job defaults and settings ``--profile`` (``profile``, when the caller loaded it
+    already), ``--image`` and the limit flags give; a bad flag value is refused naming the
+    flag."""
     defaults: dict[str, Any] = {}
     settings: Settings | None = None
-    if args.profile is not None:
+    if profile is None and args.profile is not None:
         profile = load_profile(args.profile)
+    if profile is not None:
         defaults = profile_defaults(profile)
         settings, _ = profile_settings(profile)  # supervisor.binary rides in the settings
     if args.image is not None:

@@ -11,20 +11,14 @@ from typing import Any
 import trio
 
 from sbxkit.backends.base import Backend, open_backend
+from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import cancel_on_signals, exit_code_for, to_json
 from sbxkit.cli.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SpecError
-from sbxkit.profile import (
-    Profile,
-    load_profile,
-    profile_settings,
-    sandbox_options,
-)
+from sbxkit.plan import CheckedSpec
+from sbxkit.profile import load_profile, profile_settings
 from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import QueueObserver
 from sbxkit.unwrap import plain_async
 
 
@@ -63,24 +57,13 @@ def _read_stdin(source: str | None) -> bytes | None:
 
 @plain_async
 async def run_interruptibly(
-    spec: SandboxSpec,
-    stdin: bytes | None,
-    socket_path: str | None,
-    settings: Settings | None = None,
-    backend: Backend | None = None,
-    on_queued: QueueObserver | None = None,
+    backend: Backend, spec: SandboxSpec | CheckedSpec, stdin: bytes | None
 ) -> RunResult:
-    """Turn SIGINT/SIGTERM into trio cancellation, so removal runs shielded to completion
-    (a KeyboardInterrupt raised mid-cleanup could otherwise cut it short).
-
-    Without ``backend`` this is ``sbxkit.runner.run``, as it always was; with one (the sandbox
-    runtime) the backend is preflighted, reconciled, used once and closed."""
+    """Preflight, reconcile, run once and close ``backend``, with SIGINT/SIGTERM turned into
+    trio cancellation, so removal runs shielded to completion (a KeyboardInterrupt raised
+    mid-cleanup could otherwise cut it short)."""
 
     async def once() -> RunResult:
-        if backend is None:
-            return await run(
-                spec, stdin, socket_path=socket_path, settings=settings, on_queued=on_queued
-            )
         async with open_backend(backend):
             return await backend.run_once(spec, stdin)
 
@@ -106,15 +89,12 @@ class WaitingNotice:
 def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile) if args.profile is not None else None
     spec = spec_from_args(args, profile)
-    settings: Settings | None = None
-    backend: Backend | None = None
-    if profile is not None and sandbox_options(profile) is not None:
-        backend = sandbox_backend(profile, args, spec)
-    elif profile is not None:
-        settings, _ = profile_settings(profile)  # supervisor.binary rides in the settings
-    stdin = _read_stdin(args.stdin)
+    settings = profile_settings(profile)[0] if profile is not None else None
     on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
-    result = trio.run(run_interruptibly, spec, stdin, args.socket, settings, backend, on_queued)
+    backend = cli_backend(profile, socket_path=args.socket, settings=settings, on_queued=on_queued)
+    checked = backend.check(spec, "run")  # refused input never waits for stdin
+    stdin = _read_stdin(args.stdin)
+    result = trio.run(run_interruptibly, backend, checked, stdin)
     if args.json:
         sys.stdout.buffer.write(to_json(result) + b"\n")
     else:
@@ -125,25 +105,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
-
-
-def sandbox_backend(profile: Profile, args: argparse.Namespace, spec: SandboxSpec) -> Backend:
-    """The sbx microVM runner a ``runtime = "sandbox"`` profile selects (docs/adr-sbx.md),
-    after refusing what it cannot honour (flags included) before any ``sbx`` command runs."""
-    from sbxkit.backends.sbx import SbxBackend, SbxConfig, check_sbx_spec
-
-    options = sandbox_options(profile)
-    assert options is not None
-    if args.socket is not None:
-        raise SpecError("--socket", 'a Docker socket has no meaning under runtime = "sandbox"')
-    check_sbx_spec(spec)
-    config = SbxConfig(
-        binary=options.binary,
-        agent=options.agent,
-        kits=list(options.kits),
-        create_args=list(options.create_args),
-    )
-    return SbxBackend(config)
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:

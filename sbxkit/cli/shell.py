@@ -28,9 +28,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
+from sbxkit.backends.base import Backend, open_backend
+from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
 from sbxkit.cli.flags import ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SbxError
+from sbxkit.plan import CheckedSpec
 from sbxkit.profile import Profile, load_profile, profile_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
@@ -170,9 +173,8 @@ class _Outcome:
 
 
 async def _session(
-    spec: SandboxSpec,
-    settings: Settings | None,
-    socket_path: str | None,
+    backend: Backend,
+    spec: SandboxSpec | CheckedSpec,
     fd_in: int,
     fd_out: int,
     pending: list[int],
@@ -201,12 +203,10 @@ async def _session(
                 try:
                     from sbxkit.pty import open_pty
 
-                    async with open_pty(
-                        spec,
-                        size=_terminal_size(fd_in),
-                        settings=settings,
-                        socket_path=socket_path,
-                    ) as pty:
+                    async with (
+                        open_backend(backend),
+                        open_pty(spec, size=_terminal_size(fd_in), backend=backend) as pty,
+                    ):
                         live.append(pty)
                         async with trio.open_nursery() as inner:
                             inner.start_soon(_copy_in, fd_in, pty)
@@ -232,6 +232,7 @@ def run_shell(
     settings: Settings | None = None,
     socket_path: str | None = None,
     *,
+    backend: Backend | None = None,
     fd_in: int = 0,
     fd_out: int = 1,
 ) -> int:
@@ -240,6 +241,8 @@ def run_shell(
     Stop signals are recorded from before the terminal goes raw until it is restored, so
     none can end the process with the terminal left raw.
     """
+    backend = backend or cli_backend(None, socket_path=socket_path, settings=settings)
+    checked = backend.check(spec, "pty")  # a runtime without PTYs refuses before any terminal work
     pending: list[int] = []
     previous = {
         signum: signal.signal(signum, lambda signum, _frame: pending.append(signum))
@@ -250,7 +253,7 @@ def run_shell(
         if os.isatty(fd_in):
             saved = termios.tcgetattr(fd_in)
             tty.setraw(fd_in, termios.TCSAFLUSH)
-        outcome = trio.run(_session, spec, settings, socket_path, fd_in, fd_out, pending)
+        outcome = trio.run(_session, backend, checked, fd_in, fd_out, pending)
     finally:
         if saved is not None:
             termios.tcsetattr(fd_in, termios.TCSAFLUSH, saved)
@@ -275,7 +278,8 @@ def cmd_shell(args: argparse.Namespace) -> int:
     """The ``sbxkit shell`` handler: returns the exit status, raises ``SbxError``."""
     profile = load_profile(args.profile) if args.profile is not None else None
     spec, settings = shell_spec(args, profile)  # supervisor.binary rides in the settings
-    return run_shell(spec, settings, args.socket)
+    backend = cli_backend(profile, socket_path=args.socket, settings=settings)
+    return run_shell(spec, backend=backend)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

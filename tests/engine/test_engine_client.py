@@ -22,8 +22,8 @@ import trio
 from sbxkit.engine.client import Deadlines, Engine, open_engine
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineTimeout, NotFound
+from sbxkit.plan import new_lease_id
 from sbxkit.policy import build_create_body, container_name
-from sbxkit.runner import new_lease_id
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.witness import LEASE_LABEL, Witness
 

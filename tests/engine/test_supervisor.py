@@ -25,8 +25,9 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import CleanupError
+from sbxkit.plan import new_lease_id
 from sbxkit.policy import LEASE_LABEL, build_create_body, container_name
-from sbxkit.runner import new_lease_id, run
+from sbxkit.runner import run
 from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir

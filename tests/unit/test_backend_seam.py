@@ -1,28 +1,34 @@
-"""The backend seam: the Docker path is unchanged by it, and the profile's runtime switch.
+"""The backend seam: every consumer goes through a backend, plans once, and a backend that
+cannot serve a consumer refuses it before anything is created.
 
-- The Docker create body is byte-identical whether a run goes through ``sbxkit.runner.run``
-  or through ``DockerBackend`` (encoded and compared), and equal to ``build_create_body``'s.
-- ``sbxkit run`` without ``runtime = "sandbox"`` calls ``sbxkit.runner.run`` exactly as before
-  and never builds a backend; with it, never calls ``run``.
+- Through ``DockerBackend``, every consumer (one-shot run, ``sbxkit.run``, session, PTY, stdio
+  worker, grants, harness, a ``sbxkit batch`` line) validates its spec once and builds its
+  plan once, and the body it creates is ``build_create_body``'s, byte for byte.
+- The sbx backend serves one-shot runs and batches (against the scripted stand-in) and refuses
+  sessions, PTYs, stdio workers, grants and file runs at plan time: no ``sbx`` command runs.
 - ``[sandbox] runtime = "sandbox"`` / ``[sandbox.sbx]``: what is refused at parse time, by path.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from sbxkit import cli, runner
+from sbxkit import cli, plan, spec
 from sbxkit.backends import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
-from sbxkit.cli import run_command
+from sbxkit.broker import Grants, run_with_grants
+from sbxkit.cli.batch import decode_job
 from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect
 from sbxkit.errors import SbxError, SpecError
+from sbxkit.harness import Job, run_many
+from sbxkit.oneshot import run as public_run
 from sbxkit.policy import build_create_body
 from sbxkit.profile import (
     SbxProfile,
@@ -30,12 +36,16 @@ from sbxkit.profile import (
     decode_profile,
     sandbox_options,
 )
-from sbxkit.result import PhaseTimings, RunResult
+from sbxkit.pty import open_pty
+from sbxkit.result import RunResult
+from sbxkit.runner import run
+from sbxkit.session import open_sandbox
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit.stdio import open_stdio_worker
 from tests.unit.test_layers import IO_MODULES, ROOT, imports_of
+from tests.unit.test_sbx_runner import Machine, sh, write_profile
 
-LEASE = "0123456789abcdef0123456789abcdef"
 SPEC = SandboxSpec(
     image="sbxkit-test/busybox:latest",
     command=["sh", "-c", "echo hi"],
@@ -46,11 +56,12 @@ SPEC = SandboxSpec(
 )
 
 
-# --- the Docker body does not change --------------------------------------------------------------
+# --- through the Docker backend: one check, one plan, policy's body -------------------------------
 
 
 class StubEngine:
-    """Just enough engine for ``runner.run`` to reach the owner's create."""
+    """Just enough engine for a consumer to reach the owner's create (no daemon here: the
+    real-engine tiers prove the rest of the lifecycle)."""
 
     api_version = "1.41"
     is_podman = False
@@ -60,18 +71,18 @@ class StubEngine:
 
 
 class Captured(SbxError):
-    """Stops the run at create: the body is all this test wants."""
+    """Stops the sandbox at create: what was planned is all these tests want."""
 
 
 class CapturingOwner:
     def __init__(self) -> None:
-        self.bodies: list[bytes] = []
+        self.bodies: list[tuple[str, bytes]] = []
         self.removed: list[str] = []
 
     async def create(
         self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
     ) -> str:
-        self.bodies.append(msgspec.json.encode(body))
+        self.bodies.append((lease, msgspec.json.encode(body)))
         raise Captured(name)
 
     async def started(self, lease: str) -> None:
@@ -84,59 +95,112 @@ class CapturingOwner:
         self.removed.append(name)
 
 
-async def test_the_docker_create_body_is_byte_identical_through_the_backend(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+class Counts:
+    def __init__(self) -> None:
+        self.validated = 0
+        self.planned = 0
+
+
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
+    """Counts every call of ``validate_spec`` and ``build_plan``, wherever it was imported."""
+    seen = Counts()
+    validate, build = spec.validate_spec, plan.build_plan
+
+    def counted_validate(*args: Any, **kwargs: Any) -> None:
+        seen.validated += 1
+        validate(*args, **kwargs)
+
+    def counted_build(*args: Any, **kwargs: Any) -> Any:
+        seen.planned += 1
+        return build(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("sbxkit"):
+            continue
+        if getattr(module, "validate_spec", None) is validate:
+            monkeypatch.setattr(module, "validate_spec", counted_validate)
+        if getattr(module, "build_plan", None) is build:
+            monkeypatch.setattr(module, "build_plan", counted_build)
+    return seen
+
+
+Consumer = Callable[[DockerBackend], Awaitable[object]]
+
+
+async def _session(backend: DockerBackend) -> None:
+    async with open_sandbox(SPEC, backend=backend):
+        raise AssertionError("never opened")
+
+
+async def _pty(backend: DockerBackend) -> None:
+    async with open_pty(SPEC, backend=backend):
+        raise AssertionError("never opened")
+
+
+async def _stdio(backend: DockerBackend) -> None:
+    async with open_stdio_worker(SPEC, backend=backend):
+        raise AssertionError("never opened")
+
+
+async def _harness(backend: DockerBackend) -> None:
+    (done,) = await run_many([Job(id=1, spec=SPEC)], parallel=1, backend=backend)
+    assert done.error is not None
+    raise Captured(done.error.message)
+
+
+async def _batch_line(backend: DockerBackend) -> None:
+    line = msgspec.json.encode({"id": "a", **msgspec.to_builtins(SPEC)})
+    job = decode_job(line, backend.settings)  # ``sbxkit batch`` checks every line first
+    (done,) = await run_many([job], parallel=1, backend=backend)
+    assert done.error is not None
+    raise Captured(done.error.message)
+
+
+CONSUMERS: dict[str, Consumer] = {
+    "runner.run": lambda backend: run(SPEC, b"in", backend=backend),
+    "sbxkit.run": lambda backend: public_run(SPEC, backend=backend),
+    "sbxkit.run(files=)": lambda backend: public_run(SPEC, files={"a": b"1"}, backend=backend),
+    "open_sandbox": _session,
+    "open_pty": _pty,
+    "open_stdio_worker": _stdio,
+    "run_with_grants": lambda backend: run_with_grants(SPEC, Grants(), backend=backend),
+    "run_many": _harness,
+    "sbxkit batch line": _batch_line,
+}
+
+
+@pytest.mark.parametrize("consumer", list(CONSUMERS))
+async def test_every_consumer_validates_once_and_plans_once(
+    consumer: str, counts: Counts, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(runner, "new_lease_id", lambda: LEASE)
+    owner = CapturingOwner()
     settings = Settings(supervisor_state_dir=str(tmp_path / "leases"))
-    direct, adapted = CapturingOwner(), CapturingOwner()
-    engine: Any = StubEngine()
+    backend = DockerBackend(engine=StubEngine(), owner=owner, settings=settings)  # type: ignore[arg-type]
     with pytest.raises(Captured):
-        await runner.run(SPEC, b"in", engine=engine, owner=direct, settings=settings)
-    backend = DockerBackend(engine=engine, owner=adapted, settings=settings)
+        await CONSUMERS[consumer](backend)
+    assert (counts.validated, counts.planned) == (1, 1)
+    assert len(owner.bodies) == 1
+    assert owner.removed == [f"sbxkit-{owner.bodies[0][0]}"]  # removal ran though create failed
+
+
+async def test_the_body_a_backend_creates_is_policys_byte_for_byte(tmp_path: Path) -> None:
+    owner = CapturingOwner()
+    settings = Settings(supervisor_state_dir=str(tmp_path / "leases"))
+    backend = DockerBackend(engine=StubEngine(), owner=owner, settings=settings)  # type: ignore[arg-type]
     with pytest.raises(Captured):
         await backend.run_once(SPEC, b"in")
-    expected = msgspec.json.encode(
-        build_create_body(SPEC, LEASE, settings=runner.effective_settings(settings))
-    )
-    assert direct.bodies == [expected]
-    assert adapted.bodies == [expected]  # the same bytes, not merely an equal struct
-    assert direct.removed == adapted.removed == [f"sbxkit-{LEASE}"]
+    ((lease, body),) = owner.bodies
+    effective = plan.effective_settings(settings)
+    assert body == msgspec.json.encode(build_create_body(SPEC, lease, settings=effective))
 
 
-async def test_the_docker_backend_passes_every_argument_through(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[tuple[Any, ...]] = []
-
-    result = fake_result()
-
-    async def fake_run(spec: SandboxSpec, stdin: bytes | None = None, **kwargs: Any) -> Any:
-        calls.append((spec, stdin, kwargs))
-        return result
-
-    monkeypatch.setattr(runner, "run", fake_run)
-    owner, engine, settings = object(), object(), Settings()
-    backend = DockerBackend(
-        socket_path="/s.sock",
-        settings=settings,
-        engine=engine,  # type: ignore[arg-type]
-        owner=owner,  # type: ignore[arg-type]
-    )
-    assert await backend.run_once(SPEC, b"x") is result
-    assert calls == [
-        (
-            SPEC,
-            b"x",
-            {
-                "engine": engine,
-                "owner": owner,
-                "socket_path": "/s.sock",
-                "settings": settings,
-                "gpu_cursor": None,
-            },
-        )
-    ]
+async def test_a_backend_and_its_parts_are_one_or_the_other() -> None:
+    backend = DockerBackend()
+    for parts in ({"engine": StubEngine()}, {"settings": Settings()}, {"socket_path": "/s"}):
+        with pytest.raises(SpecError) as caught:
+            await run(SPEC, backend=backend, **parts)  # type: ignore[arg-type]
+        assert caught.value.field == "backend"
 
 
 async def test_docker_reconciliation_is_the_supervisors_recovery(
@@ -156,8 +220,10 @@ async def test_docker_reconciliation_is_the_supervisors_recovery(
     backend = DockerBackend(settings=Settings(supervisor_state_dir=str(state)))
     assert await backend.reconcile_orphans() == ["removed abc"]
     assert requests == [(state, Recover())]
-    # An in-process owner has no journal: nothing durable to recover, no supervisor launched.
+    # An in-process owner has no journal: nothing durable to recover, no supervisor launched;
+    # the CLI's backend leaves recovery to the supervisor's own passes.
     assert await DockerBackend(owner=CapturingOwner()).reconcile_orphans() == []
+    assert await DockerBackend(recover_at_open=False).reconcile_orphans() == []
     assert len(requests) == 1
 
 
@@ -200,13 +266,87 @@ async def test_open_backend_starts_before_and_closes_after_whatever_happens() ->
     backend = Recording()
 
     async def use() -> None:
-        async with open_backend(backend) as opened:
+        async with open_backend(backend) as opened:  # type: ignore[type-var]
             assert backend.calls == ["preflight", "reconcile"]
             await opened.run_once(SPEC)
 
     with pytest.raises(SbxError, match="boom"):
         await use()
     assert backend.calls == ["preflight", "reconcile", "run", "aclose"]
+
+
+# --- the sbx backend: runs and batches served, the rest refused at plan time ----------------------
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Machine:
+    machine = Machine(tmp_path)
+    monkeypatch.setenv("FAKE_SBX_STATE", str(machine.state))
+    return machine
+
+
+def _sbx_spec(command: list[str]) -> SandboxSpec:
+    return msgspec.structs.replace(
+        SPEC, image="docker/sandbox-templates:shell", command=command, labels={}, workdir=None
+    )
+
+
+@pytest.mark.parametrize("consumer", ["session", "pty", "stdio", "grants", "files"])
+async def test_the_sbx_backend_refuses_what_it_cannot_serve_before_anything_runs(
+    consumer: str, machine: Machine
+) -> None:
+    backend = machine.backend()
+    spec = _sbx_spec(["true"])
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "session": lambda: open_sandbox(spec, backend=backend).__aenter__(),
+        "pty": lambda: open_pty(spec, backend=backend).__aenter__(),
+        "stdio": lambda: open_stdio_worker(spec, backend=backend).__aenter__(),
+        "grants": lambda: run_with_grants(spec, Grants(), backend=backend),
+        "files": lambda: public_run(spec, files={"a": b"1"}, backend=backend),
+    }
+    async with open_backend(backend):
+        with pytest.raises(SpecError) as caught:
+            await calls[consumer]()
+    assert caught.value.field == "sandbox.runtime"
+    assert "'sandbox' runtime cannot serve" in caught.value.rule
+    assert {argv[0] for argv in machine.argvs()} == {"ls"}  # start-up listings, nothing else
+    assert machine.sandboxes() == []
+
+
+async def test_a_harness_batch_runs_on_the_sbx_backend(machine: Machine) -> None:
+    backend = machine.backend()
+    jobs = [Job(id=n, spec=_sbx_spec(sh(f"echo job{n}; exit {n}"))) for n in range(3)]
+    async with open_backend(backend):
+        results = await run_many(jobs, parallel=2, backend=backend)
+    assert [(r.result.exit_code, r.result.stdout) for r in results if r.result] == [
+        (n, f"job{n}\n".encode()) for n in range(3)
+    ]
+    assert machine.sandboxes() == []
+
+
+def test_sbxkit_batch_and_shell_take_the_profiles_runtime(
+    machine: Machine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = write_profile(machine, tmp_path)
+    jobs = tmp_path / "jobs.jsonl"
+    limits = {"cpus": 1, "memory_bytes": 64 * MiB, "pids": 32, "output_bytes": 4096}
+    line = {"id": 1, "command": sh("echo batched"), "limits": limits}
+    jobs.write_bytes(msgspec.json.encode(line) + b"\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["batch", "--profile", profile, str(jobs), "--out", str(out)])
+    assert caught.value.code == 0
+    (line,) = out.read_bytes().splitlines()
+    decoded = msgspec.json.decode(line)
+    assert (decoded["status"], decoded["stdout"]) == ("exited", "batched\n")
+    assert any(argv[0] == "create" for argv in machine.argvs())
+    runs = len(machine.argvs())
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["shell", "--profile", profile])
+    assert caught.value.code == 2
+    assert "sandbox.runtime: the 'sandbox' runtime cannot serve pty" in capsys.readouterr().err
+    assert len(machine.argvs()) == runs  # refused before any sbx command
+    assert machine.sandboxes() == []
 
 
 def test_the_sbx_command_builders_are_pure() -> None:
@@ -217,7 +357,7 @@ def test_the_sbx_command_builders_are_pure() -> None:
     assert ours <= {"sbxkit.errors", "sbxkit.predicates"}  # both pure
 
 
-# --- the CLI takes the old path unless the profile switches runtime ------------------------------
+# --- profiles ------------------------------------------------------------------------------------
 
 DOCKER_PROFILE = """
 [sandbox.docker]
@@ -243,100 +383,6 @@ template = "docker/sandbox-templates:shell"
 kits = ["./kit"]
 create_args = ["--memory", "8g"]
 """
-
-
-def fake_result() -> RunResult:
-    return RunResult(
-        status="exited",
-        exit_code=0,
-        stdout=b"",
-        stderr=b"",
-        overflowed=None,
-        container_id="c",
-        lease="l",
-        timings=PhaseTimings(),
-    )
-
-
-@pytest.mark.parametrize("profile_text", [None, DOCKER_PROFILE])
-def test_sbxkit_run_without_the_switch_is_the_old_call(
-    profile_text: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    calls: list[tuple[Any, ...]] = []
-
-    async def fake_run(spec: SandboxSpec, stdin: bytes | None, **kwargs: Any) -> RunResult:
-        calls.append((spec, stdin, kwargs))
-        return fake_result()
-
-    def no_backend(*_: Any) -> Any:
-        raise AssertionError("a backend was built on the Docker path")
-
-    monkeypatch.setattr(run_command, "run", fake_run)
-    monkeypatch.setattr(run_command, "sandbox_backend", no_backend)
-    monkeypatch.setattr(run_command, "open_backend", no_backend)
-    argv = ["run", "--socket", "/d.sock"]
-    if profile_text is None:
-        argv += ["img:1", "--", "true"]
-    else:
-        path = tmp_path / "p.toml"
-        path.write_text(profile_text)
-        argv += ["--profile", str(path), "--", "true"]
-    with pytest.raises(SystemExit) as caught:
-        cli.main(argv)
-    assert caught.value.code == 0
-    (call,) = calls
-    spec, stdin, kwargs = call
-    assert stdin is None
-    assert set(kwargs) == {"socket_path", "settings", "on_queued"}
-    assert kwargs["socket_path"] == "/d.sock"
-    assert kwargs["on_queued"] is None  # stderr is not a terminal here: nothing to say
-    if profile_text is None:
-        assert kwargs["settings"] is None
-        assert spec.image == "img:1"
-    else:
-        assert kwargs["settings"] == Settings()
-        assert (spec.image, spec.runtime, spec.limits.memory_bytes) == (
-            "sbxkit-test/python:latest",
-            "crun",
-            128 * MiB,
-        )
-
-
-def test_sbxkit_run_with_the_switch_never_calls_the_docker_runner(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    seen: list[Any] = []
-
-    async def no_run(*_: Any, **__: Any) -> RunResult:
-        raise AssertionError("the Docker runner ran under runtime = 'sandbox'")
-
-    class FakeBackend(Recording):
-        async def run_once(self, spec: SandboxSpec, stdin: bytes | None = None) -> RunResult:
-            seen.append(spec)
-            return fake_result()
-
-    built: list[Any] = []
-    real = run_command.sandbox_backend
-
-    def capture(profile: Any, args: argparse.Namespace, spec: SandboxSpec) -> Any:
-        built.append(real(profile, args, spec))
-        return FakeBackend()
-
-    monkeypatch.setattr(run_command, "run", no_run)
-    monkeypatch.setattr(run_command, "sandbox_backend", capture)
-    path = tmp_path / "p.toml"
-    path.write_text(SANDBOX_PROFILE)
-    with pytest.raises(SystemExit) as caught:
-        cli.main(["run", "--profile", str(path), "--", "true"])
-    assert caught.value.code == 0
-    (spec,) = seen
-    assert spec.image == "docker/sandbox-templates:shell"
-    assert spec.limits.timeout_s == 9
-    (backend,) = built
-    assert isinstance(backend, SbxBackend)
-    assert backend.config.binary == "/opt/sbx/bin/sbx"
-    assert backend.config.kits == ["./kit"]
-    assert backend.config.create_args == ["--memory", "8g"]
 
 
 # --- the profile's runtime switch ---------------------------------------------------------------

@@ -590,11 +590,13 @@ def test_main_with_a_profile_passes_the_supervisor_binary_in_the_settings(
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "the-callers-own")
     seen: list[Any] = []
 
-    async def fake_run(spec: Any, stdin: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["settings"])
-        raise EngineUnavailable("/nonexistent/d.sock", "not started in this test")
+    real = run_command.cli_backend
 
-    monkeypatch.setattr(run_command, "run", fake_run)
+    def recording(profile: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["settings"])
+        return real(profile, **kwargs)
+
+    monkeypatch.setattr(run_command, "cli_backend", recording)
     path = write_profile(tmp_path)
     with pytest.raises(SystemExit) as caught:
         main(["run", "--socket", "/nonexistent/d.sock", "--profile", path, "--", "true"])

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 from hypothesis import given
 
-from sbxkit import harness
+from sbxkit.backends import Backend
 from sbxkit.cli.batch import (
     JobsFileError,
     Progress,
@@ -28,9 +28,9 @@ from sbxkit.cli.batch import (
     prepare_results,
     scan_results,
 )
-from sbxkit.engine.client import Engine
 from sbxkit.errors import CleanupError, ImageError, SpecError
 from sbxkit.harness import Admission, Budget, Job, JobError, JobResult, Need, need_of, run_many
+from sbxkit.plan import CheckedSpec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import Limits, MiB, SandboxSpec
 
@@ -168,7 +168,10 @@ def fake_result(command: str) -> RunResult:
 
 
 class FakeRunner:
-    """Stands in for sbxkit.runner.run: sleeps, tracks concurrency, fails on demand."""
+    """A backend whose runs sleep, track concurrency and fail on demand (no engine here: the
+    real-engine harness tests run real containers)."""
+
+    kind = "fake"
 
     def __init__(self, seconds: float = 1.0) -> None:
         self.seconds = seconds
@@ -195,15 +198,27 @@ class FakeRunner:
             raise CleanupError("l" * 32, "c" * 64, "daemon said no")
         return fake_result(command)
 
+    async def run_once(self, spec: SandboxSpec, stdin: bytes | None = None, **_: Any) -> RunResult:
+        return await self(spec, stdin)
 
-NO_ENGINE = cast(Engine, object())
+
+def backend_of(stand_in: object) -> Backend:
+    """The stand-ins implement only ``run_once``: all ``run_many`` asks of a backend."""
+    return cast(Backend, stand_in)
+
+
+class FnBackend:
+    """A backend whose ``run_once`` is one function."""
+
+    kind = "fn"
+
+    def __init__(self, run: Any) -> None:
+        self.run_once = run
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    runner = FakeRunner()
-    monkeypatch.setattr(harness, "run", runner)
-    return runner
+def fake() -> FakeRunner:
+    return FakeRunner()
 
 
 def jobs_of(n: int, **kwargs: Any) -> list[Job]:
@@ -219,7 +234,7 @@ async def test_run_many_bounds_parallelism_and_keeps_input_order(
         parallel=3,
         host_memory_bytes=10**12,
         host_cpus=64,
-        engine=NO_ENGINE,
+        backend=backend_of(fake),
         on_result=seen.append,
     )
     assert fake.peak == 3
@@ -246,7 +261,7 @@ async def test_run_many_admits_by_memory(
     fake: FakeRunner, autojump_clock: trio.testing.MockClock
 ) -> None:
     results = await run_many(
-        jobs_of(9), parallel=8, host_memory_bytes=200 * MiB, host_cpus=64, engine=NO_ENGINE
+        jobs_of(9), parallel=8, host_memory_bytes=200 * MiB, host_cpus=64, backend=backend_of(fake)
     )
     assert fake.peak == 3
     assert max(overlap(results)) == 3
@@ -262,7 +277,7 @@ async def test_run_many_admits_in_input_order_without_overtaking(
         Job(id="small", spec=spec(memory=8 * MiB)),
     ]
     results = await run_many(
-        jobs, parallel=8, host_memory_bytes=200 * MiB, host_cpus=64, engine=NO_ENGINE
+        jobs, parallel=8, host_memory_bytes=200 * MiB, host_cpus=64, backend=backend_of(fake)
     )
     by_id = {r.id: r for r in results}
     assert by_id["big"].started_at >= by_id["a"].finished_at
@@ -278,7 +293,7 @@ async def test_one_jobs_error_is_its_result_not_the_batchs(
         Job(id=3, spec=spec(command="cleanup-fails")),
     ]
     results = await run_many(
-        jobs, parallel=2, host_memory_bytes=10**12, engine=NO_ENGINE, host_cpus=8
+        jobs, parallel=2, host_memory_bytes=10**12, backend=backend_of(fake), host_cpus=8
     )
     assert results[0].ok
     assert results[1].error == JobError(
@@ -293,7 +308,9 @@ async def test_one_jobs_error_is_its_result_not_the_batchs(
 async def test_oversized_job_refuses_the_batch_before_anything_runs(fake: FakeRunner) -> None:
     jobs = [*jobs_of(3), Job(id="huge", spec=spec(memory=300 * MiB))]
     with pytest.raises(SpecError, match="job 'huge'"):
-        await run_many(jobs, parallel=2, host_memory_bytes=200 * MiB, host_cpus=2, engine=NO_ENGINE)
+        await run_many(
+            jobs, parallel=2, host_memory_bytes=200 * MiB, host_cpus=2, backend=backend_of(fake)
+        )
     assert fake.peak == 0
 
 
@@ -301,7 +318,7 @@ async def test_duplicate_ids_are_refused(fake: FakeRunner) -> None:
     jobs = [Job(id="x", spec=spec()), Job(id="x", spec=spec())]
     with pytest.raises(SpecError, match=r"jobs\[1\]\.id"):
         await run_many(
-            jobs, parallel=1, host_memory_bytes=MiB * 1024, host_cpus=1, engine=NO_ENGINE
+            jobs, parallel=1, host_memory_bytes=MiB * 1024, host_cpus=1, backend=backend_of(fake)
         )
 
 
@@ -315,7 +332,7 @@ async def test_cancelling_run_many_cancels_every_run_in_flight(
             parallel=4,
             host_memory_bytes=10**12,
             host_cpus=64,
-            engine=NO_ENGINE,
+            backend=backend_of(fake),
             on_result=seen.append,
         )
     assert len(seen) == 4  # the first wave finished at t=1
@@ -335,7 +352,7 @@ async def test_an_on_result_failure_stops_the_batch_and_is_reraised(
             parallel=2,
             host_memory_bytes=10**12,
             host_cpus=64,
-            engine=NO_ENGINE,
+            backend=backend_of(fake),
             on_result=explode,
         )
     assert fake.active == 0
@@ -354,9 +371,12 @@ async def test_a_full_supervisor_is_waited_for(
             raise CapacityExhausted("capacity exhausted: 64 live sandboxes", code="capacity")
         return fake_result("ok")
 
-    monkeypatch.setattr(harness, "run", full_twice)
     results = await run_many(
-        jobs_of(1), parallel=1, host_memory_bytes=10**12, host_cpus=8, engine=NO_ENGINE
+        jobs_of(1),
+        parallel=1,
+        host_memory_bytes=10**12,
+        host_cpus=8,
+        backend=backend_of(FnBackend(full_twice)),
     )
     assert results[0].ok
     assert len(calls) == 3
@@ -367,13 +387,12 @@ async def test_a_full_supervisor_is_waited_for(
         calls.append(trio.current_time())
         raise CapacityExhausted("capacity exhausted", code="capacity")
 
-    monkeypatch.setattr(harness, "run", always_full)
     results = await run_many(
         jobs_of(1),
         parallel=1,
         host_memory_bytes=10**12,
         host_cpus=8,
-        engine=NO_ENGINE,
+        backend=backend_of(FnBackend(always_full)),
         capacity_wait_s=5.0,
     )
     assert results[0].error is not None
@@ -390,7 +409,11 @@ async def test_bad_budgets_are_refused(
 ) -> None:
     with pytest.raises(SpecError) as caught:
         await run_many(
-            jobs_of(1), parallel=1, host_memory_bytes=memory, host_cpus=cpus, engine=NO_ENGINE
+            jobs_of(1),
+            parallel=1,
+            host_memory_bytes=memory,
+            host_cpus=cpus,
+            backend=backend_of(fake),
         )
     assert caught.value.field == field
 
@@ -418,8 +441,10 @@ def test_jobs_decode_with_stdin_env_and_blank_lines() -> None:
     jobs = decode_jobs(data)
     assert [j.id for j in jobs] == ["a", 2]
     assert jobs[0].stdin == "héllo\n".encode()
-    assert jobs[0].spec.env == {"K": "v"}
-    assert jobs[0].spec.limits.memory_bytes == 64 * MiB
+    checked = jobs[0].spec
+    assert isinstance(checked, CheckedSpec)  # checked here, so the run does not check again
+    assert checked.spec.env == {"K": "v"}
+    assert checked.spec.limits.memory_bytes == 64 * MiB
     assert jobs[1].stdin is None
 
 

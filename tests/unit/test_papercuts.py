@@ -184,14 +184,14 @@ timeout = 9
         b'{"id": 1, "command": ["true"]}\n'
         b'{"id": 2, "command": ["true"], "image": "other:1", "limits": {"timeout": 3}}\n'
     )
-    first, second = decode_jobs(lines, defaults=defaults)
-    assert first.spec.image == IMAGE
-    assert first.spec.env == {"FROM": "profile"}
-    assert first.spec.limits.memory_bytes == 128 * MiB  # the flag over the profile
-    assert first.spec.limits.timeout_s == 9
-    assert second.spec.image == "other:1"  # the line over both
-    assert second.spec.limits.timeout_s == 3
-    assert second.spec.limits.memory_bytes == 128 * MiB
+    first, second = (job.spec.spec for job in decode_jobs(lines, defaults=defaults))  # checked
+    assert first.image == IMAGE
+    assert first.env == {"FROM": "profile"}
+    assert first.limits.memory_bytes == 128 * MiB  # the flag over the profile
+    assert first.limits.timeout_s == 9
+    assert second.image == "other:1"  # the line over both
+    assert second.limits.timeout_s == 3
+    assert second.limits.memory_bytes == 128 * MiB
 
 
 def test_a_bad_default_flag_names_the_flag() -> None:

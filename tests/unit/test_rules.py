@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sbxkit.errors import EngineUnavailable, SpecError
+from sbxkit.plan import effective_settings
 from sbxkit.policy import build_create_body
 from sbxkit.rules import (
     ENV_SIZE_LIMIT,
@@ -35,7 +36,7 @@ from sbxkit.rules import (
     runtime_env,
     runtime_name,
 )
-from sbxkit.runner import effective_settings, run
+from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, validate_spec
 from tests.unit.test_layers import IO_MODULES, ROOT, imports_of

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sbxkit.errors import SpecError
+from sbxkit.plan import effective_settings
 from sbxkit.policy import LEASE_LABEL, build_create_body
-from sbxkit.runner import effective_settings
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec, parse_label_list
 

@@ -1,5 +1,5 @@
 """No exception group escapes a public call: the leaf a caller sees, and the real nursery in
-``runner._supervise`` raising an ``EngineError`` and a ``KeyboardInterrupt`` plainly."""
+``attached._supervise`` raising an ``EngineError`` and a ``KeyboardInterrupt`` plainly."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import trio
 import trio.lowlevel
 
+from sbxkit.attached import _supervise
 from sbxkit.engine.models import ContainerWaitReply, WaitError
 from sbxkit.errors import EngineError, SbxError
-from sbxkit.runner import _supervise
 from sbxkit.unwrap import chosen_leaf, plain_async, plain_errors
 
 

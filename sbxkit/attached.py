@@ -1,0 +1,166 @@
+"""A one-shot payload on an owned container: attach, start, stream, wait (design.md §3, 5–8).
+
+``run_attached`` runs a verified, still stopped container's command once: it attaches (before
+start, so no output is lost), registers the ``next-exit`` wait, starts, feeds stdin, streams
+output under the caps and waits for the exit, all within the time limit. The caller's
+``owned_container`` block removes the container afterwards, whatever happened here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from sbxkit.engine.client import Waiter
+from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.errors import EngineConnectionError, EngineError
+from sbxkit.outcome import judge_exit
+from sbxkit.output import OutputCapture, stream_name
+from sbxkit.owned import OwnedContainer, attached
+from sbxkit.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit.unwrap import plain_async
+
+__all__ = ["OutputCallback", "Ran", "feed_stdin", "run_attached"]
+
+# After the payload exits, its attach stream closes almost at once; don't hang on it
+# (moby #41922: an attach stream can outlive its container).
+DRAIN_GRACE_S = 2.0
+STDIN_CHUNK = 64 * 1024
+# Large output arrives faster than 64 KiB wake-ups can drain it; 256 KiB reads quarter them.
+ATTACH_READ = 256 * 1024
+
+OutputCallback = Callable[[Stream, bytes], object]
+"""``on_output(stream, chunk)``: output as it arrives, within the caps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ran:
+    """How the payload ended; ``result`` makes the ``RunResult`` once removal is timed."""
+
+    status: Status
+    exit_code: int | None
+    evidence: str | None
+    capture: OutputCapture
+    start_s: float
+    run_s: float
+
+    def result(self, box: OwnedContainer) -> RunResult:
+        """The run's result, after the ``owned_container`` block ended (removal timed)."""
+        timings = PhaseTimings(
+            queued_s=box.queued_s,
+            create_s=box.create_s,
+            start_s=self.start_s,
+            run_s=self.run_s,
+            remove_s=box.remove_s or 0.0,
+        )
+        return RunResult(
+            status=self.status,
+            exit_code=self.exit_code,
+            stdout=self.capture.stdout,
+            stderr=self.capture.stderr,
+            overflowed=self.capture.overflowed,
+            container_id=box.container_id,
+            lease=box.lease,
+            timings=timings,
+            oom_evidence=self.evidence if self.status == "oom_killed" else None,
+            kill_evidence=self.evidence if self.status == "killed" else None,
+        )
+
+
+async def run_attached(
+    box: OwnedContainer, stdin: bytes | None, on_output: OutputCallback | None = None
+) -> Ran:
+    """Run the box's command once; the time limit starts when the container has started."""
+    engine, container_id = box.engine, box.container_id
+    clock = trio.current_time
+    t_start = clock()
+    async with attached(box) as (attach, waiter):
+        t_run = clock()
+        outcome = await _supervise(
+            attach, waiter, stdin, box.output_bytes, box.timeout_s, on_output
+        )
+        run_s = clock() - t_run
+    status, exit_code, evidence = outcome.status, None, None
+    if status == "exited":
+        # Only a payload that really exited has an exit code; after an overflow or a
+        # timeout the code (if any) is sbxkit's kill, not the payload's answer.
+        exit_code = outcome.exit_code
+        status, evidence = await judge_exit(engine, container_id, exit_code)
+    return Ran(
+        status=status,
+        exit_code=exit_code,
+        evidence=evidence,
+        capture=outcome.capture,
+        start_s=t_run - t_start,
+        run_s=run_s,
+    )
+
+
+class _Outcome:
+    def __init__(self, capture: OutputCapture) -> None:
+        self.capture = capture
+        self.status: Status = "exited"
+        self.exit_code: int | None = None
+
+
+@plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
+async def _supervise(
+    attach: HijackedStream,
+    waiter: Waiter,
+    stdin: bytes | None,
+    max_output: int,
+    timeout_s: float,
+    on_output: OutputCallback | None = None,
+) -> _Outcome:
+    """Feed stdin, stream output under the caps, wait for exit — all within the time limit."""
+    outcome = _Outcome(OutputCapture(max_output))
+    drained = trio.Event()
+    with trio.move_on_after(timeout_s) as timer:
+        async with trio.open_nursery() as nursery:
+
+            async def pump_output() -> None:
+                demuxer = Demuxer()
+                while chunk := await attach.receive_some(ATTACH_READ):
+                    for stream_id, data in demuxer.feed(chunk):
+                        name = stream_name(stream_id)
+                        before = outcome.capture.kept(name)
+                        overflowed = outcome.capture.add(stream_id, data)
+                        kept = outcome.capture.kept(name) - before
+                        if on_output is not None and kept:
+                            on_output(name, bytes(data[:kept]))  # never past the cap
+                        if overflowed:
+                            outcome.status = "output_exceeded"
+                            nursery.cancel_scope.cancel()
+                            return
+                demuxer.close()
+                drained.set()
+
+            nursery.start_soon(feed_stdin, attach, stdin)
+            nursery.start_soon(pump_output)
+            reply = await waiter.result()
+            if reply.error is not None and reply.error.message:
+                raise EngineError("POST", "wait", 500, reply.error.message)
+            if outcome.status == "exited":
+                outcome.exit_code = reply.status_code
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+    if timer.cancelled_caught and outcome.status == "exited" and outcome.exit_code is None:
+        outcome.status = "timed_out"
+    return outcome
+
+
+async def feed_stdin(stream: HijackedStream, stdin: bytes | None) -> None:
+    """Write stdin, then half-close so the command sees EOF. A command that stopped reading
+    (or already exited) closes the pipe: that is its business, not an error."""
+    try:
+        if stdin:
+            view = memoryview(stdin)
+            for offset in range(0, len(view), STDIN_CHUNK):
+                await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
+        await stream.send_eof()
+    except EngineConnectionError:
+        pass

@@ -1,0 +1,49 @@
+"""The backend a CLI command runs on: Docker, or the sbx microVM runtime a profile selects.
+
+``sbxkit run``, ``sbxkit shell`` and ``sbxkit batch`` all go through a backend
+(``sbxkit.backends``); a consumer the chosen backend cannot serve (a shell on the sandbox
+runtime) is refused by ``Backend.check`` before anything is created.
+"""
+
+from __future__ import annotations
+
+from sbxkit.backends.base import Backend
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.errors import SpecError
+from sbxkit.profile import Profile, sandbox_options
+from sbxkit.settings import Settings
+from sbxkit.supervisor.client import QueueObserver
+
+
+def cli_backend(
+    profile: Profile | None,
+    *,
+    socket_path: str | None,
+    settings: Settings | None,
+    on_queued: QueueObserver | None = None,
+) -> Backend:
+    """The profile's ``[sandbox] runtime``: ``"sandbox"`` is the sbx runner (docs/adr-sbx.md),
+    anything else the Docker backend on ``socket_path`` (``--socket``).
+
+    The Docker backend asks the supervisor for no extra recovery pass: it recovers at its own
+    start and in its reaper loop, and a CLI command should not pay for one more.
+    """
+    options = sandbox_options(profile) if profile is not None else None
+    if options is None:
+        return DockerBackend(
+            socket_path=socket_path,
+            settings=settings,
+            on_queued=on_queued,
+            recover_at_open=False,
+        )
+    from sbxkit.backends.sbx import SbxBackend, SbxConfig  # loaded only when a profile selects it
+
+    if socket_path is not None:
+        raise SpecError("--socket", 'a Docker socket has no meaning under runtime = "sandbox"')
+    config = SbxConfig(
+        binary=options.binary,
+        agent=options.agent,
+        kits=list(options.kits),
+        create_args=list(options.create_args),
+    )
+    return SbxBackend(config)

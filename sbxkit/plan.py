@@ -1,0 +1,221 @@
+"""The plan: everything one sandbox needs, decided once, before anything is created.
+
+Parse, don't validate. ``check_spec`` validates a spec under the effective settings and returns
+a ``CheckedSpec``; ``learn_daemon`` asks the daemon what only it can judge (the image, named
+volumes, the runtime, CDI GPUs) and returns ``DaemonFacts``; ``build_plan`` (pure) turns the two
+into a ``Plan`` with every derived field filled: the lease, the container name, the hardened
+create body, the mounts the post-create inspection expects, the limits and the owner's backstop.
+Every layer downstream (the owned container, one-shot runs, sessions, PTYs, stdio workers,
+grants, the harness) takes a ``Plan`` or a ``CheckedSpec`` and never validates again.
+
+``make_plan`` is the I/O shell that does the three in order; it is called once per sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from sbxkit.engine.client import Engine
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.errors import ImageError, NotFound
+from sbxkit.gpu import GpuCursor
+from sbxkit.mounts import ExpectedMount, ResolvedMounts
+from sbxkit.policy import container_name, hardened_body
+from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts
+from sbxkit.settings import Settings
+from sbxkit.spec import SandboxSpec, parse_label_list, validate_command, validate_spec
+from sbxkit.supervisor.journal import default_state_dir
+
+__all__ = [
+    "GPU_CURSOR",
+    "LIFETIME_MARGIN_S",
+    "CheckedSpec",
+    "DaemonFacts",
+    "Plan",
+    "build_plan",
+    "check_spec",
+    "effective_settings",
+    "learn_daemon",
+    "make_plan",
+    "new_lease_id",
+]
+
+LIFETIME_MARGIN_S = 120.0
+"""The owner's backstop beyond the payload's own time limit: create, start and removal."""
+
+GPU_CURSOR = GpuCursor()
+"""This process's round-robin position over the daemon's CDI GPUs (sandboxes share it)."""
+
+
+class CheckedSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A spec ``validate_spec`` accepted under these effective settings (``check_spec``),
+    and the rules of the backend kind named by ``checked_for``."""
+
+    spec: SandboxSpec
+    settings: Settings
+    checked_for: str = "docker"
+
+
+class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What the daemon decided for a checked spec (``learn_daemon``)."""
+
+    mounts: ResolvedMounts
+    daemon: DaemonPlan
+    podman: bool = False
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """One sandbox, fully decided: what is created, how it is verified and bounded."""
+
+    spec: SandboxSpec
+    settings: Settings
+    lease: str
+    name: str
+    body: ContainerCreate
+    """The final create body (overrides applied); the post-create inspection compares to it."""
+    expected_mounts: tuple[ExpectedMount, ...]
+    timeout_s: float
+    output_bytes: int
+    lifetime_s: float
+    """The owner's backstop: the time limit plus ``LIFETIME_MARGIN_S``."""
+    podman: bool = False
+
+
+def new_lease_id() -> str:
+    """A fresh lease id: 128 random bits, hex (also the container name's suffix)."""
+    return secrets.token_hex(16)
+
+
+def effective_settings(settings: Settings | None) -> Settings:
+    """Fill in what the environment decides: the supervisor state dir (bind sources may not
+    overlap it, whichever supervisor owns the sandbox), the raw ``SBXKIT_ENV`` and
+    ``SBXKIT_LABELS``.
+
+    This is the one place ``SBXKIT_ENV`` is read, as bytes: the pure rules parse it only when
+    a decision depends on it (bridge networking), so a bad value breaks only what it governs.
+    """
+    settings = settings or Settings()
+    if settings.supervisor_state_dir is None:
+        state_dir = str(default_state_dir())
+        settings = msgspec.structs.replace(settings, supervisor_state_dir=state_dir)
+    if settings.environment is None:
+        raw = os.environb.get(b"SBXKIT_ENV")
+        if raw is not None:
+            settings = msgspec.structs.replace(settings, environment=raw)
+    if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
+        labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
+        settings = msgspec.structs.replace(settings, labels=labels)
+    return settings
+
+
+def check_spec(
+    spec: SandboxSpec | CheckedSpec,
+    settings: Settings | None = None,
+    *,
+    command: Sequence[str] | None = None,
+) -> CheckedSpec:
+    """Validate once: a ``CheckedSpec`` checked for Docker passes through untouched (unless
+    ``command`` replaces its command); one checked for another backend is checked again."""
+    if isinstance(spec, CheckedSpec) and spec.checked_for != "docker":
+        settings = spec.settings
+        spec = spec.spec
+    if isinstance(spec, CheckedSpec):
+        if command is None:
+            return spec
+        validate_command(command)  # the one field that changed
+        replaced = msgspec.structs.replace(spec.spec, command=list(command))
+        return CheckedSpec(spec=replaced, settings=spec.settings)
+    settings = effective_settings(settings)
+    if command is not None:
+        spec = msgspec.structs.replace(spec, command=list(command))
+    validate_spec(spec, settings)
+    return CheckedSpec(spec=spec, settings=settings)
+
+
+async def check_image(engine: Engine, image: str) -> None:
+    """The image must exist locally (never pulled) and declare no volumes."""
+    try:
+        inspected = await engine.image_inspect(image)
+    except NotFound:
+        raise ImageError(
+            image, "not present locally; sbxkit never pulls images (load or build it first)"
+        ) from None
+    volumes = (inspected.config.volumes if inspected.config else None) or {}
+    if volumes:
+        raise ImageError(
+            image,
+            "declares VOLUME " + ", ".join(sorted(volumes)) + "; anonymous "
+            "volumes bypass the sandbox's writable-storage limits",
+        )
+
+
+async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor) -> DaemonFacts:
+    """What only the daemon can judge, before any container exists: the image (present, no
+    VOLUME), the mounts, the runtime and GPUs."""
+    await check_image(engine, checked.spec.image)
+    mounts = await resolve_mounts(engine, checked.spec, checked.settings)
+    daemon = await check_daemon(engine, checked.spec, gpu_cursor)
+    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman)
+
+
+def build_plan(
+    checked: CheckedSpec,
+    facts: DaemonFacts,
+    *,
+    lease: str,
+    body_overrides: Mapping[str, Any] | None = None,
+) -> Plan:
+    """The plan for a checked spec and the daemon's answers (pure).
+
+    ``body_overrides`` replace fields of the hardened body (a PTY's ``tty``/``stdin_once``);
+    the post-create verification compares the container against the final body.
+    """
+    spec = checked.spec
+    body = hardened_body(
+        spec,
+        lease,
+        settings=checked.settings,
+        resolved=facts.mounts,
+        gpu_devices=facts.daemon.gpu_devices,
+        podman=facts.podman,
+    )
+    if body_overrides:
+        body = msgspec.structs.replace(body, **dict(body_overrides))
+    timeout_s, output_bytes = spec.limits.timeout_s, spec.limits.output_bytes
+    assert timeout_s is not None  # validate_spec requires both
+    assert output_bytes is not None
+    return Plan(
+        spec=spec,
+        settings=checked.settings,
+        lease=lease,
+        name=container_name(lease),
+        body=body,
+        expected_mounts=tuple(facts.mounts.expected),
+        timeout_s=timeout_s,
+        output_bytes=output_bytes,
+        lifetime_s=timeout_s + LIFETIME_MARGIN_S,
+        podman=facts.podman,
+    )
+
+
+async def make_plan(
+    engine: Engine,
+    spec: SandboxSpec | CheckedSpec,
+    settings: Settings | None = None,
+    *,
+    gpu_cursor: GpuCursor = GPU_CURSOR,
+    command: Sequence[str] | None = None,
+    body_overrides: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Check (unless already checked), ask the daemon, build: the one plan of one sandbox.
+
+    Bad input raises ``SpecError`` before the daemon is contacted.
+    """
+    checked = check_spec(spec, settings, command=command)
+    facts = await learn_daemon(engine, checked, gpu_cursor)
+    return build_plan(checked, facts, lease=new_lease_id(), body_overrides=body_overrides)
