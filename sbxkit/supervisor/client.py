@@ -204,8 +204,12 @@ async def _connect_and_greet(
     try:
         try:
             hello = Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
-            await session.send(hello, first)
-            reply = await session.receive()
+            # Shielded: once ``first`` (a Register) is on its way, the supervisor may create
+            # for it. Cancelled here, the caller would leave without the session its removal
+            # needs; the cancellation lands at the caller's next checkpoint instead.
+            with trio.CancelScope(shield=True), trio.fail_after(REPLY_TIMEOUT_S):
+                await session.send(hello, first)
+                reply = await session.receive()
         except (
             SupervisorConnectionLost,
             trio.BrokenResourceError,
@@ -213,6 +217,10 @@ async def _connect_and_greet(
             OSError,
         ):
             raise _HandshakeLost() from None
+        except trio.TooSlowError:
+            raise SupervisorError(
+                f"the supervisor did not answer the handshake within {REPLY_TIMEOUT_S:g} s"
+            ) from None
         if reply is None:
             raise _HandshakeLost()
     except BaseException:
