@@ -17,7 +17,7 @@ from sbxkit.engine.client import Waiter
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError
-from sbxkit.outcome import judge_exit
+from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
@@ -40,9 +40,8 @@ OutputCallback = Callable[[Stream, bytes], object]
 class Ran:
     """How the payload ended; ``result`` makes the ``RunResult`` once removal is timed."""
 
-    status: Status
+    verdict: Verdict
     exit_code: int | None
-    evidence: str | None
     capture: OutputCapture
     start_s: float
     run_s: float
@@ -57,7 +56,7 @@ class Ran:
             remove_s=box.remove_s or 0.0,
         )
         return RunResult(
-            status=self.status,
+            status=self.verdict.status,
             exit_code=self.exit_code,
             stdout=self.capture.stdout,
             stderr=self.capture.stderr,
@@ -65,8 +64,8 @@ class Ran:
             container_id=box.container_id,
             lease=box.lease,
             timings=timings,
-            oom_evidence=self.evidence if self.status == "oom_killed" else None,
-            kill_evidence=self.evidence if self.status == "killed" else None,
+            oom_evidence=self.verdict.oom_evidence,
+            kill_evidence=self.verdict.kill_evidence,
         )
 
 
@@ -83,16 +82,15 @@ async def run_attached(
             attach, waiter, stdin, box.output_bytes, box.timeout_s, on_output
         )
         run_s = clock() - t_run
-    status, exit_code, evidence = outcome.status, None, None
-    if status == "exited":
+    verdict, exit_code = Verdict(status=outcome.status), None
+    if outcome.status == "exited":
         # Only a payload that really exited has an exit code; after an overflow or a
         # timeout the code (if any) is sbxkit's kill, not the payload's answer.
         exit_code = outcome.exit_code
-        status, evidence = await judge_exit(engine, container_id, exit_code)
+        verdict = await judge_exit(engine, container_id, exit_code)
     return Ran(
-        status=status,
+        verdict=verdict,
         exit_code=exit_code,
-        evidence=evidence,
         capture=outcome.capture,
         start_s=t_run - t_start,
         run_s=run_s,

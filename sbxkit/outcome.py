@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 
+import msgspec
+
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import Event
 from sbxkit.result import Status
@@ -55,40 +57,77 @@ def signal_number(text: str | None) -> int | None:
         return None
 
 
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """How a process ended, as far as the evidence goes.
+
+    ``status`` is ``exited`` unless evidence proves an OOM kill (``oom_killed``) or someone
+    else's kill (``killed``) of the process itself. ``oom_evidence`` names the evidence of an
+    OOM kill in the sandbox; on an ``exited`` verdict it says that another process of the
+    sandbox (a child) was OOM-killed while the payload exited by itself.
+    """
+
+    status: Status
+    oom_evidence: str | None = None
+    kill_evidence: str | None = None
+
+
+EXITED = Verdict(status="exited")
+
+
 def classify_exit(
     oom_flag: bool, exit_code: int | None, events: Sequence[Event] = ()
-) -> tuple[Status, str | None]:
-    """``(status, evidence)`` for a payload that ended by itself (not sbxkit's kill)."""
-    if oom_flag:
-        return "oom_killed", "State.OOMKilled"
+) -> Verdict:
+    """The verdict for a process that ended by itself (not by sbxkit's kill).
+
+    An exit status of 128 or less is the process's own answer and stands, whatever else the
+    sandbox's memory cgroup saw: an OOM kill of a child is noted, never reported as the
+    payload's. A signal exit is ``oom_killed`` on the flag or an ``oom`` event, ``killed`` on a
+    ``kill`` event with that signal, and otherwise ``exited`` with its status.
+    """
+    oom = "State.OOMKilled" if oom_flag else None
+    if oom is None and any(event.action == "oom" for event in events):
+        oom = "the daemon's oom event for the container (OOMKilled unset)"
     if exit_code is None or exit_code <= SIGNAL_EXIT_BASE:
-        return "exited", None
-    if any(event.action == "oom" for event in events):
-        return "oom_killed", "the daemon's oom event for the container (OOMKilled unset)"
+        if oom is None:
+            return EXITED
+        note = f"{oom}: a process in the sandbox was OOM-killed; the payload exited "
+        return Verdict(status="exited", oom_evidence=note + f"{exit_code} by itself")
+    if oom is not None:
+        return Verdict(status="oom_killed", oom_evidence=oom)
     signum = exit_code - SIGNAL_EXIT_BASE
     for event in events:
         attributes = event.actor.attributes or {}
         if event.action == "kill" and signal_number(attributes.get("signal")) == signum:
             name = signal.Signals(signum).name if signum in _SIGNALS else str(signum)
-            return "killed", f"the daemon's kill event ({name}), not sent by sbxkit"
-    return "exited", None
+            evidence = f"the daemon's kill event ({name}), not sent by sbxkit"
+            return Verdict(status="killed", kill_evidence=evidence)
+    return EXITED
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
 
 
 async def judge_exit(
-    engine: Engine, container_id: str, exit_code: int | None
-) -> tuple[Status, str | None]:
-    """Inspect the container and, for a signal exit without the OOM flag, read the daemon's
-    ``oom`` and ``kill`` events for it since it started."""
+    engine: Engine, container_id: str, exit_code: int | None, *, since: float | None = None
+) -> Verdict:
+    """Inspect the container and, for a signal exit without the flag, read the daemon's
+    ``oom`` and ``kill`` events for it.
+
+    For the container's own process (``since`` None) the window is the container's life and
+    ``State.OOMKilled`` counts. For an exec (``since`` = when it was created, unix seconds) only
+    events from then on count, and not the flag: it stays set for the rest of a session once any
+    process in it was OOM-killed, so it cannot say whether this exec's process was.
+    """
     state = (await engine.container_inspect(container_id)).state
+    oom_flag = state.oom_killed if since is None else False
+    if since is None:
+        since = (docker_time(state.started_at) or time.time() - 24 * 3600) - EVENT_MARGIN_S
     events: list[Event] = []
-    if not state.oom_killed and exit_code is not None and exit_code > SIGNAL_EXIT_BASE:
-        since = docker_time(state.started_at) or time.time() - 24 * 3600
+    # An exit of its own (<= 128) stands: only a signal exit is worth the events call.
+    if not oom_flag and exit_code is not None and exit_code > SIGNAL_EXIT_BASE:
         events = await engine.events_between(
-            since - EVENT_MARGIN_S,
+            since,
             time.time(),
             {"type": ["container"], "container": [container_id], "event": ["oom", "kill"]},
         )
-    return classify_exit(state.oom_killed, exit_code, events)
+    return classify_exit(oom_flag, exit_code, events)

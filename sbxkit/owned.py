@@ -25,7 +25,7 @@ from sbxkit.errors import (
     NotFound,
     SbxError,
 )
-from sbxkit.outcome import SIGNAL_EXIT_BASE, classify_exit, judge_exit
+from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owner import Owner
 from sbxkit.plan import Plan
 from sbxkit.result import Status, Stream
@@ -183,7 +183,7 @@ class ContainerProcess:
         self.box = box
         self._waiter = waiter
         self.ended_by: Status | None = None
-        self._result: tuple[Status, int | None, str | None] | None = None
+        self._result: tuple[Verdict, int | None] | None = None
 
     async def end(self, status: Status) -> None:
         if self.ended_by is None:
@@ -191,8 +191,9 @@ class ContainerProcess:
         with trio.CancelScope(shield=True), trio.move_on_after(KILL_BUDGET_S):
             await self.box.kill()
 
-    async def wait(self) -> tuple[Status, int | None, str | None]:
-        """``(status, exit_code, oom_evidence)``; at the time limit the container is killed."""
+    async def wait(self) -> tuple[Verdict, int | None]:
+        """``(verdict, exit_code)``: the code only when the process exited by itself; at the
+        time limit the container is killed."""
         if self._result is not None:
             return self._result
         reply: ContainerWaitReply | None = None
@@ -204,16 +205,14 @@ class ContainerProcess:
             with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
                 reply = await self._waiter.result()
         if self.ended_by is not None:
-            self._result = (self.ended_by, None, None)
+            self._result = (Verdict(status=self.ended_by), None)
             return self._result
         assert reply is not None
         if reply.error is not None and reply.error.message:
             raise EngineError("POST", "wait", 500, reply.error.message)
         code = reply.status_code
-        status, evidence = classify_exit(False, code)
-        if code > SIGNAL_EXIT_BASE:
-            status, evidence = await judge_exit(self.box.engine, self.box.container_id, code)
-        self._result = (status, code if status == "exited" else None, evidence)
+        verdict = await judge_exit(self.box.engine, self.box.container_id, code)
+        self._result = (verdict, code if verdict.status == "exited" else None)
         return self._result
 
 

@@ -109,12 +109,12 @@ class PtySession(OwnedView, trio.abc.Stream):
 
     async def wait(self) -> SandboxExit:
         """How the process ended (killing it at the time limit)."""
-        status, exit_code, evidence = await self._process.wait()
+        verdict, exit_code = await self._process.wait()
         return SandboxExit(
-            status=status,
+            status=verdict.status,
             exit_code=exit_code,
-            oom_evidence=evidence if status == "oom_killed" else None,
-            kill_evidence=evidence if status == "killed" else None,
+            oom_evidence=verdict.oom_evidence,
+            kill_evidence=verdict.kill_evidence,
         )
 
     async def aclose(self) -> None:

@@ -39,7 +39,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
 
     ``oom_evidence`` says what decided ``oom_killed``: Docker's ``OOMKilled`` flag, or — since
     the flag is not always set (moby #15621) — the daemon's ``oom`` event. A signal exit is
-    ``oom_killed`` or ``killed`` only on such evidence, never on its status (137) alone.
+    ``oom_killed`` or ``killed`` only on such evidence, never on its status (137) alone. On an
+    ``exited`` result it notes that another process of the sandbox (a child) was OOM-killed
+    while the payload exited by itself: the payload's code stands.
     """
 
     status: Status

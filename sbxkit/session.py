@@ -11,14 +11,14 @@ Ending one exec. The Engine API cannot kill an exec (moby #9167), so every exec 
 wrapper that makes the command the leader of a new process group and session and records that
 group's id in the sandbox's scratch space::
 
-    sh -c 'f=/tmp/.sbxkit-exec-TOKEN; setsid sh -c "echo $$ >$f.pid; [cancelled?] || exec CMD"'
+    sh -c 'f=/tmp/.sbxkit-exec-TOKEN; setsid sh -c "echo $$ >$f.pid; exec CMD"'
 
 On a timeout, an output overflow, an error or the caller's cancellation, a second exec sends
 ``SIGKILL`` to the whole group (``kill -KILL -PGID``). The outer ``sh`` stays the exec's main
 process, so ``setsid`` never has to fork (a process-group leader cannot call ``setsid()``, and
 runc makes every exec's main process one: busybox's ``setsid`` would then fork and exit at
-once). A cancellation marker closes the race with a wrapper that has not yet recorded its
-group: the killer creates the marker first, the wrapper checks it after recording.
+once). A wrapper that has not yet recorded its group is found by its token in ``/proc`` and
+killed before it starts the command; nothing a payload writes can cancel an exec.
 
 A descendant that leaves the group (``setsid``, ``setpgid``) escapes that kill; it ends when
 the sandbox closes, because removing the container kills every process in it.
@@ -67,7 +67,7 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
-from sbxkit.outcome import SIGNAL_EXIT_BASE, judge_exit
+from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owned import (
     KILL_BUDGET_S,
@@ -102,45 +102,52 @@ KILL_ATTEMPTS = 3
 EXIT_POLL_S = 5.0
 
 EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
-"""Prefix of each exec's group-id record (``.pid``) and cancellation marker (``.cancel``)."""
+"""Prefix of each exec's group-id record (``.pid``)."""
 
 RUN_SCRIPT = (
     f"f={EXEC_FILE}$1; shift; "
     "setsid sh -c '"
     'echo $$ >"$0.pid" || { echo "sbxkit: cannot record the process group in $0.pid" >&2; '
     "exit 126; }; "
-    '[ -e "$0.cancel" ] && exit 137; '
     'exec "$@"'
     '\' "$f" "$@"; '
     "s=$?; "
     'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
     'case "$p" in ""|*[!0-9]*) ;; *) kill -0 -$p 2>/dev/null && exit $s;; esac; '
-    'rm -f "$f.pid" "$f.cancel"; '
+    'rm -f "$f.pid"; '
     "exit $s"
 )
 """The exec wrapper. ``$1`` is the exec's token, the rest is the command. The outer ``sh`` is
 the exec's main process and forks ``setsid``, which (not being a group leader) makes the inner
 ``sh`` the leader of a new session and group without forking; the inner ``sh`` records its pid
-(= the group id), honours a cancellation that came first, and becomes the command. The outer
-``sh`` returns the command's status and removes the records — unless the group outlived its
-leader (background children): then the record stays, so a timeout that comes while they hold
-the exec's output open still finds and kills them."""
+(= the group id) and becomes the command. The outer ``sh`` returns the command's status and
+removes the record — unless the group outlived its leader (background children): then the
+record stays, so a timeout that comes while they hold the exec's output open still finds and
+kills them. Nothing the wrapper reads can stop the command: a file in the scratch space is the
+payload's to write, and an earlier exec's process could forge it."""
 
 KILL_SCRIPT = (
     f"f={EXEC_FILE}$1; "
-    ': >"$f.cancel"; '
-    'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
-    'case "$p" in ""|*[!0-9]*) exit 0;; esac; '
-    '[ "$p" -gt 1 ] || exit 0; '
-    "kill -KILL -$p 2>/dev/null; "
-    'rm -f "$f.pid" "$f.cancel"; '
+    'g() { p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) return 0;; esac; '
+    '[ "$p" -gt 1 ] && kill -KILL -$p 2>/dev/null; return 0; }; '
+    "g; "
+    "for d in /proc/[0-9]*; do "
+    'c=$(tr "\\000" " " <"$d/cmdline" 2>/dev/null) || continue; '
+    'case "$c" in *"sbxkit-exec $1 "*|*".sbxkit-exec-$1 "*) kill -KILL "${d#/proc/}" 2>/dev/null;; '
+    "esac; done; "
+    "g; "
+    'rm -f "$f.pid"; '
     "exit 0"
 )
-"""The killer. Marks the exec cancelled first (a wrapper that has not recorded its group yet
-will not start the command), then reads the group id — a number greater than 1, since the
-sandbox user could write anything there — kills the whole group and removes the records. With
-no group recorded the marker stays, for a wrapper that may still start. ``kill -KILL -N`` is the
-spelling both busybox ``sh`` and Debian's ``dash`` accept (``kill -KILL -- -N`` is not)."""
+"""The killer. Kills the recorded group (a number greater than 1: the sandbox user could write
+anything there) without forking — a fork bomb in it may hold every pid — then every process
+that still carries this exec's token in its arguments (the wrapper before it recorded its
+group: the outer ``sh``, ``setsid``, the inner ``sh``), then the recorded group once more (a
+wrapper that recorded it meanwhile has ``exec``'d the command as that group's leader). So an
+exec ended before it recorded its group never starts its command, with no marker a payload
+could plant. ``kill -KILL -N`` is the spelling both busybox ``sh`` and Debian's ``dash`` accept
+(``kill -KILL -- -N`` is not)."""
 
 PUT_SCRIPT = 'mkdir -p "$1" && exec tar -x -m -f - -C "$1"'
 GET_SCRIPT = 'cd "$1" && shift && exec tar -c -f - "$@"'
@@ -254,6 +261,7 @@ class Sandbox(OwnedView):
         )
         clock = trio.current_time
         timings: dict[str, float] = {}
+        began = time.time()  # the daemon stamps its events with this host's clock
         t0 = clock()
         try:
             exec_id = await exec_create(engine, self.container_id, body)
@@ -289,15 +297,15 @@ class Sandbox(OwnedView):
             if stream is not None:
                 await stream.aclose()
         exit_code: int | None = None
-        evidence: str | None = None
+        verdict = Verdict(status=status)
         if status == "exited":
             exit_code = await self._exit_code(exec_id)
-            if exit_code > SIGNAL_EXIT_BASE:
-                status, evidence = await judge_exit(engine, self.container_id, exit_code)
-            if status != "exited":
+            # Only this exec's window counts: an earlier exec's OOM is not this one's.
+            verdict = await judge_exit(engine, self.container_id, exit_code, since=began)
+            if verdict.status != "exited":
                 exit_code = None
         return RunResult(
-            status=status,
+            status=verdict.status,
             exit_code=exit_code,
             stdout=capture.stdout,
             stderr=capture.stderr,
@@ -305,8 +313,8 @@ class Sandbox(OwnedView):
             container_id=self.container_id,
             lease=self.lease,
             timings=PhaseTimings(**timings),
-            oom_evidence=evidence if status == "oom_killed" else None,
-            kill_evidence=evidence if status == "killed" else None,
+            oom_evidence=verdict.oom_evidence,
+            kill_evidence=verdict.kill_evidence,
         )
 
     async def _exit_code(self, exec_id: str) -> int:

@@ -176,14 +176,14 @@ class StdioWorker(OwnedView):
 
     async def wait(self) -> SandboxExit:
         """How the worker ended (killing it at the time limit). Read stdout to EOF first."""
-        status, exit_code, evidence = await self._channel.process.wait()
+        verdict, exit_code = await self._channel.process.wait()
         return SandboxExit(
-            status=status,
+            status=verdict.status,
             exit_code=exit_code,
             stderr=self.stderr,
             overflowed=self._channel.overflowed,
-            oom_evidence=evidence if status == "oom_killed" else None,
-            kill_evidence=evidence if status == "killed" else None,
+            oom_evidence=verdict.oom_evidence,
+            kill_evidence=verdict.kill_evidence,
         )
 
 

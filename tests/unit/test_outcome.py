@@ -5,45 +5,59 @@ from __future__ import annotations
 import pytest
 
 from sbxkit.engine.models import Event, EventActor
-from sbxkit.outcome import classify_exit, docker_time, signal_number
+from sbxkit.outcome import Verdict, classify_exit, docker_time, signal_number
 
 
 def event(action: str, **attributes: str) -> Event:
     return Event(type="container", action=action, actor=EventActor(attributes=attributes))
 
 
-def test_the_oom_flag_decides_whatever_the_status() -> None:
-    assert classify_exit(True, 0) == ("oom_killed", "State.OOMKilled")
-    assert classify_exit(True, 137)[0] == "oom_killed"
+EXITED = Verdict(status="exited")
+
+
+def test_the_oom_flag_decides_a_signal_exit() -> None:
+    assert classify_exit(True, 137) == Verdict(status="oom_killed", oom_evidence="State.OOMKilled")
+
+
+def test_an_exit_of_its_own_stands_after_a_childs_oom() -> None:
+    """Issue 12: the flag says a process in the cgroup was OOM-killed, not which one; a payload
+    that exited 5 (or 0) answered by itself, and the OOM is only noted."""
+    for code in (0, 5, 128):
+        verdict = classify_exit(True, code)
+        assert verdict.status == "exited"
+        assert verdict.kill_evidence is None
+        assert verdict.oom_evidence is not None
+        assert f"exited {code} by itself" in verdict.oom_evidence
 
 
 def test_137_alone_is_an_exit_not_an_oom() -> None:
-    assert classify_exit(False, 137) == ("exited", None)  # `exit 137`, or the payload's own kill
+    assert classify_exit(False, 137) == EXITED  # `exit 137`, or the payload's own kill
 
 
 def test_an_oom_event_decides_when_the_flag_is_unset() -> None:
-    status, evidence = classify_exit(False, 137, [event("kill", signal="9"), event("oom")])
-    assert status == "oom_killed"
-    assert evidence is not None
-    assert "oom event" in evidence
+    verdict = classify_exit(False, 137, [event("kill", signal="9"), event("oom")])
+    assert verdict.status == "oom_killed"
+    assert verdict.oom_evidence is not None
+    assert "oom event" in verdict.oom_evidence
 
 
 @pytest.mark.parametrize("spelling", ["9", "KILL", "SIGKILL"])
 def test_a_daemon_kill_event_with_the_exit_signal_is_killed(spelling: str) -> None:
-    status, evidence = classify_exit(False, 137, [event("kill", signal=spelling)])
-    assert status == "killed"
-    assert evidence is not None
-    assert "SIGKILL" in evidence
+    verdict = classify_exit(False, 137, [event("kill", signal=spelling)])
+    assert verdict.status == "killed"
+    assert verdict.kill_evidence is not None
+    assert "SIGKILL" in verdict.kill_evidence
+    assert verdict.oom_evidence is None
 
 
 def test_a_kill_event_for_another_signal_does_not_explain_the_exit() -> None:
-    assert classify_exit(False, 137, [event("kill", signal="15")]) == ("exited", None)
-    assert classify_exit(False, 143, [event("kill", signal="15")])[0] == "killed"
+    assert classify_exit(False, 137, [event("kill", signal="15")]) == EXITED
+    assert classify_exit(False, 143, [event("kill", signal="15")]).status == "killed"
 
 
-def test_ordinary_exits_ignore_events() -> None:
-    assert classify_exit(False, 1, [event("kill", signal="9")]) == ("exited", None)
-    assert classify_exit(False, None) == ("exited", None)
+def test_ordinary_exits_ignore_kill_events() -> None:
+    assert classify_exit(False, 1, [event("kill", signal="9")]) == EXITED
+    assert classify_exit(False, None) == EXITED
 
 
 def test_docker_time_reads_nanoseconds_and_unset() -> None:
