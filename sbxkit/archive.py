@@ -110,6 +110,15 @@ def relative_name(name: str) -> str:
     return confine(name, "/")
 
 
+def member_paths(files: Mapping[str, bytes]) -> list[str]:
+    """Every directory and file an archive of ``files`` names, relative, parents first."""
+    paths: set[str] = set()
+    for name in files:
+        parts = relative_name(name).split("/")
+        paths.update("/".join(parts[: end + 1]) for end in range(len(parts)))
+    return sorted(paths, key=lambda path: (path.count("/"), path))
+
+
 def _check_caps(count: int, size: int, max_files: int, max_bytes: int) -> None:
     if count > max_files:
         raise ArchiveError("*", f"more than {max_files} files")

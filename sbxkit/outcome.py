@@ -74,9 +74,7 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 EXITED = Verdict(status="exited")
 
 
-def classify_exit(
-    oom_flag: bool, exit_code: int | None, events: Sequence[Event] = ()
-) -> Verdict:
+def classify_exit(oom_flag: bool, exit_code: int | None, events: Sequence[Event] = ()) -> Verdict:
     """The verdict for a process that ended by itself (not by sbxkit's kill).
 
     An exit status of 128 or less is the process's own answer and stands, whatever else the

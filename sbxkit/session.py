@@ -52,6 +52,7 @@ from sbxkit.archive import (
     confine,
     confine_dir,
     expect_exactly,
+    member_paths,
     parse_tar,
     stream_cap,
 )
@@ -149,8 +150,31 @@ exec ended before it recorded its group never starts its command, with no marker
 could plant. ``kill -KILL -N`` is the spelling both busybox ``sh`` and Debian's ``dash`` accept
 (``kill -KILL -- -N`` is not)."""
 
-PUT_SCRIPT = 'mkdir -p "$1" && exec tar -x -m -f - -C "$1"'
-GET_SCRIPT = 'cd "$1" && shift && exec tar -c -f - "$@"'
+# Confinement by the resolved path: a link the payload planted on the way (``/tmp/job -> /etc``)
+# is refused unless where it leads stays under the file root, which must be no link itself.
+_ROOT = 'cd "$1" || exit 125; r=$(pwd -P); [ "$r" = "$1" ] || { p=$1; a=$r; _out; }; shift; '
+_OUT = '_out() { echo "sbxkit: $p leads to $a, outside the file root" >&2; exit 125; }; '
+PUT_SCRIPT = (
+    _OUT
+    + _ROOT
+    + 'd=$1; shift; for p in "$@"; do '
+    + '[ -L "$p" ] && { echo "sbxkit: $p is a link; none is written through" >&2; exit 125; }; '
+    + "done; "
+    + 'mkdir -p "$d" && exec tar -x -m -f - -C "$d"'
+)
+"""``$1`` the file root, ``$2`` the destination, the rest every directory on the way to it and
+every directory and file the archive names, relative to the root: none may be a link already
+(``mkdir -p`` and tar would write through it)."""
+GET_SCRIPT = (
+    _OUT
+    + _ROOT
+    + 'for p in "$@"; do a=$(cd "${p%/*}" 2>/dev/null && pwd -P) || continue; '
+    + 'case "$a/" in "${r%/}"/*) ;; *) _out;; esac; done; '
+    + 'exec tar -c -f - "$@"'
+)
+"""``$1`` the file root, the rest the files (``./``-relative): each one's directory must resolve
+under the root (tar follows links on the way; a link at the end it archives as a link, which
+the parser refuses)."""
 
 
 # --- the session ---------------------------------------------------------------------------
@@ -426,8 +450,20 @@ class Sandbox(OwnedView):
             max_files=max_files,
             max_bytes=max_bytes,
         )
+        relative = destination[len(self.files_root) :].strip("/")
+        on_the_way = member_paths({relative: b""}) if relative else []
+        inside = [f"{relative}/{name}" if relative else name for name in member_paths(files)]
         result = await self._run(
-            ["sh", "-c", PUT_SCRIPT, "sbxkit-put", destination],
+            [
+                "sh",
+                "-c",
+                PUT_SCRIPT,
+                "sbxkit-put",
+                self.files_root,
+                destination,
+                *on_the_way,
+                *inside,
+            ],
             tar,
             self._box.timeout_s if timeout is None else timeout,
             64 * 1024,

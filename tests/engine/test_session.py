@@ -250,6 +250,35 @@ async def test_file_transfer_refuses_escapes_links_and_caps(
         assert b"No such file" in check.stdout
 
 
+async def test_files_are_confined_by_the_resolved_path_not_the_name(
+    busybox: str, engine: Engine
+) -> None:
+    """Issue 12 item 7: a directory link the payload planted on the way (``/tmp/job -> /etc``,
+    ``/tmp/shm -> /dev/shm``) is not followed out of the file root, in either direction; a
+    link that stays inside the root is followed."""
+    async with open_sandbox(session_spec(busybox, None), engine=engine) as sandbox:
+        plant = await sandbox.exec(
+            [
+                "sh",
+                "-c",
+                "ln -s /etc /tmp/job && ln -s /dev/shm /tmp/shm && mkdir /tmp/real "
+                "&& echo inside >/tmp/real/f && ln -s /tmp/real /tmp/alias",
+            ]
+        )
+        assert plant.ok, plant
+        with pytest.raises(ArchiveError, match="outside the file root"):
+            await sandbox.get_files(["job/passwd"])  # /etc/passwd through the link
+        with pytest.raises(ArchiveError, match="is a link"):
+            await sandbox.put_files({"x.txt": b"escaped"}, "shm")  # into /dev/shm
+        with pytest.raises(ArchiveError, match="is a link"):
+            await sandbox.put_files({"shm/x.txt": b"escaped"})
+        with pytest.raises(ArchiveError, match="is a link"):
+            await sandbox.put_files({"new/x.txt": b"escaped"}, "shm/deeper")
+        assert (await sandbox.get_files(["alias/f"])) == {"alias/f": b"inside\n"}
+        check = await sandbox.exec(["sh", "-c", "ls -A /dev/shm"])
+        assert check.stdout == b"", check  # nothing was written through a link
+
+
 async def test_the_archive_endpoints_cannot_reach_the_scratch_tmpfs(
     runtime: str | None, busybox: str, engine: Engine, witness: Witness
 ) -> None:
