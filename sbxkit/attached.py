@@ -21,6 +21,7 @@ from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit.stdin import STDIN_CHUNK, StdinSource
 from sbxkit.unwrap import plain_async
 
 __all__ = ["OutputCallback", "Ran", "feed_stdin", "run_attached"]
@@ -28,7 +29,6 @@ __all__ = ["OutputCallback", "Ran", "feed_stdin", "run_attached"]
 # After the payload exits, its attach stream closes almost at once; don't hang on it
 # (moby #41922: an attach stream can outlive its container).
 DRAIN_GRACE_S = 2.0
-STDIN_CHUNK = 64 * 1024
 # Large output arrives faster than 64 KiB wake-ups can drain it; 256 KiB reads quarter them.
 ATTACH_READ = 256 * 1024
 
@@ -70,7 +70,7 @@ class Ran:
 
 
 async def run_attached(
-    box: OwnedContainer, stdin: bytes | None, on_output: OutputCallback | None = None
+    box: OwnedContainer, stdin: StdinSource | None, on_output: OutputCallback | None = None
 ) -> Ran:
     """Run the box's command once; the time limit starts when the container has started."""
     engine, container_id = box.engine, box.container_id
@@ -108,7 +108,7 @@ class _Outcome:
 async def _supervise(
     attach: HijackedStream,
     waiter: Waiter,
-    stdin: bytes | None,
+    stdin: StdinSource | None,
     max_output: int,
     timeout_s: float,
     on_output: OutputCallback | None = None,
@@ -151,11 +151,17 @@ async def _supervise(
     return outcome
 
 
-async def feed_stdin(stream: HijackedStream, stdin: bytes | None) -> None:
-    """Write stdin, then half-close so the command sees EOF. A command that stopped reading
-    (or already exited) closes the pipe: that is its business, not an error."""
+async def feed_stdin(stream: HijackedStream, stdin: StdinSource | None) -> None:
+    """Write stdin, then half-close so the command sees EOF. A stream is read a chunk at a
+    time, each when the socket took the last (back-pressure), and closed at the end. A command
+    that stopped reading (or already exited) closes the pipe: that is its business, not an
+    error."""
     try:
-        if stdin:
+        if isinstance(stdin, trio.abc.ReceiveStream):
+            async with stdin:
+                while chunk := await stdin.receive_some(STDIN_CHUNK):
+                    await stream.send_all(chunk)
+        elif stdin:
             view = memoryview(stdin)
             for offset in range(0, len(view), STDIN_CHUNK):
                 await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))

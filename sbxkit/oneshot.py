@@ -19,11 +19,12 @@ from sbxkit.errors import SpecError
 from sbxkit.files_run import run_with_files
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
 
 
 async def run(
     spec: SandboxSpec,
-    stdin: bytes | None = None,
+    stdin: StdinSource | None = None,
     *,
     on_output: OutputCallback | None = None,
     files: Mapping[str, bytes] | None = None,
@@ -45,6 +46,8 @@ async def run(
     if files is not None or measure_usage:
         if on_output is not None:
             raise SpecError("on_output", "not supported together with files or measure_usage")
+        if stdin is not None and not isinstance(stdin, bytes):
+            raise SpecError("stdin", "bytes only together with files or measure_usage")
         return await run_with_files(
             spec, stdin, files or {}, measure_usage=measure_usage, backend=chosen
         )

@@ -18,13 +18,14 @@ from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.plan import CheckedSpec
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
 
 __all__ = ["OutputCallback", "run"]
 
 
 async def run(
     spec: SandboxSpec | CheckedSpec,
-    stdin: bytes | None = None,
+    stdin: StdinSource | None = None,
     *,
     on_output: OutputCallback | None = None,
     backend: Backend | None = None,
@@ -48,6 +49,10 @@ async def run(
     (the image, named volumes, the runtime being registered, CDI GPUs) is refused before
     create. The caller's trio cancel scope is honoured: the container is removed before
     Cancelled propagates.
+
+    ``stdin`` is bytes, or a ``trio.abc.ReceiveStream`` (``sbxkit.stdin.FileStdin`` for a
+    file) read a chunk at a time as the payload takes it, under the run's time limit, and
+    closed at the end.
 
     ``on_output(stream, chunk)`` (``stream`` is ``"stdout"`` or ``"stderr"``) is called with
     each chunk as it arrives, only with bytes within ``output_bytes``: the callback sees exactly

@@ -30,6 +30,7 @@ import trio
 from sbxkit.errors import SpecError
 from sbxkit.result import RunResult, Stream
 from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
 
 if TYPE_CHECKING:  # the Docker primitives; a backend module imports this one, not the reverse
     from sbxkit.owned import OwnedContainer
@@ -92,7 +93,7 @@ class Backend(Protocol):
     async def run_once(
         self,
         spec: SandboxSpec | CheckedSpec,
-        stdin: bytes | None = None,
+        stdin: StdinSource | None = None,
         *,
         on_output: Callable[[Stream, bytes], object] | None = None,
     ) -> RunResult:

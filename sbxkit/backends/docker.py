@@ -32,6 +32,7 @@ from sbxkit.plan import GPU_CURSOR, CheckedSpec, check_spec, effective_settings,
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
 from sbxkit.supervisor import admin
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.wire import Recover
@@ -118,7 +119,7 @@ class DockerBackend:
     async def run_once(
         self,
         spec: SandboxSpec | CheckedSpec,
-        stdin: bytes | None = None,
+        stdin: StdinSource | None = None,
         *,
         on_output: OutputCallback | None = None,
     ) -> RunResult:

@@ -95,6 +95,7 @@ from sbxkit.result import PhaseTimings, RunResult, Status, Stream
 from sbxkit.rules import check_env, merge_env, runtime_env
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, validate_spec
+from sbxkit.stdin import StdinSource
 from sbxkit.supervisor.journal import default_state_dir
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ class SbxBackend:
     async def run_once(
         self,
         spec: SandboxSpec | CheckedSpec,
-        stdin: bytes | None = None,
+        stdin: StdinSource | None = None,
         *,
         on_output: Callable[[Stream, bytes], object] | None = None,
         host_ports: Sequence[int] = (),
@@ -369,6 +370,8 @@ class SbxBackend:
         """
         if on_output is not None:
             raise SpecError("on_output", f"the {self.kind!r} runtime does not stream output")
+        if stdin is not None and not isinstance(stdin, bytes):
+            raise SpecError("stdin", f"the {self.kind!r} runtime takes stdin as bytes")
         spec = self.check(spec, "run").spec
         self._check_started()
         ports = check_host_ports(list(host_ports))

@@ -19,6 +19,7 @@ from sbxkit.plan import CheckedSpec
 from sbxkit.profile import load_profile, profile_settings
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import FileStdin, StdinSource
 from sbxkit.unwrap import plain_async
 
 
@@ -32,10 +33,15 @@ def stdin_carries_data() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
-def _read_stdin(source: str | None) -> bytes | None:
-    """``--stdin -`` reads ours, ``--stdin FILE`` a file, ``--stdin none`` nothing. Without the
+def stdin_of(source: str | None, *, streamed: bool) -> StdinSource | None:
+    """``--stdin -`` is ours, ``--stdin FILE`` a file, ``--stdin none`` nothing. Without the
     flag, a piped stdin is refused rather than dropped or read: reading an inherited pipe
-    (a script's loop, a CI runner) would swallow someone else's input or block forever."""
+    (a script's loop, a CI runner) would swallow someone else's input or block forever.
+
+    ``streamed`` (the Docker backend): a stream read as the payload takes it, opened inside the
+    run, so a FIFO or ``/dev/zero`` is bounded by the run's time limit and a large file costs
+    one chunk of memory. Otherwise (the sbx runtime takes bytes) the file is read here, whole.
+    """
     if source is None:
         if stdin_carries_data():
             raise SpecError(
@@ -46,6 +52,10 @@ def _read_stdin(source: str | None) -> bytes | None:
         return None
     if source == "none":
         return None
+    if streamed:
+        if source == "-":
+            return FileStdin(fd=os.dup(sys.stdin.fileno()), field="--stdin")
+        return FileStdin(source, field="--stdin")
     if source == "-":
         return sys.stdin.buffer.read()
     try:
@@ -57,7 +67,7 @@ def _read_stdin(source: str | None) -> bytes | None:
 
 @plain_async
 async def run_interruptibly(
-    backend: Backend, spec: SandboxSpec | CheckedSpec, stdin: bytes | None
+    backend: Backend, spec: SandboxSpec | CheckedSpec, stdin: StdinSource | None
 ) -> RunResult:
     """Preflight, reconcile, run once and close ``backend``, with SIGINT/SIGTERM turned into
     trio cancellation, so removal runs shielded to completion (a KeyboardInterrupt raised
@@ -93,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
     backend = cli_backend(profile, socket_path=args.socket, settings=settings, on_queued=on_queued)
     checked = backend.check(spec, "run")  # refused input never waits for stdin
-    stdin = _read_stdin(args.stdin)
+    stdin = stdin_of(args.stdin, streamed=backend.kind == "docker")
     result = trio.run(run_interruptibly, backend, checked, stdin)
     if args.json:
         sys.stdout.buffer.write(to_json(result) + b"\n")

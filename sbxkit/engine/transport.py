@@ -180,7 +180,7 @@ class HijackedStream:
                 self._method, self._path, str(exc) or type(exc).__name__
             ) from exc
 
-    async def send_all(self, data: bytes) -> None:
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:

@@ -20,9 +20,10 @@ from sbxkit.cli.jobs import (
     with_defaults,
     without_error_lines,
 )
-from sbxkit.cli.run_command import _read_stdin
+from sbxkit.cli.run_command import stdin_of
 from sbxkit.errors import SpecError
 from sbxkit.spec import MiB
+from sbxkit.stdin import FileStdin
 
 IMAGE = "sbxkit-test/busybox:latest"
 
@@ -97,7 +98,7 @@ def piped_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("piped_stdin")
 def test_piped_stdin_without_the_flag_is_refused_not_dropped() -> None:
     with pytest.raises(SpecError) as caught:
-        _read_stdin(None)
+        stdin_of(None, streamed=True)
     assert caught.value.field == "--stdin"
     assert "--stdin -" in caught.value.rule
     assert "--stdin none" in caught.value.rule
@@ -105,14 +106,23 @@ def test_piped_stdin_without_the_flag_is_refused_not_dropped() -> None:
 
 @pytest.mark.usefixtures("piped_stdin")
 def test_piped_stdin_is_read_with_dash_and_ignored_with_none() -> None:
-    assert _read_stdin("none") is None
-    assert _read_stdin("-") == b"data"
+    assert stdin_of("none", streamed=True) is None
+    assert stdin_of("-", streamed=False) == b"data"  # the sbx runtime takes bytes
+
+
+@pytest.mark.usefixtures("piped_stdin")
+async def test_piped_stdin_is_streamed_for_docker() -> None:
+    stream = stdin_of("-", streamed=True)
+    assert isinstance(stream, FileStdin)  # opened and read only inside the run
+    async with stream:
+        assert await stream.receive_some() == b"data"
+        assert await stream.receive_some() == b""
 
 
 def test_devnull_stdin_needs_no_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     with open(os.devnull) as null:
         monkeypatch.setattr(sys, "stdin", null)
-        assert _read_stdin(None) is None
+        assert stdin_of(None, streamed=True) is None
 
 
 # --- batch -----------------------------------------------------------------------------------
