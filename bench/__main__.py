@@ -20,6 +20,7 @@ from bench import (
     exec_latency,
     humaneval,
     oneshot,
+    pool,
     runtimes,
     streaming,
     supervised,
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         client_memory,
         humaneval,
         runtimes,
+        pool,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

@@ -78,9 +78,7 @@ async def run_attached(
     t_start = clock()
     async with attached(box) as (attach, waiter):
         t_run = clock()
-        outcome = await _supervise(
-            attach, waiter, stdin, box.output_bytes, box.timeout_s, on_output
-        )
+        outcome = await supervise(attach, waiter, stdin, box.output_bytes, box.timeout_s, on_output)
         run_s = clock() - t_run
     verdict, exit_code = Verdict(status=outcome.status), None
     if outcome.status == "exited":
@@ -105,7 +103,7 @@ class _Outcome:
 
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
-async def _supervise(
+async def supervise(
     attach: HijackedStream,
     waiter: Waiter,
     stdin: StdinSource | None,

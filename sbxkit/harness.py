@@ -42,6 +42,7 @@ from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SpecError
 from sbxkit.owner import Owner
 from sbxkit.plan import CheckedSpec
+from sbxkit.pool import Pool
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
@@ -244,12 +245,16 @@ def caller_budget(host_memory_bytes: int | None, host_cpus: float | None) -> Bud
     )
 
 
-async def _run_job(backend: Backend, job: Job, capacity_wait_s: float) -> RunResult:
+async def _run_job(
+    backend: Backend, job: Job, capacity_wait_s: float, pool: Pool | None
+) -> RunResult:
     """One run; a supervisor that is full is retried with backoff (nothing was created)."""
     delay, ceiling = _CAPACITY_BACKOFF_S
     deadline = trio.current_time() + capacity_wait_s
     while True:
         try:
+            if pool is not None:
+                return await pool.run(job.spec, job.stdin)
             return await backend.run_once(job.spec, job.stdin)
         except CapacityExhausted:
             if trio.current_time() + delay > deadline:
@@ -273,6 +278,7 @@ async def run_many(
     capacity_wait_s: float = CAPACITY_WAIT_S,
     on_start: StartCallback | None = None,
     backend: Backend | None = None,
+    pool: Pool | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
@@ -283,6 +289,8 @@ async def run_many(
     runner's, the supervisor). The engine is opened for the batch when not given.
     ``backend`` runs the jobs elsewhere (a ``DockerBackend`` you configured, or the sbx
     runtime), instead of ``engine``, ``owner_factory``, ``settings`` and ``socket_path``.
+    ``pool`` (``sbxkit.pool.open_pool``, sized to ``parallel``) runs each job in a pre-started
+    container of its shape when it can, cold otherwise (``RunResult.pooled`` says which).
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
     ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
@@ -314,7 +322,7 @@ async def run_many(
         if owner_factory is not None:
             raise SpecError("backend", "give owner_factory's owner to the backend, not beside it")
         return await _dispatch(
-            lambda: backend, job_list, needs, admission, on_result, capacity_wait_s, on_start
+            lambda: backend, job_list, needs, admission, on_result, capacity_wait_s, on_start, pool
         )
     async with engine_or_open(engine, socket_path) as eng:
 
@@ -323,7 +331,7 @@ async def run_many(
             return DockerBackend(engine=eng, owner=owner, settings=settings)
 
         return await _dispatch(
-            backend_for_job, job_list, needs, admission, on_result, capacity_wait_s, on_start
+            backend_for_job, job_list, needs, admission, on_result, capacity_wait_s, on_start, pool
         )
 
 
@@ -335,6 +343,7 @@ async def _dispatch(
     on_result: ResultCallback | None,
     capacity_wait_s: float,
     on_start: StartCallback | None,
+    pool: Pool | None,
 ) -> list[JobResult]:
     results: list[JobResult | None] = [None] * len(jobs)
     begun = trio.current_time()
@@ -346,7 +355,7 @@ async def _dispatch(
         async def work(index: int, job: Job, need: Need, started: float) -> None:
             try:
                 try:
-                    outcome = await _run_job(backend_for_job(), job, capacity_wait_s)
+                    outcome = await _run_job(backend_for_job(), job, capacity_wait_s, pool)
                 except Exception as exc:  # one job's failure is its result, not the batch's
                     finished = trio.current_time()
                     done = JobResult(id=job.id, error=_error_of(exc))

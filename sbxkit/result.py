@@ -58,6 +58,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     daemon shutdown); see sbxkit/outcome.py."""
     usage: Usage | None = None
     """Peak memory and CPU time, when asked for (``measure_usage=True``); None otherwise."""
+    pooled: bool = False
+    """The run claimed a pre-started container of a ``Pool`` (docs/pool.md), not a cold one."""
 
     @property
     def ok(self) -> bool:
@@ -81,4 +83,5 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "kill_evidence": result.kill_evidence,
         "usage": None if result.usage is None else msgspec.structs.asdict(result.usage),
         "timings": msgspec.structs.asdict(result.timings),
+        "pooled": result.pooled,
     }

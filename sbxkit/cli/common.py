@@ -58,6 +58,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     kill_evidence: str | None
     usage: dict[str, object] | None
     timings: dict[str, float]
+    pooled: bool
 
 
 def to_json(result: RunResult) -> bytes:

@@ -49,6 +49,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     container_id: str | None = None
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)
+    pooled: bool = False
     error: JobError | None = None
 
 

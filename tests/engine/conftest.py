@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from sbxkit.engine.client import Engine, open_engine
+from tests.engine.oneshot_paths import oneshot  # noqa: F401 - a fixture: cold and pooled one-shot runs
 from tests.engine.runtimes import runtime_cells, spec_runtime
 from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
 

@@ -175,8 +175,24 @@ def container_exists(witness: Witness, container_id: str) -> bool:
 
 
 def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]]:
-    """Containers (any state) whose command contains ``marker`` — robust to other tenants."""
-    return [c for c in witness.containers() if marker in (c.get("Command") or "")]
+    """Containers (any state) whose command or a label contains ``marker``, or running ones
+    with a process that carries it (a pooled run's command arrives after start; the pooled
+    test path also labels it) — robust to other tenants."""
+    return [
+        c
+        for c in witness.containers()
+        if marker in (c.get("Command") or "")
+        or marker in " ".join((c.get("Labels") or {}).values())
+        or (c.get("State") == "running" and _runs_marker(witness, c["Id"], marker))
+    ]
+
+
+def _runs_marker(witness: Witness, container_id: str, marker: str) -> bool:
+    try:
+        rows = witness.get(f"/containers/{container_id}/top")["Processes"] or []
+    except Exception:  # stopped or removed between the listing and this call
+        return False
+    return any(marker in " ".join(row) for row in rows)
 
 
 def tag_image(witness: Witness, source: str, repo: str, tag: str) -> str:

@@ -18,7 +18,6 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import ImageError
-from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import (
     actions,
@@ -38,6 +37,7 @@ from tests.engine.helpers import (
     wait_until,
     witness_exec,
 )
+from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor
 from tests.witness import LEASE_LABEL, Witness
 
@@ -51,12 +51,12 @@ def _pattern(size: int) -> bytes:
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
-    runtime: str | None, engine: Engine, busybox: str, stream: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, stream: str
 ) -> None:
     other = "stderr" if stream == "stdout" else "stdout"
     redirect = "" if stream == "stdout" else " >&2"
 
-    exact = await run(
+    exact = await oneshot(
         spec(busybox, f"yes abcdefghi | head -c {N}{redirect}", output_bytes=N, runtime=runtime),
         engine=engine,
     )
@@ -65,7 +65,7 @@ async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
     assert getattr(exact, stream) == _pattern(N)
     assert getattr(exact, other) == b""
 
-    over = await run(
+    over = await oneshot(
         spec(
             busybox, f"yes abcdefghi | head -c {N + 1}{redirect}", output_bytes=N, runtime=runtime
         ),
@@ -77,8 +77,10 @@ async def test_exactly_n_bytes_pass_and_n_plus_one_is_output_exceeded(
     assert getattr(over, other) == b""
 
 
-async def test_exit_code_is_reported(runtime: str | None, engine: Engine, busybox: str) -> None:
-    result = await run(spec(busybox, "exit 17", runtime=runtime), engine=engine)
+async def test_exit_code_is_reported(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
+    result = await oneshot(spec(busybox, "exit 17", runtime=runtime), engine=engine)
 
     assert result.status == "exited"
     assert result.exit_code == 17
@@ -86,10 +88,10 @@ async def test_exit_code_is_reported(runtime: str | None, engine: Engine, busybo
 
 
 async def test_one_mib_of_random_stdin_round_trips_through_cat(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     data = os.urandom(MiB)
-    result = await run(
+    result = await oneshot(
         spec(busybox, "cat", output_bytes=2 * MiB, runtime=runtime), data, engine=engine
     )
 
@@ -99,10 +101,10 @@ async def test_one_mib_of_random_stdin_round_trips_through_cat(
 
 
 async def test_no_stdin_gives_the_payload_immediate_eof(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     start = trio.current_time()
-    result = await run(
+    result = await oneshot(
         spec(busybox, "cat; echo eof", timeout_s=5.0, runtime=runtime), None, engine=engine
     )
 
@@ -112,10 +114,10 @@ async def test_no_stdin_gives_the_payload_immediate_eof(
 
 
 async def test_a_sleeping_payload_times_out_promptly(
-    runtime: str | None, engine: Engine, busybox: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     start = trio.current_time()
-    result = await run(
+    result = await oneshot(
         spec(busybox, "sleep 30; echo woke", timeout_s=1.0, runtime=runtime), engine=engine
     )
     elapsed = trio.current_time() - start
@@ -140,7 +142,7 @@ async def _watch_running_container(witness: Witness, marker: str, seen: list[str
 
 
 async def test_cancellation_mid_run_removes_the_container(
-    runtime: str | None, engine: Engine, busybox: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     marker = unique("cancel")
     seen: list[str] = []
@@ -148,7 +150,7 @@ async def test_cancellation_mid_run_removes_the_container(
     with trio.move_on_after(1.0) as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_running_container, witness, marker, seen)
-            await run(
+            await oneshot(
                 spec(busybox, f"sleep 30; echo {marker}", timeout_s=20.0, runtime=runtime),
                 engine=engine,
             )
@@ -199,10 +201,13 @@ def _look(marker: str, witness: Witness, sighting: _Sighting, gvisor: bool) -> N
         _look_through_exec(marker, witness, sighting)
         return
     procs = processes_with_marker(marker)
+    # The cold path's init carries the command; a pooled run's init is the parked shell's
+    # (its command came later): there the payload's main process, the oldest, is the anchor.
     inits = [p for p in procs if p.is_container_init]
+    inits = inits or sorted(procs, key=lambda p: p.ns_pids[-1])[:1]
     if len(inits) == 1:
         for proc in procs:
-            if not proc.is_container_init and proc.session != inits[0].session:
+            if proc is not inits[0] and proc.session != inits[0].session:
                 sighting.detached_pids.add(proc.pid)
                 ticks = container_file_lines(proc.pid, "/tmp/ticks")
                 if ticks is not None:
@@ -274,13 +279,13 @@ def _assert_descendants_gone(marker: str, witness: Witness, container_id: str) -
 
 
 async def test_a_setsid_descendant_stops_ticking_after_timeout(
-    runtime: str | None, engine: Engine, python_image: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     marker = unique("ticker-timeout")
     sighting = _Sighting()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(_observe, gvisor=is_gvisor(runtime)), marker, witness, sighting)
-        result = await run(
+        result = await oneshot(
             python_spec(python_image, TICKER, marker, timeout_s=2.0, runtime=runtime), engine=engine
         )
         nursery.cancel_scope.cancel()
@@ -298,7 +303,7 @@ async def test_a_setsid_descendant_stops_ticking_after_timeout(
 
 
 async def test_a_setsid_descendant_stops_ticking_after_cancellation(
-    runtime: str | None, engine: Engine, python_image: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     marker = unique("ticker-cancel")
     sighting = _Sighting()
@@ -314,7 +319,7 @@ async def test_a_setsid_descendant_stops_ticking_after_cancellation(
                 nursery.cancel_scope,
             )
             finished.append(
-                await run(
+                await oneshot(
                     python_spec(python_image, TICKER, marker, timeout_s=20.0, runtime=runtime),
                     engine=engine,
                 )
@@ -342,7 +347,7 @@ def _container_events(events: list[dict[str, Any]], image: str) -> list[dict[str
 
 
 async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
-    engine: Engine, busybox: str, witness: Witness
+    oneshot: OneShot, engine: Engine, busybox: str, witness: Witness
 ) -> None:
     setup_since = time.time()
     helper: str | None = None
@@ -360,7 +365,7 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
 
         since = time.time()
         with pytest.raises(ImageError) as caught:
-            await run(spec(reference, "echo ran"), engine=engine)
+            await oneshot(spec(reference, "echo ran"), engine=engine)
         until = time.time()
 
         assert "VOLUME" in str(caught.value)
@@ -379,13 +384,13 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
 
 
 async def test_a_missing_image_is_refused_and_never_pulled(
-    engine: Engine, witness: Witness
+    oneshot: OneShot, engine: Engine, witness: Witness
 ) -> None:
     reference = f"sbxkit-test/missing:{unique('absent')}"
     marker = unique("missing")
     since = time.time()
     with pytest.raises(ImageError) as caught:
-        await run(spec(reference, f"echo {marker}"), engine=engine)
+        await oneshot(spec(reference, f"echo {marker}"), engine=engine)
     until = time.time()
 
     message = str(caught.value)
@@ -401,10 +406,10 @@ async def test_a_missing_image_is_refused_and_never_pulled(
 
 
 async def test_an_early_exit_while_stdin_is_still_being_sent_does_not_hang(
-    engine: Engine, busybox: str
+    oneshot: OneShot, engine: Engine, busybox: str
 ) -> None:
     with trio.fail_after(15.0):
-        result = await run(
+        result = await oneshot(
             spec(busybox, "exit 5", timeout_s=10.0), os.urandom(4 * MiB), engine=engine
         )
 
@@ -413,11 +418,11 @@ async def test_an_early_exit_while_stdin_is_still_being_sent_does_not_hang(
 
 
 async def test_interleaved_stdout_and_stderr_stay_separate_and_complete(
-    engine: Engine, busybox: str
+    oneshot: OneShot, engine: Engine, busybox: str
 ) -> None:
     lines = 3000
     script = f'i=0; while [ $i -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done'
-    result = await run(spec(busybox, script), engine=engine)
+    result = await oneshot(spec(busybox, script), engine=engine)
 
     assert result.ok, result.status
     assert result.overflowed is None

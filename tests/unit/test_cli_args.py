@@ -385,6 +385,7 @@ JSON_KEYS = {
     "kill_evidence",
     "usage",
     "timings",
+    "pooled",
 }
 
 

@@ -1,5 +1,5 @@
 """No exception group escapes a public call: the leaf a caller sees, and the real nursery in
-``attached._supervise`` raising an ``EngineError`` and a ``KeyboardInterrupt`` plainly."""
+``attached.supervise`` raising an ``EngineError`` and a ``KeyboardInterrupt`` plainly."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from sbxkit.attached import _supervise
+from sbxkit.attached import supervise
 from sbxkit.engine.models import ContainerWaitReply, WaitError
 from sbxkit.errors import EngineError, SbxError
 from sbxkit.unwrap import chosen_leaf, plain_async, plain_errors
@@ -78,14 +78,14 @@ class _Waiter:
 async def test_supervise_raises_the_daemons_wait_error_plainly() -> None:
     reply = ContainerWaitReply(status_code=0, error=WaitError(message="container vanished"))
     with pytest.raises(SbxError) as caught:
-        await _supervise(_SilentAttach(), _Waiter(reply), b"", 1024, 10.0)  # type: ignore[arg-type]
+        await supervise(_SilentAttach(), _Waiter(reply), b"", 1024, 10.0)  # type: ignore[arg-type]
     assert type(caught.value) is EngineError
     assert "container vanished" in str(caught.value)
 
 
 async def test_supervise_lets_ctrl_c_out_plainly() -> None:
     with pytest.raises(KeyboardInterrupt) as caught:
-        await _supervise(  # type: ignore[arg-type]
+        await supervise(  # type: ignore[arg-type]
             _SilentAttach(), _Waiter(KeyboardInterrupt()), None, 1024, 10.0
         )
     assert type(caught.value) is KeyboardInterrupt

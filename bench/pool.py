@@ -1,0 +1,281 @@
+"""Benchmark ``pool``: a one-shot ``true`` claimed from a warm pool vs a cold run vs the floor.
+
+Contenders, interleaved round-robin in one trio program:
+
+``pooled``
+    ``await pool.run(spec)`` on an ``open_pool(spec, size=2)``: the user-visible latency of a
+    claim (the claim line, the payload, its exit judged); the container's removal goes on in
+    the pool under its owner, and the pool refills in the background between rounds.
+``cold``
+    ``await sbxkit.run(spec)``: plan, create, verify, attach, start, run, remove.
+``raw``
+    The raw Engine API floor of ``bench oneshot``: create, start, wait, delete of a ``true``
+    with the same limits and no hardening (stdlib HTTP over the socket, in a worker thread).
+
+Both sbxkit contenders use the default owner, the supervisor (``--state-dir`` for a private
+one). Target (issue 13): **pooled ≤ 0.20 × the cold floor** (``pooled/raw``), as a ratio of
+medians from one run; p99 is reported beside the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from bench import common
+from bench.harness import (
+    Contender,
+    ContenderFailed,
+    StepTimings,
+    machine_facts,
+    ratio_of_medians,
+    run_interleaved,
+    say,
+    summarise_ms,
+)
+from bench.oneshot import raw_contender, raw_create_body
+from bench.rawapi import RawEngine
+from bench.suite import default_busybox, default_socket, percentile
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.engine.client import open_engine
+from sbxkit.pool import Pool, open_pool
+from sbxkit.runner import run
+from sbxkit.settings import Settings
+from sbxkit.spec import Limits, MiB, SandboxSpec
+
+NAME = "pool"
+SUMMARY = "one-shot `true`: claimed from a warm pool vs a cold sbxkit run vs the raw floor"
+
+TARGET_RATIO = 0.20
+"""pooled / raw, ratio of medians (issue 13's target)."""
+
+DEFAULT_ROUNDS = 30
+QUICK_ROUNDS = 5
+DEFAULT_WARMUP = 3
+QUICK_WARMUP = 1
+ROUND_COUNTS = common.RoundCounts(DEFAULT_ROUNDS, DEFAULT_WARMUP, QUICK_ROUNDS, QUICK_WARMUP)
+DEFAULT_ORDER = ("pooled", "cold", "raw")
+BENCH_LABEL = "sbxkit.bench-pool"
+RATIOS = (("pooled", "raw"), ("pooled", "cold"), ("cold", "raw"))
+POOL_SIZE = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_round_arguments(parser, ROUND_COUNTS, default_order=",".join(DEFAULT_ORDER))
+    parser.add_argument("--socket", default=default_socket(), help="daemon socket")
+    parser.add_argument("--image", default=default_busybox(), help="busybox image (local)")
+    parser.add_argument(
+        "--state-dir", help="supervisor state dir (default: a private temporary one)"
+    )
+    common.add_out_argument(parser, "pool.json / .md")
+
+
+def true_spec(image: str) -> SandboxSpec:
+    return SandboxSpec(
+        image=image,
+        command=["true"],
+        limits=Limits(cpus=1.0, memory_bytes=64 * MiB, pids=64, output_bytes=MiB, timeout_s=30),
+        labels={BENCH_LABEL: NAME},
+    )
+
+
+def pooled_contender(pool: Pool, spec: SandboxSpec) -> Contender:
+    async def once() -> StepTimings:
+        with trio.fail_after(60):
+            await pool.wait_ready(1)  # not timed: the refill of the last round, off the path
+        t0 = time.perf_counter()
+        result = await pool.run(spec)
+        elapsed = time.perf_counter() - t0
+        if not (result.ok and result.pooled):
+            raise RuntimeError(f"pooled: {result.status} {result.exit_code} pooled={result.pooled}")
+        return {"run": result.timings.run_s, "outside": elapsed - result.timings.run_s}
+
+    return Contender(
+        "pooled",
+        "sbxkit, pooled",
+        f"await pool.run(spec) on open_pool(spec, size={POOL_SIZE}): claim line, payload, "
+        "exit judged; removal continues in the pool",
+        once,
+    )
+
+
+def cold_contender(backend: DockerBackend, spec: SandboxSpec) -> Contender:
+    async def once() -> StepTimings:
+        result = await run(spec, backend=backend)
+        if not result.ok:
+            raise RuntimeError(f"cold: {result.status} {result.exit_code}")
+        t = result.timings
+        return {"create": t.create_s, "start": t.start_s, "run": t.run_s, "remove": t.remove_s}
+
+    return Contender("cold", "sbxkit, cold", "await sbxkit.run(spec): the whole lifecycle", once)
+
+
+async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[str, Any]:
+    witness = RawEngine(args.socket)
+    errors: list[str] = []
+    contenders: list[Contender] = []
+    spec = true_spec(args.image)
+    state_dir = args.state_dir or tempfile.mkdtemp(prefix="sbxbench-pool-")
+    settings = Settings(supervisor_state_dir=str(Path(state_dir) / "leases"))
+    async with open_engine(args.socket) as engine:
+        facts = await machine_facts(engine)
+        await common.require_image(engine, args.image, NAME)
+        backend = DockerBackend(engine=engine, settings=settings)
+        async with open_pool(spec, size=POOL_SIZE, backend=backend) as pool:
+            contenders = common.order_contenders(
+                [
+                    pooled_contender(pool, spec),
+                    cold_contender(backend, spec),
+                    raw_contender(
+                        witness,
+                        raw_create_body(args.image, label="pool-raw"),
+                        key="raw",
+                        label="raw floor",
+                        what="the floor's body",
+                    ),
+                ],
+                args.order,
+                NAME,
+            )
+            say(
+                f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "
+                + " → ".join(c.key for c in contenders)
+            )
+            try:
+                await run_interleaved(
+                    contenders, rounds=rounds, warmup=warmup, progress=lambda t: say(f"  {t}")
+                )
+            except ContenderFailed as exc:
+                errors.append(str(exc))
+    leaks = await trio.to_thread.run_sync(witness.containers, f"{BENCH_LABEL}={NAME}")
+    leaks += await trio.to_thread.run_sync(witness.containers, "sbxkit.bench=pool-raw")
+    witness.close()
+    facts["loadavg_at_end"] = list(os.getloadavg())
+    return build_report(args, rounds, warmup, facts, contenders, errors, leaks)
+
+
+def build_report(
+    args: argparse.Namespace,
+    rounds: int,
+    warmup: int,
+    facts: dict[str, Any],
+    contenders: Sequence[Contender],
+    errors: list[str],
+    leaks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    by_key = {c.key: c for c in contenders}
+    complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
+    ratios: dict[str, Any] = {}
+    if complete:
+        for num, den in RATIOS:
+            if num in by_key and den in by_key:
+                ratios[f"{num}/{den}"] = ratio_of_medians(
+                    by_key[num].totals_s, by_key[den].totals_s
+                )
+    measured = ratios.get("pooled/raw", {}).get("ratio")
+    return {
+        "bench": NAME,
+        "summary": SUMMARY,
+        "machine": facts,
+        "config": {
+            "rounds": rounds,
+            "warmup": warmup,
+            "quick": bool(args.quick),
+            "order": [c.key for c in contenders],
+            "interleaving": "round-robin in the order above, one trio event loop",
+            "clock": "time.perf_counter around each awaited contender call",
+            "image": args.image,
+            "pool_size": POOL_SIZE,
+            "spec_limits": msgspec.to_builtins(true_spec(args.image))["limits"],
+        },
+        "contenders": {
+            c.key: {
+                "label": c.label,
+                "description": c.description,
+                "total_ms": summarise_ms(c.totals_s),
+                "p99_ms": percentile(c.totals_s, 99) * 1000.0 if c.totals_s else None,
+                "steps_median_ms": {
+                    name: sorted(v)[len(v) // 2] * 1000.0 for name, v in c.steps_s.items() if v
+                },
+                "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
+            }
+            for c in contenders
+        },
+        "ratios": ratios,
+        "target": {
+            "expression": f"pooled/raw <= {TARGET_RATIO:.2f}",
+            "ratio": measured,
+            "met": None if measured is None else measured <= TARGET_RATIO,
+        },
+        "errors": errors,
+        "leaks": [{"id": c["Id"][:12], "names": c.get("Names")} for c in leaks],
+        "ok": not errors and not leaks,
+    }
+
+
+def render_text(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"{NAME} — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
+        + " → ".join(cfg["order"]),
+        *common.ms_table_text(report["contenders"], 20),
+        "(ms, wall time per one-shot run)",
+        *[
+            f"  {info['label']:<20} p99 {info['p99_ms']:.1f} ms"
+            for info in report["contenders"].values()
+            if info["p99_ms"] is not None
+        ],
+        *common.ratio_lines_text(report["ratios"], 26),
+    ]
+    target = report["target"]
+    if target["ratio"] is not None:
+        verdict = "MET" if target["met"] else "NOT met"
+        lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
+    return "\n".join(lines + common.errors_text(report))
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    m = report["machine"]
+    out = [
+        f"# {NAME} — one-shot `true`, pooled vs cold",
+        "",
+        f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
+        f"`{' → '.join(cfg['order'])}`, pool of {cfg['pool_size']} · "
+        + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
+        + common.git_md(m),
+        "",
+        *common.ms_table_md(report["contenders"]),
+        "",
+        "p99 ms: "
+        + ", ".join(
+            f"{info['label']} {info['p99_ms']:.1f}"
+            for info in report["contenders"].values()
+            if info["p99_ms"] is not None
+        ),
+    ]
+    out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
+    out += common.target_md(report["target"])
+    out += ["", "What each contender does:", ""]
+    out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
+    return common.md(out + common.errors_md(report))
+
+
+def main(args: argparse.Namespace) -> int:
+    rounds, warmup = common.rounds_and_warmup(args, NAME, ROUND_COUNTS)
+    report = trio.run(measure, args, rounds, warmup)
+    print(render_text(report))
+    common.write_report(args.out, NAME, report, render_markdown)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    common.run_as_script(NAME, SUMMARY, add_arguments, main)

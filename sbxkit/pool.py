@@ -1,0 +1,359 @@
+"""Pre-started single-use sandboxes: a one-shot run without waiting for the daemon's start.
+
+A ``Pool`` keeps containers of one *shape* (everything of a spec but its command, env, stdin,
+time limit and output cap) created, verified, attached and started ahead of time, each parked
+in a shell that waits for exactly one line on its stdin::
+
+    sh -c 'nl=<LF> cr=<CR>; IFS= read -r l && eval "$l"'
+
+A claim writes one line — ``export K='v'; ...; exec 'argv0' 'argv1' ...``, every word
+shell-quoted (``claim_line``) — followed by the run's stdin, byte-exact (``read`` consumes
+exactly one line from a pipe; ``sh -s`` would read ahead and eat the payload's input). From
+there the run is the cold run's: the same output caps, the same time limit (it starts at the
+claim), the same verdict. A container is never handed to a second claim.
+
+Each pooled container is an ordinary sandbox of the backend: planned once, created through its
+owner (the supervisor by default: journaled, admitted against the host's budget, removed if this
+process dies), verified before it is parked, removed when claimed-and-done, when it has idled
+``idle_ttl_s``, or when the pool closes. Refills run in the pool's own tasks, off the claim's
+path: a claim never waits for one — with nothing parked, it runs cold.
+
+Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
+command starting with ``-``, a time limit above the pool's ``max_timeout_s``, or an empty pool.
+Newlines in a command or env value ride spliced (``PARK_SCRIPT``). See docs/pool.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shlex
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from sbxkit.attached import OutputCallback, Ran, supervise
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.engine.client import Waiter
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.errors import CleanupError, SbxError, SpecError
+from sbxkit.outcome import Verdict, judge_exit
+from sbxkit.owned import OwnedContainer, attached
+from sbxkit.plan import CheckedSpec
+from sbxkit.result import RunResult
+from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
+from sbxkit.unwrap import plain_errors
+
+__all__ = ["PARK_SCRIPT", "Pool", "claim_line", "open_pool", "shape_of"]
+
+PARK_SCRIPT = "nl='\n' cr='\r'; IFS= read -r l && eval \"$l\""
+"""The parked shell: one line, then that line is the payload (it ``exec``s the command). The
+line cannot hold a newline or a carriage return: a word that has one is spliced from quoted
+pieces and ``"$nl"``/``"$cr"``, which the shell defined before it read."""
+REFILL_BACKOFF_S = 1.0
+_SPLICE = {"\n": '"$nl"', "\r": '"$cr"'}
+
+
+def _quote(word: str) -> str:
+    """``word`` as one shell word on one line."""
+    if "\n" not in word and "\r" not in word:
+        return shlex.quote(word)
+    pieces: list[str] = []
+    current = ""
+    for char in word:
+        if char in _SPLICE:
+            pieces += [shlex.quote(current), _SPLICE[char]]
+            current = ""
+        else:
+            current += char
+    pieces.append(shlex.quote(current))
+    return "".join(pieces)
+
+
+def claim_line(command: list[str], env: dict[str, str]) -> bytes | None:
+    """The one line a claim writes, or None when the run cannot be claimed this way (a NUL,
+    which no argv or environment can hold, or a command the shell's ``exec`` would take for
+    an option)."""
+    if any("\0" in word for word in [*command, *env, *env.values()]):
+        return None
+    if not command or command[0].startswith("-"):
+        return None
+    exports = "".join(f"export {key}={_quote(value)}; " for key, value in sorted(env.items()))
+    return (exports + "exec " + " ".join(_quote(word) for word in command) + "\n").encode()
+
+
+def shape_of(spec: SandboxSpec) -> SandboxSpec:
+    """What a pooled container is created from: the spec without its command, env, time
+    limit and output cap (they come with the claim)."""
+    limits = msgspec.structs.replace(spec.limits, timeout_s=1.0, output_bytes=1)
+    return msgspec.structs.replace(spec, command=["sh"], env={}, limits=limits)
+
+
+class _LineFirst(trio.abc.ReceiveStream):
+    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
+
+    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
+        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
+        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._pending:
+            size = max_bytes or len(self._pending)
+            chunk, self._pending = self._pending[:size], self._pending[size:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        if self._rest is None:
+            await trio.lowlevel.checkpoint()
+            return b""
+        return await self._rest.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        if self._rest is not None:
+            await self._rest.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+
+@dataclass(eq=False)
+class _Parked:
+    """One started container waiting for its one claim."""
+
+    box: OwnedContainer
+    attach: HijackedStream
+    waiter: Waiter
+    done: trio.Event = field(default_factory=trio.Event)
+    removed: trio.Event = field(default_factory=trio.Event)
+
+
+class Pool:
+    """Up to ``size`` parked containers of ``spec``'s shape (``open_pool``)."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        spec: SandboxSpec,
+        *,
+        size: int,
+        idle_ttl_s: float,
+        max_timeout_s: float,
+        refill: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.refill = refill
+        self.size = size
+        self.idle_ttl_s = idle_ttl_s
+        self.max_timeout_s = max_timeout_s
+        self.shape = shape_of(spec)
+        parked_limits = msgspec.structs.replace(
+            spec.limits, timeout_s=idle_ttl_s + max_timeout_s, output_bytes=1
+        )
+        self._parked_spec = msgspec.structs.replace(
+            self.shape, command=["sh", "-c", PARK_SCRIPT], limits=parked_limits
+        )
+        self._checked: CheckedSpec = backend.check(self._parked_spec, "run")
+        self._ready: list[_Parked] = []
+        self._wanted = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._closing = False
+        self.last_error: SbxError | None = None
+        """Why the last container could not be parked (None once one was)."""
+        self._changed = trio.Event()
+        self.cleanup_errors: list[CleanupError] = []
+
+    # -- keeping it full ------------------------------------------------------------------------
+
+    async def _keep_full(self) -> None:
+        assert self._nursery is not None
+        starting = [0]
+        parked_once = False
+        while not self._closing:
+            while (
+                len(self._ready) + starting[0] < self.size
+                and not self._closing
+                and (self.refill or not parked_once)
+            ):
+                starting[0] += 1
+                self._nursery.start_soon(self._park_one, starting)
+            parked_once = True
+            self._wanted = trio.Event()
+            await self._wanted.wait()
+            if self.last_error is not None:
+                await trio.sleep(REFILL_BACKOFF_S)  # e.g. a full host: claims run cold meanwhile
+
+    async def _park_one(self, starting: list[int]) -> None:
+        """Create, verify, attach, start; wait for a claim, the idle limit or the close; the
+        owned container is removed when this returns, whatever happened. A failure is kept
+        (``last_error``; a removal that failed is raised when the pool closes), never raised
+        into the caller's block."""
+        slot: _Parked | None = None
+        try:
+            async with (
+                self.backend.own(self._checked, "run") as box,
+                attached(box) as (attach, waiter),
+            ):
+                slot = _Parked(box, attach, waiter)
+                starting[0] -= 1
+                if not self._closing:
+                    self._ready.append(slot)
+                    self.last_error = None
+                    self._signal()
+                    with trio.move_on_after(self.idle_ttl_s):
+                        await slot.done.wait()
+                with contextlib.suppress(ValueError):
+                    self._ready.remove(slot)  # idled out or closing: nobody may claim it now
+                slot.done.set()
+        except SbxError as exc:
+            self.last_error = exc
+            if isinstance(exc, CleanupError):
+                self.cleanup_errors.append(exc)
+            self._signal()
+        finally:
+            if slot is None:
+                starting[0] -= 1
+            else:
+                slot.removed.set()
+            self._wanted.set()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_ready(self, count: int | None = None) -> None:
+        """Wait until ``count`` (default: all ``size``) containers are parked; raise the error
+        that stops parking (a missing image, say) instead of waiting for ever."""
+        wanted = self.size if count is None else min(count, self.size)
+        while len(self._ready) < wanted:
+            if self.last_error is not None and not self._ready:
+                raise self.last_error
+            await self._changed.wait()
+
+    # -- claims -----------------------------------------------------------------------------------
+
+    def _take(self, spec: SandboxSpec) -> _Parked | None:
+        if self._closing or not self._ready or shape_of(spec) != self.shape:
+            return None
+        slot = self._ready.pop(0)
+        self._wanted.set()  # refill in the background, off this claim's path
+        return slot
+
+    async def run(
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        stdin: StdinSource | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+        wait_for_removal: bool = False,
+    ) -> RunResult:
+        """Run ``spec`` in a parked container when it can, cold through the backend otherwise
+        (``RunResult.pooled`` says which).
+
+        A pooled run returns at the payload's exit (its verdict judged) while its container's
+        removal goes on in the pool, under the owner (``timings.remove_s`` is then 0); a
+        removal that fails is raised when the pool closes. ``wait_for_removal`` returns only
+        after the daemon confirmed removal, as a cold run does."""
+        checked = self.backend.check(spec, "run")
+        spec = checked.spec
+        line = claim_line(list(spec.command), dict(spec.env))
+        timeout_s, output_bytes = spec.limits.timeout_s, spec.limits.output_bytes
+        assert timeout_s is not None  # checked
+        assert output_bytes is not None
+        slot = None if line is None or timeout_s > self.max_timeout_s else self._take(spec)
+        if slot is None:
+            return await self.backend.run_once(checked, stdin, on_output=on_output)
+        assert line is not None
+        stream = _LineFirst(line, stdin)
+        return await _claim(slot, stream, timeout_s, output_bytes, on_output, wait_for_removal)
+
+    async def aclose(self) -> None:
+        """Remove every parked container (their tasks end, and the pool's nursery with them)."""
+        self._closing = True
+        for slot in list(self._ready):
+            slot.done.set()
+        self._ready.clear()
+        self._wanted.set()
+
+
+async def _claim(
+    slot: _Parked,
+    stdin: _LineFirst,
+    timeout_s: float,
+    output_bytes: int,
+    on_output: OutputCallback | None,
+    wait_for_removal: bool,
+) -> RunResult:
+    box, clock = slot.box, trio.current_time
+    t_claim = clock()
+    try:
+        outcome = await supervise(
+            slot.attach, slot.waiter, stdin, output_bytes, timeout_s, on_output
+        )
+        run_s = clock() - t_claim
+        verdict, exit_code = Verdict(status=outcome.status), None
+        if outcome.status == "exited":
+            exit_code = outcome.exit_code
+            verdict = await judge_exit(box.engine, box.container_id, exit_code)
+    except BaseException:
+        slot.done.set()
+        with trio.CancelScope(shield=True):
+            await slot.removed.wait()  # an error or a cancellation leaves after removal
+        raise
+    slot.done.set()
+    if wait_for_removal:
+        await slot.removed.wait()  # the owned container's own shielded, bounded removal
+    ran = Ran(
+        verdict=verdict,
+        exit_code=exit_code,
+        capture=outcome.capture,
+        start_s=0.0,
+        run_s=run_s,
+    )
+    result = ran.result(box)
+    return msgspec.structs.replace(
+        result,
+        pooled=True,
+        timings=msgspec.structs.replace(result.timings, queued_s=0.0, create_s=0.0),
+    )
+
+
+@asynccontextmanager
+async def open_pool(
+    spec: SandboxSpec,
+    *,
+    size: int,
+    backend: DockerBackend | None = None,
+    idle_ttl_s: float = 300.0,
+    max_timeout_s: float = 600.0,
+    refill: bool = True,
+) -> AsyncIterator[Pool]:
+    """A pool of ``size`` parked containers of ``spec``'s shape for the block; every one of them
+    is removed when the block ends. ``backend`` defaults to ``DockerBackend()`` (the
+    supervisor owns every pooled container). ``refill=False`` parks ``size`` containers once
+    and does not replace what is claimed or idles out."""
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 256:
+        raise SpecError("pool.size", "must be an integer from 1 to 256")
+    for name, value in (("pool.idle_ttl_s", idle_ttl_s), ("pool.max_timeout_s", max_timeout_s)):
+        if not isinstance(value, int | float) or not math.isfinite(value) or not value > 0:
+            raise SpecError(name, "must be a finite number of seconds > 0")
+    pool = Pool(
+        backend or DockerBackend(),
+        spec,
+        size=size,
+        idle_ttl_s=float(idle_ttl_s),
+        max_timeout_s=float(max_timeout_s),
+        refill=refill,
+    )
+    with plain_errors():  # the caller's own error leaves as itself, not in a group
+        async with trio.open_nursery() as nursery:
+            pool._nursery = nursery
+            nursery.start_soon(pool._keep_full)
+            try:
+                yield pool
+            finally:
+                with trio.CancelScope(shield=True):
+                    await pool.aclose()
+    if pool.cleanup_errors:
+        raise pool.cleanup_errors[0]

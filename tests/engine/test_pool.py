@@ -1,0 +1,199 @@
+"""Pre-started single-use sandboxes (sbxkit/pool.py) on the real engine.
+
+A pooled run is the cold run's contract: stdin byte-exact (sizes around the pipe buffer and
+line boundaries), env passed at the claim and never in the create body, the time limit from
+the claim, the same caps, exit statuses and verdicts; a container is never handed to a second
+claim; everything is removed when the pool closes (the autouse witness checks), and what
+cannot ride in one line runs cold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+import pytest
+import trio
+
+import sbxkit
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.engine.client import Engine
+from sbxkit.errors import SpecError
+from sbxkit.owner import InProcessOwner
+from sbxkit.pool import Pool, claim_line, open_pool
+from tests.engine.helpers import spec
+from tests.witness import Witness
+
+SIZES = [0, 1, 4095, 4096, 4097, 65535, 65536, 65537, 200_000]
+
+
+def backend_of(engine: Engine) -> DockerBackend:
+    return DockerBackend(engine=engine)
+
+
+async def wait_ready(pool: Pool, count: int) -> None:
+    with trio.fail_after(30):
+        while len(pool._ready) < count:  # noqa: ASYNC110 - the pool's own state, polled
+            await trio.sleep(0.02)
+
+
+async def test_stdin_reaches_the_payload_byte_exact(engine: Engine, busybox: str) -> None:
+    digest = spec(busybox, "cat >/tmp/in; sha256sum </tmp/in | cut -d' ' -f1; wc -c </tmp/in")
+    async with open_pool(digest, size=2, backend=backend_of(engine)) as pool:
+        for size in SIZES:
+            await wait_ready(pool, 1)
+            data = bytes((i * 7 + 3) % 256 for i in range(size))
+            result = await pool.run(digest, data)
+            assert result.pooled, size
+            digest_line, count = result.stdout.split(b"\n")[:2]
+            assert digest_line.decode() == hashlib.sha256(data).hexdigest(), size
+            assert int(count) == size
+        # Lines in stdin are the payload's, not the parked shell's: only the claim line is read.
+        await wait_ready(pool, 1)
+        lines = await pool.run(spec(busybox, "cat"), b"first\nexport X=1; exec false\n\nlast")
+        assert lines.pooled
+        assert lines.stdout == b"first\nexport X=1; exec false\n\nlast"
+
+
+async def test_env_rides_in_the_claim_not_in_the_create_body(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    shape = spec(busybox, "true")
+    secret = "s3cr3t 'quoted' $HOME `id` \\ done"
+    env_spec = msgspec.structs.replace(
+        spec(busybox, 'printf "%s|%s" "$TOKEN" "$SBXKIT_LEASE"'), env={"TOKEN": secret}
+    )
+    async with open_pool(shape, size=1, backend=backend_of(engine)) as pool:
+        await wait_ready(pool, 1)
+        parked = pool._ready[0].box.container_id
+        config_env = witness.get(f"/containers/{parked}/json")["Config"]["Env"]
+        assert not any(secret in item for item in config_env)
+        result = await pool.run(env_spec)
+    assert result.pooled
+    token, lease = result.stdout.decode().split("|")
+    assert token == secret
+    assert lease == result.lease  # the runtime's own variable still names this sandbox
+
+
+async def test_exit_status_timeout_overflow_and_oom_are_the_cold_runs(
+    engine: Engine, busybox: str, python_image: str
+) -> None:
+    async with open_pool(spec(busybox, "true"), size=2, backend=backend_of(engine)) as pool:
+        await wait_ready(pool, 1)
+        exited = await pool.run(spec(busybox, "echo out; echo err >&2; exit 7"))
+        assert (exited.pooled, exited.status, exited.exit_code) == (True, "exited", 7)
+        assert (exited.stdout, exited.stderr) == (b"out\n", b"err\n")
+        await wait_ready(pool, 1)
+        slow = await pool.run(spec(busybox, "sleep 30", timeout_s=1.0))
+        assert (slow.pooled, slow.status, slow.exit_code) == (True, "timed_out", None)
+        assert slow.timings.run_s < 10
+        await wait_ready(pool, 1)
+        loud = await pool.run(spec(busybox, "yes", output_bytes=1000))
+        assert (loud.pooled, loud.status, loud.overflowed) == (True, "output_exceeded", "stdout")
+        assert len(loud.stdout) == 1000
+    oom_spec = spec(python_image, 'python3 -c "x = bytearray(512 * 2**20)"')
+    async with open_pool(oom_spec, size=1, backend=backend_of(engine)) as pool:
+        await wait_ready(pool, 1)
+        oom = await pool.run(oom_spec)
+        assert (oom.pooled, oom.status) == (True, "oom_killed")
+        assert oom.oom_evidence
+
+
+async def test_the_time_limit_starts_at_the_claim(engine: Engine, busybox: str) -> None:
+    job = spec(busybox, "sleep 1; echo done", timeout_s=2.0)
+    async with open_pool(job, size=1, backend=backend_of(engine)) as pool:
+        await wait_ready(pool, 1)
+        await trio.sleep(2.5)  # parked longer than the run's whole limit
+        result = await pool.run(job)
+    assert (result.pooled, result.status, result.stdout) == (True, "exited", b"done\n")
+
+
+async def test_a_container_is_never_claimed_twice(engine: Engine, busybox: str) -> None:
+    job = spec(busybox, "cat /proc/sys/kernel/random/boot_id >/dev/null; hostname")
+    async with open_pool(job, size=2, backend=backend_of(engine)) as pool:
+        results = []
+        for _ in range(5):
+            await wait_ready(pool, 1)
+            results.append(await pool.run(job, wait_for_removal=True))
+    assert all(r.pooled for r in results)
+    assert len({r.container_id for r in results}) == 5
+    assert len({r.stdout for r in results}) == 5  # five hostnames: five containers
+    assert all(r.timings.remove_s > 0 for r in results)
+
+
+async def test_what_the_pool_cannot_serve_runs_cold(engine: Engine, busybox: str) -> None:
+    shape = spec(busybox, "true")
+    other_shape = spec(busybox, "true", memory_bytes=96 * sbxkit.MiB)
+    too_long = spec(busybox, "true", timeout_s=120.0)
+    async with open_pool(shape, size=1, backend=backend_of(engine), max_timeout_s=60) as pool:
+        await wait_ready(pool, 1)
+        for job in (other_shape, too_long):
+            result = await pool.run(job)
+            assert (result.pooled, result.status) == (False, "exited"), job
+        assert len(pool._ready) == 1  # none of them took the parked container
+    assert claim_line(["-x"], {}) is None
+    assert claim_line(["echo", "x"], {"K": "v"}) == b"export K=v; exec echo x\n"
+
+
+async def test_newlines_ride_spliced_in_the_claim_line(engine: Engine, busybox: str) -> None:
+    script = 'printf "%s|%s" "$V" "$1"\nprintf "|two lines"'
+    job = msgspec.structs.replace(
+        spec(busybox, "true"), command=["sh", "-c", script, "sh", "a\r\nb"], env={"V": "x\ny"}
+    )
+    async with open_pool(job, size=1, backend=backend_of(engine)) as pool:
+        await pool.wait_ready(1)
+        result = await pool.run(job)
+    assert result.pooled
+    assert result.stdout == b"x\ny|a\r\nb|two lines"
+
+
+async def test_an_idle_container_is_removed_at_its_ttl_and_replaced(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    job = spec(busybox, "true")
+    async with open_pool(job, size=1, backend=backend_of(engine), idle_ttl_s=1.0) as pool:
+        await wait_ready(pool, 1)
+        first = pool._ready[0].box.lease
+        assert witness.containers(label=f"sbxkit.lease={first}")  # positive control
+        with trio.fail_after(30):
+            while not pool._ready or pool._ready[0].box.lease == first:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        with trio.fail_after(10):
+            while witness.containers(label=f"sbxkit.lease={first}"):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+
+async def test_a_cancelled_claim_removes_its_container_before_it_returns(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    job = spec(busybox, "sleep 30")
+    async with open_pool(job, size=1, backend=backend_of(engine)) as pool:
+        await wait_ready(pool, 1)
+        claimed = pool._ready[0].box.lease
+        assert witness.containers(label=f"sbxkit.lease={claimed}")  # positive control
+        with trio.move_on_after(0.5) as scope:
+            await pool.run(job)
+        assert scope.cancelled_caught
+        assert witness.containers(label=f"sbxkit.lease={claimed}") == []
+
+
+async def test_an_in_process_owner_serves_a_pool_too(engine: Engine, busybox: str) -> None:
+    job = spec(busybox, "echo owned")
+    backend = DockerBackend(engine=engine, owner=InProcessOwner(engine))
+    async with open_pool(job, size=1, backend=backend) as pool:
+        await wait_ready(pool, 1)
+        result = await pool.run(job)
+    assert (result.pooled, result.stdout) == (True, b"owned\n")
+
+
+@pytest.mark.parametrize(
+    ("size", "ttl", "field"),
+    [(0, 10.0, "pool.size"), (True, 10.0, "pool.size"), (1, float("inf"), "pool.idle_ttl_s")],
+)
+async def test_bad_pool_settings_are_refused_before_anything_runs(
+    engine: Engine, busybox: str, size: int, ttl: float, field: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        async with open_pool(spec(busybox, "true"), size=size, idle_ttl_s=ttl):
+            pass
+    assert caught.value.field == field
