@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sbxkit.cli import EXIT_ENGINE_UNAVAILABLE, EXIT_REFUSED, build_parser, main, spec_from_args
+from sbxkit.cli.common import Parser
 from sbxkit.errors import SpecError
 from sbxkit.policy import build_create_body
 from sbxkit.profile import load_profile, profile_from_dict
@@ -109,8 +110,11 @@ def captured() -> Iterator[io.BytesIO]:
 
 def exit_of(argv: list[str]) -> tuple[int, str]:
     """``sbxkit ARGV`` in-process: its exit status and everything it printed."""
-    with captured() as buffer, pytest.raises(SystemExit) as stopped:
-        main(argv)
+    try:
+        with captured() as buffer, pytest.raises(SystemExit) as stopped:
+            main(argv)
+    finally:
+        Parser.json_errors = False  # main sets it from argv; leave no state to later tests
     code = stopped.value.code
     assert isinstance(code, int)
     return code, buffer.getvalue().decode("utf-8", "replace")
