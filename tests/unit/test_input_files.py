@@ -18,6 +18,7 @@ import pytest
 
 from sbxkit.bounded_read import file_kind_problem, read_bounded
 from sbxkit.cli.batch import check_out_path, load_jobs
+from sbxkit.cli.jobs import forget_error_lines
 from sbxkit.cli.results import (
     ResultLine,
     ResultsFileError,
@@ -211,3 +212,15 @@ def test_a_result_line_with_an_unknown_status_or_key_is_not_ours() -> None:
         doc = {**json.loads(result_line("x")), **change}
         with pytest.raises(ResultsFileError):
             scan_results(json.dumps(doc).encode() + b"\n")
+
+
+def test_retry_errors_rewrites_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> None:
+    target = tmp_path / "real.jsonl"
+    target.write_bytes(result_line(1, "error") + result_line(2))
+    target.chmod(0o600)
+    link = tmp_path / "results.jsonl"
+    link.symlink_to(target)
+    assert forget_error_lines(link, {1}) == 1
+    assert link.is_symlink()
+    assert target.read_bytes() == result_line(2)
+    assert target.stat().st_mode & 0o777 == 0o600
