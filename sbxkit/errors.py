@@ -8,6 +8,8 @@ for cleanup failures.
 
 from __future__ import annotations
 
+from sbxkit.daemon_messages import scrub_daemon_paths
+
 
 class SbxError(Exception):
     """Root of every error sbxkit raises."""
@@ -69,6 +71,7 @@ class EngineError(SbxError):
     """The daemon answered an Engine API call with an error status."""
 
     def __init__(self, method: str, path: str, status: int, message: str) -> None:
+        message = scrub_daemon_paths(message)  # the daemon's data-root is not the user's business
         super().__init__(f"{method} {path} -> {status}: {message}")
         self.method = method
         self.path = path

@@ -38,6 +38,7 @@ import trio
 
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend, docker_backend
+from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SpecError
 from sbxkit.owner import Owner
@@ -310,6 +311,7 @@ async def run_many(
     for index, job in enumerate(job_list):
         if not isinstance(job, Job):
             raise SpecError(f"jobs[{index}]", f"must be a Job, got {type(job).__name__}")
+        check_stdin(job.stdin, f"jobs[{index}].stdin")
         if job.id in seen:
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from sbxkit.call_checks import check_spec_type
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import ImageError, NotFound
@@ -130,6 +131,7 @@ def check_spec(
         validate_command(command)  # the one field that changed
         replaced = msgspec.structs.replace(spec.spec, command=list(command))
         return CheckedSpec(spec=replaced, settings=spec.settings)
+    check_spec_type(spec, SandboxSpec)
     settings = effective_settings(settings)
     if command is not None:
         spec = msgspec.structs.replace(spec, command=list(command))

@@ -76,6 +76,7 @@ from sbxkit.backends.sbx_commands import (
     check_kits,
     check_sandbox_fields,
 )
+from sbxkit.bounded_read import read_bounded
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
@@ -94,6 +95,7 @@ from sbxkit.spec import (
     validate_runtime_name,
     validate_workdir,
 )
+from sbxkit.textcheck import check_utf8
 
 ROOT = "sandbox.docker"
 SBX_ROOT = "sandbox.sbx"
@@ -208,6 +210,7 @@ def _check_absolute(field: str, path: str | None) -> None:
 
 def validate_profile(profile: Profile) -> None:
     """Every value a profile sets obeys the rules a spec obeys; errors name the TOML path."""
+    check_utf8(profile)  # a Python caller's lone surrogate; TOML text is UTF-8 already
     docker = profile.sandbox.docker
     if docker.image is not None:
         validate_image(docker.image, f"{ROOT}.image")
@@ -290,6 +293,8 @@ def decode_profile(text: str | bytes, source: str = "profile") -> Profile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SpecError(source, f"is not valid TOML: {error}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise SpecError(source, "nests arrays or tables too deeply to be a profile") from None
     return profile_from_dict(data)
 
 
@@ -304,14 +309,10 @@ def profile_from_dict(data: object) -> Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read and decode the profile at ``path`` (the one function here that does I/O)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PROFILE_BYTES + 1)
-    except OSError as error:
-        raise SpecError("profile", f"cannot read {path}: {error.strerror}") from None
-    if len(data) > MAX_PROFILE_BYTES:
-        raise SpecError("profile", f"{path} is larger than {MAX_PROFILE_BYTES} bytes")
+    """Read and decode the profile at ``path`` (the one function here that does I/O): a
+    regular file of at most ``MAX_PROFILE_BYTES``, read within ``READ_DEADLINE_S``; a FIFO,
+    a device or a directory is refused by kind (sbxkit/bounded_read.py)."""
+    data = read_bounded(path, field="profile", limit=MAX_PROFILE_BYTES)
     return decode_profile(data, source=f"profile {path}")
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from sbxkit.errors import SpecError
 from sbxkit.predicates import has_control
 from sbxkit.settings import EnvKind, parse_environment
+from sbxkit.textcheck import check_utf8
 
 LEASE_LABEL = "sbxkit.lease"
 """Label naming the lease that owns a container; reserved, set only by sbxkit."""
@@ -286,6 +287,8 @@ def check_env(env: object, field: str = "env") -> dict[str, str]:
             raise SpecError(where, problem)
         if "\0" in value:
             raise SpecError(where, "value must not contain NUL")
+        check_utf8(key, f"{where} (key)")
+        check_utf8(value, where)
     return env
 
 

@@ -59,6 +59,7 @@ from sbxkit.archive import (
 from sbxkit.attached import feed_stdin
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
+from sbxkit.call_checks import check_stdin
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
@@ -82,6 +83,7 @@ from sbxkit.policy import SCRATCH_PATH
 from sbxkit.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit.rules import merge_env, runtime_env
 from sbxkit.spec import SandboxSpec, check_limit, parse_user, validate_workdir
+from sbxkit.textcheck import check_utf8
 from sbxkit.unwrap import plain_async
 from sbxkit.usage import USAGE_SCRIPT, parse_usage
 
@@ -190,6 +192,7 @@ def _check_argv(argv: Sequence[str]) -> list[str]:
             raise SpecError(f"argv[{index}]", "must not contain NUL")
     if argv[0] == "":
         raise SpecError("argv[0]", "the program name must not be empty")
+    check_utf8(list(argv), "argv")
     return list(argv)
 
 
@@ -245,6 +248,7 @@ class Sandbox(OwnedView):
         ``stdin`` is fed then closed; without it the command's stdin is empty.
         """
         command = _check_argv(argv)
+        check_stdin(stdin)
         timeout = self._box.timeout_s if timeout is None else timeout
         check_limit("timeout_s", timeout, "timeout")
         max_output = self._box.output_bytes if max_output is None else max_output

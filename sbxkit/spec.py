@@ -16,6 +16,7 @@ import msgspec
 
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.image_ref import image_reference_problem
 from sbxkit.mounts import Mount, validate_mounts
 from sbxkit.predicates import has_control
 from sbxkit.rules import (
@@ -29,6 +30,7 @@ from sbxkit.rules import (
     parse_extra_flags,
 )
 from sbxkit.settings import Settings
+from sbxkit.textcheck import check_utf8
 
 __all__ = [
     "LEASE_LABEL",
@@ -58,8 +60,32 @@ MAX_CPUS = 1024.0
 MAX_PIDS = 4_194_304
 """The kernel's ceiling for ``pid_max`` on 64-bit systems."""
 
-MAX_ID = 2**32 - 2
-"""Largest usable uid/gid: 2**32 - 1 is the kernel's "no id" sentinel."""
+MAX_ID = 2**31 - 1
+"""Largest uid/gid runc accepts ("uids and gids must be in range 0-2147483647"); the kernel's
+own ceiling (2**32 - 2) is higher, but a container with a larger id is created, then fails."""
+
+MIN_TIMEOUT_S = 0.001
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+"""30 days: a finite bound beyond which a deadline stops meaning anything (1e300 was accepted
+as finite, and left a one-shot unbounded)."""
+
+MAX_OUTPUT_BYTES = 1024 * MiB
+"""Output is kept in memory, per stream: more than 1 GiB per stream is not a bound."""
+
+MAX_SIZE_BYTES = 1024 * 1024 * MiB
+"""1 TiB for memory, fsize and scratch: larger is no machine's capacity (the supervisor also
+refuses memory above the host's budget)."""
+
+MAX_WORKDIR_BYTES = 1024
+"""A workdir longer than this is refused before the daemon fails on it (PATH_MAX is 4096,
+including the daemon's own prefix, and its error leaked that prefix)."""
+
+MAX_NAME_BYTES = 255
+"""NAME_MAX: the longest single path component."""
+
+KERNEL_DIRS = ("/dev", "/proc", "/sys")
+"""Mounted by the runtime over the image: device nodes and kernel files, never a workdir
+(runc refuses ``/dev/null``, ``/proc/x`` and ``/sys/x`` only after create)."""
 
 MANDATORY_LIMITS = ("cpus", "memory_bytes", "pids", "output_bytes", "timeout_s")
 
@@ -69,7 +95,6 @@ _NOT_FINITE = "must be a finite number (NaN and infinity are not bounds)"
 _ROOT = "root users are refused"
 
 _USER_RE = re.compile(r"([0-9]+):([0-9]+)")
-_IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
 _RUNTIME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _SIZE_RE = re.compile(r"([0-9]+)([a-z]*)")
 _SIZE_UNITS = {
@@ -175,7 +200,10 @@ def _check_positive_float(field: str, value: object) -> float:
         raise SpecError(field, _MANDATORY)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(field, f"must be a number, got {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        raise SpecError(field, _NOT_FINITE) from None
     if not math.isfinite(number):
         raise SpecError(field, _NOT_FINITE)
     if number <= 0:
@@ -201,12 +229,12 @@ def parse_user(user: str, field: str = "user") -> tuple[int, int]:
     ids: list[int] = []
     for part in match.groups():
         if len(part) > 10:
-            raise SpecError(field, f"ids must be <= {MAX_ID}")
+            raise SpecError(field, f"ids must be in 1..{MAX_ID} (runc's range)")
         number = int(part)
         if part != str(number):
             raise SpecError(field, "ids must be plain decimal without leading zeros")
         if number > MAX_ID:
-            raise SpecError(field, f"ids must be <= {MAX_ID}")
+            raise SpecError(field, f"ids must be in 1..{MAX_ID} (runc's range)")
         ids.append(number)
     return ids[0], ids[1]
 
@@ -258,15 +286,21 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
         if cpus > MAX_CPUS:
             raise SpecError(where, f"must be <= {MAX_CPUS:g}")
     elif name == "memory_bytes":
-        memory = _check_positive_int(where, value)
+        memory = _check_positive_int(where, value, maximum=MAX_SIZE_BYTES)
         if memory < MIN_MEMORY_BYTES:
             raise SpecError(where, f"must be >= {MIN_MEMORY_BYTES} (Docker's minimum)")
     elif name == "pids":
         _check_positive_int(where, value, maximum=MAX_PIDS)
     elif name == "timeout_s":
-        _check_positive_float(where, value)
-    elif name in ("output_bytes", "fsize_bytes", "scratch_bytes"):
-        _check_positive_int(where, value)
+        timeout = _check_positive_float(where, value)
+        if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+            raise SpecError(
+                where, f"must be in {MIN_TIMEOUT_S:g}..{MAX_TIMEOUT_S:.0f} seconds (30 days)"
+            )
+    elif name == "output_bytes":
+        _check_positive_int(where, value, maximum=MAX_OUTPUT_BYTES)
+    elif name in ("fsize_bytes", "scratch_bytes"):
+        _check_positive_int(where, value, maximum=MAX_SIZE_BYTES)
     else:
         raise SpecError(where, "unknown limit")
 
@@ -287,9 +321,10 @@ def validate_image(image: object, field: str = "image") -> None:
         raise SpecError(field, "must be a non-empty image reference")
     if any(ch.isspace() for ch in image) or has_control(image):
         raise SpecError(field, "must not contain whitespace or control characters")
-    # It travels in a URL path (/images/{name}/json): only reference characters, no traversal.
-    if not _IMAGE_RE.fullmatch(image) or ".." in image.split("@")[0].split("/"):
-        raise SpecError(field, "must be an image reference (letters, digits and ._-/:@ only)")
+    # The daemon's own grammar (sbxkit/image_ref.py): what passes also cannot traverse a URL.
+    problem = image_reference_problem(image)
+    if problem is not None:
+        raise SpecError(field, f"{problem} (got {image!r})")
 
 
 def validate_command(command: object) -> None:
@@ -317,6 +352,25 @@ def validate_workdir(workdir: object, field: str = "workdir") -> None:
         raise SpecError(field, "must be an absolute path")
     if has_control(workdir):
         raise SpecError(field, "must not contain control characters")
+    check_utf8(workdir, field)
+    if len(workdir.encode()) > MAX_WORKDIR_BYTES:
+        raise SpecError(field, f"must be at most {MAX_WORKDIR_BYTES} bytes")
+    resolved: list[str] = []
+    for part in workdir.split("/"):
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise SpecError(field, f"a path component is longer than {MAX_NAME_BYTES} bytes")
+        if part == "..":
+            resolved = resolved[:-1]
+        elif part not in ("", "."):
+            resolved.append(part)
+    canonical = "/" + "/".join(resolved)
+    for kernel_dir in KERNEL_DIRS:
+        if canonical == kernel_dir or canonical.startswith(kernel_dir + "/"):
+            raise SpecError(
+                field,
+                f"{canonical} is refused: {', '.join(KERNEL_DIRS)} hold the runtime's device "
+                "nodes and kernel files, not directories of the image",
+            )
 
 
 def validate_runtime_name(runtime: object, field: str = "runtime") -> None:
@@ -369,6 +423,9 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     it is unset, i.e. development. ``sbxkit.runner.run`` always reads the real one.
     """
     settings = settings or Settings()
+    if not isinstance(spec, SandboxSpec):
+        raise SpecError("spec", f"must be a SandboxSpec, got {type(spec).__name__}")
+    check_utf8(spec)  # first: every rule below may assume text that can be sent
     if not isinstance(spec.limits, Limits):
         raise SpecError("limits", "must be a Limits")
     validate_limits(spec.limits)

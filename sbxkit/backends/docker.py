@@ -23,6 +23,7 @@ from typing import Any, TypedDict, Unpack
 
 from sbxkit.attached import OutputCallback, run_attached
 from sbxkit.backends.base import Backend, Consumer
+from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuCursor
@@ -124,6 +125,7 @@ class DockerBackend:
         on_output: OutputCallback | None = None,
     ) -> RunResult:
         """Run ``spec.command`` once in a fresh container and remove it (design.md §3)."""
+        check_stdin(stdin, streams=True)
         async with self.own(spec, "run") as box:
             ran = await run_attached(box, stdin, on_output)
         return ran.result(box)

@@ -89,6 +89,7 @@ from sbxkit.backends.sbx_exec import (
     SbxUnavailable,
     process_exec,
 )
+from sbxkit.call_checks import check_stdin
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.plan import CheckedSpec
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
@@ -368,6 +369,7 @@ class SbxBackend:
         inside), each granted by a rule scoped to this sandbox. ``on_output`` is refused: the
         ``sbx exec`` output is captured whole, not streamed.
         """
+        check_stdin(stdin, streams=True)
         if on_output is not None:
             raise SpecError("on_output", f"the {self.kind!r} runtime does not stream output")
         if stdin is not None and not isinstance(stdin, bytes):

@@ -19,8 +19,13 @@ unbuffered write as its job completes (a failed write is truncated away, so the 
 in half a line); the file is fsynced at the end.
 
 Resume: ids already present in RESULTS are skipped, so re-running the same command after an
-interruption runs exactly the jobs without a line. A trailing fragment left by a crash is
-dropped; any other line that is not a result object refuses the run.
+interruption runs exactly the jobs without a line. Only result lines count (every key of the
+format, no other): any other line refuses the run and leaves the file as it is, and so does
+``--out`` naming the jobs or profile file. A torn last line of ours left by a crash is moved
+aside to ``RESULTS.torn-<UTC time>``, never deleted (docs/operations.md).
+
+Input: the jobs file must be a regular file of at most 256 MiB, read within 30 s (a FIFO or a
+device is refused by kind).
 
 Progress: on a terminal, one status line redrawn on stderr and cut to its width (done/total,
 running, queued, failed, errors, rate, ETA; "running" counts the jobs the batch has started,
@@ -44,6 +49,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -53,8 +59,9 @@ from typing import Any, NoReturn
 import msgspec
 import trio
 
-from sbxkit.argtypes import positive_int
+from sbxkit.argtypes import ascii_float, positive_int
 from sbxkit.backends.base import Backend, open_backend
+from sbxkit.bounded_read import read_bounded
 from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
@@ -98,6 +105,8 @@ EXIT_JOB_ERRORS = 1
 EXIT_REFUSED = 2
 EXIT_CLEANUP_FAILED = 74
 DEFAULT_PARALLEL = 4
+MAX_JOBS_BYTES = 256 * 1024 * 1024
+"""Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
 
 
@@ -135,6 +144,8 @@ def decode_job(
         raise SpecError("(line)", "must be a JSON object") from None
     except msgspec.DecodeError as exc:
         raise SpecError("(line)", f"invalid JSON: {exc}") from None
+    except RecursionError:  # msgspec's decoder recurses once per nested array or object
+        raise SpecError("(line)", "nests arrays or objects too deeply to be a job") from None
     if "id" not in data:
         raise SpecError("id", "required field is missing")
     job_id = _job_id(data.pop("id"))
@@ -178,11 +189,30 @@ def decode_jobs(
 def load_jobs(
     path: Path, settings: Settings | None = None, defaults: Mapping[str, Any] | None = None
 ) -> list[Job]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecError("JOBS", f"cannot read {path}: {exc.strerror}") from None
+    """A regular file of at most ``MAX_JOBS_BYTES``, read within the input deadline; a FIFO,
+    a device or a directory is refused by kind (sbxkit/bounded_read.py)."""
+    data = read_bounded(path, field="JOBS", limit=MAX_JOBS_BYTES)
     return decode_jobs(data, str(path), settings, defaults)
+
+
+def check_out_path(out: Path, inputs: Mapping[str, Path | str | None]) -> None:
+    """Refuse ``--out`` naming one of the command's input files (``inputs``: flag → path):
+    its lines would be read as results, and results appended to it."""
+    try:
+        out_stat = os.stat(out)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SpecError("--out", f"cannot read {out}: {exc.strerror}") from None
+    for flag, given in inputs.items():
+        if given is None:
+            continue
+        try:
+            same = os.path.samestat(out_stat, os.stat(given))
+        except OSError:
+            continue  # reading the input reports it
+        if same:
+            raise SpecError("--out", f"{out} is the {flag} file; results need a file of their own")
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -244,7 +274,7 @@ def _budgets(args: argparse.Namespace) -> tuple[int | None, float | None]:
     cpus: float | None = None
     if args.cpu_budget is not None:
         try:
-            cpus = float(args.cpu_budget)
+            cpus = ascii_float(args.cpu_budget)
         except ValueError:
             raise SpecError("--cpu-budget", f"not a number: {args.cpu_budget!r}") from None
         if not math.isfinite(cpus) or cpus <= 0:
@@ -291,14 +321,21 @@ async def run_batch(
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    check_out_path(args.out, {"JOBS": args.jobs, "--profile": args.profile})
     profile = load_profile(args.profile) if args.profile is not None else None
     defaults, settings = defaults_from_args(args, profile)
     backend = cli_backend(profile, socket_path=args.socket, settings=settings)
     jobs = load_jobs(args.jobs, settings, defaults)
     memory_budget, cpu_budget = _budgets(args)
-    if args.retry_errors:
-        forget_error_lines(args.out, {job.id for job in jobs})
-    scan = prepare_results(args.out)
+    scan = prepare_results(args.out)  # refuses a file that is not ours before any change
+    if scan.moved_to is not None:
+        print(
+            f"sbxkit batch: the last line of {args.out} was cut short by a crash; it was moved "
+            f"to {scan.moved_to}",
+            file=sys.stderr,
+        )
+    if args.retry_errors and forget_error_lines(args.out, {job.id for job in jobs}):
+        scan = prepare_results(args.out)
     pending = pending_jobs(jobs, scan)
     skipped = len(jobs) - len(pending)
     earlier_errors = sum(1 for job in jobs if job.id in scan.errors)

@@ -2,7 +2,8 @@
 
 Exit statuses (README's table): the payload's own code when it exited normally (0–255); 124
 timed out; 123 output exceeded; 137 OOM-killed or killed by someone else; 2 refused input (a
-bad flag or spec, an image missing or refused, a request larger than the host's budget); 69
+bad flag or spec, an image missing or refused, a request larger than the host's budget, a
+container create the daemon answered with a 4xx other than 409); 69
 engine unavailable; 74 cleanup failed (the lease is kept); 75 capacity (a hard bound of the
 supervisor, or its admission deadline); 70 any other sbxkit error; 128 + N after signal N.
 """
@@ -18,6 +19,7 @@ from typing import NoReturn, TypeVar
 import msgspec
 import trio
 
+from sbxkit.cli.daemon_refusal import is_daemon_refusal
 from sbxkit.errors import CleanupError, EngineUnavailable, ImageError, SbxError, SpecError
 from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.supervisor.client import CapacityExhausted
@@ -73,7 +75,7 @@ def exit_code_for(result: RunResult) -> int:
 
 
 def exit_code_for_error(error: SbxError) -> int:
-    if isinstance(error, SpecError | ImageError):
+    if isinstance(error, SpecError | ImageError) or is_daemon_refusal(error):
         return EXIT_REFUSED
     if isinstance(error, EngineUnavailable):
         return EXIT_ENGINE_UNAVAILABLE
@@ -148,9 +150,16 @@ class Parser(argparse.ArgumentParser):
 
 def print_json_error(kind: str, message: str, field: str | None, code: int) -> None:
     """``--json``'s answer on an error: one object, ``error`` set, on stdout."""
+    message, field = _printable(message), None if field is None else _printable(field)
     doc = {"error": {"type": kind, "message": message, "field": field}, "exit_status": code}
     sys.stdout.write(msgspec.json.encode(doc).decode() + "\n")
     sys.stdout.flush()
+
+
+def _printable(text: str) -> str:
+    """``text`` with what is not UTF-8 (a byte from the command line) escaped, as stderr
+    shows it: JSON cannot carry a lone surrogate."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def exit_with(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> NoReturn:

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from sbxkit.argtypes import ascii_float, ascii_int
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
 from sbxkit.profile import Profile, apply_profile
@@ -31,10 +32,11 @@ DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "t
 
 
 def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
+    """ASCII digits only (sbxkit/argtypes.py): ``--pids ١٢`` is refused, not read as 12."""
     try:
-        return kind(text)
+        return ascii_int(text) if kind is int else ascii_float(text)
     except ValueError:
-        raise SpecError(field, f"expected a number, got {text!r}") from None
+        raise SpecError(field, f"expected a number of ASCII digits, got {text!r}") from None
 
 
 def _env(pairs: Sequence[str]) -> dict[str, str]:
@@ -64,7 +66,9 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
 def _gpus(text: str) -> GpuRequest:
     """``--gpus N`` asks for N GPUs chosen round-robin; ``--gpus ID[,ID...]`` names CDI devices."""
     stripped = text.strip()
-    if stripped.isdigit():
+    if stripped.isascii() and stripped.isdigit():
+        if len(stripped) > 4:
+            raise SpecError("--gpus", f"a count must be at most 9999, got {stripped!r}")
         return GpuRequest(count=int(stripped))
     return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
 
@@ -83,7 +87,8 @@ def check_limit_flag(field: str, value: int | float, flag: str, text: str) -> No
     try:
         check_limit(field, value, flag)
     except SpecError as exc:
-        if text.strip().isdigit() and int(text) > 0 and field.endswith("_bytes"):
+        digits = text.strip()
+        if digits.isascii() and digits.isdigit() and int(digits) > 0 and field.endswith("_bytes"):
             hint = f"{exc.rule}; a bare number is bytes (did you mean {text.strip()}m?)"
             raise SpecError(flag, hint) from None
         raise

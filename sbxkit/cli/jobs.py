@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,8 @@ def _is_error_line_of(raw: bytes, ids: Collection[object]) -> bool:
 
 def forget_error_lines(path: Path, ids: Collection[object]) -> int:
     """Rewrite RESULTS without the ``error`` lines of ``ids`` (atomically: a temporary file
-    beside it, fsynced, renamed over it). Returns how many lines went; absent file: 0."""
+    beside it, fsynced, renamed over it, mode kept). Returns how many lines went; absent
+    file: 0. Called only on a file ``prepare_results`` has accepted as results."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -143,13 +145,15 @@ def forget_error_lines(path: Path, ids: Collection[object]) -> int:
         raise SpecError("--out", f"cannot read {path}: {exc.strerror}") from None
     kept, dropped = without_error_lines(data, ids)
     if dropped:
-        temporary = path.with_name(f".{path.name}.retry-{os.getpid()}")
+        target = path.resolve()  # a symlinked RESULTS stays a link to the rewritten file
+        temporary = target.with_name(f".{target.name}.retry-{os.getpid()}")
         try:
             with open(temporary, "wb") as handle:
                 handle.write(kept)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temporary, path)
+            shutil.copymode(target, temporary)
+            os.replace(temporary, target)
         except OSError as exc:
             temporary.unlink(missing_ok=True)
             raise SpecError("--out", f"cannot rewrite {path}: {exc.strerror}") from None

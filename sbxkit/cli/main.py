@@ -9,7 +9,7 @@ from typing import NoReturn, cast
 
 from sbxkit.cli.admin import add_admin_parsers
 from sbxkit.cli.batch import add_batch_parser
-from sbxkit.cli.common import Parser, exit_with, subcommand_parser
+from sbxkit.cli.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
 from sbxkit.cli.run_command import add_run_parser
 from sbxkit.cli.shell import add_shell_parser
 
@@ -41,7 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_closed_stdout() -> None:
+    """A closed stdout (``sbxkit run ... >&-``) makes Python's ``sys.stdout`` None: refuse
+    before anything runs (exit 2) instead of failing on the first write after the payload
+    ran. A closed stderr leaves only the exit status to say so."""
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            print(
+                "sbxkit: error: stdout: is closed; sbxkit writes results there (redirect it "
+                "to /dev/null to discard them)",
+                file=sys.stderr,
+            )
+        sys.exit(EXIT_REFUSED)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    refuse_closed_stdout()
     argv = list(sys.argv[1:] if argv is None else argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
     Parser.json_errors = "--json" in options

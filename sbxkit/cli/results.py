@@ -1,19 +1,25 @@
 """``sbxkit batch``'s results file: one JSON line per job, appended whole, resumable.
 
 A line is appended with one unbuffered write as its job completes (a failed write is
-truncated away, so the file never ends in half a line); ``scan_results`` reads back which ids
-are done, drops a crash's trailing fragment and refuses any other line that is not a result.
+truncated away, so the file never ends in half a line); ``scan_lines`` reads back which ids
+are done. Only lines of the results schema count (every key a result line has, no other), so a
+jobs file or any other JSONL is refused, never taken for results; a crash's torn last line of
+ours is moved aside to a side file, and a torn line that is not ours refuses the file.
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Callable, Sequence
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
+from sbxkit.bounded_read import file_kind_problem
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobError, JobId, JobResult
 from sbxkit.result import json_fields
@@ -84,12 +90,57 @@ def encode_result(done: JobResult) -> bytes:
     return _ENCODER.encode(result_line(done)) + b"\n"
 
 
-class _Seen(msgspec.Struct):
+RESULT_STATUSES = ("exited", "timed_out", "output_exceeded", "oom_killed", "killed", "error")
+
+
+class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The schema a line must match to count as a result: every key ``ResultLine`` writes
+    (the four added later optional, so older results files still resume) and no other. A
+    jobs file or any other JSONL with ``id`` fields fails it, and is never taken for results."""
+
     id: JobId
-    status: str = ""
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_bytes: int
+    stderr_bytes: int
+    overflowed: str | None
+    oom_evidence: str | None
+    container_id: str | None
+    lease: str | None
+    timings: dict[str, float]
+    error: dict[str, Any] | None
+    kill_evidence: str | None = None
+    usage: dict[str, Any] | None = None
+    pooled: bool = False
 
 
 _SEEN = msgspec.json.Decoder(_Seen)
+_OWN_ID = re.compile(rb'\{"id":(?:"(?:[^"\\]|\\.)*"|-?[0-9]+)')
+_OWN_ID_CUT = re.compile(rb'\{"id":(?:"(?:[^"\\]|\\.)*\\?|-?[0-9]*)')
+_OWN_NEXT = b',"status":"'
+
+
+def is_own_torn_line(fragment: bytes, *, after_results: bool) -> bool:
+    """Whether an unterminated last line is the start of a line sbxkit writes: msgspec's
+    compact ``ResultLine`` always begins ``{"id":ID,"status":"``. A fragment cut inside the id
+    counts only after complete result lines (a lone ``{"id":"a`` may be anybody's)."""
+    match = _OWN_ID.match(fragment)
+    if match is None:
+        cut = _OWN_ID_CUT.fullmatch(fragment) is not None or b'{"id":'.startswith(fragment)
+        return after_results and cut
+    rest = fragment[match.end() :]
+    if len(rest) < len(_OWN_NEXT):
+        return after_results and _OWN_NEXT.startswith(rest)
+    return rest.startswith(_OWN_NEXT)
+
+
+def _result_line(raw: bytes) -> _Seen:
+    seen = _SEEN.decode(raw)
+    if seen.status not in RESULT_STATUSES:
+        raise msgspec.ValidationError(f"unknown status {seen.status!r}")
+    return seen
 
 
 class ResultsScan(msgspec.Struct, frozen=True):
@@ -99,61 +150,127 @@ class ResultsScan(msgspec.Struct, frozen=True):
     errors: set[JobId]
     """The ids whose line is an ``error`` line (the job never ran)."""
     keep_bytes: int
-    """Length of the valid prefix; a crash's trailing fragment lies beyond it."""
+    """Length of the valid prefix; a crash's torn last line lies beyond it."""
     needs_newline: bool
     """The last record is complete but lost its newline: add one before appending."""
+    moved_to: str | None = None
+    """Where ``prepare_results`` moved a torn last line aside (None: there was none)."""
 
 
-def scan_results(data: bytes, source: str = "results") -> ResultsScan:
-    """Pure: the ids of every complete result line; a trailing fragment is to be dropped.
+def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
+    """Pure: read a results file line by line (newlines kept), without keeping it in memory.
 
-    A complete line (newline-terminated) that is not a result object refuses the file: it is
-    not something this command wrote, and appending to it would hide that.
+    Every complete line must be a result line (the schema of ``_Seen``): anything else refuses
+    the file, as it is not something this command wrote. A last line without its newline is a
+    complete record that lost it, or a crash's torn half of one of ours (beyond
+    ``keep_bytes``, to be moved aside); a torn line that is not ours refuses the file too.
     """
     done: set[JobId] = set()
     errors: set[JobId] = set()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # after the last newline: b"" when the file ends in one
     offset = 0
     for number, raw in enumerate(lines, start=1):
-        offset += len(raw) + 1
-        if not raw.strip():
+        complete = raw.endswith(b"\n")
+        body = raw[:-1] if complete else raw
+        if not body.strip():
+            offset += len(raw)
             continue
         try:
-            seen = _SEEN.decode(raw)
+            seen = _result_line(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise ResultsFileError(source, number, f"not a result line ({exc})") from None
+            if complete:
+                raise ResultsFileError(source, number, f"not a result line ({exc})") from None
+            if not is_own_torn_line(body, after_results=bool(done)):
+                raise ResultsFileError(
+                    source,
+                    number,
+                    "the last line is incomplete and is not a line sbxkit writes; the file is "
+                    "left as it is",
+                ) from None
+            return ResultsScan(done, errors, offset, needs_newline=False)  # our torn line
         done.add(seen.id)
         if seen.status == "error":
             errors.add(seen.id)
-    if tail.strip():
-        try:
-            seen = _SEEN.decode(tail)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return ResultsScan(done, errors, offset, needs_newline=False)  # a crash's half line
-        done.add(seen.id)
-        if seen.status == "error":
-            errors.add(seen.id)
-        return ResultsScan(done, errors, len(data), needs_newline=True)
-    return ResultsScan(done, errors, len(data), needs_newline=False)
+        offset += len(raw)
+        if not complete:
+            return ResultsScan(done, errors, offset, needs_newline=True)
+    return ResultsScan(done, errors, offset, needs_newline=False)
+
+
+def scan_results(data: bytes, source: str = "results") -> ResultsScan:
+    """``scan_lines`` over a whole document in memory."""
+    return scan_lines(io.BytesIO(data), source)
+
+
+def open_results(path: Path) -> BinaryIO | None:
+    """RESULTS opened for reading, or None when absent; anything but a regular file is refused
+    by kind (``--out /dev/zero`` would never end, a FIFO would block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        try:  # a socket cannot be opened at all (ENXIO): say what it is
+            problem = file_kind_problem(os.stat(path).st_mode)
+        except OSError:
+            problem = None
+        if problem is not None:
+            raise SpecError("--out", f"{path} {problem}; results go to a regular file") from None
+        raise SpecError("--out", f"cannot read {path}: {exc.strerror}") from None
+    problem = file_kind_problem(os.fstat(fd).st_mode)
+    if problem is not None:
+        os.close(fd)
+        raise SpecError("--out", f"{path} {problem}; results go to a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def prepare_results(path: Path) -> ResultsScan:
-    """Read RESULTS (absent: nothing done) and drop a trailing fragment left by a crash."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    """Read RESULTS (absent: nothing done), refusing a file that is not ours. A crash's torn
+    last line is moved aside, never deleted: copied (fsynced) to ``RESULTS.torn-STAMP`` beside
+    it, then cut from RESULTS; a complete last record that lost its newline gets one."""
+    handle = open_results(path)
+    if handle is None:
         return ResultsScan(set(), set(), 0, needs_newline=False)
-    except OSError as exc:
-        raise SpecError("--out", f"cannot read {path}: {exc.strerror}") from None
-    scan = scan_results(data, str(path))
-    if scan.keep_bytes < len(data) or scan.needs_newline:
-        with open(path, "r+b") as handle:
-            handle.truncate(scan.keep_bytes)
+    with handle:
+        scan = scan_lines(handle, str(path))
+        size = os.fstat(handle.fileno()).st_size
+        torn = b""
+        if scan.keep_bytes < size:
+            handle.seek(scan.keep_bytes)
+            torn = handle.read()
+    if torn:
+        side = _move_aside(path, torn)
+        scan = msgspec.structs.replace(scan, moved_to=str(side))
+    if torn or scan.needs_newline:
+        with open(path, "r+b") as out:
+            out.truncate(scan.keep_bytes)
             if scan.needs_newline:
-                handle.seek(0, os.SEEK_END)
-                handle.write(b"\n")
+                out.seek(0, os.SEEK_END)
+                out.write(b"\n")
     return scan
+
+
+def _move_aside(path: Path, torn: bytes) -> Path:
+    """Write ``torn`` to a new side file next to ``path`` (never over an existing one)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for attempt in range(100):
+        side = path.with_name(f"{path.name}.torn-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise SpecError(
+                "--out", f"cannot move a torn last line aside: {exc.strerror}"
+            ) from None
+        try:
+            view = memoryview(torn)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return side
+    raise SpecError("--out", f"cannot move a torn last line aside: {path.name}.torn-* exist")
 
 
 def pending_jobs(jobs: Sequence[Job], scan: ResultsScan) -> list[Job]:

@@ -280,8 +280,15 @@ def witness_exec(witness: Witness, container_id: str, command: list[str]) -> byt
         return None
     if started.status_code in (404, 409):
         return None
+    if started.status_code == 500 and not _running(witness, container_id):
+        return None  # the container died between the exec's create and start: nothing seen
     started.raise_for_status()
     return started.content
+
+
+def _running(witness: Witness, container_id: str) -> bool:
+    inspected = witness.session.get(f"{witness.base}/containers/{container_id}/json", timeout=30)
+    return inspected.status_code == 200 and bool(inspected.json()["State"]["Running"])
 
 
 def host_processes_of(container_id: str) -> list[int]:

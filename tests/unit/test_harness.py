@@ -19,6 +19,7 @@ from sbxkit.backends import Backend
 from sbxkit.cli.batch import (
     JobsFileError,
     Progress,
+    ResultLine,
     ResultsFileError,
     ResultsWriter,
     decode_jobs,
@@ -29,7 +30,17 @@ from sbxkit.cli.batch import (
     scan_results,
 )
 from sbxkit.errors import CleanupError, ImageError, SpecError
-from sbxkit.harness import Admission, Budget, Job, JobError, JobResult, Need, need_of, run_many
+from sbxkit.harness import (
+    Admission,
+    Budget,
+    Job,
+    JobError,
+    JobId,
+    JobResult,
+    Need,
+    need_of,
+    run_many,
+)
 from sbxkit.plan import CheckedSpec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import Limits, MiB, SandboxSpec
@@ -491,8 +502,9 @@ def test_a_repeated_id_names_both_lines() -> None:
 # --- resume --------------------------------------------------------------------------------------
 
 
-def result_json(job_id: object, status: str = "exited") -> bytes:
-    return json.dumps({"id": job_id, "status": status, "exit_code": 0}).encode() + b"\n"
+def result_json(job_id: JobId, status: str = "exited") -> bytes:
+    """A complete line as sbxkit writes it (every key of the results schema)."""
+    return msgspec.json.encode(ResultLine(id=job_id, status=status, exit_code=0)) + b"\n"
 
 
 def test_scan_collects_the_ids_done_and_the_error_lines() -> None:
@@ -505,7 +517,7 @@ def test_scan_collects_the_ids_done_and_the_error_lines() -> None:
 
 def test_scan_drops_a_crashs_trailing_fragment() -> None:
     whole = result_json("a")
-    scan = scan_results(whole + b'{"id": "b", "sta')
+    scan = scan_results(whole + b'{"id":"b","sta')
     assert scan.done == {"a"}
     assert scan.keep_bytes == len(whole)
 
@@ -528,9 +540,11 @@ def test_prepare_repairs_the_file_and_resume_skips_exactly_the_done_ids(tmp_path
     out = tmp_path / "out.jsonl"
     assert prepare_results(out).done == set()
     assert not out.exists()
-    out.write_bytes(result_json("j1") + result_json("j3") + b'{"id": "j')
+    out.write_bytes(result_json("j1") + result_json("j3") + b'{"id":"j')
     scan = prepare_results(out)
     assert out.read_bytes() == result_json("j1") + result_json("j3")
+    assert scan.moved_to is not None  # the torn line is moved aside, not deleted
+    assert Path(scan.moved_to).read_bytes() == b'{"id":"j'
     jobs = decode_jobs(jsonl(*(line(id=f"j{i}") for i in range(5))))
     assert [j.id for j in pending_jobs(jobs, scan)] == ["j0", "j2", "j4"]
     out.write_bytes(result_json("j1").rstrip(b"\n"))

@@ -28,6 +28,10 @@ PURE = [
     "supervisor/records.py",
     "admission.py",
     "predicates.py",
+    "textcheck.py",
+    "image_ref.py",
+    "daemon_messages.py",
+    "call_checks.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
