@@ -118,7 +118,11 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fsize_bytes: int = 64 * MiB
     """Largest file a process may write (RLIMIT_FSIZE)."""
     scratch_bytes: int = 64 * MiB
-    """Size of the tmpfs mounted at /tmp, the only writable place by default."""
+    """Size of the tmpfs mounted at /tmp. Writable places: this, ``/dev/shm`` (``shm_bytes``)
+    and any writable mount the spec asks for; the root is read-only and ``/dev/mqueue`` holds
+    no queue (RLIMIT_MSGQUEUE is 0). Both tmpfs are charged to ``memory_bytes``."""
+    shm_bytes: int = 64 * MiB
+    """Size of ``/dev/shm`` (HostConfig.ShmSize; POSIX shared memory, semaphores)."""
 
 
 class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -264,7 +268,7 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
         _check_positive_int(where, value, maximum=MAX_PIDS)
     elif name == "timeout_s":
         _check_positive_float(where, value)
-    elif name in ("output_bytes", "fsize_bytes", "scratch_bytes"):
+    elif name in ("output_bytes", "fsize_bytes", "scratch_bytes", "shm_bytes"):
         _check_positive_int(where, value)
     else:
         raise SpecError(where, "unknown limit")

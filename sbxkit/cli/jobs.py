@@ -41,10 +41,13 @@ LIMIT_ALIASES = {
     "timeout": "timeout_s",
     "fsize": "fsize_bytes",
     "scratch": "scratch_bytes",
+    "shm": "shm_bytes",
 }
 """``sbxkit run``/profile names → ``Limits`` names."""
 
-SIZE_FIELDS = frozenset({"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes"})
+SIZE_FIELDS = frozenset(
+    {"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes", "shm_bytes"}
+)
 MERGED_FIELDS = ("limits", "env", "labels")
 """Mappings a job line extends key by key instead of replacing."""
 
