@@ -7,8 +7,10 @@ The rules are ``sbxkit/admission.py``'s; docs/operations.md, "Capacity and admis
 from __future__ import annotations
 
 import math
+import os
 import time
 
+import msgspec
 import trio
 
 from sbxkit.admission import (
@@ -19,7 +21,6 @@ from sbxkit.admission import (
 )
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
-from sbxkit.policy import LEASE_LABEL
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -31,10 +32,13 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
+from sbxkit.supervisor.recheck import engine_socket_problem, recheck_body, unknown_field
 from sbxkit.supervisor.records import LeaseRecord, StorageError
+from sbxkit.supervisor.statedir import check_state_path
 from sbxkit.supervisor.wire import (
     Closed,
     Queued,
+    RefusalCode,
     Refused,
     Register,
     Registered,
@@ -50,8 +54,6 @@ class Admitting(Leases):
             return "lease id must be 32 lowercase hex digits"
         if register.name != f"sbxkit-{lease}":
             return f"container name must be sbxkit-{lease}"
-        if (register.body.labels or {}).get(LEASE_LABEL) != lease:
-            return f"the create body must carry {LEASE_LABEL}={lease}"
         host = register.body.host_config
         reservation = register.reservation
         if (
@@ -70,6 +72,32 @@ class Admitting(Leases):
         if lease in self.records or lease in self.live:
             return "lease id already in use"
         return None
+
+    async def _recheck(self, peer: Peer, register: Register) -> tuple[RefusalCode, str, str] | None:
+        """The second line of defence: the socket the caller names, then the body's invariants
+        (recheck.py); (code, field, reason) of the first refusal."""
+        problem = engine_socket_problem(
+            register.engine_socket, self.config.docker_socket, self.allowed_sockets
+        )
+        if problem is not None:
+            return "engine", "engine_socket", problem
+        try:
+            raw = msgspec.json.decode(peer.last_payload)
+        except msgspec.DecodeError:
+            raw = {}
+        unknown = unknown_field(raw.get("body") if isinstance(raw, dict) else None)
+        if unknown is not None:
+            return "policy", unknown, "not a field sbxkit's policy sets; refused, not dropped"
+        refusal = await trio.to_thread.run_sync(
+            lambda: recheck_body(
+                register.body,
+                lease=register.lease,
+                state_dir=str(self.state.path),
+                environment=self.environment,
+                resolve=os.path.realpath,
+            )
+        )
+        return None if refusal is None else ("policy", refusal.field, refusal.reason)
 
     def _hard_bound_problem(self) -> str | None:
         cap = self.config.capacity
@@ -93,6 +121,11 @@ class Admitting(Leases):
             self.launch_slots = trio.Semaphore(launch_bound(cap, info.ncpu))
 
     async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
+        try:  # a chmod or a swapped path since the start is noticed here, before admitting
+            await trio.to_thread.run_sync(check_state_path, self.state.path)
+        except (StorageError, OSError) as exc:
+            await self._refuse(peer, "storage", f"unsafe supervisor state blocks execution: {exc}")
+            return None
         if self.storage_errors:
             await self._refuse(
                 peer,
@@ -104,6 +137,11 @@ class Admitting(Leases):
         problem = self._request_problem(register)
         if problem:
             await self._refuse(peer, "request", problem)
+            return None
+        refusal = await self._recheck(peer, register)
+        if refusal is not None:
+            await peer.send(Refused(code=refusal[0], reason=refusal[2], field=refusal[1]))
+            log(f"lease {register.lease}: refused {refusal[1]}: {refusal[2]}")
             return None
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)

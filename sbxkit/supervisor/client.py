@@ -24,8 +24,17 @@ from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.supervisor.channel import FrameChannel
+from sbxkit.supervisor.environment import supervisor_environment
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
-from sbxkit.supervisor.journal import SOCKET_NAME, check_state_dir, default_state_dir
+from sbxkit.supervisor.journal import check_state_dir, default_state_dir
+from sbxkit.supervisor.statedir import (
+    LOG_NAME,
+    SOCKET_NAME,
+    log_size,
+    read_log_from,
+    scan_entries,
+    startup_refusal,
+)
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
     Close,
@@ -84,23 +93,28 @@ QueueObserver = Callable[[int, float], object]
 when its place changes and about every second."""
 
 
-def supervisor_argv(state_dir: Path, command: str | None = None) -> list[str]:
+def supervisor_argv(
+    state_dir: Path, command: str | None = None, *, engine_socket: str | None = None
+) -> list[str]:
     """How to start the helper: ``command`` (a profile's ``supervisor.binary``), else
-    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir``; the default is this
-    interpreter running ``sbxkit.supervisor``."""
+    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir`` (and ``--engine-socket``,
+    the daemon socket the launching caller uses); the default is this interpreter running
+    ``sbxkit.supervisor``."""
     override = (command if command is not None else os.environ.get("SBXKIT_SUPERVISOR", "")).strip()
     base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
-    return [*base, "--state-dir", str(state_dir)]
+    socket = ["--engine-socket", engine_socket] if engine_socket else []
+    return [*base, "--state-dir", str(state_dir), *socket]
 
 
 def launch_detached(argv: list[str], log_path: Path) -> None:
     """Start the supervisor in a new session whose parent is not us, so it survives us and we
-    leave no zombie: a shell backgrounds it and exits at once."""
+    leave no zombie: a shell backgrounds it and exits at once. It gets a minimal environment
+    (``environment.py``), never the caller's whole one."""
     subprocess.run(
         [
             "/bin/sh",
             "-c",
-            'umask 077; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
+            'umask 077; unset PWD OLDPWD; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
             "sbxkit-launch",
             str(log_path),
             *argv,
@@ -111,7 +125,21 @@ def launch_detached(argv: list[str], log_path: Path) -> None:
         start_new_session=True,
         check=True,
         timeout=10,
+        env=supervisor_environment(os.environb),
     )
+
+
+def check_before_launch(state_dir: Path) -> None:
+    """The supervisor's own startup checks, run by the client before it launches one: the path
+    and every entry (a state directory it would refuse is reported at once, not after
+    ``LAUNCH_TIMEOUT_S``)."""
+    check_state_dir(state_dir, create=True)
+    problems, _stale = scan_entries(state_dir)
+    if problems:
+        raise SupervisorError(
+            "unsafe supervisor state blocks execution: " + "; ".join(map(str, problems)),
+            code="storage",
+        )
 
 
 class _Session(FrameChannel):
@@ -185,8 +213,12 @@ async def _connect_and_greet(
     socket_path = state_dir / SOCKET_NAME
     stream = await _connect_once(socket_path)
     if stream is None:
-        argv = supervisor_argv(state_dir, command)
-        log_path = state_dir / "supervisor.log"
+        # What would stop the supervisor from starting is reported now, by path and problem.
+        await trio.to_thread.run_sync(check_before_launch, state_dir)
+        engine_socket = first.engine_socket if isinstance(first, Register) else None
+        argv = supervisor_argv(state_dir, command, engine_socket=engine_socket)
+        log_path = state_dir / LOG_NAME
+        log_offset = log_size(log_path)
         try:
             await trio.to_thread.run_sync(launch_detached, argv, log_path)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -195,6 +227,9 @@ async def _connect_and_greet(
             while stream is None:
                 await trio.sleep(0.02)
                 stream = await _connect_once(socket_path)
+                refusal = startup_refusal(read_log_from(log_path, log_offset))
+                if stream is None and refusal is not None:
+                    raise SupervisorError(f"it refused to start: {refusal}", code="storage")
         if stream is None:
             raise SupervisorError(
                 f"{shlex.join(argv)} did not open {socket_path} "
