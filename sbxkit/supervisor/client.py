@@ -15,12 +15,13 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
 
 from sbxkit.engine.client import Engine
+from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.supervisor.channel import FrameChannel
@@ -94,7 +95,7 @@ when its place changes and about every second."""
 
 
 def supervisor_argv(
-    state_dir: Path, command: str | None = None, *, engine_socket: str | None = None
+    state_dir: Path, command: str | None = None, *, engine_sockets: Sequence[str] = ()
 ) -> list[str]:
     """How to start the helper: ``command`` (a profile's ``supervisor.binary``), else
     ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir`` (and ``--engine-socket``,
@@ -102,8 +103,19 @@ def supervisor_argv(
     ``sbxkit.supervisor``."""
     override = (command if command is not None else os.environ.get("SBXKIT_SUPERVISOR", "")).strip()
     base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
-    socket = ["--engine-socket", engine_socket] if engine_socket else []
-    return [*base, "--state-dir", str(state_dir), *socket]
+    sockets = [arg for socket in engine_sockets for arg in ("--engine-socket", socket)]
+    return [*base, "--state-dir", str(state_dir), *sockets]
+
+
+def launch_engine_sockets(first: Message | None) -> list[str]:
+    """The daemon sockets a launched supervisor may serve: the registering caller's; for an
+    operator's request (no Register), those the caller's environment names."""
+    if isinstance(first, Register):
+        return [first.engine_socket]
+    try:
+        return candidate_sockets(os.environ)
+    except SbxError:
+        return []
 
 
 def launch_detached(argv: list[str], log_path: Path) -> None:
@@ -215,8 +227,7 @@ async def _connect_and_greet(
     if stream is None:
         # What would stop the supervisor from starting is reported now, by path and problem.
         await trio.to_thread.run_sync(check_before_launch, state_dir)
-        engine_socket = first.engine_socket if isinstance(first, Register) else None
-        argv = supervisor_argv(state_dir, command, engine_socket=engine_socket)
+        argv = supervisor_argv(state_dir, command, engine_sockets=launch_engine_sockets(first))
         log_path = state_dir / LOG_NAME
         log_offset = log_size(log_path)
         try:
