@@ -5,7 +5,7 @@ file rewrite ``--retry-errors`` needs:
 
 - ``normalize_limits``: a job's ``limits`` may use ``Limits``' names (``memory_bytes``,
   ``output_bytes``, ``timeout_s``, …) or the names of ``sbxkit run``'s flags and profiles
-  (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``); sizes may be strings
+  (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``, ``shm``); sizes may be strings
   such as ``"64m"`` or ``"512MB"``, read as ``sbxkit run`` reads them.
 - ``with_defaults``: a job line over the batch's defaults (``--profile`` and flags): a field the
   line gives wins, and ``limits``, ``env`` and ``labels`` merge key by key.

@@ -20,7 +20,7 @@ from sbxkit.admission import (
     never_fits,
 )
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
+from sbxkit.errors import NotFound, SbxError
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -32,7 +32,12 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
-from sbxkit.supervisor.recheck import engine_socket_problem, recheck_body, unknown_field
+from sbxkit.supervisor.recheck import (
+    engine_socket_problem,
+    recheck_body,
+    unknown_field,
+    volume_backing_problem,
+)
 from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.statedir import check_state_path
 from sbxkit.supervisor.wire import (
@@ -99,6 +104,27 @@ class Admitting(Leases):
         )
         return None if refusal is None else ("policy", refusal.field, refusal.reason)
 
+    async def _volumes_refusal(self, engine: Engine, register: Register) -> Refused | None:
+        """Each named volume must exist and be backed by nothing a bind could not be."""
+        host = register.body.host_config
+        for index, mount in enumerate((host.mounts if host else None) or []):
+            field = f"HostConfig.Mounts[{index}].Source"
+            try:
+                volume = await engine.volume_inspect(mount.source or "")
+            except NotFound:
+                reason = f"no volume named {mount.source!r}; it would be created"
+                return Refused(code="policy", reason=reason, field=field)
+            except SbxError as exc:
+                return Refused(code="request", reason=f"cannot inspect the volume: {exc}")
+            state_dir = str(self.state.path)
+            problem = await trio.to_thread.run_sync(
+                volume_backing_problem, volume, state_dir, os.path.realpath
+            )
+            if problem is not None:
+                reason = f"volume {mount.source!r} {problem}"
+                return Refused(code="policy", reason=reason, field=field)
+        return None
+
     def _hard_bound_problem(self) -> str | None:
         cap = self.config.capacity
         if len(self.records) >= cap.max_records:
@@ -148,6 +174,11 @@ class Admitting(Leases):
             await self._learn_budget(engine)
         except SbxError as exc:
             await self._refuse(peer, "request", f"engine unavailable: {exc}")
+            return None
+        refused = await self._volumes_refusal(engine, register)
+        if refused is not None:
+            await peer.send(refused)
+            log(f"lease {register.lease}: refused {refused.field}: {refused.reason}")
             return None
         need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
         impossible = never_fits(need, self.admission.budget)

@@ -22,7 +22,13 @@ from typing import Any
 import msgspec
 
 from sbxkit.engine.discovery import candidate_sockets
-from sbxkit.engine.models import ContainerCreate, DeviceRequest, HostConfig, MountSpec
+from sbxkit.engine.models import (
+    ContainerCreate,
+    DeviceRequest,
+    HostConfig,
+    MountSpec,
+    VolumeReply,
+)
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import check_host_path, check_target
@@ -306,6 +312,32 @@ def _check_mounts(mounts: list[MountSpec]) -> None:
             raise _refuse(f"{field}.VolumeOptions.Subpath", "must be relative without '..'")
 
 
+def volume_backing_problem(
+    volume: VolumeReply, state_dir: str, resolve: Resolve | None = None
+) -> str | None:
+    """Why a named volume the body mounts is not one policy lets through (the daemon's
+    ``/volumes/{name}`` reply), or None: a plain local volume, or one that is a plain bind of
+    a host directory no bind rule forbids (as ``sbxkit.preflight`` judges it)."""
+    if volume.driver != "local":
+        return f"uses the driver {volume.driver!r}; only plain local volumes are allowed"
+    options = volume.options or {}
+    if not options:
+        return None
+    device = options.get("device", "")
+    plain_bind = options.get("type", "") in ("", "none") and bool(
+        set(options.get("o", "").split(",")) & {"bind", "rbind"}
+    )
+    if not plain_bind or not device.startswith("/"):
+        return f"has driver options {options!r}; only a plain bind of a host directory"
+    try:
+        check_host_path("device", device, state_dir=state_dir)
+        if resolve is not None:
+            check_host_path("device", resolve(device), state_dir=resolve(state_dir))
+    except SpecError as error:
+        return f"is backed by the host path {device}: {error.rule}"
+    return None
+
+
 def _check_devices(requests: list[DeviceRequest]) -> None:
     if len(requests) > 1:
         raise _refuse("HostConfig.DeviceRequests", "at most one (CDI) request")
@@ -351,4 +383,5 @@ __all__ = [
     "engine_socket_problem",
     "recheck_body",
     "unknown_field",
+    "volume_backing_problem",
 ]

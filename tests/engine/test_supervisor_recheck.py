@@ -22,6 +22,8 @@ import pytest
 from sbxkit.policy import container_name
 from sbxkit.runner import new_lease_id
 from sbxkit.supervisor.wire import Close, Closed, Created, Refused, Register, Registered, Welcome
+from tests.engine.helpers import unique
+from tests.engine.test_mounts import bind_options, volume_exists, witness_volume
 from tests.engine.test_supervisor import RawClient, hello, register_for
 from tests.supervision import private_state_dir, running_supervisor
 from tests.witness import SOCKET, Witness
@@ -141,3 +143,64 @@ def test_a_client_naming_another_socket_is_refused_and_that_socket_never_hears(
         assert not exists_by_name(witness, lease)
     finally:
         decoy.close()
+
+
+def volume_mount(name: str) -> Callable[[dict[str, Any]], None]:
+    mount = {
+        "Type": "volume",
+        "Source": name,
+        "Target": "/data",
+        "ReadOnly": False,
+        "VolumeOptions": {"NoCopy": True},
+    }
+    return host("Mounts", [mount])
+
+
+def register_raw(sup_socket: Path, register: Register, change: Callable[..., None]) -> Any:
+    client = RawClient(sup_socket)
+    try:
+        client.send(hello())
+        assert isinstance(client.receive(), Welcome)
+        client.sock.sendall(raw_register(register, change))
+        return client.receive()
+    finally:
+        client.close()
+
+
+def test_a_named_volume_backed_by_the_hosts_root_or_missing_is_refused(
+    busybox: str, witness: Witness, state_dir: Path
+) -> None:
+    """A raw client cannot reach the host's root through a named volume either, nor make the
+    daemon create a volume; a plain local volume on the same supervisor is the control."""
+    with (
+        witness_volume(witness, bind_options("/")) as rooted,
+        witness_volume(witness) as plain,
+        running_supervisor(state_dir, "--engine-socket", SOCKET) as sup,
+    ):
+        lease = new_lease_id()
+        register = register_for(lease, busybox, "true", SOCKET)
+        reply = register_raw(sup.socket_path, register, volume_mount(rooted))
+        assert isinstance(reply, Refused), reply
+        assert reply.field == "HostConfig.Mounts[0].Source"
+        assert "/ is the host's root" in reply.reason
+        assert not exists_by_name(witness, lease)
+
+        missing = unique("sbxt-none")
+        reply = register_raw(sup.socket_path, register, volume_mount(missing))
+        assert isinstance(reply, Refused), reply
+        assert "it would be created" in reply.reason
+        assert not volume_exists(witness, missing)
+        assert not exists_by_name(witness, lease)
+
+        client = RawClient(sup.socket_path)
+        try:
+            client.send(hello())
+            assert isinstance(client.receive(), Welcome)
+            client.sock.sendall(raw_register(register, volume_mount(plain)))
+            assert isinstance(client.receive(), Registered)
+            assert isinstance(client.receive(), Created)
+            client.send(Close(lease=lease))
+            assert isinstance(client.receive(), Closed)
+        finally:
+            client.close()
+        assert not exists_by_name(witness, lease)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from sbxkit.engine.models import ContainerCreate, MountSpec
+from sbxkit.engine.models import ContainerCreate, MountSpec, VolumeReply
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
 from sbxkit.mounts import BindMount, ResolvedMounts, TmpfsMount, VolumeMount
@@ -29,6 +29,7 @@ from sbxkit.supervisor.recheck import (
     engine_socket_problem,
     recheck_body,
     unknown_field,
+    volume_backing_problem,
 )
 
 LEASE = "0123456789abcdef0123456789abcdef"
@@ -354,3 +355,28 @@ def test_engine_sockets_are_the_operators_or_the_start_environments() -> None:
     assert "/tmp/evil.sock" in problem
     assert "/run/a.sock" in problem
     assert engine_socket_problem("/tmp/evil.sock", "/run/relay.sock", allowed) is None
+
+
+@pytest.mark.parametrize(
+    ("driver", "options", "problem"),
+    [
+        ("local", None, None),
+        ("local", {"type": "none", "o": "bind", "device": "/srv/data"}, None),
+        ("nfs-plugin", None, "driver 'nfs-plugin'"),
+        ("local", {"type": "none", "o": "bind", "device": "/"}, "host's root"),
+        ("local", {"type": "none", "o": "rbind", "device": "/var/lib"}, "ancestor"),
+        ("local", {"type": "none", "o": "bind", "device": STATE_DIR}, "supervisor state"),
+        ("local", {"type": "nfs", "o": "addr=1.2.3.4", "device": ":/export"}, "plain bind"),
+        ("local", {"type": "tmpfs", "device": "tmpfs"}, "plain bind"),
+    ],
+)
+def test_a_named_volumes_backing_is_judged_as_a_bind(
+    driver: str, options: dict[str, str] | None, problem: str | None
+) -> None:
+    volume = VolumeReply(name="v", driver=driver, options=options)
+    found = volume_backing_problem(volume, STATE_DIR)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert problem in found
