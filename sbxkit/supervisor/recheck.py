@@ -15,6 +15,7 @@ and refuses the first broken one with the Engine API field it concerns:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,7 +69,13 @@ def _refuse(field: str, reason: str) -> _Refused:
 
 def unknown_field(raw: object, model: type[msgspec.Struct] = ContainerCreate) -> str | None:
     """The path of the first key in the raw JSON ``raw`` that ``model`` does not carry."""
-    return _unknown(raw, msgspec.inspect.type_info(model), "")
+    return _unknown(raw, _type_info(model), "")
+
+
+@functools.cache
+def _type_info(model: type[msgspec.Struct]) -> msgspec.inspect.Type:
+    """msgspec's description of a model (about a millisecond to build, so built once)."""
+    return msgspec.inspect.type_info(model)
 
 
 def _unknown(raw: object, info: msgspec.inspect.Type, path: str) -> str | None:
