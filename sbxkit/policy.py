@@ -81,6 +81,12 @@ values sit under the hard limits seen on CI (20000 / 96364); ``nproc`` counts pe
 so it is far above any pids ceiling, which stays the real bound."""
 
 
+NO_MESSAGE_QUEUES = Ulimit(name="msgqueue", soft=0, hard=0)
+"""RLIMIT_MSGQUEUE 0: the payload cannot create a POSIX message queue (``mq_open`` and a file
+in ``/dev/mqueue`` fail with EMFILE), so /dev/mqueue is no writable place; the default 800 KiB
+per uid would be shared by every sandbox running as that uid."""
+
+
 PODMAN_SEALED_TMPFS = {
     path: "ro,nosuid,nodev,noexec,size=4096,mode=755" for path in ("/run", "/var/tmp")
 }
@@ -180,8 +186,10 @@ def hardened_body(
         pids_limit=_required(limits.pids, "limits.pids"),
         ulimits=[
             Ulimit(name="fsize", soft=limits.fsize_bytes, hard=limits.fsize_bytes),
+            NO_MESSAGE_QUEUES,
             *(PODMAN_ULIMITS if podman else ()),
         ],
+        shm_size=limits.shm_bytes,
         readonly_rootfs=True,
         ipc_mode="private",
         cgroupns_mode="private",

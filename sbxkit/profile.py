@@ -26,6 +26,7 @@
     timeout = 30
     fsize = "64m"
     scratch = "64m"
+    shm = "64m"                   # /dev/shm
 
     [[sandbox.docker.mounts]]
     type = "bind"                 # bind | volume | tmpfs, fields as in sbxkit.mounts
@@ -113,6 +114,7 @@ class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     timeout: float | None = None
     fsize: int | str | None = None
     scratch: int | str | None = None
+    shm: int | str | None = None
 
 
 class SupervisorOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -171,6 +173,7 @@ _LIMITS: dict[str, tuple[str, bool]] = {
     "timeout": ("timeout_s", False),
     "fsize": ("fsize_bytes", True),
     "scratch": ("scratch_bytes", True),
+    "shm": ("shm_bytes", True),
 }
 
 

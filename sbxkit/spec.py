@@ -144,7 +144,11 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fsize_bytes: int = 64 * MiB
     """Largest file a process may write (RLIMIT_FSIZE)."""
     scratch_bytes: int = 64 * MiB
-    """Size of the tmpfs mounted at /tmp, the only writable place by default."""
+    """Size of the tmpfs mounted at /tmp. Writable places: this, ``/dev/shm`` (``shm_bytes``)
+    and any writable mount the spec asks for; the root is read-only and ``/dev/mqueue`` holds
+    no queue (RLIMIT_MSGQUEUE is 0). Both tmpfs are charged to ``memory_bytes``."""
+    shm_bytes: int = 64 * MiB
+    """Size of ``/dev/shm`` (HostConfig.ShmSize; POSIX shared memory, semaphores)."""
 
 
 class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -299,7 +303,7 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
             )
     elif name == "output_bytes":
         _check_positive_int(where, value, maximum=MAX_OUTPUT_BYTES)
-    elif name in ("fsize_bytes", "scratch_bytes"):
+    elif name in ("fsize_bytes", "scratch_bytes", "shm_bytes"):
         _check_positive_int(where, value, maximum=MAX_SIZE_BYTES)
     else:
         raise SpecError(where, "unknown limit")

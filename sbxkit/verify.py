@@ -64,6 +64,7 @@ def check_created(
         ("HostConfig.PidsLimit", asked.pids_limit, got.pids_limit),
         ("HostConfig.ReadonlyRootfs", asked.readonly_rootfs, got.readonly_rootfs),
         ("HostConfig.NetworkMode", asked.network_mode, got.network_mode),
+        ("HostConfig.ShmSize", asked.shm_size, got.shm_size),
         ("HostConfig.Tmpfs", asked.tmpfs, _podman_tmpfs(got.tmpfs) if podman else got.tmpfs),
     ]
     for field, want, have in pairs:

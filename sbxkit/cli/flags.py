@@ -25,6 +25,7 @@ LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("timeout", "--timeout", "timeout_s", "float"),
     ("fsize", "--fsize", "fsize_bytes", "size"),
     ("scratch", "--scratch", "scratch_bytes", "size"),
+    ("shm", "--shm", "shm_bytes", "size"),
 )
 """(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes use parse_size."""
 
@@ -183,6 +184,7 @@ def add_sandbox_flags(
     parser.add_argument("--timeout", help=f"{timeout_help} (default: {defaults['timeout']})")
     parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
     parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
+    parser.add_argument("--shm", help="size of the /dev/shm tmpfs (default: 64m)")
     parser.add_argument(
         "--env",
         action="append",

@@ -5,7 +5,7 @@ file rewrite ``--retry-errors`` needs:
 
 - ``normalize_limits``: a job's ``limits`` may use ``Limits``' names (``memory_bytes``,
   ``output_bytes``, ``timeout_s``, …) or the names of ``sbxkit run``'s flags and profiles
-  (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``); sizes may be strings
+  (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``, ``shm``); sizes may be strings
   such as ``"64m"`` or ``"512MB"``, read as ``sbxkit run`` reads them.
 - ``with_defaults``: a job line over the batch's defaults (``--profile`` and flags): a field the
   line gives wins, and ``limits``, ``env`` and ``labels`` merge key by key.
@@ -43,10 +43,13 @@ LIMIT_ALIASES = {
     "timeout": "timeout_s",
     "fsize": "fsize_bytes",
     "scratch": "scratch_bytes",
+    "shm": "shm_bytes",
 }
 """``sbxkit run``/profile names → ``Limits`` names."""
 
-SIZE_FIELDS = frozenset({"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes"})
+SIZE_FIELDS = frozenset(
+    {"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes", "shm_bytes"}
+)
 MERGED_FIELDS = ("limits", "env", "labels")
 """Mappings a job line extends key by key instead of replacing."""
 

@@ -82,6 +82,7 @@ class HostConfig(Body):
     runtime: str | None = None
     extra_hosts: list[str] | None = None
     device_requests: list[DeviceRequest] | None = None
+    shm_size: int | None = None
 
 
 class ContainerCreate(Body):
@@ -174,6 +175,7 @@ class HostConfigReply(Reply):
     binds: list[str] | None = None
     extra_hosts: list[str] | None = None
     device_requests: list[DeviceRequestReply] | None = None
+    shm_size: int = 0
 
 
 class MountPoint(Reply):

@@ -7,8 +7,10 @@ The rules are ``sbxkit/admission.py``'s; docs/operations.md, "Capacity and admis
 from __future__ import annotations
 
 import math
+import os
 import time
 
+import msgspec
 import trio
 
 from sbxkit.admission import (
@@ -18,8 +20,7 @@ from sbxkit.admission import (
     never_fits,
 )
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
-from sbxkit.policy import LEASE_LABEL
+from sbxkit.errors import NotFound, SbxError
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -31,10 +32,18 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
+from sbxkit.supervisor.recheck import (
+    engine_socket_problem,
+    recheck_body,
+    unknown_field,
+    volume_backing_problem,
+)
 from sbxkit.supervisor.records import LeaseRecord, StorageError
+from sbxkit.supervisor.statedir import check_state_path
 from sbxkit.supervisor.wire import (
     Closed,
     Queued,
+    RefusalCode,
     Refused,
     Register,
     Registered,
@@ -50,8 +59,6 @@ class Admitting(Leases):
             return "lease id must be 32 lowercase hex digits"
         if register.name != f"sbxkit-{lease}":
             return f"container name must be sbxkit-{lease}"
-        if (register.body.labels or {}).get(LEASE_LABEL) != lease:
-            return f"the create body must carry {LEASE_LABEL}={lease}"
         host = register.body.host_config
         reservation = register.reservation
         if (
@@ -69,6 +76,53 @@ class Admitting(Leases):
             return "engine_socket must be an absolute path"
         if lease in self.records or lease in self.live:
             return "lease id already in use"
+        return None
+
+    async def _recheck(self, peer: Peer, register: Register) -> tuple[RefusalCode, str, str] | None:
+        """The second line of defence: the socket the caller names, then the body's invariants
+        (recheck.py); (code, field, reason) of the first refusal."""
+        problem = engine_socket_problem(
+            register.engine_socket, self.config.docker_socket, self.allowed_sockets
+        )
+        if problem is not None:
+            return "engine", "engine_socket", problem
+        try:
+            raw = msgspec.json.decode(peer.last_payload)
+        except msgspec.DecodeError:
+            raw = {}
+        unknown = unknown_field(raw.get("body") if isinstance(raw, dict) else None)
+        if unknown is not None:
+            return "policy", unknown, "not a field sbxkit's policy sets; refused, not dropped"
+        refusal = await trio.to_thread.run_sync(
+            lambda: recheck_body(
+                register.body,
+                lease=register.lease,
+                state_dir=str(self.state.path),
+                environment=self.environment,
+                resolve=os.path.realpath,
+            )
+        )
+        return None if refusal is None else ("policy", refusal.field, refusal.reason)
+
+    async def _volumes_refusal(self, engine: Engine, register: Register) -> Refused | None:
+        """Each named volume must exist and be backed by nothing a bind could not be."""
+        host = register.body.host_config
+        for index, mount in enumerate((host.mounts if host else None) or []):
+            field = f"HostConfig.Mounts[{index}].Source"
+            try:
+                volume = await engine.volume_inspect(mount.source or "")
+            except NotFound:
+                reason = f"no volume named {mount.source!r}; it would be created"
+                return Refused(code="policy", reason=reason, field=field)
+            except SbxError as exc:
+                return Refused(code="request", reason=f"cannot inspect the volume: {exc}")
+            state_dir = str(self.state.path)
+            problem = await trio.to_thread.run_sync(
+                volume_backing_problem, volume, state_dir, os.path.realpath
+            )
+            if problem is not None:
+                reason = f"volume {mount.source!r} {problem}"
+                return Refused(code="policy", reason=reason, field=field)
         return None
 
     def _hard_bound_problem(self) -> str | None:
@@ -93,6 +147,11 @@ class Admitting(Leases):
             self.launch_slots = trio.Semaphore(launch_bound(cap, info.ncpu))
 
     async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
+        try:  # a chmod or a swapped path since the start is noticed here, before admitting
+            await trio.to_thread.run_sync(check_state_path, self.state.path)
+        except (StorageError, OSError) as exc:
+            await self._refuse(peer, "storage", f"unsafe supervisor state blocks execution: {exc}")
+            return None
         if self.storage_errors:
             await self._refuse(
                 peer,
@@ -105,11 +164,21 @@ class Admitting(Leases):
         if problem:
             await self._refuse(peer, "request", problem)
             return None
+        refusal = await self._recheck(peer, register)
+        if refusal is not None:
+            await peer.send(Refused(code=refusal[0], reason=refusal[2], field=refusal[1]))
+            log(f"lease {register.lease}: refused {refusal[1]}: {refusal[2]}")
+            return None
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
             await self._learn_budget(engine)
         except SbxError as exc:
             await self._refuse(peer, "request", f"engine unavailable: {exc}")
+            return None
+        refused = await self._volumes_refusal(engine, register)
+        if refused is not None:
+            await peer.send(refused)
+            log(f"lease {register.lease}: refused {refused.field}: {refused.reason}")
             return None
         need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
         impossible = never_fits(need, self.admission.budget)

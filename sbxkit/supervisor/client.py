@@ -15,17 +15,27 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
 
 from sbxkit.engine.client import Engine
+from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.supervisor.channel import FrameChannel
+from sbxkit.supervisor.environment import supervisor_environment
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
-from sbxkit.supervisor.journal import SOCKET_NAME, check_state_dir, default_state_dir
+from sbxkit.supervisor.journal import check_state_dir, default_state_dir
+from sbxkit.supervisor.statedir import (
+    LOG_NAME,
+    SOCKET_NAME,
+    log_size,
+    read_log_from,
+    scan_entries,
+    startup_refusal,
+)
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
     Close,
@@ -84,23 +94,39 @@ QueueObserver = Callable[[int, float], object]
 when its place changes and about every second."""
 
 
-def supervisor_argv(state_dir: Path, command: str | None = None) -> list[str]:
+def supervisor_argv(
+    state_dir: Path, command: str | None = None, *, engine_sockets: Sequence[str] = ()
+) -> list[str]:
     """How to start the helper: ``command`` (a profile's ``supervisor.binary``), else
-    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir``; the default is this
-    interpreter running ``sbxkit.supervisor``."""
+    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir`` (and ``--engine-socket``,
+    the daemon socket the launching caller uses); the default is this interpreter running
+    ``sbxkit.supervisor``."""
     override = (command if command is not None else os.environ.get("SBXKIT_SUPERVISOR", "")).strip()
     base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
-    return [*base, "--state-dir", str(state_dir)]
+    sockets = [arg for socket in engine_sockets for arg in ("--engine-socket", socket)]
+    return [*base, "--state-dir", str(state_dir), *sockets]
+
+
+def launch_engine_sockets(first: Message | None) -> list[str]:
+    """The daemon sockets a launched supervisor may serve: the registering caller's; for an
+    operator's request (no Register), those the caller's environment names."""
+    if isinstance(first, Register):
+        return [first.engine_socket]
+    try:
+        return candidate_sockets(os.environ)
+    except SbxError:
+        return []
 
 
 def launch_detached(argv: list[str], log_path: Path) -> None:
     """Start the supervisor in a new session whose parent is not us, so it survives us and we
-    leave no zombie: a shell backgrounds it and exits at once."""
+    leave no zombie: a shell backgrounds it and exits at once. It gets a minimal environment
+    (``environment.py``), never the caller's whole one."""
     subprocess.run(
         [
             "/bin/sh",
             "-c",
-            'umask 077; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
+            'umask 077; unset PWD OLDPWD; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
             "sbxkit-launch",
             str(log_path),
             *argv,
@@ -111,7 +137,21 @@ def launch_detached(argv: list[str], log_path: Path) -> None:
         start_new_session=True,
         check=True,
         timeout=10,
+        env=supervisor_environment(os.environb),
     )
+
+
+def check_before_launch(state_dir: Path) -> None:
+    """The supervisor's own startup checks, run by the client before it launches one: the path
+    and every entry (a state directory it would refuse is reported at once, not after
+    ``LAUNCH_TIMEOUT_S``)."""
+    check_state_dir(state_dir, create=True)
+    problems, _stale = scan_entries(state_dir)
+    if problems:
+        raise SupervisorError(
+            "unsafe supervisor state blocks execution: " + "; ".join(map(str, problems)),
+            code="storage",
+        )
 
 
 class _Session(FrameChannel):
@@ -185,8 +225,11 @@ async def _connect_and_greet(
     socket_path = state_dir / SOCKET_NAME
     stream = await _connect_once(socket_path)
     if stream is None:
-        argv = supervisor_argv(state_dir, command)
-        log_path = state_dir / "supervisor.log"
+        # What would stop the supervisor from starting is reported now, by path and problem.
+        await trio.to_thread.run_sync(check_before_launch, state_dir)
+        argv = supervisor_argv(state_dir, command, engine_sockets=launch_engine_sockets(first))
+        log_path = state_dir / LOG_NAME
+        log_offset = log_size(log_path)
         try:
             await trio.to_thread.run_sync(launch_detached, argv, log_path)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -195,6 +238,9 @@ async def _connect_and_greet(
             while stream is None:
                 await trio.sleep(0.02)
                 stream = await _connect_once(socket_path)
+                refusal = startup_refusal(read_log_from(log_path, log_offset))
+                if stream is None and refusal is not None:
+                    raise SupervisorError(f"it refused to start: {refusal}", code="storage")
         if stream is None:
             raise SupervisorError(
                 f"{shlex.join(argv)} did not open {socket_path} "

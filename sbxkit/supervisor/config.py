@@ -38,6 +38,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     reaper_interval_s: float = 2.0
     capacity: Capacity = Capacity()
     docker_socket: str | None = None  # reach the daemon through this socket, whatever callers say
+    engine_sockets: tuple[str, ...] = ()
+    """The daemon sockets callers may name (``--engine-socket``, repeatable; the auto-launching
+    client passes its own). Empty: the one its start environment names (``DOCKER_HOST``, else
+    the standard places). Any other is refused: the supervisor talks to no socket a client
+    merely names."""
 
 
 def launch_bound(capacity: Capacity, ncpu: int) -> int:
@@ -73,6 +78,14 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         metavar="PATH",
         help="reach the daemon through this socket instead of the caller's "
         "(a local relay, or to pin one daemon)",
+    )
+    parser.add_argument(
+        "--engine-socket",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="a daemon socket callers may name (repeatable; default: $DOCKER_HOST, else the "
+        "standard sockets); any other is refused",
     )
     parser.add_argument(
         "--max-workers",
@@ -143,6 +156,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             admission_timeout_s=args.admission_timeout,
         ),
         docker_socket=args.docker_socket,
+        engine_sockets=tuple(args.engine_socket),
     )
 
 

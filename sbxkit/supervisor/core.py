@@ -7,6 +7,8 @@ admission queue, remove a container with retries, forget a record.
 
 from __future__ import annotations
 
+import os
+
 import trio
 
 from sbxkit.admission import (
@@ -24,6 +26,7 @@ from sbxkit.supervisor.lease import (
     LiveLease,
     Peer,
 )
+from sbxkit.supervisor.recheck import allowed_engine_sockets
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
     Refused,
@@ -60,6 +63,9 @@ class ServiceCore:
         self.launch_slots: trio.Semaphore | None = None  # sized from the daemon's NCPU
         self.intents: dict[str, Intent] = {}  # requests waiting for admission
         self.queued_total = 0
+        # Read once at start (docs/operations.md, "The supervisor's environment").
+        self.environment = os.environb.get(b"SBXKIT_ENV")
+        self.allowed_sockets = allowed_engine_sockets(config, os.environ)
 
     async def engine_for(self, socket_path: str) -> Engine:
         engine = self.engines.get(socket_path)

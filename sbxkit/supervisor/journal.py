@@ -32,11 +32,15 @@ from sbxkit.supervisor.records import (
     encode_record,
     record_filename,
 )
+from sbxkit.supervisor.statedir import (
+    LOCK_NAME,
+    LOG_NAME,
+    SOCKET_NAME,
+    TEMP_PREFIX,
+    check_state_path,
+    scan_entries,
+)
 
-LOCK_NAME = "supervisor.lock"
-SOCKET_NAME = "supervisor.sock"
-LOG_NAME = "supervisor.log"
-TEMP_PREFIX = ".tmp-"
 T = TypeVar("T")
 
 
@@ -48,25 +52,18 @@ def default_state_dir() -> Path:
 
 
 def check_state_dir(path: Path, *, create: bool) -> Path:
-    """Validate (and optionally create) the state directory; return it unchanged."""
+    """Validate (and optionally create) the state directory; return it unchanged.
+
+    The rules are ``statedir.check_state_path``'s: no link anywhere on the path, no ancestor
+    another account can change, the directory the runtime uid's with mode 0700, and a socket
+    path that fits AF_UNIX. Missing directories are created 0700, ancestors included."""
     if not path.is_absolute():
         raise StorageError(str(path), "must be an absolute path")
     if create:
-        with contextlib.suppress(FileExistsError):
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.mkdir(path, 0o700)
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise StorageError(str(path), "does not exist") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise StorageError(str(path), "is a symbolic link; use the real directory")
-    if not stat.S_ISDIR(info.st_mode):
-        raise StorageError(str(path), "is not a directory")
-    if info.st_uid != os.geteuid():
-        raise StorageError(str(path), f"is owned by uid {info.st_uid}, not {os.geteuid()}")
-    if info.st_mode & 0o077:
-        raise StorageError(str(path), f"has mode {stat.S_IMODE(info.st_mode):04o}; must be 0700")
+        for directory in [*reversed(path.parents), path]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+    check_state_path(path)
     return path
 
 
@@ -83,7 +80,17 @@ class StateDir:
 
     def try_lock(self) -> int | None:
         """Take the exclusive instance lock; None if another supervisor holds it."""
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(
+                self.lock_path,
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                0o600,
+            )
+        except OSError as exc:  # a link (ELOOP), a directory (EISDIR), …
+            raise StorageError(str(self.lock_path), f"cannot be opened: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorageError(str(self.lock_path), "is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,16 +98,15 @@ class StateDir:
             return None
         return fd
 
-    def remove_stale_private_files(self) -> list[str]:
-        """Temp files a crashed writer left; safe only while holding the lock."""
-        removed = []
-        for entry in os.scandir(self.path):
-            if entry.name.startswith(TEMP_PREFIX):
-                os.unlink(entry.path)
-                removed.append(entry.name)
-        if removed:
+    def remove_stale_private_files(self) -> tuple[list[StorageError], list[str]]:
+        """Delete the temp files a crashed writer left (safe only while holding the lock);
+        return every odd entry (``statedir.entry_problem``) and the names deleted."""
+        problems, stale = scan_entries(self.path)
+        for name in stale:
+            os.unlink(self.path / name)
+        if stale:
             self._fsync_dir()
-        return removed
+        return problems, stale
 
     # -- records -------------------------------------------------------------------------------
 
@@ -230,3 +236,15 @@ class Journal:
     def fsyncs(self) -> int:
         """fsync calls made: a write is file + directory, a delete is directory."""
         return 2 * self.writes + self.deletes
+
+
+__all__ = [
+    "LOCK_NAME",
+    "LOG_NAME",
+    "SOCKET_NAME",
+    "TEMP_PREFIX",
+    "Journal",
+    "StateDir",
+    "check_state_dir",
+    "default_state_dir",
+]

@@ -36,11 +36,15 @@ class Peer(FrameChannel):
         super().__init__(stream)
         self._send_lock = trio.Lock()
         self.gone = False
+        self.last_payload = b""  # the raw frame of the last message (the re-check reads it)
 
     async def receive(self) -> Message | None:
         """The next message, or None at EOF or on a broken connection."""
         payload = await self.receive_payload()
-        return None if payload is None else decode_client(payload)
+        if payload is None:
+            return None
+        self.last_payload = payload
+        return decode_client(payload)
 
     async def send(self, message: Message) -> None:
         if self.gone:

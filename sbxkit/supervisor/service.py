@@ -45,6 +45,7 @@ from sbxkit.supervisor.lease import (
 )
 from sbxkit.supervisor.records import StorageError
 from sbxkit.supervisor.recovery import Recovery
+from sbxkit.supervisor.statedir import STARTUP_REFUSAL
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
     Close,
@@ -170,10 +171,14 @@ async def serve(config: Config) -> int:
             lambda: check_state_dir(config.state_dir, create=True)
         )
     except StorageError as exc:
-        log(f"refusing to start: {exc}")
+        log(f"{STARTUP_REFUSAL} {exc}")
         return 1
     state = StateDir(state_path)
-    lock_fd = await trio.to_thread.run_sync(state.try_lock)
+    try:
+        lock_fd = await trio.to_thread.run_sync(state.try_lock)
+    except StorageError as exc:
+        log(f"{STARTUP_REFUSAL} {exc}")
+        return 1
     if lock_fd is None:
         log(f"another supervisor holds {state.lock_path}; leaving it undisturbed")
         return 0
@@ -184,11 +189,14 @@ async def serve(config: Config) -> int:
 
 
 async def _serve_locked(config: Config, state: StateDir) -> int:
-    stale = await trio.to_thread.run_sync(state.remove_stale_private_files)
+    odd, stale = await trio.to_thread.run_sync(state.remove_stale_private_files)
     if stale:
         log(f"removed stale private files: {', '.join(stale)}")
     journal = Journal(state)
     service = Service(config, state, journal)
+    for problem in odd:
+        service.storage_errors.append(str(problem))
+        log(f"blocking new execution: {problem}")
     for path in await trio.to_thread.run_sync(state.record_paths):
         try:
             record = await trio.to_thread.run_sync(state.read_record, path)
@@ -209,6 +217,10 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
     old_umask = os.umask(0o177)
     try:
         await listener.bind(str(state.socket_path))
+    except OSError as exc:
+        log(f"{STARTUP_REFUSAL} {state.socket_path}: cannot listen: {exc.strerror}")
+        listener.close()
+        return 1
     finally:
         os.umask(old_umask)
     os.chmod(state.socket_path, 0o600)

@@ -102,6 +102,8 @@ RefusalCode = Literal[
     "admission_timeout",  # waited for capacity longer than the admission deadline
     "storage",
     "request",
+    "policy",  # the create body breaks a hardened invariant (recheck.py); ``field`` names it
+    "engine",  # the engine socket is not one this supervisor may talk to
     "shutdown",
 ]
 

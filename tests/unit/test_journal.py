@@ -298,10 +298,12 @@ def test_remove_stale_private_files_deletes_temp_files_only(state: StateDir) -> 
     stale = [".tmp-" + LEASE_B + "-0a0b0c0d", ".tmp-", ".tmp-anything"]
     for name in keep + stale:
         (state.path / name).write_text("x")
-    removed = state.remove_stale_private_files()
+    odd, removed = state.remove_stale_private_files()
     assert sorted(removed) == sorted(stale)
     assert sorted(os.listdir(state.path)) == sorted([*keep, record_filename(LEASE_A)])
-    assert state.remove_stale_private_files() == []
+    # Names the supervisor never writes are kept, and reported: they block execution.
+    assert sorted(e.path for e in odd) == sorted(str(state.path / n) for n in keep[:3])
+    assert state.remove_stale_private_files()[1] == []
 
 
 def test_the_lock_is_exclusive_per_open_file_description(state: StateDir) -> None:
@@ -322,8 +324,9 @@ def test_the_lock_refuses_a_symlinked_lock_file(state: StateDir, tmp_path: Path)
     target = tmp_path / "target"
     target.write_text("")
     state.lock_path.symlink_to(target)
-    with pytest.raises(OSError, match="Too many levels of symbolic links"):
-        state.try_lock()
+    error = refusal(state.try_lock)
+    assert error.path == str(state.lock_path)
+    assert "Too many levels of symbolic links" in error.problem
 
 
 # --- state transitions --------------------------------------------------------------------------

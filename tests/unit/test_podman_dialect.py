@@ -46,8 +46,8 @@ def test_the_podman_body_drops_tmpfs_ownership_seals_run_and_sets_nofile_nproc()
     )
     assert all(o.startswith("ro,") for o in PODMAN_SEALED_TMPFS.values())
     names = [u.name for u in podman.host_config.ulimits or []]
-    assert names == ["fsize", "nofile", "nproc"]
-    assert [u.name for u in docker.host_config.ulimits or []] == ["fsize"]
+    assert names == ["fsize", "msgqueue", "nofile", "nproc"]
+    assert [u.name for u in docker.host_config.ulimits or []] == ["fsize", "msgqueue"]
 
 
 def test_podmans_inspect_dialect_passes_only_in_podman_mode() -> None:

@@ -72,7 +72,11 @@ def test_full_body_is_pinned() -> None:
             "Memory": 256 * MiB,
             "MemorySwap": 256 * MiB,
             "PidsLimit": 64,
-            "Ulimits": [{"Name": "fsize", "Soft": 64 * MiB, "Hard": 64 * MiB}],
+            "Ulimits": [
+                {"Name": "fsize", "Soft": 64 * MiB, "Hard": 64 * MiB},
+                {"Name": "msgqueue", "Soft": 0, "Hard": 0},
+            ],
+            "ShmSize": 64 * MiB,
             "ReadonlyRootfs": True,
             "IpcMode": "private",
             "CgroupnsMode": "private",
@@ -97,6 +101,7 @@ HARDENED_HOST_KEYS = {
     "MemorySwap",
     "PidsLimit",
     "Ulimits",
+    "ShmSize",
     "ReadonlyRootfs",
     "IpcMode",
     "CgroupnsMode",
@@ -128,6 +133,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
                 timeout_s=0.5,
                 fsize_bytes=4096,
                 scratch_bytes=8 * MiB,
+                shm_bytes=2 * MiB,
             ),
         )
     )
@@ -141,7 +147,11 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     assert host["NanoCpus"] == 250_000_000
     assert host["Memory"] == host["MemorySwap"] == 6 * MiB
     assert host["PidsLimit"] == 1
-    assert host["Ulimits"] == [{"Name": "fsize", "Soft": 4096, "Hard": 4096}]
+    assert host["Ulimits"] == [
+        {"Name": "fsize", "Soft": 4096, "Hard": 4096},
+        {"Name": "msgqueue", "Soft": 0, "Hard": 0},
+    ]
+    assert host["ShmSize"] == 2 * MiB
     assert host["Tmpfs"] == {
         "/tmp": f"rw,nosuid,nodev,noexec,size={8 * MiB},mode=1777,uid=1000,gid=2000"
     }

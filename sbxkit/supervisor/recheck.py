@@ -1,0 +1,394 @@
+"""The supervisor's second look at every create body: refuse what policy never produces.
+
+Pure (``resolve`` aside, which the service passes as ``os.path.realpath`` and tests leave out).
+The client builds bodies with ``sbxkit.policy.build_create_body``; a raw client on the control
+socket can send anything. The supervisor is no privilege boundary against its own account
+(docs/security.md), but it sees every create, so it holds each body to the hardened invariants
+and refuses the first broken one with the Engine API field it concerns:
+
+- ``unknown_field``: the raw JSON may name only fields sbxkit's models carry (anything else —
+  ``Devices``, ``PidMode``, ``VolumesFrom`` — would be dropped silently by decoding; it is
+  refused instead, so a hostile body is seen as one);
+- ``recheck_body``: the invariants themselves (the list is in docs/security.md, "The
+  supervisor's re-check list"; ``tests/unit/test_recheck.py`` proves policy output passes).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from sbxkit.engine.discovery import candidate_sockets
+from sbxkit.engine.models import (
+    ContainerCreate,
+    DeviceRequest,
+    HostConfig,
+    MountSpec,
+    VolumeReply,
+)
+from sbxkit.errors import SbxError, SpecError
+from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.mounts import check_host_path, check_target
+from sbxkit.policy import (
+    LEASE_LABEL,
+    NO_MESSAGE_QUEUES,
+    PODMAN_SEALED_TMPFS,
+    PODMAN_ULIMITS,
+    SCRATCH_PATH,
+)
+from sbxkit.rules import HOST_GATEWAY_ALIAS, check_network
+from sbxkit.spec import parse_user
+from sbxkit.supervisor.config import Config
+
+Resolve = Callable[[str], str]
+
+
+class BodyRefusal(msgspec.Struct, frozen=True):
+    """Why a body is refused: the Engine API field and the rule it breaks."""
+
+    field: str
+    reason: str
+
+
+class _Refused(Exception):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(field, reason)
+        self.refusal = BodyRefusal(field, reason)
+
+
+def _refuse(field: str, reason: str) -> _Refused:
+    return _Refused(field, reason)
+
+
+# -- fields the models do not carry ---------------------------------------------------------------
+
+
+def unknown_field(raw: object, model: type[msgspec.Struct] = ContainerCreate) -> str | None:
+    """The path of the first key in the raw JSON ``raw`` that ``model`` does not carry."""
+    return _unknown(raw, _type_info(model), "")
+
+
+@functools.cache
+def _type_info(model: type[msgspec.Struct]) -> msgspec.inspect.Type:
+    """msgspec's description of a model (about a millisecond to build, so built once)."""
+    return msgspec.inspect.type_info(model)
+
+
+def _unknown(raw: object, info: msgspec.inspect.Type, path: str) -> str | None:
+    if isinstance(info, msgspec.inspect.UnionType):
+        for member in info.types:
+            if not isinstance(member, msgspec.inspect.NoneType):
+                found = _unknown(raw, member, path)
+                if found is not None:
+                    return found
+        return None
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(raw, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        for key, value in raw.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in fields:
+                return where
+            found = _unknown(value, fields[key], where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(info, msgspec.inspect.ListType) and isinstance(raw, list):
+        for index, item in enumerate(raw):
+            found = _unknown(item, info.item_type, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+# -- the invariants -------------------------------------------------------------------------------
+
+
+def recheck_body(
+    body: ContainerCreate,
+    *,
+    lease: str,
+    state_dir: str,
+    environment: bytes | None,
+    resolve: Resolve | None = None,
+) -> BodyRefusal | None:
+    """None when ``body`` is one policy can produce for ``lease``; else the first refusal.
+
+    ``state_dir`` is the supervisor's own (no bind may overlap it); ``environment`` the raw
+    ``SBXKIT_ENV`` the supervisor started with (bridge is refused in production);
+    ``resolve`` canonicalises bind sources on the host (links are followed and re-judged).
+    """
+    try:
+        _check_config(body, lease)
+        host = body.host_config
+        if host is None:
+            raise _refuse("HostConfig", "absent: no limits and no hardening")
+        _check_hardening(host)
+        _check_limits(host)
+        _check_network(body, host, environment)
+        _check_tmpfs(host.tmpfs)
+        _check_binds(host.binds or [], state_dir, resolve)
+        _check_mounts(host.mounts or [])
+        _check_devices(host.device_requests or [])
+    except _Refused as refused:
+        return refused.refusal
+    return None
+
+
+def _spec_rule(field: str, check: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """Run a policy rule; its SpecError becomes a refusal of ``field``."""
+    try:
+        check(*args, **kwargs)
+    except SpecError as error:
+        raise _refuse(field, error.rule) from None
+
+
+def _check_config(body: ContainerCreate, lease: str) -> None:
+    if body.user is None:
+        raise _refuse("Config.User", "absent: the payload would run as the image's user")
+    _spec_rule("Config.User", parse_user, body.user, "Config.User")
+    if (body.labels or {}).get(LEASE_LABEL) != lease:
+        raise _refuse(f"Config.Labels.{LEASE_LABEL}", f"must be the registered lease {lease}")
+    if body.entrypoint != []:
+        raise _refuse("Config.Entrypoint", "must be [] (the image's entrypoint never runs)")
+    if f"SBXKIT_LEASE={lease}" not in (body.env or []):
+        raise _refuse("Config.Env", f"must carry SBXKIT_LEASE={lease}")
+    if body.healthcheck is None or body.healthcheck.test != ["NONE"]:
+        raise _refuse("Config.Healthcheck", 'must be {"Test": ["NONE"]}')
+
+
+_EXPECTED: tuple[tuple[str, str, object], ...] = (
+    ("readonly_rootfs", "HostConfig.ReadonlyRootfs", True),
+    ("cap_drop", "HostConfig.CapDrop", ["ALL"]),
+    ("security_opt", "HostConfig.SecurityOpt", ["no-new-privileges"]),
+    ("ipc_mode", "HostConfig.IpcMode", "private"),
+    ("cgroupns_mode", "HostConfig.CgroupnsMode", "private"),
+    ("auto_remove", "HostConfig.AutoRemove", False),
+    ("init", "HostConfig.Init", True),
+)
+
+
+def _check_hardening(host: HostConfig) -> None:
+    if host.privileged:
+        raise _refuse("HostConfig.Privileged", "must be false")
+    if host.cap_add:
+        raise _refuse("HostConfig.CapAdd", f"{host.cap_add!r}: no capability is ever added")
+    for opt in host.security_opt or []:
+        if opt != "no-new-privileges":
+            raise _refuse(
+                "HostConfig.SecurityOpt",
+                f"{opt!r} is refused: only no-new-privileges (the daemon's default seccomp "
+                "and AppArmor profiles stay on)",
+            )
+    for attribute, field, wanted in _EXPECTED:
+        value = getattr(host, attribute)
+        if value != wanted:
+            raise _refuse(field, f"is {value!r}; policy sets {wanted!r}")
+    if host.restart_policy is None or host.restart_policy.name != "no":
+        raise _refuse("HostConfig.RestartPolicy", 'must be {"Name": "no"}')
+    if host.log_config is None or host.log_config.type != "none":
+        raise _refuse("HostConfig.LogConfig", 'must be {"Type": "none"}')
+
+
+_ALLOWED_ULIMITS = {u.name: u for u in PODMAN_ULIMITS} | {NO_MESSAGE_QUEUES.name: NO_MESSAGE_QUEUES}
+
+
+def _positive(field: str, value: int | None) -> int:
+    if value is None or isinstance(value, bool) or value <= 0:
+        raise _refuse(field, f"is {value!r}; must be a bound > 0")
+    return value
+
+
+def _check_limits(host: HostConfig) -> None:
+    memory = _positive("HostConfig.Memory", host.memory)
+    if host.memory_swap != memory:
+        raise _refuse("HostConfig.MemorySwap", f"must equal Memory ({memory}): no swap on top")
+    _positive("HostConfig.NanoCpus", host.nano_cpus)
+    _positive("HostConfig.PidsLimit", host.pids_limit)
+    _positive("HostConfig.ShmSize", host.shm_size)
+    names: list[str] = []
+    for index, ulimit in enumerate(host.ulimits or []):
+        field = f"HostConfig.Ulimits[{index}]"
+        names.append(ulimit.name)
+        if ulimit.name == "fsize":
+            _positive(field, ulimit.soft)
+            if ulimit.soft != ulimit.hard:
+                raise _refuse(field, "fsize must have soft = hard")
+        elif _ALLOWED_ULIMITS.get(ulimit.name) != ulimit:
+            raise _refuse(field, f"{ulimit.name} {ulimit.soft}/{ulimit.hard} is not set by policy")
+    for required in ("fsize", NO_MESSAGE_QUEUES.name):
+        if names.count(required) != 1:
+            raise _refuse("HostConfig.Ulimits", f"must set {required} exactly once")
+
+
+def _check_network(body: ContainerCreate, host: HostConfig, environment: bytes | None) -> None:
+    mode = host.network_mode
+    _spec_rule("HostConfig.NetworkMode", check_network, mode, environment)
+    bridge = mode == "bridge"
+    if body.network_disabled is not (not bridge):
+        raise _refuse("Config.NetworkDisabled", f"must be {str(not bridge).lower()} for {mode}")
+    extra = host.extra_hosts
+    if extra is not None and not (bridge and extra == [HOST_GATEWAY_ALIAS]):
+        raise _refuse("HostConfig.ExtraHosts", f"only [{HOST_GATEWAY_ALIAS!r}] under bridge")
+
+
+_TMPFS_FLAGS = frozenset({"rw", "ro", "nosuid", "nodev", "noexec", "exec"})
+_TMPFS_NUMBERS = {"size": re.compile(r"[1-9][0-9]{0,18}"), "uid": re.compile(r"[0-9]{1,10}")}
+_TMPFS_NUMBERS |= {"gid": _TMPFS_NUMBERS["uid"], "mode": re.compile(r"[0-7]{1,4}")}
+
+
+def _check_tmpfs(tmpfs: dict[str, str] | None) -> None:
+    tmpfs = tmpfs or {}
+    if SCRATCH_PATH not in tmpfs:
+        raise _refuse("HostConfig.Tmpfs", f"must mount the bounded scratch at {SCRATCH_PATH}")
+    for target, options in tmpfs.items():
+        field = f"HostConfig.Tmpfs[{target}]"
+        if target in PODMAN_SEALED_TMPFS:
+            if options != PODMAN_SEALED_TMPFS[target]:
+                raise _refuse(field, f"must be {PODMAN_SEALED_TMPFS[target]!r} (sealed)")
+            continue
+        if target != SCRATCH_PATH:
+            _spec_rule(field, check_target, field, target)
+        parts = options.split(",")
+        for part in parts:
+            key, _, value = part.partition("=")
+            pattern = _TMPFS_NUMBERS.get(key)
+            if part not in _TMPFS_FLAGS and (pattern is None or not pattern.fullmatch(value)):
+                raise _refuse(field, f"option {part!r} is not one policy sets")
+        keys = [part.partition("=")[0] for part in parts]
+        needed = ["size", "nosuid", "nodev"] + (["noexec"] if target == SCRATCH_PATH else [])
+        for need in needed:
+            if need not in keys:
+                raise _refuse(field, f"must have {need} (a bounded, nosuid, nodev tmpfs)")
+        if len(set(keys)) != len(keys):
+            raise _refuse(field, "an option is repeated")
+
+
+_BIND_OPTIONS = frozenset({"ro", "rw", "rprivate", "z", "Z"})
+
+
+def _check_binds(binds: list[str], state_dir: str, resolve: Resolve | None) -> None:
+    for index, bind in enumerate(binds):
+        field = f"HostConfig.Binds[{index}]"
+        parts = bind.split(":")
+        if len(parts) != 3:
+            raise _refuse(field, "must be SOURCE:TARGET:OPTIONS as policy writes it")
+        source, target, options = parts
+        _spec_rule(field, check_host_path, field, source, state_dir=state_dir)
+        _spec_rule(field, check_target, field, target)
+        flags = options.split(",")
+        if not set(flags) <= _BIND_OPTIONS or "rprivate" not in flags:
+            raise _refuse(field, f"options {options!r}: ro|rw, rprivate, and z|Z only")
+        if (("ro" in flags) + ("rw" in flags)) != 1 or len(set(flags)) != len(flags):
+            raise _refuse(field, f"options {options!r}: exactly one of ro and rw")
+        if resolve is not None:
+            real = resolve(source)
+            if real != source:
+                raise _refuse(field, f"{source} is not a resolved path (it resolves to {real})")
+            real_state = resolve(state_dir)
+            _spec_rule(field, check_host_path, field, real, state_dir=real_state)
+
+
+_VOLUME_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
+
+
+def _check_mounts(mounts: list[MountSpec]) -> None:
+    for index, mount in enumerate(mounts):
+        field = f"HostConfig.Mounts[{index}]"
+        if mount.type != "volume":
+            raise _refuse(field, f"type {mount.type!r}: binds and tmpfs travel elsewhere")
+        if mount.source is None or not _VOLUME_NAME.fullmatch(mount.source):
+            raise _refuse(f"{field}.Source", "must be an existing volume's name")
+        _spec_rule(f"{field}.Target", check_target, f"{field}.Target", mount.target)
+        if mount.read_only is None:
+            raise _refuse(f"{field}.ReadOnly", "must be explicit")
+        if mount.bind_options is not None or mount.tmpfs_options is not None:
+            raise _refuse(field, "a volume mount carries VolumeOptions only")
+        options: dict[str, Any] = dict(mount.volume_options or {})
+        if options.get("NoCopy") is not True or not set(options) <= {"NoCopy", "Subpath"}:
+            raise _refuse(
+                f"{field}.VolumeOptions", "only NoCopy=true and Subpath (no DriverConfig)"
+            )
+        subpath = options.get("Subpath")
+        if subpath is not None and (
+            not isinstance(subpath, str) or subpath.startswith("/") or ".." in subpath.split("/")
+        ):
+            raise _refuse(f"{field}.VolumeOptions.Subpath", "must be relative without '..'")
+
+
+def volume_backing_problem(
+    volume: VolumeReply, state_dir: str, resolve: Resolve | None = None
+) -> str | None:
+    """Why a named volume the body mounts is not one policy lets through (the daemon's
+    ``/volumes/{name}`` reply), or None: a plain local volume, or one that is a plain bind of
+    a host directory no bind rule forbids (as ``sbxkit.preflight`` judges it)."""
+    if volume.driver != "local":
+        return f"uses the driver {volume.driver!r}; only plain local volumes are allowed"
+    options = volume.options or {}
+    if not options:
+        return None
+    device = options.get("device", "")
+    plain_bind = options.get("type", "") in ("", "none") and bool(
+        set(options.get("o", "").split(",")) & {"bind", "rbind"}
+    )
+    if not plain_bind or not device.startswith("/"):
+        return f"has driver options {options!r}; only a plain bind of a host directory"
+    try:
+        check_host_path("device", device, state_dir=state_dir)
+        if resolve is not None:
+            check_host_path("device", resolve(device), state_dir=resolve(state_dir))
+    except SpecError as error:
+        return f"is backed by the host path {device}: {error.rule}"
+    return None
+
+
+def _check_devices(requests: list[DeviceRequest]) -> None:
+    if len(requests) > 1:
+        raise _refuse("HostConfig.DeviceRequests", "at most one (CDI) request")
+    for request in requests:
+        field = "HostConfig.DeviceRequests[0]"
+        if request.driver != "cdi" or request.count is not None or request.capabilities:
+            raise _refuse(field, "only a CDI request listing DeviceIDs (GPUs)")
+        request_ids = GpuRequest(devices=request.device_ids)
+        _spec_rule(f"{field}.DeviceIDs", validate_gpu_request, request_ids, f"{field}.DeviceIDs")
+
+
+# -- the engine socket ----------------------------------------------------------------------------
+
+
+def allowed_engine_sockets(config: Config, environ: Mapping[str, str]) -> frozenset[str]:
+    """The daemon sockets callers may name: the operator's ``--engine-socket`` list, else the
+    one the supervisor's start environment names (``DOCKER_HOST``, else the standard places)."""
+    if config.engine_sockets:
+        return frozenset(config.engine_sockets)
+    try:
+        return frozenset(candidate_sockets(dict(environ)))
+    except SbxError:
+        return frozenset()  # a DOCKER_HOST that is no unix socket names none
+
+
+def engine_socket_problem(asked: str, pinned: str | None, allowed: frozenset[str]) -> str | None:
+    """Why the supervisor will not talk to the socket a caller names, or None.
+
+    With ``--docker-socket`` the supervisor reaches the daemon only through that socket,
+    whatever the caller names (a relay), so there is nothing to refuse."""
+    if pinned is not None or asked in allowed:
+        return None
+    return (
+        f"{asked} is not a daemon socket this supervisor was started for "
+        f"({', '.join(sorted(allowed)) or 'none'}); start one with --engine-socket {asked} "
+        "(or use another state directory)"
+    )
+
+
+__all__ = [
+    "BodyRefusal",
+    "allowed_engine_sockets",
+    "engine_socket_problem",
+    "recheck_body",
+    "unknown_field",
+    "volume_backing_problem",
+]

@@ -1,0 +1,70 @@
+"""The auto-launched supervisor starts with a minimal, documented environment.
+
+A caller with a secret in its environment launches the supervisor through a real run; the
+supervisor's ``/proc/<pid>/environ`` (read from the host while it idles) holds only the names
+``sbxkit.supervisor.environment`` documents, and its command line names the caller's daemon
+socket explicitly (``--engine-socket``) instead of inheriting ``DOCKER_HOST``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sbxkit.supervisor.environment import SUPERVISOR_ENVIRONMENT
+from tests.engine.helpers import unique, wait_until
+from tests.engine.test_supervisor import AUTO_CALLER, cmdline, supervisor_pids
+from tests.supervision import private_state_dir
+from tests.witness import Witness
+
+SECRET = "sk-test-" + "5" * 24
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    path = private_state_dir()
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def test_the_auto_launched_supervisor_never_sees_its_callers_secrets(
+    busybox: str, witness: Witness, state_dir: Path, tmp_path: Path
+) -> None:
+    marker = unique("environ")
+    script = tmp_path / "caller.py"
+    script.write_text(AUTO_CALLER.format(image=busybox, marker=marker, socket=witness.socket_path))
+    env = {
+        **os.environ,
+        "SBXKIT_STATE_DIR": str(state_dir),
+        "SBXKIT_SUPERVISOR": f"{sys.executable} -m sbxkit.supervisor --idle-exit 5",
+        "OPENAI_API_KEY": SECRET,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "SBXKIT_ENV": "ci",
+        "LC_ALL": "C.UTF-8",
+    }
+    caller = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert caller.returncode == 0, caller
+    (helper,) = supervisor_pids(state_dir)
+    environ = Path(f"/proc/{helper}/environ").read_bytes()
+
+    assert SECRET.encode() not in environ
+    names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+    assert names <= set(SUPERVISOR_ENVIRONMENT), names
+    assert {"PATH", "SBXKIT_ENV", "LC_ALL"} <= names  # what it does get, it gets
+    assert "HOME" not in names
+    assert "DOCKER_HOST" not in names
+    argv = cmdline(str(helper)).split(b"\0")
+    assert argv[argv.index(b"--engine-socket") + 1] == witness.socket_path.encode()
+    assert wait_until(lambda: not supervisor_pids(state_dir), 15.0)
