@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
     from sbxkit.policy import LEASE_LABEL, build_create_body
+    from sbxkit.pool import Pool, open_pool
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
 _WHERE: dict[str, str] = {
+    "open_pool": "sbxkit.pool",
+    "Pool": "sbxkit.pool",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -195,6 +198,7 @@ __all__ = [
     "OutputGrant",
     "Owner",
     "PhaseTimings",
+    "Pool",
     "PtySession",
     "Receipt",
     "RunResult",
@@ -221,6 +225,7 @@ __all__ = [
     "load_profile",
     "open_backend",
     "open_engine",
+    "open_pool",
     "open_pty",
     "open_sandbox",
     "open_stdio_worker",

@@ -72,6 +72,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     lease label stays reserved."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
-    (``sbxkit.runner.effective_settings``) and parsed only where a rule depends on it (see the
+    (``sbxkit.plan.effective_settings``) and parsed only where a rule depends on it (see the
     module doc). None means unset, i.e. development. Bytes, not str: a value that is not UTF-8
     must be refused as such, not decoded into something that merely looks unknown."""

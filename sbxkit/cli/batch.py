@@ -47,6 +47,7 @@ interrupted by signal N.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -61,6 +62,7 @@ import trio
 
 from sbxkit.argtypes import ascii_float, positive_int
 from sbxkit.backends.base import Backend, open_backend
+from sbxkit.backends.docker import DockerBackend
 from sbxkit.bounded_read import read_bounded
 from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
@@ -77,7 +79,8 @@ from sbxkit.cli.results import (
 )
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
-from sbxkit.plan import check_spec
+from sbxkit.plan import CheckedSpec, check_spec
+from sbxkit.pool import Pool, open_pool
 from sbxkit.profile import load_profile
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
@@ -235,6 +238,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"at most N sandboxes at once (default {DEFAULT_PARALLEL})",
     )
     parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="pre-start sandboxes of the jobs' shape, as many as --parallel, and claim them "
+        "(docs/pool.md); jobs of another shape run cold. Docker only",
+    )
+    parser.add_argument(
         "--memory-budget",
         metavar="SIZE",
         help="this batch's share: summed memory of its jobs in flight, e.g. 8g (default: no "
@@ -292,9 +301,11 @@ async def run_batch(
     memory_budget: int | None,
     cpu_budget: float | None,
     backend: Backend,
+    pooled: bool = False,
 ) -> None:
     """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
-    the batch (every run removes its container first) and raise Interrupted."""
+    the batch (every run removes its container first) and raise Interrupted. ``pooled``
+    claims pre-started containers of the first job's shape (a pool of ``parallel``)."""
 
     def on_result(done: JobResult) -> None:
         writer.append(encode_result(done))
@@ -306,7 +317,14 @@ async def run_batch(
             progress.draw()
 
     async def work() -> None:
-        async with open_backend(backend):
+        async with open_backend(backend), contextlib.AsyncExitStack() as stack:
+            pool: Pool | None = None
+            if pooled and jobs and isinstance(backend, DockerBackend):
+                first = jobs[0].spec
+                shape = first.spec if isinstance(first, CheckedSpec) else first
+                pool = await stack.enter_async_context(
+                    open_pool(shape, size=min(parallel, len(jobs)), backend=backend)
+                )
             await run_many(
                 jobs,
                 parallel=parallel,
@@ -315,6 +333,7 @@ async def run_batch(
                 on_result=on_result,
                 on_start=progress.start,
                 backend=backend,
+                pool=pool,
             )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))
@@ -359,6 +378,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 memory_budget=memory_budget,
                 cpu_budget=cpu_budget,
                 backend=backend,
+                pooled=args.pool,
             )
         )
     except (Interrupted, KeyboardInterrupt) as exc:

@@ -14,8 +14,8 @@ from sbxkit.cli import EXIT_REFUSED, exit_code_for_error
 from sbxkit.engine.client import Engine
 from sbxkit.errors import EngineError, NotFound
 from sbxkit.image_ref import image_reference_problem
+from sbxkit.plan import new_lease_id
 from sbxkit.policy import build_create_body, container_name
-from sbxkit.runner import new_lease_id
 from sbxkit.spec import MAX_ID, Limits, MiB, SandboxSpec
 from tests.witness import Witness
 

@@ -10,6 +10,9 @@ cannot ride in one line runs cold.
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -19,6 +22,7 @@ import sbxkit
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
+from sbxkit.harness import Job, run_many
 from sbxkit.owner import InProcessOwner
 from sbxkit.pool import Pool, claim_line, open_pool
 from tests.engine.helpers import spec
@@ -197,3 +201,43 @@ async def test_bad_pool_settings_are_refused_before_anything_runs(
         async with open_pool(spec(busybox, "true"), size=size, idle_ttl_s=ttl):
             pass
     assert caught.value.field == field
+
+
+async def test_run_many_claims_from_a_pool(engine: Engine, busybox: str) -> None:
+    job_spec = spec(busybox, 'echo "job $N"')
+    jobs = [Job(id=n, spec=msgspec.structs.replace(job_spec, env={"N": str(n)})) for n in range(6)]
+    backend = backend_of(engine)
+    async with open_pool(job_spec, size=2, backend=backend) as pool:
+        await pool.wait_ready()
+        results = await run_many(jobs, parallel=2, backend=backend, pool=pool)
+    assert [r.result.stdout if r.result else r.error for r in results] == [
+        f"job {n}\n".encode() for n in range(6)
+    ]
+    assert any(r.result is not None and r.result.pooled for r in results)
+
+
+def test_sbxkit_batch_pool_claims_pre_started_sandboxes(
+    witness: Witness, busybox: str, tmp_path: Path
+) -> None:
+    limits = {"cpus": 0.5, "memory_bytes": 64 * 2**20, "pids": 64, "output_bytes": 4096}
+    lines = [
+        {"id": n, "image": busybox, "command": ["sh", "-c", f"sleep 0.3; echo {n}"]}
+        | {"limits": {**limits, "timeout_s": 20}}
+        for n in range(6)
+    ]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(b"".join(msgspec.json.encode(line) + b"\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "sbxkit", "batch", str(jobs), "--out", str(out)),
+            *("--parallel", "2", "--pool", "--socket", witness.socket_path, "--no-progress"),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    results = [msgspec.json.decode(line) for line in out.read_bytes().splitlines()]
+    assert sorted((r["id"], r["stdout"]) for r in results) == [(n, f"{n}\n") for n in range(6)]
+    assert any(r["pooled"] for r in results), results

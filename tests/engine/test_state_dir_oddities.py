@@ -23,7 +23,8 @@ import trio.lowlevel
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
-from sbxkit.runner import new_lease_id, run
+from sbxkit.plan import new_lease_id
+from sbxkit.runner import run
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.journal import check_state_dir
 from sbxkit.supervisor.statedir import MAX_SOCKET_PATH

@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from sbxkit.plan import new_lease_id
 from sbxkit.policy import container_name
-from sbxkit.runner import new_lease_id
 from sbxkit.supervisor.wire import Close, Closed, Created, Refused, Register, Registered, Welcome
 from tests.engine.helpers import unique
 from tests.engine.test_mounts import bind_options, volume_exists, witness_volume
