@@ -14,6 +14,7 @@ from __future__ import annotations
 import sbxkit
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import spec
+from tests.engine.oneshot_paths import OneShot
 from tests.engine.test_cli import one_json_object, run_cli
 from tests.witness import Witness
 
@@ -21,9 +22,9 @@ CHILD_OOM = 'python3 -c "x = bytearray(512 * 2**20)"; echo child=$?; exit 5'
 
 
 async def test_a_child_oom_while_the_payload_exits_5_is_exit_5(
-    engine: Engine, python_image: str
+    oneshot: OneShot, engine: Engine, python_image: str
 ) -> None:
-    result = await sbxkit.run(
+    result = await oneshot(
         spec(python_image, CHILD_OOM, memory_bytes=64 * sbxkit.MiB), engine=engine
     )
     assert result.stdout == b"child=137\n"  # the child really was OOM-killed

@@ -8,13 +8,16 @@ import pytest
 import sbxkit
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import spec
+from tests.engine.oneshot_paths import OneShot
 
 
 class Seen(Exception):
     pass
 
 
-async def test_output_arrives_while_the_payload_still_runs(engine: Engine, busybox: str) -> None:
+async def test_output_arrives_while_the_payload_still_runs(
+    oneshot: OneShot, engine: Engine, busybox: str
+) -> None:
     chunks: list[tuple[str, bytes]] = []
 
     def on_output(stream: str, chunk: bytes) -> None:
@@ -24,11 +27,13 @@ async def test_output_arrives_while_the_payload_still_runs(engine: Engine, busyb
 
     payload = spec(busybox, "echo first; sleep 30; echo never", timeout_s=20)
     with pytest.raises(Seen):
-        await sbxkit.run(payload, engine=engine, on_output=on_output)
+        await oneshot(payload, engine=engine, on_output=on_output)
     assert b"".join(c for _, c in chunks) == b"first\n"
 
 
-async def test_the_callback_sees_exactly_what_the_caps_keep(engine: Engine, busybox: str) -> None:
+async def test_the_callback_sees_exactly_what_the_caps_keep(
+    oneshot: OneShot, engine: Engine, busybox: str
+) -> None:
     chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
     payload = spec(
         busybox,
@@ -36,7 +41,7 @@ async def test_the_callback_sees_exactly_what_the_caps_keep(engine: Engine, busy
         "i=$((i+1)); done",
         output_bytes=1000,
     )
-    result = await sbxkit.run(payload, engine=engine, on_output=lambda s, c: chunks[s].append(c))
+    result = await oneshot(payload, engine=engine, on_output=lambda s, c: chunks[s].append(c))
     assert result.status == "output_exceeded"
     assert b"".join(chunks["stdout"]) == result.stdout
     assert len(result.stdout) == 1000
@@ -46,8 +51,10 @@ async def test_the_callback_sees_exactly_what_the_caps_keep(engine: Engine, busy
     assert b"eeeee".startswith(result.stderr)
 
 
-async def test_without_a_callback_nothing_changes(engine: Engine, busybox: str) -> None:
-    result = await sbxkit.run(spec(busybox, "echo hi"), engine=engine)
+async def test_without_a_callback_nothing_changes(
+    oneshot: OneShot, engine: Engine, busybox: str
+) -> None:
+    result = await oneshot(spec(busybox, "echo hi"), engine=engine)
     assert result.stdout == b"hi\n"
 
 

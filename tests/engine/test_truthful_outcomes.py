@@ -9,6 +9,7 @@ import threading
 import sbxkit
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import python_spec, spec, unique, wait_until
+from tests.engine.oneshot_paths import OneShot
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -52,11 +53,11 @@ def _top(witness: Witness, container_id: str) -> list[list[str]]:
 
 
 async def test_an_operators_docker_kill_is_killed_not_oom(
-    engine: Engine, witness: Witness, busybox: str
+    oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
     label = unique("kill")
     operator = kill_when_running(witness, label, "sleep 30")
-    result = await sbxkit.run(labelled(spec(busybox, "sleep 30"), label), engine=engine)
+    result = await oneshot(labelled(spec(busybox, "sleep 30"), label), engine=engine)
     operator.join(5)
     assert result.status == "killed", result
     assert result.exit_code == 137  # the container's status, as for oom_killed
@@ -65,18 +66,20 @@ async def test_an_operators_docker_kill_is_killed_not_oom(
     assert "SIGKILL" in result.kill_evidence
 
 
-async def test_a_payloads_own_exit_137_is_an_exit(engine: Engine, busybox: str) -> None:
-    result = await sbxkit.run(spec(busybox, "exit 137"), engine=engine)
+async def test_a_payloads_own_exit_137_is_an_exit(
+    oneshot: OneShot, engine: Engine, busybox: str
+) -> None:
+    result = await oneshot(spec(busybox, "exit 137"), engine=engine)
     assert (result.status, result.exit_code) == ("exited", 137)
     assert result.oom_evidence is None
     assert result.kill_evidence is None
 
 
 async def test_a_real_oom_is_oom_killed_on_the_daemons_evidence(
-    engine: Engine, python_image: str
+    oneshot: OneShot, engine: Engine, python_image: str
 ) -> None:
     code = "b = bytearray(200 << 20)"
-    result = await sbxkit.run(python_spec(python_image, code, memory_bytes=32 << 20), engine=engine)
+    result = await oneshot(python_spec(python_image, code, memory_bytes=32 << 20), engine=engine)
     assert result.status == "oom_killed", result
     assert result.oom_evidence in ("State.OOMKilled",) or "oom event" in (result.oom_evidence or "")
 
