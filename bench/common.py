@@ -23,7 +23,9 @@ from bench.harness import (
     Contender,
     StepTimings,
     fmt_ms,
+    ratio_of_medians,
     say,
+    summarise_ms,
     write_atomically,
     write_json,
 )
@@ -252,6 +254,60 @@ def finish_md(out: list[str], report: Mapping[str, Any]) -> str:
 
 
 # --- text ----------------------------------------------------------------------------------------
+
+
+def interleaving_config(
+    args: argparse.Namespace, rounds: int, warmup: int, contenders: Sequence[Contender]
+) -> dict[str, Any]:
+    """The config entries every interleaved benchmark reports (its own follow)."""
+    return {
+        "rounds": rounds,
+        "warmup": warmup,
+        "quick": bool(args.quick),
+        "order": [c.key for c in contenders],
+        "interleaving": "round-robin in the order above, one trio event loop",
+        "clock": "time.perf_counter around each awaited contender call",
+    }
+
+
+def contender_report(contenders: Sequence[Contender]) -> dict[str, Any]:
+    """Each contender's label, description, summary in ms, median step times and samples."""
+    return {
+        c.key: {
+            "label": c.label,
+            "description": c.description,
+            "total_ms": summarise_ms(c.totals_s),
+            "steps_median_ms": {
+                name: sorted(v)[len(v) // 2] * 1000.0 for name, v in c.steps_s.items() if v
+            },
+            "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
+        }
+        for c in contenders
+    }
+
+
+def interleaved_ratios(
+    contenders: Sequence[Contender], pairs: Sequence[tuple[str, str]], complete: bool
+) -> dict[str, Any]:
+    """``ratio_of_medians`` for each (numerator, denominator) pair both present, when every
+    contender ran every round (``complete``); none otherwise."""
+    by_key = {c.key: c for c in contenders}
+    if not complete:
+        return {}
+    return {
+        f"{num}/{den}": ratio_of_medians(by_key[num].totals_s, by_key[den].totals_s)
+        for num, den in pairs
+        if num in by_key and den in by_key
+    }
+
+
+def at_most_target(expression: str, ratio: float | None, target: float) -> dict[str, Any]:
+    """A ``ratio <= target`` verdict: None when the ratio could not be measured."""
+    return {
+        "expression": expression,
+        "ratio": ratio,
+        "met": None if ratio is None else ratio <= target,
+    }
 
 
 def ms_table_text(contenders: Mapping[str, Any], width: int) -> list[str]:

@@ -41,10 +41,8 @@ from bench.harness import (
     ContenderFailed,
     StepTimings,
     machine_facts,
-    ratio_of_medians,
     run_interleaved,
     say,
-    summarise_ms,
 )
 from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket
@@ -239,15 +237,8 @@ def build_report(
     leaks: list[dict[str, Any]],
     container_id: str,
 ) -> dict[str, Any]:
-    by_key = {c.key: c for c in contenders}
     complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
-    ratios: dict[str, Any] = {}
-    if complete:
-        for num, den in RATIOS:
-            if num in by_key and den in by_key:
-                ratios[f"{num}/{den}"] = ratio_of_medians(
-                    by_key[num].totals_s, by_key[den].totals_s
-                )
+    ratios = common.interleaved_ratios(contenders, RATIOS, complete)
     measured = ratios.get("sbxkit/docker_py", {}).get("ratio")
     return {
         "bench": NAME,
@@ -264,24 +255,11 @@ def build_report(
             "container": container_id[:12],
             "sandbox_spec": msgspec.to_builtins(session_spec(args.image, 0.0))["limits"],
         },
-        "contenders": {
-            c.key: {
-                "label": c.label,
-                "description": c.description,
-                "total_ms": summarise_ms(c.totals_s),
-                "steps_median_ms": {
-                    name: sorted(v)[len(v) // 2] * 1000.0 for name, v in c.steps_s.items() if v
-                },
-                "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
-            }
-            for c in contenders
-        },
+        "contenders": common.contender_report(contenders),
         "ratios": ratios,
-        "target": {
-            "expression": f"sbxkit/docker_py <= {TARGET_RATIO:.2f}",
-            "ratio": measured,
-            "met": None if measured is None else measured <= TARGET_RATIO,
-        },
+        "target": common.at_most_target(
+            f"sbxkit/docker_py <= {TARGET_RATIO:.2f}", measured, TARGET_RATIO
+        ),
         "errors": errors,
         "leaks": [{"id": c["Id"][:12], "names": c.get("Names")} for c in leaks],
         "ok": not errors and not leaks,

@@ -36,10 +36,8 @@ from bench.harness import (
     ContenderFailed,
     StepTimings,
     machine_facts,
-    ratio_of_medians,
     run_interleaved,
     say,
-    summarise_ms,
 )
 from bench.oneshot import raw_contender, raw_create_body
 from bench.rawapi import RawEngine
@@ -171,50 +169,30 @@ def build_report(
     errors: list[str],
     leaks: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    by_key = {c.key: c for c in contenders}
     complete = not errors and all(len(c.totals_s) == rounds for c in contenders)
-    ratios: dict[str, Any] = {}
-    if complete:
-        for num, den in RATIOS:
-            if num in by_key and den in by_key:
-                ratios[f"{num}/{den}"] = ratio_of_medians(
-                    by_key[num].totals_s, by_key[den].totals_s
-                )
+    ratios = common.interleaved_ratios(contenders, RATIOS, complete)
     measured = ratios.get("pooled/raw", {}).get("ratio")
     return {
         "bench": NAME,
         "summary": SUMMARY,
         "machine": facts,
         "config": {
-            "rounds": rounds,
-            "warmup": warmup,
-            "quick": bool(args.quick),
-            "order": [c.key for c in contenders],
-            "interleaving": "round-robin in the order above, one trio event loop",
-            "clock": "time.perf_counter around each awaited contender call",
+            **common.interleaving_config(args, rounds, warmup, contenders),
             "image": args.image,
             "pool_size": POOL_SIZE,
             "spec_limits": msgspec.to_builtins(true_spec(args.image))["limits"],
         },
         "contenders": {
-            c.key: {
-                "label": c.label,
-                "description": c.description,
-                "total_ms": summarise_ms(c.totals_s),
-                "p99_ms": percentile(c.totals_s, 99) * 1000.0 if c.totals_s else None,
-                "steps_median_ms": {
-                    name: sorted(v)[len(v) // 2] * 1000.0 for name, v in c.steps_s.items() if v
-                },
-                "samples_ms": [round(s * 1000.0, 3) for s in c.totals_s],
+            key: {
+                **info,
+                "p99_ms": percentile(info["samples_ms"], 99) if info["samples_ms"] else None,
             }
-            for c in contenders
+            for key, info in common.contender_report(contenders).items()
         },
         "ratios": ratios,
-        "target": {
-            "expression": f"pooled/raw <= {TARGET_RATIO:.2f}",
-            "ratio": measured,
-            "met": None if measured is None else measured <= TARGET_RATIO,
-        },
+        "target": common.at_most_target(
+            f"pooled/raw <= {TARGET_RATIO:.2f}", measured, TARGET_RATIO
+        ),
         "errors": errors,
         "leaks": [{"id": c["Id"][:12], "names": c.get("Names")} for c in leaks],
         "ok": not errors and not leaks,

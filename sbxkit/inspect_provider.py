@@ -49,7 +49,8 @@ T = TypeVar("T")
 PROVIDER = "sbxkit"
 INSPECT_LABEL = "sbxkit.inspect.task"
 DEFAULT_WORKDIR = "/tmp"
-"""The per-sample working directory: the scratch tmpfs, the only writable place."""
+"""The per-sample working directory: the scratch tmpfs (every writable place is listed in
+docs/security.md, "Every writable place")."""
 EXEC_NOT_PERMITTED = 126
 
 

@@ -32,6 +32,7 @@ PURE = [
     "image_ref.py",
     "daemon_messages.py",
     "call_checks.py",
+    "exec_scripts.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
@@ -123,3 +124,16 @@ def test_no_import_cycle_in_the_package() -> None:
 def test_the_cycle_check_can_fail() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+MAX_MODULE_LINES = 600
+"""Issue 11: a module a newcomer can hold in their head."""
+
+
+def test_no_module_is_over_600_lines() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for path in ROOT.rglob("*.py")
+    }
+    assert max(sizes.values()) > 100  # the walk found the package
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
