@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -73,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", help="supervisor state dir (default: a private temporary one)"
     )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=16,
+        metavar="N",
+        help="throughput phase: N runs at once, cold vs pooled (0: skip; default 16)",
+    )
+    parser.add_argument("--burst-rounds", type=int, default=3, metavar="R")
     common.add_out_argument(parser, "pool.json / .md")
 
 
@@ -153,11 +162,54 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 )
             except ContenderFailed as exc:
                 errors.append(str(exc))
+        burst: dict[str, Any] = {}
+        if not errors and args.burst > 0:
+            try:
+                burst = await measure_burst(backend, spec, args.burst, args.burst_rounds)
+            except Exception as exc:  # reported, like a failing contender
+                errors.append(f"burst: {type(exc).__name__}: {exc}")
     leaks = await trio.to_thread.run_sync(witness.containers, f"{BENCH_LABEL}={NAME}")
     leaks += await trio.to_thread.run_sync(witness.containers, "sbxkit.bench=pool-raw")
     witness.close()
     facts["loadavg_at_end"] = list(os.getloadavg())
-    return build_report(args, rounds, warmup, facts, contenders, errors, leaks)
+    report = build_report(args, rounds, warmup, facts, contenders, errors, leaks)
+    report["burst"] = burst
+    return report
+
+
+async def measure_burst(
+    backend: DockerBackend, spec: SandboxSpec, width: int, rounds: int
+) -> dict[str, Any]:
+    """Throughput: ``width`` one-shot ``true`` runs at once, cold vs claimed from a pool of
+    ``width`` parked beforehand, alternating. The pool's refill between rounds is not timed:
+    this is a burst a warm pool absorbs, not a sustained rate (which the daemon's create and
+    start rate bounds on both paths)."""
+    walls: dict[str, list[float]] = {"cold": [], "pooled": []}
+    async with open_pool(spec, size=width, backend=backend) as pool:
+        for _ in range(rounds):
+            for path in ("cold", "pooled"):
+                if path == "pooled":
+                    with trio.fail_after(120):
+                        await pool.wait_ready()
+                results: list[Any] = []
+
+                async def one(pooled: bool, results: list[Any] = results) -> None:
+                    ran = await (pool.run(spec) if pooled else run(spec, backend=backend))
+                    results.append(ran)
+
+                t0 = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(width):
+                        nursery.start_soon(one, path == "pooled")
+                walls[path].append(time.perf_counter() - t0)
+                if not all(r.ok for r in results):
+                    raise RuntimeError(f"burst {path}: a run did not exit 0")
+    return {
+        "width": width,
+        "rounds": rounds,
+        "runs_per_s": {path: width / statistics.median(values) for path, values in walls.items()},
+        "wall_s": walls,
+    }
 
 
 def build_report(
@@ -199,6 +251,17 @@ def build_report(
     }
 
 
+def burst_lines(burst: dict[str, Any]) -> list[str]:
+    if not burst:
+        return []
+    rate = burst["runs_per_s"]
+    return [
+        f"throughput, {burst['width']} at once (median of {burst['rounds']}): "
+        f"cold {rate['cold']:.1f} runs/s, pooled {rate['pooled']:.1f} runs/s "
+        f"(pooled/cold {rate['pooled'] / rate['cold']:.2f})"
+    ]
+
+
 def render_text(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
@@ -212,6 +275,7 @@ def render_text(report: dict[str, Any]) -> str:
             if info["p99_ms"] is not None
         ],
         *common.ratio_lines_text(report["ratios"], 26),
+        *burst_lines(report.get("burst") or {}),
     ]
     target = report["target"]
     if target["ratio"] is not None:
@@ -241,6 +305,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         ),
     ]
     out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
+    out += ["", *burst_lines(report.get("burst") or {})]
     out += common.target_md(report["target"])
     out += ["", "What each contender does:", ""]
     out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
