@@ -7,6 +7,9 @@ passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B 
 
 ``sbxkit``
     ``sbxkit.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner.
+``sbxkit_pooled``
+    The same through a pool of 8 (``open_pool`` opened with the run, so its own warm-up is in
+    the wall time; ``run_many(..., pool=pool)``, docs/pool.md).
 ``docker_py``
     ``ThreadPoolExecutor(8)`` on one ``DockerClient``: create → start → wait → (stderr on
     failure) → remove(force, v) per problem — ``containers.run(..., remove=True)`` without
@@ -46,8 +49,10 @@ from bench.suite import (
     peer_body,
     summarise,
 )
+from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.harness import Job, run_many
+from sbxkit.pool import open_pool
 from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "humaneval"
@@ -62,8 +67,12 @@ PIDS = 64
 TIMEOUT_S = 60.0
 DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 1
-CONTENDERS = ("sbxkit", "docker_py")
-LABELS = {"sbxkit": "sbxkit run_many", "docker_py": "docker-py, thread pool"}
+CONTENDERS = ("sbxkit", "sbxkit_pooled", "docker_py")
+LABELS = {
+    "sbxkit": "sbxkit run_many",
+    "sbxkit_pooled": "sbxkit run_many, pool of 8",
+    "docker_py": "docker-py, thread pool",
+}
 BROKEN_TASK = "HumanEval/0"
 BROKEN_SOLUTION = (
     "    return not any(abs(a - b) < threshold\n"
@@ -105,14 +114,14 @@ def broken_program() -> str:
     return p["prompt"] + BROKEN_SOLUTION + "\n" + p["test"] + "\n" + f"check({p['entry_point']})\n"
 
 
-def sandbox_spec(image: str, program: str) -> SandboxSpec:
+def sandbox_spec(image: str, program: str, key: str = "sbxkit") -> SandboxSpec:
     return SandboxSpec(
         image=image,
         command=["python3", "-c", program],
         limits=Limits(
             cpus=CPUS, memory_bytes=MEMORY_BYTES, pids=PIDS, output_bytes=MiB, timeout_s=TIMEOUT_S
         ),
-        labels=label_of(NAME, "sbxkit"),
+        labels=label_of(NAME, key),
     )
 
 
@@ -121,9 +130,18 @@ def last_line(stderr: bytes) -> str:
     return lines[-1] if lines else ""
 
 
-async def sbxkit_all(engine: Engine, image: str, programs: dict[str, str]) -> dict[str, Any]:
-    jobs = [Job(id=task, spec=sandbox_spec(image, code)) for task, code in programs.items()]
-    results = await run_many(jobs, parallel=PARALLEL, engine=engine)
+async def sbxkit_all(
+    engine: Engine, image: str, programs: dict[str, str], *, pooled: bool = False
+) -> dict[str, Any]:
+    key = "sbxkit_pooled" if pooled else "sbxkit"
+    jobs = [Job(id=task, spec=sandbox_spec(image, code, key)) for task, code in programs.items()]
+    if pooled:
+        backend = DockerBackend(engine=engine)
+        shape = sandbox_spec(image, "", key)  # every job's shape: only the program differs
+        async with open_pool(shape, size=PARALLEL, backend=backend) as pool:
+            results = await run_many(jobs, parallel=PARALLEL, backend=backend, pool=pool)
+    else:
+        results = await run_many(jobs, parallel=PARALLEL, engine=engine)
     verdicts: dict[str, Any] = {}
     for done in results:
         if done.result is None:
@@ -203,8 +221,8 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         await trio.to_thread.run_sync(activity.start)
 
         async def run_all(key: str, chosen: dict[str, str]) -> dict[str, Any]:
-            if key == "sbxkit":
-                return await sbxkit_all(engine, args.image, chosen)
+            if key.startswith("sbxkit"):
+                return await sbxkit_all(engine, args.image, chosen, pooled=key == "sbxkit_pooled")
             return await trio.to_thread.run_sync(dockerpy_all, client, pool, args.image, chosen)
 
         try:
@@ -285,6 +303,9 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
     ratios: dict[str, Any] = {}
     if complete:
         ratios["sbxkit/docker_py wall time"] = ratio_of_medians(walls["sbxkit"], walls["docker_py"])
+        ratios["sbxkit_pooled/sbxkit wall time"] = ratio_of_medians(
+            walls["sbxkit_pooled"], walls["sbxkit"]
+        )
     return {
         "bench": NAME,
         "summary": SUMMARY,
