@@ -8,9 +8,17 @@ out of the stdin feeder after the container had started. These refuse such argum
 
 from __future__ import annotations
 
+import math
+
 from sbxkit.errors import SpecError
 
-__all__ = ["check_spec_type", "check_stdin"]
+__all__ = [
+    "MAX_POOL_SECONDS",
+    "MAX_POOL_SIZE",
+    "check_pool_options",
+    "check_spec_type",
+    "check_stdin",
+]
 
 
 def check_stdin(stdin: object, field: str = "stdin", *, streams: bool = False) -> None:
@@ -35,3 +43,25 @@ def check_spec_type(spec: object, expected: type, field: str = "spec") -> None:
             f"must be a {expected.__name__}, got {type(spec).__name__} (build one, or "
             "use sbxkit.spec_from_dict for decoded JSON/TOML)",
         )
+
+
+MAX_POOL_SIZE = 256
+MAX_POOL_SECONDS = 30 * 24 * 3600.0
+
+
+def check_pool_options(
+    size: object, idle_ttl_s: object, max_timeout_s: object, prefix: str = "pool"
+) -> None:
+    """The pool's own settings (pure): ``SpecError`` naming ``{prefix}.size`` and so on."""
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_POOL_SIZE:
+        raise SpecError(f"{prefix}.size", f"must be an integer from 1 to {MAX_POOL_SIZE}")
+    for name, value in (("idle_ttl", idle_ttl_s), ("max_timeout", max_timeout_s)):
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or not 0 < value <= MAX_POOL_SECONDS
+        ):
+            raise SpecError(
+                f"{prefix}.{name}", f"must be a number of seconds > 0 and <= {MAX_POOL_SECONDS:g}"
+            )

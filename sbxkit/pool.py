@@ -26,7 +26,6 @@ Newlines in a command or env value ride spliced (``PARK_SCRIPT``). See docs/pool
 from __future__ import annotations
 
 import contextlib
-import math
 import shlex
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,9 +36,10 @@ import trio
 
 from sbxkit.attached import OutputCallback, Ran, supervise
 from sbxkit.backends.docker import DockerBackend
+from sbxkit.call_checks import check_pool_options
 from sbxkit.engine.client import Waiter
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.errors import CleanupError, SbxError, SpecError
+from sbxkit.errors import CleanupError, SbxError
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.plan import CheckedSpec
@@ -333,11 +333,7 @@ async def open_pool(
     is removed when the block ends. ``backend`` defaults to ``DockerBackend()`` (the
     supervisor owns every pooled container). ``refill=False`` parks ``size`` containers once
     and does not replace what is claimed or idles out."""
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 256:
-        raise SpecError("pool.size", "must be an integer from 1 to 256")
-    for name, value in (("pool.idle_ttl_s", idle_ttl_s), ("pool.max_timeout_s", max_timeout_s)):
-        if not isinstance(value, int | float) or not math.isfinite(value) or not value > 0:
-            raise SpecError(name, "must be a finite number of seconds > 0")
+    check_pool_options(size, idle_ttl_s, max_timeout_s)
     pool = Pool(
         backend or DockerBackend(),
         spec,

@@ -78,6 +78,7 @@ from sbxkit.backends.sbx_commands import (
     check_sandbox_fields,
 )
 from sbxkit.bounded_read import read_bounded
+from sbxkit.call_checks import check_pool_options
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mounts import Mount, validate_mounts
@@ -124,6 +125,14 @@ class SupervisorOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     state_dir: str | None = None
 
 
+class PoolOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.docker.pool]``: pre-started sandboxes ``sbxkit batch`` claims (docs/pool.md)."""
+
+    size: int
+    idle_ttl: float = 300.0
+    max_timeout: float = 600.0
+
+
 class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """``[sandbox.docker]``: defaults for a spec, plus the operator's switches."""
 
@@ -141,6 +150,7 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     mounts: list[Mount] = msgspec.field(default_factory=list)
     gpus: GpuRequest | None = None
     supervisor: SupervisorOptions = msgspec.field(default_factory=SupervisorOptions)
+    pool: PoolOptions | None = None
 
 
 class SbxProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -240,6 +250,9 @@ def validate_profile(profile: Profile) -> None:
     profile_limits(docker.limits)
     _check_absolute(f"{ROOT}.supervisor.binary", docker.supervisor.binary)
     _check_absolute(f"{ROOT}.supervisor.state_dir", docker.supervisor.state_dir)
+    if docker.pool is not None:
+        pool = docker.pool
+        check_pool_options(pool.size, pool.idle_ttl, pool.max_timeout, f"{ROOT}.pool")
     _validate_sandbox_runtime(profile)
 
 

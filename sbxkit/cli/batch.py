@@ -81,7 +81,7 @@ from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
 from sbxkit.plan import CheckedSpec, check_spec
 from sbxkit.pool import Pool, open_pool
-from sbxkit.profile import load_profile
+from sbxkit.profile import PoolOptions, Profile, load_profile
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
@@ -241,7 +241,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--pool",
         action="store_true",
         help="pre-start sandboxes of the jobs' shape, as many as --parallel, and claim them "
-        "(docs/pool.md); jobs of another shape run cold. Docker only",
+        "(docs/pool.md; a profile's [sandbox.docker.pool] sets size and idle TTL); jobs of "
+        "another shape run cold. Docker only",
     )
     parser.add_argument(
         "--memory-budget",
@@ -301,11 +302,11 @@ async def run_batch(
     memory_budget: int | None,
     cpu_budget: float | None,
     backend: Backend,
-    pooled: bool = False,
+    pool_options: PoolOptions | None = None,
 ) -> None:
     """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
-    the batch (every run removes its container first) and raise Interrupted. ``pooled``
-    claims pre-started containers of the first job's shape (a pool of ``parallel``)."""
+    the batch (every run removes its container first) and raise Interrupted. ``pool_options``
+    pre-start containers of the first job's shape to claim (docs/pool.md)."""
 
     def on_result(done: JobResult) -> None:
         writer.append(encode_result(done))
@@ -319,11 +320,17 @@ async def run_batch(
     async def work() -> None:
         async with open_backend(backend), contextlib.AsyncExitStack() as stack:
             pool: Pool | None = None
-            if pooled and jobs and isinstance(backend, DockerBackend):
+            if pool_options is not None and jobs and isinstance(backend, DockerBackend):
                 first = jobs[0].spec
                 shape = first.spec if isinstance(first, CheckedSpec) else first
                 pool = await stack.enter_async_context(
-                    open_pool(shape, size=min(parallel, len(jobs)), backend=backend)
+                    open_pool(
+                        shape,
+                        size=min(pool_options.size, len(jobs)),
+                        backend=backend,
+                        idle_ttl_s=pool_options.idle_ttl,
+                        max_timeout_s=pool_options.max_timeout,
+                    )
                 )
             await run_many(
                 jobs,
@@ -337,6 +344,14 @@ async def run_batch(
             )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))
+
+
+def batch_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions | None:
+    """The profile's ``[sandbox.docker.pool]``, or ``--pool`` (a pool of ``--parallel``)."""
+    configured = profile.sandbox.docker.pool if profile is not None else None
+    if configured is not None:
+        return configured
+    return PoolOptions(size=args.parallel) if args.pool else None
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -378,7 +393,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 memory_budget=memory_budget,
                 cpu_budget=cpu_budget,
                 backend=backend,
-                pooled=args.pool,
+                pool_options=batch_pool(args, profile),
             )
         )
     except (Interrupted, KeyboardInterrupt) as exc:

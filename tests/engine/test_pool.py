@@ -192,7 +192,7 @@ async def test_an_in_process_owner_serves_a_pool_too(engine: Engine, busybox: st
 
 @pytest.mark.parametrize(
     ("size", "ttl", "field"),
-    [(0, 10.0, "pool.size"), (True, 10.0, "pool.size"), (1, float("inf"), "pool.idle_ttl_s")],
+    [(0, 10.0, "pool.size"), (True, 10.0, "pool.size"), (1, float("inf"), "pool.idle_ttl")],
 )
 async def test_bad_pool_settings_are_refused_before_anything_runs(
     engine: Engine, busybox: str, size: int, ttl: float, field: str
@@ -216,8 +216,9 @@ async def test_run_many_claims_from_a_pool(engine: Engine, busybox: str) -> None
     assert any(r.result is not None and r.result.pooled for r in results)
 
 
+@pytest.mark.parametrize("how", ["flag", "profile"])
 def test_sbxkit_batch_pool_claims_pre_started_sandboxes(
-    witness: Witness, busybox: str, tmp_path: Path
+    witness: Witness, busybox: str, tmp_path: Path, how: str
 ) -> None:
     limits = {"cpus": 0.5, "memory_bytes": 64 * 2**20, "pids": 64, "output_bytes": 4096}
     lines = [
@@ -228,10 +229,16 @@ def test_sbxkit_batch_pool_claims_pre_started_sandboxes(
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_bytes(b"".join(msgspec.json.encode(line) + b"\n" for line in lines))
     out = tmp_path / "out.jsonl"
+    pool_args = ["--pool"]
+    if how == "profile":
+        profile = tmp_path / "pool.toml"
+        profile.write_text("[sandbox.docker]\n[sandbox.docker.pool]\nsize = 2\nidle_ttl = 60\n")
+        pool_args = ["--profile", str(profile)]
     done = subprocess.run(
         [
             *(sys.executable, "-m", "sbxkit", "batch", str(jobs), "--out", str(out)),
-            *("--parallel", "2", "--pool", "--socket", witness.socket_path, "--no-progress"),
+            *("--parallel", "2", "--socket", witness.socket_path, "--no-progress"),
+            *pool_args,
         ],
         capture_output=True,
         timeout=120,
