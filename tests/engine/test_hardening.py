@@ -15,9 +15,9 @@ import pytest
 
 from sbxkit.engine.client import Engine
 from sbxkit.result import RunResult
-from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import python_spec, spec, text, unique
+from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor, min_pids, read_only_error
 from tests.witness import Witness
 
@@ -25,16 +25,16 @@ NOBODY = "65534"
 
 
 async def test_payload_runs_as_uid_and_gid_65534(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
-    result = await run(spec(busybox, "id -u; id -g; id -G", runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, "id -u; id -g; id -G", runtime=runtime), engine=engine)
 
     assert result.ok, result
     assert text(result.stdout).split() == [NOBODY, NOBODY, NOBODY]
 
 
 async def test_root_filesystem_is_read_only(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     script = (
         "echo x > /etc/owned; etc=$?; "
@@ -43,7 +43,7 @@ async def test_root_filesystem_is_read_only(
         'echo "etc=$etc root=$root"; '
         '[ "$etc" -ne 0 ] && [ "$root" -ne 0 ] && exit 3; exit 0'
     )
-    result = await run(spec(busybox, script, runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, script, runtime=runtime), engine=engine)
 
     assert result.status == "exited"
     assert result.exit_code == 3, result
@@ -59,14 +59,14 @@ async def test_root_filesystem_is_read_only(
 
 
 async def test_tmp_is_writable_by_the_sandbox_user_up_to_its_size(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     script = (
         "dd if=/dev/zero of=/tmp/half bs=64k count=8 && echo half=ok; "
         "wc -c < /tmp/half; rm -f /tmp/half; "
         "dd if=/dev/zero of=/tmp/double bs=64k count=32; echo double=$?"
     )
-    result = await run(spec(busybox, script, scratch_bytes=MiB, runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, script, scratch_bytes=MiB, runtime=runtime), engine=engine)
 
     assert result.status == "exited", result
     lines = text(result.stdout).split()
@@ -77,9 +77,11 @@ async def test_tmp_is_writable_by_the_sandbox_user_up_to_its_size(
     assert "No space left" in text(result.stderr)
 
 
-async def test_a_write_past_fsize_fails(runtime: str | None, engine: Engine, busybox: str) -> None:
+async def test_a_write_past_fsize_fails(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
     script = "dd if=/dev/zero of=/tmp/big bs=64k count=32; rc=$?; wc -c < /tmp/big; exit $rc"
-    result = await run(spec(busybox, script, fsize_bytes=MiB, runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, script, fsize_bytes=MiB, runtime=runtime), engine=engine)
 
     assert result.status == "exited", result
     assert result.exit_code not in (None, 0), result
@@ -88,14 +90,18 @@ async def test_a_write_past_fsize_fails(runtime: str | None, engine: Engine, bus
 
 
 async def test_host_environment_is_invisible_but_spec_env_is_passed(
-    runtime: str | None, engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch
+    oneshot: OneShot,
+    runtime: str | None,
+    engine: Engine,
+    busybox: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     canary = unique("host-canary")
     explicit = unique("explicit-value")
     monkeypatch.setenv("SBXKIT_TEST_CANARY", canary)
     assert os.environ["SBXKIT_TEST_CANARY"] == canary
 
-    result = await run(
+    result = await oneshot(
         spec(busybox, "env", env={"SBXKIT_EXPLICIT": explicit}, runtime=runtime), engine=engine
     )
 
@@ -107,7 +113,7 @@ async def test_host_environment_is_invisible_but_spec_env_is_passed(
 
 
 async def test_host_canary_files_are_invisible(
-    runtime: str | None, engine: Engine, busybox: str, tmp_path: Path
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, tmp_path: Path
 ) -> None:
     name = unique("canary")
     content = unique("canary-content")
@@ -124,7 +130,7 @@ async def test_host_canary_files_are_invisible(
             f"echo GREP; grep -rl {content} /tmp /work /etc /root 2>/dev/null; "
             "echo END"
         )
-        result = await run(spec(busybox, script, runtime=runtime), engine=engine)
+        result = await oneshot(spec(busybox, script, runtime=runtime), engine=engine)
     finally:
         in_root.unlink(missing_ok=True)
 
@@ -138,7 +144,7 @@ async def test_host_canary_files_are_invisible(
 
 
 async def test_a_listener_on_host_loopback_is_unreachable(
-    runtime: str | None, engine: Engine, busybox: str, python_image: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, python_image: str
 ) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -146,7 +152,7 @@ async def test_a_listener_on_host_loopback_is_unreachable(
     listener.setblocking(False)
     port = listener.getsockname()[1]
     try:
-        nc = await run(
+        nc = await oneshot(
             spec(
                 busybox,
                 f"nc -w 2 127.0.0.1 {port} </dev/null; echo nc=$?",
@@ -163,7 +169,7 @@ async def test_a_listener_on_host_loopback_is_unreachable(
             "except OSError as exc:\n"
             "    print('failed', type(exc).__name__)\n"
         )
-        py = await run(
+        py = await oneshot(
             python_spec(python_image, probe, str(port), timeout_s=10.0, runtime=runtime),
             engine=engine,
         )
@@ -189,23 +195,23 @@ async def test_a_listener_on_host_loopback_is_unreachable(
 
 
 async def test_only_loopback_interface_exists(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
-    result = await run(spec(busybox, "ls /sys/class/net", runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, "ls /sys/class/net", runtime=runtime), engine=engine)
 
     assert result.ok, result
     assert text(result.stdout).split() == ["lo"]
 
 
 async def test_a_fork_loop_hits_the_pids_ceiling(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     ceiling = max(32, min_pids(runtime))
     script = (
         f"i=0; while [ $i -lt {2 * ceiling} ]; do sleep 5 & i=$((i+1)); echo $i; done; "
         'echo "finished $i"'
     )
-    result = await run(
+    result = await oneshot(
         spec(busybox, script, pids=ceiling, timeout_s=10.0, runtime=runtime), engine=engine
     )
 
@@ -237,7 +243,7 @@ def assert_oom_outcome(result: RunResult, podman: bool) -> None:
 
 
 async def test_a_large_python_allocation_is_oom_killed(
-    runtime: str | None, engine: Engine, python_image: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     code = (
         "chunks = []\n"
@@ -245,7 +251,7 @@ async def test_a_large_python_allocation_is_oom_killed(
         "    chunks.append(b'x' * (1 << 20))\n"
         "    print(len(chunks), flush=True)\n"
     )
-    result = await run(
+    result = await oneshot(
         python_spec(python_image, code, memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
@@ -256,9 +262,9 @@ async def test_a_large_python_allocation_is_oom_killed(
 
 
 async def test_tail_of_dev_zero_is_oom_killed(
-    runtime: str | None, engine: Engine, busybox: str, witness: Witness
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
-    result = await run(
+    result = await oneshot(
         spec(busybox, "tail /dev/zero", memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
@@ -281,10 +287,10 @@ fi
 
 
 async def test_cgroup_shows_the_cpu_pids_and_memory_limits(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     pids = max(48, min_pids(runtime))
-    result = await run(
+    result = await oneshot(
         spec(busybox, CGROUP_PROBE, cpus=0.5, pids=pids, memory_bytes=96 * MiB, runtime=runtime),
         engine=engine,
     )
@@ -310,9 +316,9 @@ async def test_cgroup_shows_the_cpu_pids_and_memory_limits(
 
 
 async def test_payload_has_no_capabilities_and_no_new_privileges(
-    runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
-    result = await run(spec(busybox, "cat /proc/self/status", runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, "cat /proc/self/status", runtime=runtime), engine=engine)
 
     assert result.ok, result
     status = dict(

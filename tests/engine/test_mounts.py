@@ -26,6 +26,7 @@ from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import MiB, SandboxSpec
 from tests.engine.helpers import actions, limits, text, unique
+from tests.engine.oneshot_paths import OneShot
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -126,7 +127,7 @@ async def assert_refused_before_create(
 
 @pytest.mark.parametrize("spelling", ["omitted", "explicit"])
 async def test_a_read_only_bind_is_readable_and_not_writable(
-    busybox: str, tmp_path: Path, spelling: str
+    oneshot: OneShot, busybox: str, tmp_path: Path, spelling: str
 ) -> None:
     source = host_dir(tmp_path / "ro", files={"hello.txt": "hello from the host\n"})
     raw: dict[str, Any] = {"type": "bind", "source": str(source), "target": "/data"}
@@ -139,7 +140,7 @@ async def test_a_read_only_bind_is_readable_and_not_writable(
         "echo x > /tmp/probe && echo tmp=ok"  # positive control: the write probe itself works
     )
 
-    result = await run(mount_spec(busybox, script, mounts), settings=BINDS)
+    result = await oneshot(mount_spec(busybox, script, mounts), settings=BINDS)
 
     assert result.ok, result
     lines = text(result.stdout).splitlines()
@@ -153,13 +154,13 @@ async def test_a_read_only_bind_is_readable_and_not_writable(
 
 
 async def test_an_explicit_rw_bind_is_writable_and_the_host_sees_the_file(
-    busybox: str, tmp_path: Path
+    oneshot: OneShot, busybox: str, tmp_path: Path
 ) -> None:
     source = host_dir(tmp_path / "rw", uid=NOBODY)
     mounts: list[Mount] = [BindMount(source=str(source), target="/data", read_only=False)]
     script = "echo written-in-sandbox > /data/out && echo write=ok; id -u"
 
-    result = await run(mount_spec(busybox, script, mounts), settings=BINDS)
+    result = await oneshot(mount_spec(busybox, script, mounts), settings=BINDS)
 
     assert result.ok, result
     assert text(result.stdout).split() == ["write=ok", str(NOBODY)]
@@ -169,14 +170,16 @@ async def test_an_explicit_rw_bind_is_writable_and_the_host_sees_the_file(
 
 
 async def test_a_target_with_a_trailing_slash_either_works_or_is_refused_up_front(
-    busybox: str, tmp_path: Path, witness: Witness
+    oneshot: OneShot, busybox: str, tmp_path: Path, witness: Witness
 ) -> None:
     source = host_dir(tmp_path / "ro", files={"f": "x\n"})
     label = unique("slash")
     since = time.time() - 1.0
     mounts: list[Mount] = [BindMount(source=str(source), target="/data/")]
     try:
-        result = await run(mount_spec(busybox, "cat /data/f", mounts, label=label), settings=BINDS)
+        result = await oneshot(
+            mount_spec(busybox, "cat /data/f", mounts, label=label), settings=BINDS
+        )
     except SpecError:
         assert container_creates(witness, label, since) == []
     else:
@@ -188,7 +191,7 @@ async def test_a_target_with_a_trailing_slash_either_works_or_is_refused_up_fron
 
 
 async def test_a_named_volume_is_mounted_read_only_and_never_created_or_removed(
-    busybox: str, witness: Witness
+    oneshot: OneShot, busybox: str, witness: Witness
 ) -> None:
     since = time.time() - 1.0
     with witness_volume(witness) as name:
@@ -196,7 +199,7 @@ async def test_a_named_volume_is_mounted_read_only_and_never_created_or_removed(
         mounts: list[Mount] = [VolumeMount(source=name, target="/vol")]
         script = "ls -d /vol && echo mounted; echo x > /vol/new; echo write=$?"
 
-        result = await run(mount_spec(busybox, script, mounts), settings=VOLUMES)
+        result = await oneshot(mount_spec(busybox, script, mounts), settings=VOLUMES)
 
         assert result.ok, result
         lines = text(result.stdout).splitlines()
@@ -235,7 +238,7 @@ async def test_a_missing_volume_is_refused_and_not_created(busybox: str, witness
 
 
 async def test_a_bind_backed_volume_is_a_bind(
-    busybox: str, witness: Witness, tmp_path: Path
+    oneshot: OneShot, busybox: str, witness: Witness, tmp_path: Path
 ) -> None:
     device = host_dir(tmp_path / "device", files={"canary": "from-the-device\n"})
     with witness_volume(witness, bind_options(str(device))) as name:
@@ -245,7 +248,7 @@ async def test_a_bind_backed_volume_is_a_bind(
         )
 
         # Control: with binds enabled as well it is judged as a bind of a safe dir, and runs.
-        result = await run(mount_spec(busybox, "cat /vol/canary", mounts), settings=BOTH)
+        result = await oneshot(mount_spec(busybox, "cat /vol/canary", mounts), settings=BOTH)
         assert result.ok, result
         assert result.stdout == b"from-the-device\n"
 
@@ -307,7 +310,9 @@ async def test_a_malformed_volume_name_is_a_spec_error_before_create(
 # --- tmpfs -------------------------------------------------------------------------------------
 
 
-async def test_a_tmpfs_mount_is_writable_by_the_sandbox_user_up_to_its_size(busybox: str) -> None:
+async def test_a_tmpfs_mount_is_writable_by_the_sandbox_user_up_to_its_size(
+    oneshot: OneShot, busybox: str
+) -> None:
     mounts: list[Mount] = [TmpfsMount(target="/scratch2", size_bytes=MiB)]
     script = (
         "stat -c 'owner=%u:%g' /scratch2; "
@@ -316,7 +321,7 @@ async def test_a_tmpfs_mount_is_writable_by_the_sandbox_user_up_to_its_size(busy
         "dd if=/dev/zero of=/scratch2/double bs=64k count=32; echo double=$?"
     )
 
-    result = await run(mount_spec(busybox, script, mounts))
+    result = await oneshot(mount_spec(busybox, script, mounts))
 
     assert result.ok, result
     lines = text(result.stdout).split()
@@ -447,7 +452,7 @@ async def test_a_refused_mount_creates_no_container(
 
 
 async def test_the_created_container_has_exactly_the_requested_mounts(
-    busybox: str, witness: Witness, tmp_path: Path
+    oneshot: OneShot, busybox: str, witness: Witness, tmp_path: Path
 ) -> None:
     real = host_dir(tmp_path / "real", files={"f": "bound\n"})
     (tmp_path / "alias").symlink_to(real)  # asked through a link: the daemon gets the real path
@@ -481,7 +486,7 @@ async def test_the_created_container_has_exactly_the_requested_mounts(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(inspect_while_running)
-            result = await run(mount_spec(busybox, script, mounts, label=label), settings=BOTH)
+            result = await oneshot(mount_spec(busybox, script, mounts, label=label), settings=BOTH)
 
     assert result.ok, result
     assert seen, "the witness never inspected the running container"

@@ -37,6 +37,7 @@ from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec, text, unique
+from tests.engine.oneshot_paths import OneShot
 from tests.witness import LEASE_LABEL, Witness
 
 MARKER = "sbxkit-test.policy"
@@ -140,10 +141,10 @@ async def run_and_watch(
 
 
 async def test_default_runs_name_no_runtime_and_get_the_daemons_default(
-    engine: Engine, witness: Witness, busybox: str
+    oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
     owner = WitnessingOwner(engine, witness)
-    result = await run(marked(spec(busybox, "echo ok"), unique()), engine=engine, owner=owner)
+    result = await oneshot(marked(spec(busybox, "echo ok"), unique()), engine=engine, owner=owner)
     assert result.ok, result
     assert text(result.stdout) == "ok\n"
     [info] = owner.inspected
@@ -152,17 +153,17 @@ async def test_default_runs_name_no_runtime_and_get_the_daemons_default(
 
 
 async def test_a_named_registered_runtime_is_used(
-    engine: Engine, witness: Witness, busybox: str
+    oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
     owner = WitnessingOwner(engine, witness)
     sandbox = marked(spec(busybox, "echo ok"), unique(), runtime="runc")
-    result = await run(sandbox, engine=engine, owner=owner)
+    result = await oneshot(sandbox, engine=engine, owner=owner)
     assert result.ok, result
     assert [i["HostConfig"]["Runtime"] for i in owner.inspected] == ["runc"]
 
 
 async def test_crun_is_selected_and_the_sandbox_runs_under_it(
-    engine: Engine, witness: Witness, busybox: str
+    oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
     """``runtime="crun"`` reaches the daemon and the payload runs under it: the created
     container's HostConfig.Runtime is crun (witness inspect of the very id the runner starts).
@@ -173,7 +174,7 @@ async def test_crun_is_selected_and_the_sandbox_runs_under_it(
     assert "crun" in witness.get("/info")["Runtimes"]
     owner = WitnessingOwner(engine, witness)
     sandbox = marked(spec(busybox, "echo under-crun"), unique(), runtime="crun")
-    outcome = await run(sandbox, engine=engine, owner=owner)
+    outcome = await oneshot(sandbox, engine=engine, owner=owner)
     assert outcome.ok, outcome
     assert text(outcome.stdout) == "under-crun\n"
     assert [i["HostConfig"]["Runtime"] for i in owner.inspected] == ["crun"]
@@ -181,10 +182,12 @@ async def test_crun_is_selected_and_the_sandbox_runs_under_it(
     assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
 
 
-async def test_gvisor_means_the_registered_runsc(engine: Engine, busybox: str) -> None:
+async def test_gvisor_means_the_registered_runsc(
+    oneshot: OneShot, engine: Engine, busybox: str
+) -> None:
     """gvisor is the daemon runtime ``runsc`` (registered by scripts/engine-up): the payload
     sees gVisor's kernel, not the host's."""
-    result = await run(spec(busybox, "cat /proc/version", runtime="gvisor"), engine=engine)
+    result = await oneshot(spec(busybox, "cat /proc/version", runtime="gvisor"), engine=engine)
 
     assert result.ok, result
     assert result.stdout != await trio.Path("/proc/version").read_bytes()
