@@ -245,12 +245,7 @@ def build_report(
         "summary": SUMMARY,
         "machine": facts,
         "config": {
-            "rounds": rounds,
-            "warmup": warmup,
-            "quick": bool(args.quick),
-            "order": [c.key for c in contenders],
-            "interleaving": "round-robin in the order above, one trio event loop",
-            "clock": "time.perf_counter around each awaited contender call",
+            **common.interleaving_config(args, rounds, warmup, contenders),
             "image": args.image,
             "container": container_id[:12],
             "sandbox_spec": msgspec.to_builtins(session_spec(args.image, 0.0))["limits"],

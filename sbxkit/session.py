@@ -70,7 +70,7 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, PUT_SCRIPT, RUN_SCRIPT
-from sbxkit.outcome import Verdict, judge_exit
+from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owned import (
     KILL_BUDGET_S,
@@ -254,8 +254,9 @@ class Sandbox(OwnedView):
         verdict = Verdict(status=status)
         if status == "exited":
             exit_code = await self._exit_code(exec_id)
-            # Only this exec's window counts: an earlier exec's OOM is not this one's.
-            verdict = await judge_exit(engine, self.container_id, exit_code, since=began)
+            if exit_code > SIGNAL_EXIT_BASE:  # an exit of its own stands: no evidence to read
+                # Only this exec's window counts: an earlier exec's OOM is not this one's.
+                verdict = await judge_exit(engine, self.container_id, exit_code, since=began)
             if verdict.status != "exited":
                 exit_code = None
         return RunResult(
