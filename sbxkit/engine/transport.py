@@ -50,6 +50,20 @@ class Response(msgspec.Struct, frozen=True):
     body: bytes
 
 
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def _refuse_redirect(method: str, target: str, status: int, headers: dict[str, str]) -> None:
+    """A redirect is never followed, nor taken for success (the daemon answers one for a path
+    its router cleans, e.g. ``//`` in an image name: it would name another resource)."""
+    if status in REDIRECTS:
+        location = headers.get("location", "")
+        raise EngineProtocolError(
+            f"{method} {target}: the daemon redirected ({status}) to {location!r}; "
+            "sbxkit does not follow redirects"
+        )
+
+
 def error_for(method: str, path: str, status: int, body: bytes) -> EngineError:
     """Map an error status and the daemon's JSON message to the precise EngineError subclass."""
     cause: object = None
@@ -321,6 +335,7 @@ class Transport:
         response = Response(head.status_code, self._headers(head), b"".join(parts))
         if response.status >= 400:
             raise error_for(method, target, response.status, response.body)
+        _refuse_redirect(method, target, response.status, response.headers)
         return response
 
     async def open_stream(
@@ -351,6 +366,7 @@ class Transport:
                 async with self._deadline(method, target, timeout):
                     error_body = await stream.read_all(64 * 1024)
                 raise error_for(method, target, head.status_code, error_body)
+            _refuse_redirect(method, target, head.status_code, self._headers(head))
         except BaseException:
             await conn.aclose()
             raise

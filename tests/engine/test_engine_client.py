@@ -21,7 +21,7 @@ import trio
 
 from sbxkit.engine.client import Deadlines, Engine, open_engine
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.errors import EngineTimeout, NotFound
+from sbxkit.errors import EngineProtocolError, EngineTimeout, NotFound
 from sbxkit.plan import new_lease_id
 from sbxkit.policy import build_create_body, container_name
 from sbxkit.spec import Limits, MiB, SandboxSpec
@@ -338,3 +338,12 @@ async def test_cached_info_reuses_a_recent_answer_and_refreshes_an_old_one(engin
     fresh = await engine.cached_info(max_age_s=0.0)
     assert fresh is not first
     assert "runc" in (fresh.runtimes or {})
+
+
+async def test_a_redirect_from_the_daemon_is_an_error_not_a_reply(engine: Engine) -> None:
+    """The daemon's router cleans ``//`` in a path and answers 301 to another URL; taken for
+    success, the redirect's body was decoded as an image ("malformed reply")."""
+    with pytest.raises(EngineProtocolError) as caught:
+        await engine.image_inspect("hidden//busybox:1")
+    assert "redirected (301)" in str(caught.value)
+    assert (await engine.version()).api_version  # the connection pool is still usable
