@@ -270,6 +270,14 @@ def interleaving_config(
     }
 
 
+def target_lines(target: Mapping[str, Any]) -> list[str]:
+    """``target EXPR: MET (ratio)`` for a plain-text report; nothing when not measured."""
+    if target["ratio"] is None:
+        return []
+    verdict = "MET" if target["met"] else "NOT met"
+    return [f"target {target['expression']}: {verdict} ({target['ratio']:.3f})"]
+
+
 def contender_report(contenders: Sequence[Contender]) -> dict[str, Any]:
     """Each contender's label, description, summary in ms, median step times and samples."""
     return {

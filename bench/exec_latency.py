@@ -270,10 +270,7 @@ def render_text(report: dict[str, Any]) -> str:
         "(ms, wall time per exec round trip)",
         *common.ratio_lines_text(report["ratios"], 26),
     ]
-    target = report["target"]
-    if target["ratio"] is not None:
-        verdict = "MET" if target["met"] else "NOT met"
-        lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
+    lines += common.target_lines(report["target"])
     for info in report["contenders"].values():
         if info["steps_median_ms"]:
             steps = "  ".join(f"{k} {v:.1f}" for k, v in info["steps_median_ms"].items())

@@ -277,10 +277,7 @@ def render_text(report: dict[str, Any]) -> str:
         *common.ratio_lines_text(report["ratios"], 26),
         *burst_lines(report.get("burst") or {}),
     ]
-    target = report["target"]
-    if target["ratio"] is not None:
-        verdict = "MET" if target["met"] else "NOT met"
-        lines.append(f"target {target['expression']}: {verdict} ({target['ratio']:.3f})")
+    lines += common.target_lines(report["target"])
     return "\n".join(lines + common.errors_text(report))
 
 
