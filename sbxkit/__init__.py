@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     )
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
+    from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
@@ -75,6 +76,9 @@ if TYPE_CHECKING:
 _WHERE: dict[str, str] = {
     "open_pool": "sbxkit.pool",
     "Pool": "sbxkit.pool",
+    "HeldPool": "sbxkit.held_pool",
+    "PooledBackend": "sbxkit.held_pool",
+    "PoolUnavailable": "sbxkit.held_pool",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -185,6 +189,7 @@ __all__ = [
     "GrantError",
     "GrantResult",
     "Grants",
+    "HeldPool",
     "ImageError",
     "InProcessOwner",
     "InputGrant",
@@ -199,6 +204,8 @@ __all__ = [
     "Owner",
     "PhaseTimings",
     "Pool",
+    "PoolUnavailable",
+    "PooledBackend",
     "PtySession",
     "Receipt",
     "RunResult",

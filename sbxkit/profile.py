@@ -126,7 +126,8 @@ class SupervisorOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
 
 class PoolOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """``[sandbox.docker.pool]``: pre-started sandboxes ``sbxkit batch`` claims (docs/pool.md)."""
+    """``[sandbox.docker.pool]``: pre-started sandboxes ``sbxkit run`` and ``sbxkit batch``
+    claim (docs/pool.md)."""
 
     size: int
     idle_ttl: float = 300.0

@@ -10,7 +10,8 @@ from __future__ import annotations
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.errors import SpecError
-from sbxkit.profile import Profile, sandbox_options
+from sbxkit.held_pool import HeldPool, PooledBackend
+from sbxkit.profile import PoolOptions, Profile, sandbox_options
 from sbxkit.settings import Settings
 from sbxkit.supervisor.client import QueueObserver
 
@@ -21,14 +22,25 @@ def cli_backend(
     socket_path: str | None,
     settings: Settings | None,
     on_queued: QueueObserver | None = None,
+    pool: PoolOptions | None = None,
 ) -> Backend:
     """The profile's ``[sandbox] runtime``: ``"sandbox"`` is the sbx runner (docs/adr-sbx.md),
-    anything else the Docker backend on ``socket_path`` (``--socket``).
+    anything else the Docker backend on ``socket_path`` (``--socket``); with ``pool``, one
+    whose one-shot runs claim from the supervisor's pool of their shape (docs/pool.md).
 
     The Docker backend asks the supervisor for no extra recovery pass: it recovers at its own
     start and in its reaper loop, and a CLI command should not pay for one more.
     """
     options = sandbox_options(profile) if profile is not None else None
+    if options is None and pool is not None:
+        held = HeldPool(size=pool.size, idle_ttl_s=pool.idle_ttl, max_timeout_s=pool.max_timeout)
+        return PooledBackend(
+            pool=held,
+            socket_path=socket_path,
+            settings=settings,
+            on_queued=on_queued,
+            recover_at_open=False,
+        )
     if options is None:
         return DockerBackend(
             socket_path=socket_path,
@@ -40,6 +52,8 @@ def cli_backend(
 
     if socket_path is not None:
         raise SpecError("--socket", 'a Docker socket has no meaning under runtime = "sandbox"')
+    if pool is not None:
+        raise SpecError("--pool", "pre-started sandboxes are Docker's, not runtime = \"sandbox\"'s")
     config = SbxConfig(
         binary=options.binary,
         agent=options.agent,

@@ -8,15 +8,17 @@ import stat
 import sys
 from typing import Any
 
+import msgspec
 import trio
 
 from sbxkit.backends.base import Backend, open_backend
+from sbxkit.call_checks import MAX_POOL_SIZE
 from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import cancel_on_signals, exit_code_for, to_json
 from sbxkit.cli.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SpecError
 from sbxkit.plan import CheckedSpec
-from sbxkit.profile import load_profile, profile_settings
+from sbxkit.profile import PoolOptions, Profile, load_profile, profile_settings
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import FileStdin, StdinSource
@@ -101,7 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, profile)
     settings = profile_settings(profile)[0] if profile is not None else None
     on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
-    backend = cli_backend(profile, socket_path=args.socket, settings=settings, on_queued=on_queued)
+    backend = cli_backend(
+        profile,
+        socket_path=args.socket,
+        settings=settings,
+        on_queued=on_queued,
+        pool=run_pool(args, profile),
+    )
     checked = backend.check(spec, "run")  # refused input never waits for stdin
     stdin = stdin_of(args.stdin, streamed=backend.kind == "docker")
     result = trio.run(run_interruptibly, backend, checked, stdin)
@@ -115,6 +123,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
+
+
+def run_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions | None:
+    """``--pool N``, else the profile's ``[sandbox.docker.pool]``: the supervisor's pool of
+    this run's shape to claim from (docs/pool.md); None runs cold."""
+    if args.pool is not None:
+        size = args.pool
+        if not (size.isascii() and size.isdigit()) or not 1 <= int(size) <= MAX_POOL_SIZE:
+            raise SpecError("--pool", f"must be an integer from 1 to {MAX_POOL_SIZE}")
+        configured = profile.sandbox.docker.pool if profile is not None else None
+        if configured is not None:
+            return msgspec.structs.replace(configured, size=int(size))
+        return PoolOptions(size=int(size))
+    return profile.sandbox.docker.pool if profile is not None else None
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -152,6 +174,12 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         "--gpus",
         metavar="N|CDI-ID[,...]",
         help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
+    )
+    parser.add_argument(
+        "--pool",
+        metavar="N",
+        help="claim a pre-started container from the supervisor's pool of this run's shape, "
+        "kept N strong (the first run of a shape runs cold and starts the pool; docs/pool.md)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

@@ -28,6 +28,7 @@ from sbxkit.supervisor.lease import (
     LaunchSlot,
     LiveLease,
     Peer,
+    Replies,
     first_of,
     log,
 )
@@ -81,11 +82,9 @@ class Admitting(Leases):
     async def _recheck(self, peer: Peer, register: Register) -> tuple[RefusalCode, str, str] | None:
         """The second line of defence: the socket the caller names, then the body's invariants
         (recheck.py); (code, field, reason) of the first refusal."""
-        problem = engine_socket_problem(
-            register.engine_socket, self.config.docker_socket, self.allowed_sockets
-        )
-        if problem is not None:
-            return "engine", "engine_socket", problem
+        refusal = self._socket_refusal(register)
+        if refusal is not None:
+            return refusal
         try:
             raw = msgspec.json.decode(peer.last_payload)
         except msgspec.DecodeError:
@@ -93,6 +92,19 @@ class Admitting(Leases):
         unknown = unknown_field(raw.get("body") if isinstance(raw, dict) else None)
         if unknown is not None:
             return "policy", unknown, "not a field sbxkit's policy sets; refused, not dropped"
+        return await self._body_refusal(register)
+
+    async def _recheck_register(self, register: Register) -> tuple[RefusalCode, str, str] | None:
+        """``_recheck`` of a Register the supervisor made itself (a pool's parked container)."""
+        return self._socket_refusal(register) or await self._body_refusal(register)
+
+    def _socket_refusal(self, register: Register) -> tuple[RefusalCode, str, str] | None:
+        problem = engine_socket_problem(
+            register.engine_socket, self.config.docker_socket, self.allowed_sockets
+        )
+        return None if problem is None else ("engine", "engine_socket", problem)
+
+    async def _body_refusal(self, register: Register) -> tuple[RefusalCode, str, str] | None:
         refusal = await trio.to_thread.run_sync(
             lambda: recheck_body(
                 register.body,
@@ -205,6 +217,9 @@ class Admitting(Leases):
             slot.release()
             raise
 
+    def _make_room(self, need: Need) -> None:
+        """A request must wait: let idle holders of capacity go (``pooling.py``)."""
+
     async def _wait_for_admission(self, peer: Peer, lease: str, need: Need, intent: Intent) -> bool:
         """Wait in the FIFO until admitted (True), or until the caller leaves or the admission
         deadline passes (False; answered). Nothing is journaled for a waiting request."""
@@ -212,6 +227,7 @@ class Admitting(Leases):
         self._pump()
         if self.admission.is_admitted(lease):
             return True
+        self._make_room(need)
         self.queued_total += 1
         log(
             f"lease {lease}: waiting for capacity ({self.admission.ahead(lease)} ahead, "
@@ -271,6 +287,18 @@ class Admitting(Leases):
         self, peer: Peer, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
     ) -> LiveLease | None:
         """Journal the admitted lease (fsync'd) before anything reaches the daemon."""
+        live = await self._journal_lease(register, peer, intent)
+        if isinstance(live, str):
+            await self._refuse(peer, "storage", live)
+            return None
+        await peer.send(Registered(lease=live.record.lease))
+        self.nursery.start_soon(self._lease_task, live, engine, slot)
+        return live
+
+    async def _journal_lease(
+        self, register: Register, peer: Replies, intent: Intent
+    ) -> LiveLease | str:
+        """The admitted lease, live and journaled (fsync'd); else why the journal failed."""
         now = trio.current_time()
         record = LeaseRecord(
             lease=register.lease,
@@ -302,8 +330,5 @@ class Admitting(Leases):
             self.live.pop(record.lease, None)
             self._release(record.lease)
             self.storage_errors.append(f"journal write failed: {exc}")
-            await self._refuse(peer, "storage", f"journal write failed: {exc}")
-            return None
-        await peer.send(Registered(lease=record.lease))
-        self.nursery.start_soon(self._lease_task, live, engine, slot)
+            return f"journal write failed: {exc}"
         return live

@@ -38,6 +38,8 @@ from sbxkit.supervisor.statedir import (
 )
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    Claim,
+    Claimed,
     Close,
     Closed,
     Created,
@@ -52,6 +54,7 @@ from sbxkit.supervisor.wire import (
     Reservation,
     ServerMessage,
     Started,
+    Unclaimed,
     Welcome,
     decode_server,
     encode,
@@ -336,13 +339,14 @@ class SupervisedOwner:
 
     # -- the owner seam -------------------------------------------------------------------------
 
-    async def create(
+    def register_for(
         self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
-    ) -> str:
+    ) -> Register:
+        """The Register asking for ``body``'s container under ``lease``."""
         host = body.host_config
         if host is None or host.memory is None or host.nano_cpus is None:
             raise SupervisorError("the create body must bound memory and CPU", lease=lease)
-        register = Register(
+        return Register(
             lease=lease,
             name=name,
             engine_socket=self._engine.socket_path,
@@ -351,6 +355,31 @@ class SupervisedOwner:
             startup_deadline_s=self.startup_deadline_s,
             lifetime_deadline_s=lifetime_s,
         )
+
+    async def claim(self, claim: Claim) -> Claimed | Unclaimed:
+        """Take a parked container of the claim's shape from the supervisor's pool (starting
+        the pool on a shape's first claim). ``Claimed``: its lease is ours now, to end with
+        ``remove`` like any other; ``Unclaimed``: nothing parked, run cold."""
+        session = await self.connect(first=claim)
+        try:
+            reply = await receive_reply(session, "claim")
+        except BaseException:
+            await session.aclose()
+            raise
+        if isinstance(reply, Claimed):
+            self._sessions[reply.lease] = session
+            return reply
+        await session.aclose()
+        if isinstance(reply, Unclaimed):
+            return reply
+        if isinstance(reply, Refused):
+            raise refusal_error(reply)
+        raise SupervisorError(f"unexpected {type(reply).__name__} after a claim")
+
+    async def create(
+        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+    ) -> str:
+        register = self.register_for(lease, name, body, lifetime_s=lifetime_s)
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
         self._sessions[lease] = session
@@ -389,6 +418,20 @@ class SupervisedOwner:
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
         return self._queued.get(lease, 0.0)
+
+    async def release(self, lease: str) -> None:
+        """Hand the lease back without waiting for the verdict: the supervisor removes the
+        container under its ownership (its record closes only when the daemon confirmed the
+        removal; a failure keeps the record for its reaper). A pooled run's early return."""
+        self._queued.pop(lease, None)
+        session = self._sessions.pop(lease, None)
+        if session is None:
+            return
+        try:
+            with trio.CancelScope(shield=True), contextlib.suppress(SupervisorConnectionLost):
+                await session.send(Close(lease=lease))
+        finally:
+            await session.aclose()
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -56,6 +58,21 @@ class Peer(FrameChannel):
                 self.gone = True
 
 
+class Replies(Protocol):
+    """Where a lease's answers go: its caller's connection, or nowhere while it is parked."""
+
+    async def send(self, message: Message) -> None: ...
+
+
+class NoPeer:
+    """A parked pool container has no caller yet: its answers go nowhere until a claim."""
+
+    gone = True
+
+    async def send(self, message: Message) -> None:
+        await trio.lowlevel.checkpoint()
+
+
 class Intent:
     """What the caller has said on its connection since it registered: read by one task,
     seen by the admission wait and the lease task alike."""
@@ -78,19 +95,22 @@ class LiveLease:
         self,
         record: LeaseRecord,
         body: ContainerCreate,
-        peer: Peer,
+        peer: Replies,
         intent: Intent,
         startup_deadline: float,
         lifetime_deadline: float,
     ) -> None:
         self.record = record
         self.body = body
-        self.peer = peer
+        self.peer: Replies = peer
         self.intent = intent
         self.stop = intent.stop
         self.startup_deadline = startup_deadline  # trio clock
         self.lifetime_deadline = lifetime_deadline  # trio clock
         self.finished = trio.Event()
+        self.on_created: Callable[[str], Awaitable[None]] | None = None
+        """A pool's parking (verify, start, wait for a claim), run once the container exists."""
+        self.claimed = trio.Event()  # a parked container was handed to a caller
 
     @property
     def stop_reason(self) -> str:

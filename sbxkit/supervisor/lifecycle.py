@@ -34,6 +34,8 @@ class Leases(ServiceCore):
             if container_id is None:
                 return
             self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
+            if live.on_created is not None:
+                await live.on_created(container_id)  # parked until claimed, idle or stopped
             with trio.move_on_at(live.lifetime_deadline):
                 await live.stop.wait()
             if not live.stop.is_set():

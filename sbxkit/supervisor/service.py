@@ -11,6 +11,7 @@ The service is split by job (each a class of the ``Service`` chain, sharing ``Se
   journal write that makes a lease live;
 - ``lifecycle.py``: one lease task per live lease: create (never cancelled by the caller), hand
   the id over, wait for close, caller EOF or the lifetime deadline, remove, delete the record;
+- ``pooling.py``: pools of parked containers held for claims (a Claim instead of Register);
 - ``recovery.py``: records no live task owns, at startup, in the reaper loop and from the
   daemon's event stream while uncertain records exist;
 - ``core.py``: the shared state; ``lease.py``: the per-lease vocabulary.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import struct
 import sys
@@ -34,20 +36,22 @@ import trio
 from sbxkit.admission import (
     Need,
 )
-from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
 from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
 from sbxkit.supervisor.lease import (
     Intent,
+    LiveLease,
     Peer,
     describe,
     log,
 )
+from sbxkit.supervisor.pooling import Pooling
 from sbxkit.supervisor.records import StorageError
 from sbxkit.supervisor.recovery import Recovery
 from sbxkit.supervisor.statedir import STARTUP_REFUSAL
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    Claim,
     Close,
     Hello,
     Message,
@@ -69,8 +73,8 @@ def peer_uid(stream: trio.SocketStream) -> int:
     return int(uid)
 
 
-class Service(Admitting, Recovery):
-    """The whole service: connections (here), admission, lease tasks and recovery."""
+class Service(Pooling, Recovery):
+    """The whole service: connections (here), admission, lease tasks, pools and recovery."""
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
@@ -121,15 +125,28 @@ class Service(Admitting, Recovery):
         if isinstance(register, Retire):
             await self._retire(peer, register.lease)
             return
+        if isinstance(register, Claim):
+            claimed = await self._claim(peer, register)
+            if claimed is not None:
+                await self._hold(peer, claimed.record.lease, claimed.intent, claimed)
+            return
         if not isinstance(register, Register):
             return
-        intent = Intent()
+        await self._hold(peer, register.lease, Intent(), register)
+
+    async def _hold(
+        self, peer: Peer, lease: str, intent: Intent, source: Register | LiveLease
+    ) -> None:
+        """Carry one lease on this connection until it is finished: a Register is admitted
+        first, a claimed lease is live already; the caller's Close or EOF ends it."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_intent, peer, register.lease, intent)
+            nursery.start_soon(self._read_intent, peer, lease, intent)
             try:
-                lease = await self._admit(peer, register, intent)
-                if lease is not None:
-                    await lease.finished.wait()
+                live: Register | LiveLease | None = source
+                if isinstance(source, Register):
+                    live = await self._admit(peer, source, intent)
+                if isinstance(live, LiveLease):
+                    await live.finished.wait()
             finally:
                 intent.request_stop("connection ended")
                 nursery.cancel_scope.cancel()
@@ -153,6 +170,17 @@ class Service(Admitting, Recovery):
         except WireError as exc:
             log(f"lease {lease}: {exc}; treated as the caller leaving")
             intent.request_stop("protocol error")
+
+    async def _stop_on_signal(self, done: trio.CancelScope) -> None:
+        """SIGTERM or SIGINT: parked pool containers are removed before the process ends;
+        every other lease keeps its record, and the next start recovers it (as after a crash)."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log(f"{signal.Signals(signum).name}: removing parked containers, then exiting")
+                with trio.CancelScope(shield=True):
+                    await self._drain_pools()
+                done.cancel()
+                return
 
     async def _idle_exit(self, done: trio.CancelScope) -> None:
         while True:
@@ -234,6 +262,7 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             nursery.start_soon(service._watch_events)
             if not config.persistent:
                 nursery.start_soon(service._idle_exit, nursery.cancel_scope)
+            nursery.start_soon(service._stop_on_signal, nursery.cancel_scope)
             await trio.serve_listeners(service.handle, [trio.SocketListener(listener)])
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -17,6 +17,15 @@ One connection carries one lease:
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
 
+A connection may instead claim a parked container of a pool the supervisor holds (issue 13,
+docs/pool.md):
+
+    Hello                            ─►
+    Claim(template, terms, mounts)   ─►     (the shape's pool is kept; one parked is taken)
+                                     ◄─     Claimed(lease, name, container_id) | Unclaimed
+    Close                            ─►     (from here as for any lease)
+                                     ◄─     Closed | Orphaned
+
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
@@ -33,8 +42,9 @@ import msgspec
 
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
+from sbxkit.mounts import ExpectedMount
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME = 1024 * 1024
 _HEADER = struct.Struct(">I")
 
@@ -80,6 +90,34 @@ class Started(Message, tag="started"):
 
 class Close(Message, tag="close"):
     lease: str
+
+
+class PoolTerms(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """How the supervisor keeps a shape's pool: ``size`` parked at once; a parked container
+    idles at most ``idle_ttl_s`` (and the pool ends after that long without a claim); a claim
+    may run at most ``max_timeout_s``."""
+
+    size: int
+    idle_ttl_s: float
+    max_timeout_s: float
+    refill: bool = True
+    """False: park ``size`` once, replace nothing claimed or idled out."""
+
+
+class Claim(Message, tag="claim"):
+    """Take a parked container of ``template``'s shape (instead of Register).
+
+    ``template`` is the Register the caller would send for a parked container of its shape
+    (the parked shell's body under a lease of its own); the supervisor keeps a pool of that
+    shape, creating each container under a fresh lease from it, re-checked, admitted,
+    journaled and verified against ``expected_mounts`` like any sandbox."""
+
+    template: Register
+    terms: PoolTerms
+    expected_mounts: list[ExpectedMount]
+    mode: Literal["take", "warm", "end"] = "take"
+    """``take`` one; ``warm``: only start the pool (answered ``Unclaimed`` with the count
+    parked); ``end``: end the shape's pool now (answered once its parked are removed)."""
 
 
 class Recover(Message, tag="recover"):
@@ -135,6 +173,24 @@ class Created(Message, tag="created"):
     container_id: str
 
 
+class Claimed(Message, tag="claimed"):
+    """A parked container, started and verified, is this connection's lease from now on."""
+
+    lease: str
+    name: str
+    container_id: str
+
+
+class Unclaimed(Message, tag="unclaimed"):
+    """Nothing taken: for ``take``, nothing parked of that shape now (the pool fills in the
+    background: run cold); ``parked`` is how many are parked after the request."""
+
+    reason: str
+    parked: int = 0
+    problem: str | None = None
+    """Why the shape's last park failed (a missing image, a full host ...), if it did."""
+
+
 class Failed(Message, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
@@ -162,9 +218,19 @@ class Report(Message, tag="report"):
     remaining: int
 
 
-ClientMessage = Hello | Register | Started | Close | Recover | Retire
+ClientMessage = Hello | Register | Claim | Started | Close | Recover | Retire
 ServerMessage = (
-    Welcome | Refused | Queued | Registered | Created | Failed | Closed | Orphaned | Report
+    Welcome
+    | Refused
+    | Queued
+    | Registered
+    | Created
+    | Claimed
+    | Unclaimed
+    | Failed
+    | Closed
+    | Orphaned
+    | Report
 )
 
 _encoder = msgspec.json.Encoder()

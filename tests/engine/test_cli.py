@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.engine.helpers import actions, container_exists, delete_image, tag_image, unique
+from tests.engine.helpers import (
+    actions,
+    container_exists,
+    delete_image,
+    tag_image,
+    unique,
+    wait_until,
+)
+from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
 from tests.witness import Witness
 
 SMALL = ["--cpus", "0.5", "--memory", "64m", "--pids", "64", "--timeout", "20"]
@@ -69,6 +78,81 @@ def run_cli(
     )
 
 
+CliRun = Callable[..., subprocess.CompletedProcess[bytes]]
+PARKED_SHELL = "sh -c 'nl="  # how the witness lists a parked container's command
+SHAPELESS = {"--stdin", "--timeout", "--max-output", "--env"}  # not part of a pool's shape
+
+
+class HeldCli:
+    """``run_cli`` claiming from a pool the test's own supervisor holds: a warm-up run of the
+    same shape (``true``) starts the pool; once a container is parked, the run claims it; the
+    parked container must be gone afterwards (claimed, then removed)."""
+
+    def __init__(self, witness: Witness, supervisor: SupervisorProcess) -> None:
+        self.witness = witness
+        self.supervisor = supervisor
+        self.label = unique("held-cli")
+
+    def parked(self) -> list[str]:
+        return [
+            c["Id"]
+            for c in self.witness.containers(label=self.label)
+            if c.get("State") == "running" and c.get("Command", "").startswith(PARKED_SHELL)
+        ]
+
+    def __call__(
+        self,
+        witness: Witness,
+        image: str,
+        *command: str,
+        options: tuple[str, ...] = (),
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        pooled = (*options, "--pool", "1", "--label", f"{self.label}=1")
+        held_env = {**(env or {}), "SBXKIT_STATE_DIR": str(self.supervisor.state_dir)}
+        shape = _without_shapeless(pooled)
+        warm = run_cli(witness, image, "true", options=shape, env=held_env)
+        assert warm.returncode == 0, warm.stderr
+        assert wait_until(lambda: len(self.parked()) == 1, 30.0), self.supervisor.log()
+        [waiting] = self.parked()
+        proc = run_cli(witness, image, *command, options=pooled, stdin=stdin, env=held_env)
+        claimed = wait_until(lambda: not container_exists(witness, waiting), 15.0)
+        assert claimed, "the parked container was not claimed"
+        if "--json" in options:
+            assert one_json_object(proc)["pooled"] is True
+        return proc
+
+
+def _without_shapeless(options: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags that decide a pool's shape (each shapeless flag dropped with its value)."""
+    kept: list[str] = []
+    skip = False
+    for option in options:
+        if skip:
+            skip = False
+        elif option in SHAPELESS:
+            skip = True
+        else:
+            kept.append(option)
+    return tuple(kept)
+
+
+@pytest.fixture(params=["cold", "held"])
+def cli_run(request: pytest.FixtureRequest, witness: Witness) -> Iterator[CliRun]:
+    """``run_cli`` cold, then claiming from the supervisor's pool (issue 13)."""
+    if request.param == "cold":
+        yield run_cli
+        return
+    state_dir = private_state_dir()
+    try:
+        with running_supervisor(state_dir, "--persistent") as supervisor:
+            yield HeldCli(witness, supervisor)
+        # SIGTERM above: the pool's parked replacement is removed on the way out.
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
 def one_json_object(proc: subprocess.CompletedProcess[bytes]) -> dict[str, object]:
     lines = proc.stdout.splitlines()
     assert len(lines) == 1, proc.stdout[:500]
@@ -88,9 +172,9 @@ def private_tag(witness: Witness, busybox: str) -> Iterator[str]:
 
 
 def test_cli_json_prints_one_object_and_exits_with_the_payload_code(
-    witness: Witness, busybox: str
+    cli_run: CliRun, witness: Witness, busybox: str
 ) -> None:
-    proc = run_cli(
+    proc = cli_run(
         witness, busybox, "sh", "-c", "echo out; echo err >&2; exit 17", options=("--json",)
     )
 
@@ -106,18 +190,21 @@ def test_cli_json_prints_one_object_and_exits_with_the_payload_code(
     container_id = doc["container_id"]
     assert isinstance(container_id, str)
     assert len(container_id) == 64
-    assert not container_exists(witness, container_id)
+    if isinstance(cli_run, HeldCli):  # returns at the payload's exit; the supervisor removes
+        assert wait_until(lambda: not container_exists(witness, container_id), 10.0)
+    else:
+        assert not container_exists(witness, container_id)
 
 
-def test_cli_timeout_exits_124(witness: Witness, busybox: str) -> None:
-    proc = run_cli(witness, busybox, "sleep", "30", options=("--timeout", "1"))
+def test_cli_timeout_exits_124(cli_run: CliRun, witness: Witness, busybox: str) -> None:
+    proc = cli_run(witness, busybox, "sleep", "30", options=("--timeout", "1"))
 
     assert proc.returncode == 124, proc.stderr
     assert b"timed out" in proc.stderr
 
 
-def test_cli_output_exceeded_exits_123(witness: Witness, busybox: str) -> None:
-    proc = run_cli(
+def test_cli_output_exceeded_exits_123(cli_run: CliRun, witness: Witness, busybox: str) -> None:
+    proc = cli_run(
         witness, busybox, "sh", "-c", "head -c 1001 /dev/zero", options=("--max-output", "1000")
     )
 
@@ -126,8 +213,8 @@ def test_cli_output_exceeded_exits_123(witness: Witness, busybox: str) -> None:
     assert b"output exceeded (stdout)" in proc.stderr
 
 
-def test_cli_oom_exits_137(witness: Witness, busybox: str) -> None:
-    proc = run_cli(witness, busybox, "tail", "/dev/zero", options=("--memory", "64m", "--json"))
+def test_cli_oom_exits_137(cli_run: CliRun, witness: Witness, busybox: str) -> None:
+    proc = cli_run(witness, busybox, "tail", "/dev/zero", options=("--memory", "64m", "--json"))
 
     assert proc.returncode == 137, proc.stderr
     doc = one_json_object(proc)
@@ -179,30 +266,34 @@ def test_cli_engine_unavailable_exits_69(busybox: str) -> None:
     assert b"unavailable" in proc.stderr
 
 
-def test_cli_stdin_from_a_file(witness: Witness, busybox: str, tmp_path: Path) -> None:
+def test_cli_stdin_from_a_file(
+    cli_run: CliRun, witness: Witness, busybox: str, tmp_path: Path
+) -> None:
     data = os.urandom(256 * 1024)
     source = tmp_path / "input.bin"
     source.write_bytes(data)
 
-    proc = run_cli(witness, busybox, "cat", options=("--stdin", str(source)))
+    proc = cli_run(witness, busybox, "cat", options=("--stdin", str(source)))
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == data
 
 
-def test_cli_stdin_from_dash_reads_the_cli_stdin(witness: Witness, busybox: str) -> None:
+def test_cli_stdin_from_dash_reads_the_cli_stdin(
+    cli_run: CliRun, witness: Witness, busybox: str
+) -> None:
     data = os.urandom(256 * 1024)
 
-    proc = run_cli(witness, busybox, "cat", options=("--stdin", "-"), stdin=data)
+    proc = cli_run(witness, busybox, "cat", options=("--stdin", "-"), stdin=data)
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == data
 
 
-def test_cli_env_is_visible_to_the_payload(witness: Witness, busybox: str) -> None:
+def test_cli_env_is_visible_to_the_payload(cli_run: CliRun, witness: Witness, busybox: str) -> None:
     value = unique("value")
     host_value = unique("host-value")
-    proc = run_cli(
+    proc = cli_run(
         witness,
         busybox,
         "sh",
@@ -222,9 +313,9 @@ def test_cli_env_is_visible_to_the_payload(witness: Witness, busybox: str) -> No
 
 
 def test_cli_json_replaces_invalid_utf8_but_counts_raw_bytes(
-    witness: Witness, busybox: str
+    cli_run: CliRun, witness: Witness, busybox: str
 ) -> None:
-    proc = run_cli(
+    proc = cli_run(
         witness,
         busybox,
         "sh",

@@ -140,6 +140,8 @@ async def run_and_watch(
 # --- runtimes ------------------------------------------------------------------------------------
 
 
+# An in-process owner witnesses the create; a held pool lives in the supervisor.
+@pytest.mark.parametrize("oneshot", ["cold", "pooled"], indirect=True)
 async def test_default_runs_name_no_runtime_and_get_the_daemons_default(
     oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
@@ -152,6 +154,8 @@ async def test_default_runs_name_no_runtime_and_get_the_daemons_default(
     assert info["HostConfig"]["Runtime"] == default == "runc"
 
 
+# An in-process owner witnesses the create; a held pool lives in the supervisor.
+@pytest.mark.parametrize("oneshot", ["cold", "pooled"], indirect=True)
 async def test_a_named_registered_runtime_is_used(
     oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
@@ -162,6 +166,8 @@ async def test_a_named_registered_runtime_is_used(
     assert [i["HostConfig"]["Runtime"] for i in owner.inspected] == ["runc"]
 
 
+# An in-process owner witnesses the create; a held pool lives in the supervisor.
+@pytest.mark.parametrize("oneshot", ["cold", "pooled"], indirect=True)
 async def test_crun_is_selected_and_the_sandbox_runs_under_it(
     oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:

@@ -73,8 +73,11 @@ RUN_VALUE_FLAGS = [
     "--label",
     "--gpus",
     "--profile",
+    "--pool",
 ]
-SHELL_VALUE_FLAGS = [f for f in RUN_VALUE_FLAGS if f not in ("--runtime", "--label", "--gpus")]
+SHELL_VALUE_FLAGS = [
+    f for f in RUN_VALUE_FLAGS if f not in ("--runtime", "--label", "--gpus", "--pool")
+]
 BATCH_VALUE_FLAGS = [
     "--parallel",
     "--memory-budget",

@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 
 from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
 from sbxkit.errors import SbxError
+from sbxkit.mounts import ExpectedMount
 from sbxkit.supervisor.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
+    Claim,
+    Claimed,
     ClientMessage,
     Close,
     Closed,
@@ -32,6 +35,7 @@ from sbxkit.supervisor.wire import (
     Hello,
     Message,
     Orphaned,
+    PoolTerms,
     Queued,
     Recover,
     RefusalCode,
@@ -43,6 +47,7 @@ from sbxkit.supervisor.wire import (
     Retire,
     ServerMessage,
     Started,
+    Unclaimed,
     Welcome,
     WireError,
     decode_client,
@@ -50,13 +55,23 @@ from sbxkit.supervisor.wire import (
     encode,
 )
 
-CLIENT_TYPES: tuple[type[Message], ...] = (Hello, Register, Started, Close, Recover, Retire)
+CLIENT_TYPES: tuple[type[Message], ...] = (
+    Hello,
+    Register,
+    Claim,
+    Started,
+    Close,
+    Recover,
+    Retire,
+)
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
     Refused,
     Queued,
     Registered,
     Created,
+    Claimed,
+    Unclaimed,
     Failed,
     Closed,
     Orphaned,
@@ -65,6 +80,9 @@ SERVER_TYPES: tuple[type[Message], ...] = (
 ALL_TAGS = (
     "hello",
     "register",
+    "claim",
+    "claimed",
+    "unclaimed",
     "started",
     "close",
     "recover",
@@ -110,17 +128,34 @@ bodies = st.builds(
     host_config=st.none() | host_configs,
 )
 
+registers = st.builds(
+    Register,
+    lease=texts,
+    name=texts,
+    engine_socket=texts,
+    body=bodies,
+    reservation=st.builds(Reservation, memory_bytes=int64, nano_cpus=int64),
+    startup_deadline_s=finite,
+    lifetime_deadline_s=finite,
+)
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
+    registers,
     st.builds(
-        Register,
-        lease=texts,
-        name=texts,
-        engine_socket=texts,
-        body=bodies,
-        reservation=st.builds(Reservation, memory_bytes=int64, nano_cpus=int64),
-        startup_deadline_s=finite,
-        lifetime_deadline_s=finite,
+        Claim,
+        template=registers,
+        terms=st.builds(
+            PoolTerms,
+            size=int64,
+            idle_ttl_s=finite,
+            max_timeout_s=finite,
+            refill=st.booleans(),
+        ),
+        expected_mounts=st.lists(
+            st.builds(ExpectedMount, type=texts, source=texts, destination=texts, rw=st.booleans()),
+            max_size=2,
+        ),
+        mode=st.sampled_from(["take", "warm", "end"]),
     ),
     st.builds(Started, lease=texts),
     st.builds(Close, lease=texts),
@@ -138,6 +173,8 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Queued, lease=texts, ahead=int64),
     st.builds(Registered, lease=texts),
     st.builds(Created, lease=texts, container_id=texts),
+    st.builds(Claimed, lease=texts, name=texts, container_id=texts),
+    st.builds(Unclaimed, reason=texts, parked=int64, problem=st.none() | texts),
     st.builds(Failed, lease=texts, reason=texts),
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),

@@ -1,0 +1,338 @@
+"""One-shot runs that claim from a pool the supervisor holds (issue 13, docs/pool.md).
+
+``PooledBackend`` is a ``DockerBackend`` whose one-shot runs first ask the supervisor for a
+parked container of their shape: the supervisor keeps a pool per shape (``size`` parked,
+refilled in its own tasks, ended after ``idle_ttl_s`` without a claim), so successive
+processes — ``sbxkit run --pool N`` from a shell — claim what an earlier one caused to be
+parked. A claim is one round trip on a fresh connection; with nothing parked the run goes cold
+at once (``RunResult.pooled`` says which path ran). Everything else (sessions, PTYs, stdio
+workers, grants) is the ``DockerBackend``'s.
+
+The claimed container is verified and started by the supervisor before it is parked; this
+process attaches to it, registers the exit wait, then writes the claim line (``claim_line``)
+and the run's stdin — from there it is the cold run's supervision: the same caps, the time
+limit from the claim, the verdict judged on the daemon's evidence. The lease is this
+connection's: a Close (or this process dying) removes the container. By default the result
+returns at the payload's exit and removal finishes under the supervisor's ownership;
+``HeldPool(wait_for_removal=True)`` waits until the supervisor confirmed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Unpack
+
+import msgspec
+import trio
+
+from sbxkit.attached import OutputCallback, supervise
+from sbxkit.backends.base import Consumer
+from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner
+from sbxkit.call_checks import check_pool_options, check_stdin
+from sbxkit.engine.client import Engine, engine_or_open
+from sbxkit.errors import SbxError, SpecError
+from sbxkit.outcome import Verdict, judge_exit
+from sbxkit.owned import OwnedContainer
+from sbxkit.plan import (
+    CheckedSpec,
+    DaemonFacts,
+    build_plan,
+    check_spec,
+    learn_daemon,
+    new_lease_id,
+)
+from sbxkit.pool import PARK_SCRIPT, _LineFirst, claim_line
+from sbxkit.result import PhaseTimings, RunResult
+from sbxkit.spec import SandboxSpec
+from sbxkit.stdin import StdinSource
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms
+
+__all__ = ["HeldPool", "PoolUnavailable", "PooledBackend", "parked_spec"]
+
+WARM_POLL_S = 0.05
+
+
+class PoolUnavailable(SbxError):
+    """The supervisor could not park a container of the shape (``PooledBackend.warm``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"pool: {reason}")
+        self.reason = reason
+
+
+class HeldPool(msgspec.Struct, frozen=True, kw_only=True):
+    """How the supervisor keeps the pool of each shape this backend's runs claim from."""
+
+    size: int
+    """Containers parked per shape (1..256)."""
+    idle_ttl_s: float = 300.0
+    """A parked container waits at most this long; a shape's pool ends after this long
+    without a claim (so an idle supervisor can still exit)."""
+    max_timeout_s: float = 600.0
+    """Runs with a longer time limit go cold (a parked container's lifetime must cover it)."""
+    wait_for_removal: bool = False
+    """Return only once the supervisor confirmed the claimed container removed."""
+    refill: bool = True
+    """False: the supervisor parks ``size`` once and replaces nothing claimed or idled out."""
+
+    @property
+    def terms(self) -> PoolTerms:
+        return PoolTerms(
+            size=self.size,
+            idle_ttl_s=self.idle_ttl_s,
+            max_timeout_s=self.max_timeout_s,
+            refill=self.refill,
+        )
+
+
+def parked_spec(spec: SandboxSpec, idle_ttl_s: float, max_timeout_s: float) -> SandboxSpec:
+    """The spec a parked container of ``spec``'s shape is planned from: the parked shell, no
+    env, and a time limit that covers the longest wait plus the longest claimed run."""
+    limits = msgspec.structs.replace(
+        spec.limits, timeout_s=idle_ttl_s + max_timeout_s, output_bytes=1
+    )
+    return msgspec.structs.replace(spec, command=["sh", "-c", PARK_SCRIPT], env={}, limits=limits)
+
+
+class PooledBackend(DockerBackend):
+    """A ``DockerBackend`` whose one-shot runs claim parked containers from the supervisor."""
+
+    def __init__(
+        self, *, pool: HeldPool, recover_at_open: bool = True, **options: Unpack[DockerOptions]
+    ) -> None:
+        check_pool_options(pool.size, pool.idle_ttl_s, pool.max_timeout_s)
+        owner = options.get("owner")
+        if owner is not None and not isinstance(owner, SupervisedOwner):
+            raise SpecError(
+                "pool",
+                "a held pool lives in the supervisor: it needs the default owner "
+                "(open_pool keeps a pool in this process for any owner)",
+            )
+        super().__init__(recover_at_open=recover_at_open, **options)
+        self.pool = pool
+
+    async def run_once(
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        stdin: StdinSource | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+    ) -> RunResult:
+        """Claim a parked container of the spec's shape and run there; cold when none is
+        parked, when the command cannot ride a claim line, when the time limit is above
+        ``max_timeout_s``, or for a GPU request."""
+        check_stdin(stdin, streams=True)
+        checked = self.check(spec, "run")
+        result = await self._run_claimed(checked, stdin, on_output)
+        if result is not None:
+            return result
+        return await super().run_once(checked, stdin, on_output=on_output)
+
+    async def _run_claimed(
+        self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
+    ) -> RunResult | None:
+        spec, pool = checked.spec, self.pool
+        line = claim_line(list(spec.command), dict(spec.env))
+        timeout_s = spec.limits.timeout_s
+        assert timeout_s is not None  # checked
+        if line is None or timeout_s > pool.max_timeout_s or spec.gpus is not None:
+            return None
+        t_asked = trio.current_time()
+        async with self._claiming(checked) as claiming:
+            reply = await claiming.owner.claim(claiming.claim)
+            if not isinstance(reply, Claimed):
+                return None
+            stream = _LineFirst(line, stdin)
+            return await _run_on_claimed(
+                claiming.engine, claiming.owner, reply, stream, checked, on_output, t_asked, pool
+            )
+
+    async def warm(self, spec: SandboxSpec | CheckedSpec, *, wait_s: float = 30.0) -> int:
+        """Start the supervisor's pool of ``spec``'s shape without running anything, and wait
+        (at most ``wait_s``) until a container is parked; returns how many are. Raises
+        ``PoolUnavailable`` with the supervisor's reason when it cannot park one."""
+        checked = self.check(spec, "run")
+        async with self._claiming(checked) as claiming:
+            owner, warm = claiming.owner, msgspec.structs.replace(claiming.claim, mode="warm")
+            reason = "nothing parked yet"
+            with trio.move_on_after(wait_s):
+                while True:
+                    reply = await owner.claim(warm)
+                    assert not isinstance(reply, Claimed)  # warm never takes one
+                    if reply.parked:
+                        return reply.parked
+                    if reply.problem is not None:
+                        raise PoolUnavailable(reply.problem)
+                    reason = reply.reason
+                    await trio.sleep(WARM_POLL_S)
+        raise PoolUnavailable(f"{reason} after {wait_s:g} s")
+
+    async def end(self, spec: SandboxSpec | CheckedSpec) -> None:
+        """End the supervisor's pool of ``spec``'s shape now: its parked containers are removed
+        before this returns (claimed ones stay their callers')."""
+        checked = self.check(spec, "run")
+        async with self._claiming(checked) as claiming:
+            await claiming.owner.claim(msgspec.structs.replace(claiming.claim, mode="end"))
+
+    @asynccontextmanager
+    async def _claiming(self, checked: CheckedSpec) -> AsyncIterator[_Claiming]:
+        """The engine, the supervisor and the Claim of ``checked``'s shape: the template is the
+        Register of a parked container of that shape (planned like any sandbox)."""
+        pool = self.pool
+        async with engine_or_open(self.engine, self.socket_path) as engine:
+            spec = parked_spec(checked.spec, pool.idle_ttl_s, pool.max_timeout_s)
+            parked = self.check(spec, "run")
+            facts = await learn_daemon(engine, parked, self.gpu_cursor)
+            plan = build_plan(parked, facts, lease=new_lease_id())
+            owner = self.owner or default_owner(engine, plan.settings, self.on_queued)
+            assert isinstance(owner, SupervisedOwner)  # __init__ refused any other
+            template = owner.register_for(
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+            )
+            mounts = list(plan.expected_mounts)
+            claim = Claim(template=template, terms=pool.terms, expected_mounts=mounts)
+            yield _Claiming(engine, owner, claim, facts)
+
+    @asynccontextmanager
+    async def own(
+        self,
+        spec: SandboxSpec | CheckedSpec,
+        consumer: Consumer,
+        *,
+        command: Sequence[str] | None = None,
+        body_overrides: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[OwnedContainer]:
+        """A session (``open_sandbox``) starts from a parked container of its shape when one
+        is parked: the claim line ``exec``s its keep-alive. Served cold: every other consumer,
+        a session with env (a session's env is the container's, set at create), a time limit
+        above ``max_timeout_s``, or nothing parked."""
+        checked = check_spec(spec, self.settings, command=command)
+        limits = checked.spec.limits
+        assert limits.timeout_s is not None  # checked
+        line = claim_line(list(checked.spec.command), {})
+        if (
+            consumer != "session"
+            or body_overrides is not None
+            or line is None
+            or checked.spec.env
+            or checked.spec.gpus is not None
+            or limits.timeout_s > self.pool.max_timeout_s
+        ):
+            async with super().own(checked, consumer, body_overrides=body_overrides) as box:
+                yield box
+            return
+        async with self._claiming(checked) as claiming:
+            reply = await claiming.owner.claim(claiming.claim)
+            if not isinstance(reply, Claimed):
+                async with super().own(checked, consumer) as box:
+                    yield box
+                return
+            plan = build_plan(checked, claiming.facts, lease=reply.lease)
+            box = _ClaimedContainer(
+                engine=claiming.engine,
+                plan=plan,
+                container_id=reply.container_id,
+                began=trio.current_time(),
+                owner=claiming.owner,
+            )
+            try:
+                await _hand_over(claiming.engine, reply.container_id, line)
+                yield box
+            finally:
+                removing = trio.current_time()
+                with trio.CancelScope(shield=True):
+                    await claiming.owner.remove(reply.lease, reply.name, reply.container_id)
+                box.remove_s = trio.current_time() - removing
+
+
+@dataclass(frozen=True)
+class _Claiming:
+    engine: Engine
+    owner: SupervisedOwner
+    claim: Claim
+    facts: DaemonFacts
+
+
+class _ClaimedContainer(OwnedContainer):
+    """A claimed parked container: started already, its main process the claimed command."""
+
+    async def start(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def _hand_over(engine: Engine, container_id: str, line: bytes) -> None:
+    """Write the claim line and close the parked shell's stdin: it ``exec``s the command."""
+    attach = await engine.container_attach(container_id, stdin=True)
+    try:
+        await attach.send_all(line)
+        await attach.send_eof()
+    finally:
+        await attach.aclose()
+
+
+async def _run_on_claimed(
+    engine: Engine,
+    owner: SupervisedOwner,
+    claimed: Claimed,
+    stdin: _LineFirst,
+    checked: CheckedSpec,
+    on_output: OutputCallback | None,
+    t_asked: float,
+    pool: HeldPool,
+) -> RunResult:
+    """Attach, register the wait, write the claim line and stdin, supervise, judge; then hand
+    the lease back (Close) however it ended."""
+    clock, limits = trio.current_time, checked.spec.limits
+    assert limits.timeout_s is not None  # checked
+    assert limits.output_bytes is not None
+    lease, container_id = claimed.lease, claimed.container_id
+    try:
+        attach = await engine.container_attach(container_id, stdin=True)
+        try:
+            waiter = await engine.container_wait(container_id, "next-exit")
+            try:
+                t_claim = clock()
+                outcome = await supervise(
+                    attach, waiter, stdin, limits.output_bytes, limits.timeout_s, on_output
+                )
+                run_s = clock() - t_claim
+            finally:
+                await waiter.aclose()
+        finally:
+            await attach.aclose()
+        verdict, exit_code = Verdict(status=outcome.status), None
+        if outcome.status == "exited":
+            exit_code = outcome.exit_code
+            verdict = await judge_exit(engine, container_id, exit_code)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await owner.remove(lease, claimed.name, container_id)  # leave after removal
+        raise
+    removing = clock()
+    if pool.wait_for_removal:
+        await owner.remove(lease, claimed.name, container_id)
+    else:
+        await owner.release(lease)
+    timings = PhaseTimings(
+        queued_s=0.0,
+        create_s=0.0,
+        start_s=t_claim - t_asked,
+        run_s=run_s,
+        remove_s=clock() - removing if pool.wait_for_removal else 0.0,
+    )
+    return RunResult(
+        status=verdict.status,
+        exit_code=exit_code,
+        stdout=outcome.capture.stdout,
+        stderr=outcome.capture.stderr,
+        overflowed=outcome.capture.overflowed,
+        container_id=container_id,
+        lease=lease,
+        timings=timings,
+        oom_evidence=verdict.oom_evidence,
+        kill_evidence=verdict.kill_evidence,
+        pooled=True,
+    )

@@ -1,0 +1,74 @@
+"""A held pool's template: which shape a Claim asks for, and the body of one parked container.
+
+Pure. A ``Claim`` carries the Register its caller would send for a parked container of its
+shape, under a lease of the caller's making (the *template lease*). The supervisor creates
+every parked container under a fresh lease of its own, so the template lease may appear in the
+body in exactly the places policy puts a lease — the ``sbxkit.lease`` label and the
+``SBXKIT_LEASE`` variable — and nowhere else (``template_problem``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from sbxkit.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.rules import LEASE_LABEL
+from sbxkit.supervisor import records as rec
+from sbxkit.supervisor.wire import Claim, PoolTerms
+
+PLACEHOLDER_LEASE = "0" * 32
+LEASE_VARIABLE = "SBXKIT_LEASE"
+
+
+def body_for_lease(template: ContainerCreate, template_lease: str, lease: str) -> ContainerCreate:
+    """``template`` with its lease label and ``SBXKIT_LEASE`` set to ``lease``."""
+    labels = dict(template.labels or {})
+    if LEASE_LABEL in labels:
+        labels[LEASE_LABEL] = lease
+    own = f"{LEASE_VARIABLE}={template_lease}"
+    env = [f"{LEASE_VARIABLE}={lease}" if item == own else item for item in template.env or []]
+    return msgspec.structs.replace(
+        template,
+        labels=labels if template.labels is not None else None,
+        env=env if template.env is not None else None,
+    )
+
+
+def template_problem(claim: Claim) -> str | None:
+    """Why the supervisor cannot keep a pool of this template, or None."""
+    template = claim.template
+    if not rec.LEASE_ID.fullmatch(template.lease):
+        return "the template's lease must be 32 lowercase hex digits"
+    if template.name != f"sbxkit-{template.lease}":
+        return f"the template's name must be sbxkit-{template.lease}"
+    placed = body_for_lease(template.body, template.lease, PLACEHOLDER_LEASE)
+    if template.lease in msgspec.json.encode(placed).decode():
+        return "the template's lease appears in its body beyond the lease label and SBXKIT_LEASE"
+    return terms_problem(claim.terms)
+
+
+def terms_problem(terms: PoolTerms) -> str | None:
+    if not 1 <= terms.size <= MAX_POOL_SIZE:
+        return f"pool size must be 1..{MAX_POOL_SIZE}"
+    for name, value in (("idle_ttl_s", terms.idle_ttl_s), ("max_timeout_s", terms.max_timeout_s)):
+        if not 0 < value <= MAX_POOL_SECONDS:  # also refuses NaN
+            return f"{name} must be in (0, {MAX_POOL_SECONDS:g}] seconds"
+    return None
+
+
+def shape_key(claim: Claim) -> str:
+    """Equal for two claims whose parked containers would be the same but for their lease."""
+    template = claim.template
+    placed = body_for_lease(template.body, template.lease, PLACEHOLDER_LEASE)
+    facts = (
+        placed,
+        template.engine_socket,
+        template.reservation,
+        template.startup_deadline_s,
+        template.lifetime_deadline_s,
+        sorted(claim.expected_mounts, key=lambda m: (m.type, m.source, m.destination, m.rw)),
+    )
+    return hashlib.sha256(msgspec.json.encode(facts, order="sorted")).hexdigest()[:32]
