@@ -41,6 +41,7 @@ from bench.harness import (
     say,
 )
 from bench.oneshot import raw_contender, raw_create_body
+from bench.pool_plot import write_plot
 from bench.pool_sustained import measure_sustained, sustained_lines, sustained_md
 from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket, percentile
@@ -103,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"default {SUSTAINED_ROUNDS}, 1 with --quick",
     )
     parser.add_argument("--sustained-warmup", type=int, default=0, metavar="R")
+    parser.add_argument(
+        "--note", default="", help="said beside the figures (e.g. what else loads the machine)"
+    )
     common.add_out_argument(parser, "pool.json / .md")
 
 
@@ -271,6 +275,7 @@ def build_report(
             **common.interleaving_config(args, rounds, warmup, contenders),
             "image": args.image,
             "pool_size": POOL_SIZE,
+            "note": args.note,
             "spec_limits": msgspec.to_builtins(true_spec(args.image))["limits"],
         },
         "contenders": {
@@ -333,6 +338,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"`{' → '.join(cfg['order'])}`, pool of {cfg['pool_size']} · "
         + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
         + common.git_md(m),
+        *(["", f"Note: {cfg['note']}"] if cfg.get("note") else []),
         "",
         *common.ms_table_md(report["contenders"]),
         "",
@@ -359,6 +365,8 @@ def main(args: argparse.Namespace) -> int:
     report = trio.run(measure, args, rounds, warmup)
     print(render_text(report))
     common.write_report(args.out, NAME, report, render_markdown)
+    if report["ok"] and str(args.out) != "-":
+        say(f"wrote {write_plot(args.out)}")
     return 0 if report["ok"] else 1
 
 

@@ -27,6 +27,7 @@ from bench.harness import RESULTS_DIR, say, write_atomically
 COLOURS = {
     "pooled": "#1f77b4",
     "pooled_warm": "#17becf",
+    "pooled_waiting": "#8c564b",
     "cold": "#ff7f0e",
     "raw": "#2ca02c",
     "docker_py": "#9467bd",
@@ -158,7 +159,7 @@ def latency_panel(report: dict[str, Any], left: float) -> list[str]:
         legend = f"{info['label']}: p50 {info['total_ms']['median']:.1f}" + (
             f", p99 {p99:.1f} ms" if p99 is not None else " ms"
         )
-        out.append(legend_entry(frame.x(0), PANEL_H - 34 + row * 12, COLOURS[key], legend))
+        out.append(legend_entry(frame.x(0), frame.y(0) + 44 + row * 12, COLOURS[key], legend))
     return out
 
 
@@ -210,7 +211,7 @@ def bar_panel(
             top = frame.y(max(bar.values))
             out.append(text(centre, top - 4, f"{median:.3g}", size=9, anchor="middle"))
     for row, (key, label) in enumerate(legend.items()):
-        out.append(legend_entry(frame.x(0), PANEL_H - 34 + row * 12, COLOURS[key], label))
+        out.append(legend_entry(frame.x(0), frame.y(0) + 30 + row * 12, COLOURS[key], label))
     return out
 
 
@@ -299,8 +300,8 @@ def render_svg(pool: dict[str, Any], humaneval: dict[str, Any] | None) -> str:
     note = (
         f"bench pool {machine.get('date', '')}"
         + (f" · bench humaneval {humaneval['machine'].get('date', '')}" if humaneval else "")
-        + f" · {machine.get('nproc', '?')} CPUs shared with two other workers"
-        + " · dots: one per round"
+        + " · dots: one per round · "
+        + (pool.get("config", {}).get("note") or f"{machine.get('nproc', '?')} CPUs")
     )
     body = [element for panel in panels for element in panel]
     body.append(text(6, PANEL_H + 12, note, size=9, fill="#555555"))

@@ -15,6 +15,12 @@ worse)", with refills in the timed window. Contenders, one whole batch each, rou
 ``pooled_warm``
     The same pool filled before the clock starts (``wait_ready``, untimed): the steady state
     of a pool that is already open, refills still in the window.
+``pooled_waiting``
+    ``pooled`` (opened in the window) with each claim first awaiting a parked container
+    (``await pool.wait_ready(1)``, then ``pool.run``) instead of running cold when the pool is
+    empty: what the issue's "claims never wait for a refill unless the pool is empty" would
+    give. It keeps the daemon's work at ``width`` containers in flight, where ``pooled``
+    adds up to ``width`` cold runs to ``width`` refills.
 
 Per batch: runs/s (``jobs`` / wall time) and the steady-state rate, ``jobs - width`` runs over
 the time from the ``width``-th result to the last (the first ``width`` are a burst a parked
@@ -38,11 +44,12 @@ from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
 
-CONTENDERS = ("cold", "pooled", "pooled_warm")
+CONTENDERS = ("cold", "pooled", "pooled_warm", "pooled_waiting")
 LABELS = {
     "cold": "cold (sbxkit.run)",
     "pooled": "pooled, pool opened in the window",
     "pooled_warm": "pooled, pool filled before the clock",
+    "pooled_waiting": "pooled, each claim waits for a parked one",
 }
 TARGET_RATIO = 1.0
 """pooled / cold runs/s (issue 13: throughput at 16 with the pool not worse than without)."""
@@ -101,7 +108,13 @@ async def one_batch(
         if key == "pooled_warm":
             await pool.wait_ready()
             t0 = time.perf_counter()
-        done_at, pooled = await drain(jobs, width, lambda: pool.run(spec), t0)
+
+        async def claim() -> RunResult:
+            if key == "pooled_waiting":
+                await pool.wait_ready(1)  # pool.run takes it before any other task runs
+            return await pool.run(spec)
+
+        done_at, pooled = await drain(jobs, width, claim, t0)
         wall = time.perf_counter() - t0
         t_close = time.perf_counter()
     return Batch(wall, done_at, pooled, close_s=time.perf_counter() - t_close)
@@ -161,7 +174,7 @@ def sustained_report(
         }
     cold = tally.batches["cold"]
     ratios: dict[str, Any] = {}
-    for key in ("pooled", "pooled_warm"):
+    for key in ("pooled", "pooled_warm", "pooled_waiting"):
         mine = tally.batches[key]
         ratios[f"{key}/cold runs/s"] = ratio_of_medians(
             [b.wall_s for b in cold], [b.wall_s for b in mine]
