@@ -357,6 +357,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += common.target_md(report["sustained"]["target"])
     out += ["", "What each contender does:", ""]
     out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
+    if report["ok"]:
+        out += ["", "![pool: latency CDF, throughput, HumanEval](pool.svg)"]
     return common.md(out + common.errors_md(report))
 
 
