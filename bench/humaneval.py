@@ -155,6 +155,7 @@ async def sbxkit_all(
             verdicts[str(done.id)] = {
                 "passed": r.ok,
                 "why": f"{r.status} {r.exit_code}: {last_line(r.stderr)}",
+                "pooled": r.pooled,
             }
     return verdicts
 
@@ -208,6 +209,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     broken = {f"{BROKEN_TASK} (broken)": broken_program()}
     walls: dict[str, list[float]] = {k: [] for k in CONTENDERS}
     passes: dict[str, list[int]] = {k: [] for k in CONTENDERS}
+    pooled_runs: dict[str, list[int]] = {k: [] for k in CONTENDERS}
     failures: dict[str, dict[str, Any]] = {k: {} for k in CONTENDERS}
     broken_outcome: dict[str, Any] = {}
     errors: list[str] = []
@@ -249,6 +251,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                     walls[key].append(time.perf_counter() - t0)
                     passed = sum(1 for v in verdicts.values() if v["passed"])
                     passes[key].append(passed)
+                    pooled_runs[key].append(sum(1 for v in verdicts.values() if v.get("pooled")))
                     failures[key].update({t: v for t, v in verdicts.items() if not v["passed"]})
                     say(
                         f"  run {round_no + 1} {key:<10} {walls[key][-1]:6.1f} s, "
@@ -274,6 +277,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         "n": len(programs),
         "walls": walls,
         "passes": passes,
+        "pooled_runs": pooled_runs,
         "failures": failures,
         "broken": broken_outcome,
         "peaks": probe.peaks,
@@ -293,6 +297,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "wall_s": summarise(walls[k]),
             "problems_per_s": summarise([n / w for w in walls[k]]),
             "passed_per_run": m["passes"][k],
+            "pooled_per_run": m["pooled_runs"][k],
             "failed": m["failures"][k],
             "broken_solution": m["broken"].get(k),
             "peak_in_flight": m["peaks"].get(k),
@@ -370,6 +375,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "broken solution | peak in flight | n |",
         "|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
+    runs = [
+        f"| {info['label']} | {' · '.join(f'{w:.2f}' for w in info['samples_wall_s'])} | "
+        f"{', '.join(str(p) for p in info['pooled_per_run'])} |"
+        for info in report["contenders"].values()
+    ]
     for info in report["contenders"].values():
         w, r = info["wall_s"], info["problems_per_s"]
         broken = info["broken_solution"] or {}
@@ -381,6 +391,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{verdict}: `{broken.get('why', '')}` | {info.get('peak_in_flight')} | "
             f"{w.get('n', 0)} |"
         )
+    out += [
+        "",
+        "| contender | wall s of each run, in order | runs served pooled |",
+        "|---|---|---|",
+    ]
+    out += runs
     out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
         verdict = "**met**" if target["met"] else "**not met**"

@@ -41,6 +41,8 @@ from bench.harness import (
     say,
 )
 from bench.oneshot import raw_contender, raw_create_body
+from bench.pool_plot import write_plot
+from bench.pool_sustained import measure_sustained, sustained_lines, sustained_md
 from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket, percentile
 from sbxkit.backends.docker import DockerBackend
@@ -65,6 +67,9 @@ DEFAULT_ORDER = ("pooled", "cold", "raw")
 BENCH_LABEL = "sbxkit.bench-pool"
 RATIOS = (("pooled", "raw"), ("pooled", "cold"), ("cold", "raw"))
 POOL_SIZE = 2
+SUSTAINED_JOBS = 160
+QUICK_SUSTAINED_JOBS = 32
+SUSTAINED_ROUNDS = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +87,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="throughput phase: N runs at once, cold vs pooled (0: skip; default 16)",
     )
     parser.add_argument("--burst-rounds", type=int, default=3, metavar="R")
+    parser.add_argument(
+        "--sustained",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sustained phase: N runs at --sustained-width at once, cold vs pooled with "
+        f"refills (0: skip; default {SUSTAINED_JOBS}, {QUICK_SUSTAINED_JOBS} with --quick)",
+    )
+    parser.add_argument("--sustained-width", type=int, default=16, metavar="W")
+    parser.add_argument(
+        "--sustained-rounds",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"default {SUSTAINED_ROUNDS}, 1 with --quick",
+    )
+    parser.add_argument("--sustained-warmup", type=int, default=0, metavar="R")
+    parser.add_argument(
+        "--note", default="", help="said beside the figures (e.g. what else loads the machine)"
+    )
     common.add_out_argument(parser, "pool.json / .md")
 
 
@@ -168,12 +193,30 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 burst = await measure_burst(backend, spec, args.burst, args.burst_rounds)
             except Exception as exc:  # reported, like a failing contender
                 errors.append(f"burst: {type(exc).__name__}: {exc}")
+        sustained: dict[str, Any] = {}
+        jobs = common.pick(args.sustained, args.quick, QUICK_SUSTAINED_JOBS, SUSTAINED_JOBS)
+        if jobs and jobs < 2 * args.sustained_width:
+            errors.append("sustained: --sustained must be 0 or at least twice --sustained-width")
+        elif not errors and jobs > 0:
+            say(f"{NAME}: sustained, {jobs} runs at {args.sustained_width} at once")
+            try:
+                sustained = await measure_sustained(
+                    backend,
+                    spec,
+                    jobs=jobs,
+                    width=args.sustained_width,
+                    rounds=common.pick(args.sustained_rounds, args.quick, 1, SUSTAINED_ROUNDS),
+                    warmup=args.sustained_warmup,
+                )
+            except Exception as exc:  # reported, like a failing contender
+                errors.append(f"sustained: {type(exc).__name__}: {exc}")
     leaks = await trio.to_thread.run_sync(witness.containers, f"{BENCH_LABEL}={NAME}")
     leaks += await trio.to_thread.run_sync(witness.containers, "sbxkit.bench=pool-raw")
     witness.close()
     facts["loadavg_at_end"] = list(os.getloadavg())
     report = build_report(args, rounds, warmup, facts, contenders, errors, leaks)
     report["burst"] = burst
+    report["sustained"] = sustained
     return report
 
 
@@ -232,6 +275,7 @@ def build_report(
             **common.interleaving_config(args, rounds, warmup, contenders),
             "image": args.image,
             "pool_size": POOL_SIZE,
+            "note": args.note,
             "spec_limits": msgspec.to_builtins(true_spec(args.image))["limits"],
         },
         "contenders": {
@@ -276,8 +320,11 @@ def render_text(report: dict[str, Any]) -> str:
         ],
         *common.ratio_lines_text(report["ratios"], 26),
         *burst_lines(report.get("burst") or {}),
+        *sustained_lines(report.get("sustained") or {}),
     ]
     lines += common.target_lines(report["target"])
+    if report.get("sustained"):
+        lines += common.target_lines(report["sustained"]["target"])
     return "\n".join(lines + common.errors_text(report))
 
 
@@ -291,6 +338,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"`{' → '.join(cfg['order'])}`, pool of {cfg['pool_size']} · "
         + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
         + common.git_md(m),
+        *(["", f"Note: {cfg['note']}"] if cfg.get("note") else []),
         "",
         *common.ms_table_md(report["contenders"]),
         "",
@@ -303,9 +351,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
     out += ["", *burst_lines(report.get("burst") or {})]
+    out += sustained_md(report.get("sustained") or {})
     out += common.target_md(report["target"])
+    if report.get("sustained"):
+        out += common.target_md(report["sustained"]["target"])
     out += ["", "What each contender does:", ""]
     out += [f"- **{i['label']}**: {i['description']}" for i in report["contenders"].values()]
+    if report["ok"]:
+        out += ["", "![pool: latency CDF, throughput, HumanEval](pool.svg)"]
     return common.md(out + common.errors_md(report))
 
 
@@ -314,6 +367,8 @@ def main(args: argparse.Namespace) -> int:
     report = trio.run(measure, args, rounds, warmup)
     print(render_text(report))
     common.write_report(args.out, NAME, report, render_markdown)
+    if report["ok"] and str(args.out) != "-":
+        say(f"wrote {write_plot(args.out)}")
     return 0 if report["ok"] else 1
 
 
