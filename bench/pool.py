@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket, percentile
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import open_engine
+from sbxkit.held_pool import HeldPool, PooledBackend
 from sbxkit.pool import Pool, open_pool
 from sbxkit.runner import run
 from sbxkit.settings import Settings
@@ -63,9 +65,16 @@ QUICK_ROUNDS = 5
 DEFAULT_WARMUP = 3
 QUICK_WARMUP = 1
 ROUND_COUNTS = common.RoundCounts(DEFAULT_ROUNDS, DEFAULT_WARMUP, QUICK_ROUNDS, QUICK_WARMUP)
-DEFAULT_ORDER = ("pooled", "cold", "raw")
+DEFAULT_ORDER = ("pooled", "held", "cold", "raw", "cli_held", "cli_cold")
 BENCH_LABEL = "sbxkit.bench-pool"
-RATIOS = (("pooled", "raw"), ("pooled", "cold"), ("cold", "raw"))
+RATIOS = (
+    ("pooled", "raw"),
+    ("pooled", "cold"),
+    ("held", "raw"),
+    ("held", "cold"),
+    ("cold", "raw"),
+    ("cli_held", "cli_cold"),
+)
 POOL_SIZE = 2
 SUSTAINED_JOBS = 160
 QUICK_SUSTAINED_JOBS = 32
@@ -139,6 +148,53 @@ def pooled_contender(pool: Pool, spec: SandboxSpec) -> Contender:
     )
 
 
+def held_contender(backend: PooledBackend, spec: SandboxSpec) -> Contender:
+    async def once() -> StepTimings:
+        with trio.fail_after(60):
+            await backend.warm(spec)  # not timed: the supervisor's refill, off the path
+        t0 = time.perf_counter()
+        result = await run(spec, backend=backend)
+        elapsed = time.perf_counter() - t0
+        if not (result.ok and result.pooled):
+            raise RuntimeError(f"held: {result.status} {result.exit_code} pooled={result.pooled}")
+        return {"run": result.timings.run_s, "outside": elapsed - result.timings.run_s}
+
+    return Contender(
+        "held",
+        "sbxkit, held by the supervisor",
+        f"await sbxkit.run(spec, backend=PooledBackend(pool=HeldPool(size={POOL_SIZE}))): "
+        "plan the shape, claim from the supervisor, attach, claim line, payload, exit judged; "
+        "removal continues under the supervisor",
+        once,
+    )
+
+
+def cli_contenders(args: argparse.Namespace, state_dir: str) -> list[Contender]:
+    """``sbxkit run`` as a process (what a shell or an agent's tool call waits for), cold and
+    claiming from the supervisor's pool; both talk to the bench's supervisor."""
+    env = {**os.environ, "SBXKIT_STATE_DIR": state_dir, "SBXKIT_LABELS": f"{BENCH_LABEL}={NAME}"}
+    base = [sys.executable, "-m", "sbxkit", "run", "--socket", args.socket]
+    limits = [
+        "--stdin",
+        "none",
+        "--cpus",
+        "1",
+        "--memory",
+        "64m",
+        "--pids",
+        "64",
+        "--timeout",
+        "30",
+    ]
+    tail = [args.image, "--", "true"]
+    return [
+        common.cli_contender(
+            "cli_held", "sbxkit run --pool", [*base, "--pool", "2", *limits, *tail], env
+        ),
+        common.cli_contender("cli_cold", "sbxkit run", [*base, *limits, *tail], env),
+    ]
+
+
 def cold_contender(backend: DockerBackend, spec: SandboxSpec) -> Contender:
     async def once() -> StepTimings:
         result = await run(spec, backend=backend)
@@ -161,10 +217,12 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         facts = await machine_facts(engine)
         await common.require_image(engine, args.image, NAME)
         backend = DockerBackend(engine=engine, settings=settings)
+        held = PooledBackend(pool=HeldPool(size=POOL_SIZE), engine=engine, settings=settings)
         async with open_pool(spec, size=POOL_SIZE, backend=backend) as pool:
             contenders = common.order_contenders(
                 [
                     pooled_contender(pool, spec),
+                    held_contender(held, spec),
                     cold_contender(backend, spec),
                     raw_contender(
                         witness,
@@ -173,6 +231,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                         label="raw floor",
                         what="the floor's body",
                     ),
+                    *cli_contenders(args, str(Path(state_dir) / "leases")),
                 ],
                 args.order,
                 NAME,
@@ -187,6 +246,8 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 )
             except ContenderFailed as exc:
                 errors.append(str(exc))
+            with trio.CancelScope(shield=True):
+                await held.end(spec)  # the supervisor's pool of the shape, removed now
         burst: dict[str, Any] = {}
         if not errors and args.burst > 0:
             try:
