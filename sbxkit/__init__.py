@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
+    from sbxkit.shape_pools import PoolPerShape
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
     from sbxkit.supervisor.client import (
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
 _WHERE: dict[str, str] = {
     "open_pool": "sbxkit.pool",
     "Pool": "sbxkit.pool",
+    "PoolPerShape": "sbxkit.shape_pools",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -199,6 +201,7 @@ __all__ = [
     "Owner",
     "PhaseTimings",
     "Pool",
+    "PoolPerShape",
     "PtySession",
     "Receipt",
     "RunResult",
