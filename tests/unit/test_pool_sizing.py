@@ -4,6 +4,8 @@ are refused before anything runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sbxkit.errors import SpecError
@@ -12,6 +14,7 @@ from sbxkit.pool import ParkingBudget
 from sbxkit.pool_sizing import pool_sizes
 from sbxkit.shape_pools import PoolPerShape
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from tests.unit.test_sbx_runner import Machine
 
 
 def test_each_shape_gets_one_per_job_of_it_among_the_next_parallel() -> None:
@@ -77,3 +80,16 @@ async def test_bad_batch_pool_settings_are_refused_before_anything_runs(
             socket_path="/nonexistent/docker.sock",
         )
     assert caught.value.field == field
+
+
+async def test_a_pool_per_shape_on_a_backend_other_than_docker_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = Machine(tmp_path)
+    monkeypatch.setenv("FAKE_SBX_STATE", str(machine.state))
+    backend = machine.backend()
+    with pytest.raises(SpecError) as caught:
+        await run_many([Job(id=1, spec=SPEC)], parallel=2, backend=backend, pool=PoolPerShape())
+    assert caught.value.field == "pool"
+    assert "'sandbox'" in caught.value.rule
+    assert machine.argvs() == []  # the sbx binary was never run
