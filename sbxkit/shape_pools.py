@@ -26,7 +26,7 @@ import trio
 
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.call_checks import check_pool_options
+from sbxkit.call_checks import MAX_POOL_SIZE, check_pool_options
 from sbxkit.errors import CleanupError, SpecError
 from sbxkit.plan import CheckedSpec
 from sbxkit.pool import ParkingBudget, Pool, claim_line_within, shape_of
@@ -47,7 +47,7 @@ class PoolPerShape(msgspec.Struct, frozen=True, kw_only=True):
 
     size: int | None = None
     """At most this many parked per shape (None: the batch's ``parallel``). Whatever it is,
-    all shapes together never hold more than ``parallel``."""
+    all shapes together never hold more than ``parallel`` (nor 256, a pool's ceiling)."""
     idle_ttl_s: float = 300.0
     max_timeout_s: float = 600.0
 
@@ -70,9 +70,9 @@ class ShapePools:
     ) -> None:
         self.backend = backend
         self.options = options
-        self.parallel = parallel
-        self.per_shape = min(options.size or parallel, parallel)
-        self.budget = ParkingBudget(parallel)
+        self.parallel = min(parallel, MAX_POOL_SIZE)  # a pool's own ceiling holds for all
+        self.per_shape = min(options.size or parallel, self.parallel)
+        self.budget = ParkingBudget(self.parallel)
         self._shapes: dict[bytes, SandboxSpec] = {}
         self._keys = [self._key_of(spec) for spec in specs]
         self._pending = {index: key for index, key in enumerate(self._keys) if key is not None}

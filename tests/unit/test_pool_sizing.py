@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.call_checks import MAX_POOL_SIZE
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, run_many
 from sbxkit.pool import ParkingBudget
 from sbxkit.pool_sizing import pool_sizes
-from sbxkit.shape_pools import PoolPerShape
+from sbxkit.shape_pools import PoolPerShape, ShapePools
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.unit.test_sbx_runner import Machine
 
@@ -93,3 +95,12 @@ async def test_a_pool_per_shape_on_a_backend_other_than_docker_is_refused(
     assert caught.value.field == "pool"
     assert "'sandbox'" in caught.value.rule
     assert machine.argvs() == []  # the sbx binary was never run
+
+
+def test_a_batch_parks_at_most_its_parallelism_and_a_pools_ceiling() -> None:
+    backend = DockerBackend(socket_path="/nonexistent/docker.sock")  # never contacted
+    specs = [SPEC] * 3
+    wide = ShapePools(backend, specs, parallel=1000, options=PoolPerShape())
+    narrow = ShapePools(backend, specs, parallel=4, options=PoolPerShape(size=2))
+    assert (wide.budget.total, wide.per_shape) == (MAX_POOL_SIZE, MAX_POOL_SIZE)
+    assert (narrow.budget.total, narrow.per_shape) == (4, 2)
