@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
+    from sbxkit.shape_pools import PoolPerShape
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
     from sbxkit.supervisor.client import (
@@ -79,6 +80,7 @@ _WHERE: dict[str, str] = {
     "HeldPool": "sbxkit.held_pool",
     "PooledBackend": "sbxkit.held_pool",
     "PoolUnavailable": "sbxkit.held_pool",
+    "PoolPerShape": "sbxkit.shape_pools",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -204,6 +206,7 @@ __all__ = [
     "Owner",
     "PhaseTimings",
     "Pool",
+    "PoolPerShape",
     "PoolUnavailable",
     "PooledBackend",
     "PtySession",

@@ -31,7 +31,8 @@ never start.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 
 import msgspec
 import trio
@@ -46,6 +47,7 @@ from sbxkit.plan import CheckedSpec
 from sbxkit.pool import Pool
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
+from sbxkit.shape_pools import PoolPerShape, open_shape_pools
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import CapacityExhausted
 from sbxkit.unwrap import plain_async
@@ -212,6 +214,8 @@ class Admission:
 OwnerFactory = Callable[[Engine], Owner]
 ResultCallback = Callable[[JobResult], object]
 StartCallback = Callable[[JobId], object]
+JobRunner = Callable[[int, Job, Backend], Awaitable[RunResult]]
+"""Runs job ``index`` once: cold on the given backend, or claimed from a pool."""
 
 
 def _error_of(exc: BaseException) -> JobError:
@@ -247,21 +251,54 @@ def caller_budget(host_memory_bytes: int | None, host_cpus: float | None) -> Bud
 
 
 async def _run_job(
-    backend: Backend, job: Job, capacity_wait_s: float, pool: Pool | None
+    backend: Backend, index: int, job: Job, capacity_wait_s: float, runner: JobRunner
 ) -> RunResult:
     """One run; a supervisor that is full is retried with backoff (nothing was created)."""
     delay, ceiling = _CAPACITY_BACKOFF_S
     deadline = trio.current_time() + capacity_wait_s
     while True:
         try:
-            if pool is not None:
-                return await pool.run(job.spec, job.stdin)
-            return await backend.run_once(job.spec, job.stdin)
+            return await runner(index, job, backend)
         except CapacityExhausted:
             if trio.current_time() + delay > deadline:
                 raise
         await trio.sleep(delay)
         delay = min(delay * 2, ceiling)
+
+
+async def _cold(index: int, job: Job, backend: Backend) -> RunResult:
+    return await backend.run_once(job.spec, job.stdin)
+
+
+@asynccontextmanager
+async def _job_runner(
+    pool: Pool | PoolPerShape | None,
+    pool_backend: Callable[[], Backend],
+    jobs: Sequence[Job],
+    parallel: int,
+) -> AsyncIterator[JobRunner]:
+    """How the batch runs a job: cold, from the caller's pool, or from a pool per shape
+    opened (and closed) here."""
+    if pool is None:
+        yield _cold
+        return
+    if isinstance(pool, Pool):
+        one_pool = pool
+
+        async def claim(index: int, job: Job, backend: Backend) -> RunResult:
+            return await one_pool.run(job.spec, job.stdin)
+
+        yield claim
+        return
+    backend = pool_backend()
+    assert isinstance(backend, DockerBackend)  # run_many refused any other
+    specs = [job.spec for job in jobs]
+    async with open_shape_pools(backend, specs, parallel=parallel, options=pool) as pools:
+
+        async def claim_by_shape(index: int, job: Job, backend: Backend) -> RunResult:
+            return await pools.run(index, job.spec, job.stdin, backend)
+
+        yield claim_by_shape
 
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
@@ -279,7 +316,7 @@ async def run_many(
     capacity_wait_s: float = CAPACITY_WAIT_S,
     on_start: StartCallback | None = None,
     backend: Backend | None = None,
-    pool: Pool | None = None,
+    pool: Pool | PoolPerShape | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
@@ -290,8 +327,11 @@ async def run_many(
     runner's, the supervisor). The engine is opened for the batch when not given.
     ``backend`` runs the jobs elsewhere (a ``DockerBackend`` you configured, or the sbx
     runtime), instead of ``engine``, ``owner_factory``, ``settings`` and ``socket_path``.
-    ``pool`` (``sbxkit.pool.open_pool``, sized to ``parallel``) runs each job in a pre-started
-    container of its shape when it can, cold otherwise (``RunResult.pooled`` says which).
+    ``pool`` runs each job in a pre-started container of its shape when one is parked, cold
+    otherwise (``RunResult.pooled`` says which): a ``PoolPerShape`` opens a pool per shape of
+    the batch for the batch, sized for the jobs still to start, never more than ``parallel``
+    parked in all (docs/pool.md); a ``Pool`` you opened (``sbxkit.open_pool``) serves its one
+    shape. A removal of a parked container that failed is raised when the batch ends.
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
     ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
@@ -316,6 +356,12 @@ async def run_many(
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index
     admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
+    if isinstance(pool, PoolPerShape):
+        pool.check()
+        if backend is not None and not isinstance(backend, DockerBackend):
+            raise SpecError("pool", f"pre-started sandboxes need Docker, not {backend.kind!r}")
+    elif pool is not None and not isinstance(pool, Pool):
+        raise SpecError("pool", f"must be a PoolPerShape or a Pool, got {type(pool).__name__}")
     needs = [need_of(job.spec) for job in job_list]
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
@@ -323,18 +369,34 @@ async def run_many(
         docker_backend(backend, engine=engine, settings=settings, socket_path=socket_path)
         if owner_factory is not None:
             raise SpecError("backend", "give owner_factory's owner to the backend, not beside it")
-        return await _dispatch(
-            lambda: backend, job_list, needs, admission, on_result, capacity_wait_s, on_start, pool
-        )
+        async with _job_runner(pool, lambda: backend, job_list, parallel) as runner:
+            return await _dispatch(
+                lambda: backend,
+                job_list,
+                needs,
+                admission,
+                on_result,
+                capacity_wait_s,
+                on_start,
+                runner,
+            )
     async with engine_or_open(engine, socket_path) as eng:
 
         def backend_for_job() -> Backend:
             owner = owner_factory(eng) if owner_factory is not None else None
             return DockerBackend(engine=eng, owner=owner, settings=settings)
 
-        return await _dispatch(
-            backend_for_job, job_list, needs, admission, on_result, capacity_wait_s, on_start, pool
-        )
+        async with _job_runner(pool, backend_for_job, job_list, parallel) as runner:
+            return await _dispatch(
+                backend_for_job,
+                job_list,
+                needs,
+                admission,
+                on_result,
+                capacity_wait_s,
+                on_start,
+                runner,
+            )
 
 
 async def _dispatch(
@@ -345,7 +407,7 @@ async def _dispatch(
     on_result: ResultCallback | None,
     capacity_wait_s: float,
     on_start: StartCallback | None,
-    pool: Pool | None,
+    runner: JobRunner,
 ) -> list[JobResult]:
     results: list[JobResult | None] = [None] * len(jobs)
     begun = trio.current_time()
@@ -357,7 +419,7 @@ async def _dispatch(
         async def work(index: int, job: Job, need: Need, started: float) -> None:
             try:
                 try:
-                    outcome = await _run_job(backend_for_job(), job, capacity_wait_s, pool)
+                    outcome = await _run_job(backend_for_job(), index, job, capacity_wait_s, runner)
                 except Exception as exc:  # one job's failure is its result, not the batch's
                     finished = trio.current_time()
                     done = JobResult(id=job.id, error=_error_of(exc))

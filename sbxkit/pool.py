@@ -20,14 +20,16 @@ path: a claim never waits for one — with nothing parked, it runs cold.
 
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
 command starting with ``-``, a time limit above the pool's ``max_timeout_s``, or an empty pool.
-Newlines in a command or env value ride spliced (``PARK_SCRIPT``). See docs/pool.md.
+Newlines in a command or env value ride spliced (``PARK_SCRIPT``). A batch's pools, one per
+shape (sbxkit/shape_pools.py), share a ``ParkingBudget`` and are ``resize``d as its queue moves.
+See docs/pool.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -48,7 +50,16 @@ from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
 from sbxkit.unwrap import plain_errors
 
-__all__ = ["PARK_SCRIPT", "Pool", "claim_line", "open_pool", "shape_of"]
+__all__ = [
+    "PARK_SCRIPT",
+    "Claim",
+    "ParkingBudget",
+    "Pool",
+    "claim_line",
+    "claim_line_within",
+    "open_pool",
+    "shape_of",
+]
 
 PARK_SCRIPT = "nl='\n' cr='\r'; IFS= read -r l && eval \"$l\""
 """The parked shell: one line, then that line is the payload (it ``exec``s the command). The
@@ -84,6 +95,15 @@ def claim_line(command: list[str], env: dict[str, str]) -> bytes | None:
         return None
     exports = "".join(f"export {key}={_quote(value)}; " for key, value in sorted(env.items()))
     return (exports + "exec " + " ".join(_quote(word) for word in command) + "\n").encode()
+
+
+def claim_line_within(spec: SandboxSpec, max_timeout_s: float) -> bytes | None:
+    """``spec``'s claim line, or None when a pool with this ``max_timeout_s`` serves it cold
+    whatever it holds (no line, or a longer time limit)."""
+    timeout_s = spec.limits.timeout_s
+    if timeout_s is None or timeout_s > max_timeout_s:
+        return None
+    return claim_line(list(spec.command), dict(spec.env))
 
 
 def shape_of(spec: SandboxSpec) -> SandboxSpec:
@@ -127,6 +147,36 @@ class _Parked:
     waiter: Waiter
     done: trio.Event = field(default_factory=trio.Event)
     removed: trio.Event = field(default_factory=trio.Event)
+    claimed: bool = False
+
+
+class ParkingBudget:
+    """How many containers the pools sharing it may hold unclaimed at once: being created,
+    parked, or being removed unclaimed. A claimed container is its run's and no longer counts.
+    One budget keeps a batch's pools (one per shape) within the batch's parallelism."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+        self.peak = 0
+        """The most ever held at once."""
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, poke: Callable[[], None]) -> None:
+        """``poke()`` whenever room is given back."""
+        self._listeners.append(poke)
+
+    def take(self) -> bool:
+        if self.held >= self.total:
+            return False
+        self.held += 1
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give_back(self) -> None:
+        self.held -= 1
+        for poke in self._listeners:
+            poke()
 
 
 class Pool:
@@ -141,8 +191,10 @@ class Pool:
         idle_ttl_s: float,
         max_timeout_s: float,
         refill: bool = True,
+        budget: ParkingBudget | None = None,
     ) -> None:
         self.backend = backend
+        self.budget = budget
         self.refill = refill
         self.size = size
         self.idle_ttl_s = idle_ttl_s
@@ -156,6 +208,7 @@ class Pool:
         )
         self._checked: CheckedSpec = backend.check(self._parked_spec, "run")
         self._ready: list[_Parked] = []
+        self._starting = [0]
         self._wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._closing = False
@@ -163,18 +216,21 @@ class Pool:
         """Why the last container could not be parked (None once one was)."""
         self._changed = trio.Event()
         self.cleanup_errors: list[CleanupError] = []
+        if budget is not None:
+            budget.listen(lambda: self._wanted.set())
 
     # -- keeping it full ------------------------------------------------------------------------
 
     async def _keep_full(self) -> None:
         assert self._nursery is not None
-        starting = [0]
+        starting = self._starting
         parked_once = False
         while not self._closing:
             while (
                 len(self._ready) + starting[0] < self.size
                 and not self._closing
                 and (self.refill or not parked_once)
+                and (self.budget is None or self.budget.take())
             ):
                 starting[0] += 1
                 self._nursery.start_soon(self._park_one, starting)
@@ -197,7 +253,7 @@ class Pool:
             ):
                 slot = _Parked(box, attach, waiter)
                 starting[0] -= 1
-                if not self._closing:
+                if not self._closing and len(self._ready) < self.size:  # not shrunk meanwhile
                     self._ready.append(slot)
                     self.last_error = None
                     self._signal()
@@ -216,6 +272,8 @@ class Pool:
                 starting[0] -= 1
             else:
                 slot.removed.set()
+            if self.budget is not None and (slot is None or not slot.claimed):
+                self.budget.give_back()
             self._wanted.set()
 
     def _signal(self) -> None:
@@ -237,8 +295,27 @@ class Pool:
         if self._closing or not self._ready or shape_of(spec) != self.shape:
             return None
         slot = self._ready.pop(0)
+        slot.claimed = True
+        if self.budget is not None:
+            self.budget.give_back()  # the container is its run's now
         self._wanted.set()  # refill in the background, off this claim's path
         return slot
+
+    def resize(self, size: int) -> None:
+        """Keep ``size`` containers parked from now on (0: none). More are parked in the pool's
+        own tasks; the excess is removed at once, the longest parked first."""
+        self.size = size
+        while len(self._ready) > size:
+            self._ready.pop(0).done.set()
+        self._wanted.set()
+
+    def take(self, spec: SandboxSpec | CheckedSpec) -> Claim:
+        """Decide, at once and without waiting, which path ``spec`` runs on: a parked container
+        taken for it alone (``Claim.pooled``), or cold. ``Claim.run`` runs it."""
+        checked = self.backend.check(spec, "run")
+        line = claim_line_within(checked.spec, self.max_timeout_s)
+        slot = None if line is None else self._take(checked.spec)
+        return Claim(self, checked, slot, line)
 
     async def run(
         self,
@@ -255,26 +332,57 @@ class Pool:
         removal goes on in the pool, under the owner (``timings.remove_s`` is then 0); a
         removal that fails is raised when the pool closes. ``wait_for_removal`` returns only
         after the daemon confirmed removal, as a cold run does."""
-        checked = self.backend.check(spec, "run")
-        spec = checked.spec
-        line = claim_line(list(spec.command), dict(spec.env))
-        timeout_s, output_bytes = spec.limits.timeout_s, spec.limits.output_bytes
-        assert timeout_s is not None  # checked
-        assert output_bytes is not None
-        slot = None if line is None or timeout_s > self.max_timeout_s else self._take(spec)
-        if slot is None:
-            return await self.backend.run_once(checked, stdin, on_output=on_output)
-        assert line is not None
-        stream = _LineFirst(line, stdin)
-        return await _claim(slot, stream, timeout_s, output_bytes, on_output, wait_for_removal)
+        claim = self.take(spec)
+        return await claim.run(stdin, on_output=on_output, wait_for_removal=wait_for_removal)
 
     async def aclose(self) -> None:
         """Remove every parked container (their tasks end, and the pool's nursery with them)."""
+        self.close()
+
+    def close(self) -> None:
+        """``aclose`` without waiting: the removals go on in the pool's tasks."""
         self._closing = True
         for slot in list(self._ready):
             slot.done.set()
         self._ready.clear()
         self._wanted.set()
+
+
+@dataclass(eq=False)
+class Claim:
+    """One run's path, decided by ``Pool.take``: a parked container taken for it alone
+    (``pooled``), or cold through the pool's backend. Run it once (``run``), or ``abandon`` it."""
+
+    pool: Pool
+    checked: CheckedSpec
+    slot: _Parked | None
+    line: bytes | None
+
+    @property
+    def pooled(self) -> bool:
+        return self.slot is not None
+
+    def abandon(self) -> None:
+        """Give up a claim that will not run: its container is removed."""
+        if self.slot is not None:
+            self.slot.done.set()
+
+    async def run(
+        self,
+        stdin: StdinSource | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+        wait_for_removal: bool = False,
+    ) -> RunResult:
+        """``Pool.run``'s second half."""
+        if self.slot is None or self.line is None:
+            return await self.pool.backend.run_once(self.checked, stdin, on_output=on_output)
+        limits = self.checked.spec.limits
+        timeout_s, output_bytes = limits.timeout_s, limits.output_bytes
+        assert timeout_s is not None  # checked
+        assert output_bytes is not None
+        stream = _LineFirst(self.line, stdin)
+        return await _claim(self.slot, stream, timeout_s, output_bytes, on_output, wait_for_removal)
 
 
 async def _claim(

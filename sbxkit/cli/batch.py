@@ -47,7 +47,6 @@ interrupted by signal N.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import math
 import os
@@ -79,10 +78,10 @@ from sbxkit.cli.results import (
 )
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
-from sbxkit.plan import CheckedSpec, check_spec
-from sbxkit.pool import Pool, open_pool
+from sbxkit.plan import check_spec
 from sbxkit.profile import PoolOptions, Profile, load_profile
 from sbxkit.settings import Settings
+from sbxkit.shape_pools import PoolPerShape
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
 
@@ -240,9 +239,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pool",
         action="store_true",
-        help="pre-start sandboxes of the jobs' shape, as many as --parallel, and claim them "
-        "(docs/pool.md; a profile's [sandbox.docker.pool] sets size and idle TTL); jobs of "
-        "another shape run cold. Docker only",
+        help="pre-start sandboxes for the jobs about to start, of each job's shape, at most "
+        "--parallel in all, and claim them (docs/pool.md; a profile's [sandbox.docker.pool] "
+        "sets the size per shape and the idle TTL). Docker only",
     )
     parser.add_argument(
         "--memory-budget",
@@ -306,7 +305,8 @@ async def run_batch(
 ) -> None:
     """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
     the batch (every run removes its container first) and raise Interrupted. ``pool_options``
-    pre-start containers of the first job's shape to claim (docs/pool.md)."""
+    pre-start containers of each shape of the batch to claim, ``size`` per shape at most and
+    ``parallel`` in all (docs/pool.md)."""
 
     def on_result(done: JobResult) -> None:
         writer.append(encode_result(done))
@@ -317,21 +317,16 @@ async def run_batch(
             await trio.sleep(PROGRESS_INTERVAL_S)
             progress.draw()
 
+    pool: PoolPerShape | None = None
+    if pool_options is not None and isinstance(backend, DockerBackend):
+        pool = PoolPerShape(
+            size=pool_options.size,
+            idle_ttl_s=pool_options.idle_ttl,
+            max_timeout_s=pool_options.max_timeout,
+        )
+
     async def work() -> None:
-        async with open_backend(backend), contextlib.AsyncExitStack() as stack:
-            pool: Pool | None = None
-            if pool_options is not None and jobs and isinstance(backend, DockerBackend):
-                first = jobs[0].spec
-                shape = first.spec if isinstance(first, CheckedSpec) else first
-                pool = await stack.enter_async_context(
-                    open_pool(
-                        shape,
-                        size=min(pool_options.size, len(jobs)),
-                        backend=backend,
-                        idle_ttl_s=pool_options.idle_ttl,
-                        max_timeout_s=pool_options.max_timeout,
-                    )
-                )
+        async with open_backend(backend):
             await run_many(
                 jobs,
                 parallel=parallel,

@@ -2,9 +2,11 @@
 
 The conformance subset is every real-engine test that takes the ``runtime`` fixture
 (tests/engine/runtimes.py): hardening, outcomes, sessions, PTYs and the caller-SIGKILL test run
-once per runtime. This module adds the checks that only make sense per runtime: that a cell
-really ran under the runtime it names, that the host-side cgroup holds the limits (gVisor shows
-no cgroupfs inside), and the refusals by name of what a runtime cannot honour.
+once per runtime, the one-shot ones on the cold and the pooled path (the ``oneshot`` fixture,
+tests/engine/oneshot_paths.py), so the Podman cell exercises the pool too. This module adds the
+checks that only make sense per runtime: that a cell really ran under the runtime it names, that
+the host-side cgroup holds the limits (gVisor shows no cgroupfs inside), and the refusals by
+name of what a runtime cannot honour.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import pytest
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
 from sbxkit.rules import GVISOR_MIN_PIDS
-from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB
 from tests.engine.helpers import containers_with_marker, host_processes_of, spec, text, unique
+from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor
 from tests.witness import Witness
 
@@ -122,7 +124,7 @@ async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_li
 
 @pytest.mark.parametrize("name", ["runsc", "gvisor"])
 async def test_bridge_and_a_low_pids_ceiling_are_refused_under_gvisor_by_name(
-    name: str, busybox: str, engine: Engine, witness: Witness
+    oneshot: OneShot, name: str, busybox: str, engine: Engine, witness: Witness
 ) -> None:
     """runsc is registered with --network=none, and its pids ceiling counts its own threads:
     both refusals come before anything exists on the daemon."""
@@ -132,13 +134,13 @@ async def test_bridge_and_a_low_pids_ceiling_are_refused_under_gvisor_by_name(
         spec(busybox, f"echo {marker}", runtime=name), network="bridge"
     )
     with pytest.raises(SpecError) as bridge:
-        await run(bridged, engine=engine)
+        await oneshot(bridged, engine=engine)
     with pytest.raises(SpecError) as pids:
-        await run(
+        await oneshot(
             spec(busybox, f"echo {marker}", runtime=name, pids=GVISOR_MIN_PIDS - 1), engine=engine
         )
     # Positive control: the same spec at the floor runs under gVisor.
-    ok = await run(
+    ok = await oneshot(
         spec(busybox, f"echo {marker}", runtime=name, pids=GVISOR_MIN_PIDS), engine=engine
     )
     until = time.time()
@@ -163,11 +165,11 @@ WRITABLE_PROBE = (
 
 
 async def test_only_the_scratch_space_and_shared_memory_are_writable(
-    runtime: str | None, busybox: str, engine: Engine
+    oneshot: OneShot, runtime: str | None, busybox: str, engine: Engine
 ) -> None:
     """As the sandbox user, a file can be created in /tmp and /dev/shm (tmpfs, charged to the
     memory limit) and nowhere else — including Podman's /run and /var/tmp, which sbxkit seals."""
-    result = await run(spec(busybox, WRITABLE_PROBE, runtime=runtime), engine=engine)
+    result = await oneshot(spec(busybox, WRITABLE_PROBE, runtime=runtime), engine=engine)
 
     assert result.ok, result
     writable = text(result.stdout).split()

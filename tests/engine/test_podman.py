@@ -16,6 +16,7 @@ from sbxkit.errors import SpecError
 from sbxkit.rules import GVISOR_MIN_PIDS
 from sbxkit.runner import run
 from tests.engine.helpers import spec, unique
+from tests.engine.oneshot_paths import OneShot
 from tests.witness import Witness
 
 pytestmark = pytest.mark.podman
@@ -40,12 +41,12 @@ async def test_the_engine_under_test_is_podman(witness: Witness, engine: Engine)
 
 @pytest.mark.parametrize("asked", ["runsc", "runc"])
 async def test_a_runtime_the_compat_api_would_ignore_is_refused_before_any_container(
-    asked: str, busybox: str, engine: Engine, witness: Witness
+    oneshot: OneShot, asked: str, busybox: str, engine: Engine, witness: Witness
 ) -> None:
     """Podman's compat create ignores HostConfig.Runtime: gVisor asked for would be crun."""
     marker = unique("podman-runtime")
     with pytest.raises(SpecError) as refused:
-        await run(
+        await oneshot(
             spec(busybox, f"echo {marker}", runtime=asked, pids=GVISOR_MIN_PIDS), engine=engine
         )
     # Podman keeps no queryable event log here, so "nothing was created" is read from the
@@ -53,7 +54,7 @@ async def test_a_runtime_the_compat_api_would_ignore_is_refused_before_any_conta
     assert witness.containers() == []
     # Positive control: the service's own default runtime runs.
     default = witness.get("/info")["DefaultRuntime"]
-    ok = await run(spec(busybox, f"echo {marker}", runtime=default), engine=engine)
+    ok = await oneshot(spec(busybox, f"echo {marker}", runtime=default), engine=engine)
 
     assert refused.value.field == "runtime"
     assert "ignores HostConfig.Runtime" in refused.value.rule

@@ -217,12 +217,16 @@ async def test_run_many_claims_from_a_pool(engine: Engine, busybox: str) -> None
 
 
 @pytest.mark.parametrize("how", ["flag", "profile"])
-def test_sbxkit_batch_pool_claims_pre_started_sandboxes(
-    witness: Witness, busybox: str, tmp_path: Path, how: str
+def test_sbxkit_batch_pool_claims_pre_started_sandboxes_of_every_shape(
+    witness: Witness, busybox: str, python_image: str, tmp_path: Path, how: str
 ) -> None:
+    # Two shapes (two images), alternating; the first job of each holds its slot long enough
+    # for the pools to park containers for the jobs behind it.
     limits = {"cpus": 0.5, "memory_bytes": 64 * 2**20, "pids": 64, "output_bytes": 4096}
+    images = [busybox, python_image]
     lines = [
-        {"id": n, "image": busybox, "command": ["sh", "-c", f"sleep 0.3; echo {n}"]}
+        {"id": n, "image": images[n % 2]}
+        | {"command": ["sh", "-c", f"sleep {2 if n < 2 else 0.3}; echo {n}"]}
         | {"limits": {**limits, "timeout_s": 20}}
         for n in range(6)
     ]
@@ -247,4 +251,5 @@ def test_sbxkit_batch_pool_claims_pre_started_sandboxes(
     assert done.returncode == 0, done.stderr
     results = [msgspec.json.decode(line) for line in out.read_bytes().splitlines()]
     assert sorted((r["id"], r["stdout"]) for r in results) == [(n, f"{n}\n") for n in range(6)]
-    assert any(r["pooled"] for r in results), results
+    assert any(r["pooled"] for r in results if r["id"] % 2 == 0), results  # the first shape
+    assert any(r["pooled"] for r in results if r["id"] % 2 == 1), results  # and the second

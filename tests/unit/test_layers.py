@@ -33,6 +33,7 @@ PURE = [
     "daemon_messages.py",
     "call_checks.py",
     "exec_scripts.py",
+    "pool_sizing.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
