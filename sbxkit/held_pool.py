@@ -4,8 +4,9 @@
 parked container of their shape: the supervisor keeps a pool per shape (``size`` parked,
 refilled in its own tasks, ended after ``idle_ttl_s`` without a claim), so successive
 processes — ``sbxkit run --pool N`` from a shell — claim what an earlier one caused to be
-parked. A claim is one round trip on a fresh connection; with nothing parked the run goes cold
-at once (``RunResult.pooled`` says which path ran). Everything else (sessions, PTYs, stdio
+parked. A claim is one round trip on a fresh connection; with nothing parked it waits only for a
+park already under way (pooling.py), else the run goes cold at once (``RunResult.pooled`` says
+which path ran). Everything else (sessions, PTYs, stdio
 workers, grants) is the ``DockerBackend``'s.
 
 The claimed container is verified and started by the supervisor before it is parked; this

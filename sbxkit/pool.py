@@ -16,10 +16,12 @@ Each pooled container is an ordinary sandbox of the backend: planned once, creat
 owner (the supervisor by default: journaled, admitted against the host's budget, removed if this
 process dies), verified before it is parked, removed when claimed-and-done, when it has idled
 ``idle_ttl_s``, or when the pool closes. Refills run in the pool's own tasks, off the claim's
-path: a claim never waits for one — with nothing parked, it runs cold.
+path: with nothing parked, ``Pool.run`` waits (at most ``CLAIM_WAIT_S``) only for a container
+already being parked that no other claim waits for, and runs cold otherwise.
 
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
-command starting with ``-``, a time limit above the pool's ``max_timeout_s``, or an empty pool.
+command starting with ``-``, a time limit above the pool's ``max_timeout_s``, or an empty pool
+with nothing under way for it.
 Newlines in a command or env value ride spliced (``PARK_SCRIPT``). A batch's pools, one per
 shape (sbxkit/shape_pools.py), share a ``ParkingBudget`` and are ``resize``d as its queue moves.
 See docs/pool.md.
@@ -66,6 +68,8 @@ PARK_SCRIPT = "nl='\n' cr='\r'; IFS= read -r l && eval \"$l\""
 line cannot hold a newline or a carriage return: a word that has one is spliced from quoted
 pieces and ``"$nl"``/``"$cr"``, which the shell defined before it read."""
 REFILL_BACKOFF_S = 1.0
+CLAIM_WAIT_S = 5.0
+"""The longest ``Pool.run`` waits for a container being parked before it runs cold."""
 _SPLICE = {"\n": '"$nl"', "\r": '"$cr"'}
 
 
@@ -209,6 +213,8 @@ class Pool:
         self._checked: CheckedSpec = backend.check(self._parked_spec, "run")
         self._ready: list[_Parked] = []
         self._starting = [0]
+        self._waiting = 0  # run() calls waiting for a park under way (one per park)
+        self._filled_once = False
         self._wanted = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._closing = False
@@ -221,20 +227,30 @@ class Pool:
 
     # -- keeping it full ------------------------------------------------------------------------
 
-    async def _keep_full(self) -> None:
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the pool's tasks in ``nursery``; its first parks start before this returns (a
+        claim right after may wait for one of them)."""
+        self._nursery = nursery
+        self._fill()
+        nursery.start_soon(self._keep_full)
+
+    def _fill(self) -> None:
+        """Start parks until ``size`` are parked or under way (once only without refill)."""
         assert self._nursery is not None
         starting = self._starting
-        parked_once = False
+        while (
+            len(self._ready) + starting[0] < self.size
+            and not self._closing
+            and (self.refill or not self._filled_once)
+            and (self.budget is None or self.budget.take())
+        ):
+            starting[0] += 1
+            self._nursery.start_soon(self._park_one, starting)
+        self._filled_once = True
+
+    async def _keep_full(self) -> None:
         while not self._closing:
-            while (
-                len(self._ready) + starting[0] < self.size
-                and not self._closing
-                and (self.refill or not parked_once)
-                and (self.budget is None or self.budget.take())
-            ):
-                starting[0] += 1
-                self._nursery.start_soon(self._park_one, starting)
-            parked_once = True
+            self._fill()
             self._wanted = trio.Event()
             await self._wanted.wait()
             if self.last_error is not None:
@@ -333,7 +349,34 @@ class Pool:
         removal that fails is raised when the pool closes. ``wait_for_removal`` returns only
         after the daemon confirmed removal, as a cold run does."""
         claim = self.take(spec)
+        if not claim.pooled and claim.line is not None:
+            claim = await self._claim_under_way(claim)
         return await claim.run(stdin, on_output=on_output, wait_for_removal=wait_for_removal)
+
+    async def _claim_under_way(self, cold: Claim) -> Claim:
+        """With nothing parked, wait (at most ``CLAIM_WAIT_S``) for a container already being
+        parked that no other claim waits for — it is further along than a cold create would
+        be, and a cold run on top of the refills is what costs a busy daemon throughput
+        (bench pool, sustained). Nothing under way, a failing park, another shape: cold."""
+        if (
+            self._closing
+            or self.last_error is not None
+            or shape_of(cold.checked.spec) != self.shape
+            or self._waiting >= self._starting[0]
+        ):
+            await trio.lowlevel.checkpoint()
+            return cold
+        self._waiting += 1
+        try:
+            with trio.move_on_after(CLAIM_WAIT_S):
+                while not self._ready:
+                    if self._closing or self.last_error is not None or not self._starting[0]:
+                        return cold
+                    await self._changed.wait()
+                return self.take(cold.checked)
+            return cold
+        finally:
+            self._waiting -= 1
 
     async def aclose(self) -> None:
         """Remove every parked container (their tasks end, and the pool's nursery with them)."""
@@ -452,8 +495,7 @@ async def open_pool(
     )
     with plain_errors():  # the caller's own error leaves as itself, not in a group
         async with trio.open_nursery() as nursery:
-            pool._nursery = nursery
-            nursery.start_soon(pool._keep_full)
+            pool.start(nursery)
             try:
                 yield pool
             finally:

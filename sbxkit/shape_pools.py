@@ -110,8 +110,7 @@ class ShapePools:
         except SpecError:
             self._refused.add(key)  # the parked shell's spec is refused: its jobs run cold
             return None
-        pool._nursery = self._nursery
-        self._nursery.start_soon(pool._keep_full)
+        pool.start(self._nursery)
         self.pools[key] = pool
         return pool
 

@@ -179,7 +179,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         "--pool",
         metavar="N",
         help="claim a pre-started container from the supervisor's pool of this run's shape, "
-        "kept N strong (the first run of a shape runs cold and starts the pool; docs/pool.md)",
+        "kept N strong (the first run of a shape starts the pool; docs/pool.md)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

@@ -125,6 +125,25 @@ async def test_a_container_is_never_claimed_twice(engine: Engine, busybox: str) 
     assert all(r.timings.remove_s > 0 for r in results)
 
 
+async def test_runs_on_an_empty_pool_wait_for_its_parks_under_way_not_more(
+    engine: Engine, busybox: str
+) -> None:
+    """Three runs the moment a pool of two opens: two wait for the two parks under way (each
+    further along than a cold create), the third has none to wait for and runs cold."""
+    job = spec(busybox, "echo done")
+    async with open_pool(job, size=2, backend=backend_of(engine), refill=False) as pool:
+        results: list[sbxkit.RunResult] = []
+
+        async def one() -> None:
+            results.append(await pool.run(job, wait_for_removal=True))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(one)
+    assert sorted(r.pooled for r in results) == [False, True, True]
+    assert [r.stdout for r in results] == [b"done\n"] * 3
+
+
 async def test_what_the_pool_cannot_serve_runs_cold(engine: Engine, busybox: str) -> None:
     shape = spec(busybox, "true")
     other_shape = spec(busybox, "true", memory_bytes=96 * sbxkit.MiB)
