@@ -365,27 +365,8 @@ async def run_many(
     needs = [need_of(job.spec) for job in job_list]
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
-    if backend is not None:
-        docker_backend(backend, engine=engine, settings=settings, socket_path=socket_path)
-        if owner_factory is not None:
-            raise SpecError("backend", "give owner_factory's owner to the backend, not beside it")
-        async with _job_runner(pool, lambda: backend, job_list, parallel) as runner:
-            return await _dispatch(
-                lambda: backend,
-                job_list,
-                needs,
-                admission,
-                on_result,
-                capacity_wait_s,
-                on_start,
-                runner,
-            )
-    async with engine_or_open(engine, socket_path) as eng:
 
-        def backend_for_job() -> Backend:
-            owner = owner_factory(eng) if owner_factory is not None else None
-            return DockerBackend(engine=eng, owner=owner, settings=settings)
-
+    async def dispatch(backend_for_job: Callable[[], Backend]) -> list[JobResult]:
         async with _job_runner(pool, backend_for_job, job_list, parallel) as runner:
             return await _dispatch(
                 backend_for_job,
@@ -397,6 +378,19 @@ async def run_many(
                 on_start,
                 runner,
             )
+
+    if backend is not None:
+        docker_backend(backend, engine=engine, settings=settings, socket_path=socket_path)
+        if owner_factory is not None:
+            raise SpecError("backend", "give owner_factory's owner to the backend, not beside it")
+        return await dispatch(lambda: backend)
+    async with engine_or_open(engine, socket_path) as eng:
+
+        def backend_for_job() -> Backend:
+            owner = owner_factory(eng) if owner_factory is not None else None
+            return DockerBackend(engine=eng, owner=owner, settings=settings)
+
+        return await dispatch(backend_for_job)
 
 
 async def _dispatch(

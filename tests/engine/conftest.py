@@ -6,13 +6,16 @@ witness after the test body (a leak turns the test into an error).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from sbxkit.engine.client import Engine, open_engine
 from tests.engine.oneshot_paths import oneshot  # noqa: F401 - a fixture: cold and pooled one-shot runs
 from tests.engine.runtimes import runtime_cells, spec_runtime
+from tests.supervision import private_state_dir
 from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
 
 
@@ -36,6 +39,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
             if "runtime" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.conformance)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A fresh private supervisor state dir path (not yet created); removed with its parent
+    afterwards (tests/supervision.py starts a supervisor on it)."""
+    path = private_state_dir()
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +35,13 @@ from sbxkit.supervisor.client import (
     SupervisedOwner,
 )
 from tests.engine.helpers import spec, unique, wait_until
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.supervision import (
+    SupervisorProcess,
+    running_supervisor,
+)
 from tests.witness import Witness
 
 ONE_SLOT = ("--memory-budget", str(100 * MiB))  # one 64 MiB sandbox fits, two do not
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

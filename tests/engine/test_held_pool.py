@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +39,10 @@ from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB, SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec, unique, wait_until
-from tests.supervision import private_state_dir, running_supervisor
+from tests.supervision import running_supervisor
 from tests.witness import Witness
 
 TWO_SLOTS = ("--memory-budget", str(150 * MiB))  # two 64 MiB sandboxes fit, three do not
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,8 @@ change while a supervisor runs is noticed at the next admission. Nothing is ever
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +29,11 @@ from sbxkit.supervisor.statedir import MAX_SOCKET_PATH
 from sbxkit.supervisor.wire import Refused, Welcome
 from tests.engine.helpers import spec
 from tests.engine.test_supervisor import RawClient, hello, register_for, supervisor_pids
-from tests.supervision import private_state_dir, running_supervisor, supervisor_command
+from tests.supervision import (
+    running_supervisor,
+    supervisor_command,
+)
 from tests.witness import SOCKET
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def odd_temp_dir(state_dir: Path) -> tuple[Path, str]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +54,13 @@ from tests.engine.helpers import (
     unique,
     wait_until,
 )
-from tests.supervision import private_state_dir, running_supervisor, supervisor_command
+from tests.supervision import (
+    running_supervisor,
+    supervisor_command,
+)
 from tests.witness import SOCKET, Witness
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """A fresh private state dir path (not yet created); removed with its parent afterwards."""
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def lease_files(state_dir: Path) -> list[str]:

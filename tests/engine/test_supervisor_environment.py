@@ -9,28 +9,16 @@ socket explicitly (``--engine-socket``) instead of inheriting ``DOCKER_HOST``.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from sbxkit.supervisor.environment import SUPERVISOR_ENVIRONMENT
 from tests.engine.helpers import unique, wait_until
 from tests.engine.test_supervisor import AUTO_CALLER, cmdline, supervisor_pids
-from tests.supervision import private_state_dir
 from tests.witness import Witness
 
 SECRET = "sk-test-" + "5" * 24
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def test_the_auto_launched_supervisor_never_sees_its_callers_secrets(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -37,7 +36,10 @@ from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.supervision import (
+    SupervisorProcess,
+    running_supervisor,
+)
 from tests.witness import LEASE_LABEL, Witness
 
 # The supervisor's own reaper interval in this module (tests.supervision's default).
@@ -62,13 +64,6 @@ def proxy(witness: Witness) -> Iterator[FaultProxy]:
     with FaultProxy(witness.socket_path) as p:
         yield p
     assert not p.errors, f"the fault proxy itself failed: {p.errors}"
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def supervisor(

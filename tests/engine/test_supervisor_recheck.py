@@ -9,10 +9,9 @@ container. A policy-built body on the same supervisor is the positive control.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,10 @@ from sbxkit.supervisor.wire import Close, Closed, Created, Refused, Register, Re
 from tests.engine.helpers import unique
 from tests.engine.test_mounts import bind_options, volume_exists, witness_volume
 from tests.engine.test_supervisor import RawClient, hello, register_for
-from tests.supervision import private_state_dir, running_supervisor
+from tests.supervision import (
+    running_supervisor,
+)
 from tests.witness import SOCKET, Witness
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    path = private_state_dir()
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def frame(document: Any) -> bytes:
