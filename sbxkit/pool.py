@@ -291,6 +291,7 @@ class Pool:
             if self.budget is not None and (slot is None or not slot.claimed):
                 self.budget.give_back()
             self._wanted.set()
+            self._signal()  # a run waiting for this park looks again (wait_for_park)
 
     def _signal(self) -> None:
         self._changed.set()
@@ -350,14 +351,15 @@ class Pool:
         after the daemon confirmed removal, as a cold run does."""
         claim = self.take(spec)
         if not claim.pooled and claim.line is not None:
-            claim = await self._claim_under_way(claim)
+            claim = await self.wait_for_park(claim)
         return await claim.run(stdin, on_output=on_output, wait_for_removal=wait_for_removal)
 
-    async def _claim_under_way(self, cold: Claim) -> Claim:
-        """With nothing parked, wait (at most ``CLAIM_WAIT_S``) for a container already being
-        parked that no other claim waits for — it is further along than a cold create would
-        be, and a cold run on top of the refills is what costs a busy daemon throughput
-        (bench pool, sustained). Nothing under way, a failing park, another shape: cold."""
+    async def wait_for_park(self, cold: Claim) -> Claim:
+        """A cold ``take``'s second chance: with nothing parked, wait (at most
+        ``CLAIM_WAIT_S``) for a container already being parked that no other claim waits for —
+        it is further along than a cold create would be, and a cold run on top of the refills
+        is what costs a busy daemon throughput (bench pool, sustained). Nothing under way, a
+        failing park, another shape, a closed pool: ``cold`` as it was."""
         if (
             self._closing
             or self.last_error is not None

@@ -141,8 +141,9 @@ class ShapePools:
         stdin: StdinSource | None,
         cold: Backend,
     ) -> RunResult:
-        """Job ``index``: claimed from its shape's pool when a container is parked there,
-        otherwise run cold through ``cold`` at once. Its start moves the pools on."""
+        """Job ``index``: claimed from its shape's pool when a container is parked there, or
+        is being parked with no other job waiting for it (``Pool.wait_for_park``); otherwise
+        run cold through ``cold``. Its start moves the pools on."""
         key = self._keys[index]
         pool = self.pools.get(key) if key is not None else None
         claim = None
@@ -156,6 +157,8 @@ class ShapePools:
                 if claim is not None:
                     claim.abandon()
                 raise
+        if claim is not None and not claim.pooled and claim.line is not None and pool is not None:
+            claim = await pool.wait_for_park(claim)  # a park under way beats a cold create
         if claim is not None and claim.pooled:
             return await claim.run(stdin)
         return await cold.run_once(spec, stdin)
