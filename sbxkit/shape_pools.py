@@ -150,6 +150,10 @@ class ShapePools:
         try:
             if pool is not None:
                 claim = pool.take(spec)  # before the move on: the shrink must not remove it
+                if not claim.pooled and claim.line is not None:
+                    # A park under way beats a cold create; waited for before the move on,
+                    # which would close the pool after its shape's last job.
+                    claim = await pool.wait_for_park(claim)
         finally:
             try:
                 self._leave(index)
@@ -157,8 +161,6 @@ class ShapePools:
                 if claim is not None:
                     claim.abandon()
                 raise
-        if claim is not None and not claim.pooled and claim.line is not None and pool is not None:
-            claim = await pool.wait_for_park(claim)  # a park under way beats a cold create
         if claim is not None and claim.pooled:
             return await claim.run(stdin)
         return await cold.run_once(spec, stdin)

@@ -144,6 +144,22 @@ async def test_runs_on_an_empty_pool_wait_for_its_parks_under_way_not_more(
     assert [r.stdout for r in results] == [b"done\n"] * 3
 
 
+async def test_a_batchs_first_jobs_wait_for_their_shapes_parks_instead_of_running_cold(
+    engine: Engine, busybox: str, python_image: str
+) -> None:
+    """Two shapes, two jobs each, two at a time: the batch's pools start parking as it starts,
+    and each job waits for a park of its shape under way rather than creating a second
+    container (every job ran cold before)."""
+    jobs = [
+        Job(id=f"{image}-{i}", spec=spec(image, "true"))
+        for i in range(2)
+        for image in (busybox, python_image)
+    ]
+    done = await run_many(jobs, parallel=2, pool=sbxkit.PoolPerShape(), engine=engine)
+    assert all(j.result is not None and j.result.ok for j in done), done
+    assert sum(1 for j in done if j.result is not None and j.result.pooled) >= 3
+
+
 async def test_what_the_pool_cannot_serve_runs_cold(engine: Engine, busybox: str) -> None:
     shape = spec(busybox, "true")
     other_shape = spec(busybox, "true", memory_bytes=96 * sbxkit.MiB)
