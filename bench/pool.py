@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import open_engine
 from sbxkit.held_pool import HeldPool, PooledBackend
 from sbxkit.pool import Pool, open_pool
+from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec
@@ -128,44 +129,49 @@ def true_spec(image: str) -> SandboxSpec:
     )
 
 
-def pooled_contender(pool: Pool, spec: SandboxSpec) -> Contender:
+def claimed_contender(
+    key: str,
+    label: str,
+    what: str,
+    ready: Callable[[], Awaitable[object]],
+    claimed_run: Callable[[], Awaitable[RunResult]],
+) -> Contender:
+    """A contender whose run must be claimed from a pool; ``ready`` (untimed) waits until a
+    container is parked, off the measured path."""
+
     async def once() -> StepTimings:
         with trio.fail_after(60):
-            await pool.wait_ready(1)  # not timed: the refill of the last round, off the path
+            await ready()
         t0 = time.perf_counter()
-        result = await pool.run(spec)
+        result = await claimed_run()
         elapsed = time.perf_counter() - t0
         if not (result.ok and result.pooled):
-            raise RuntimeError(f"pooled: {result.status} {result.exit_code} pooled={result.pooled}")
+            raise RuntimeError(f"{key}: {result.status} {result.exit_code} pooled={result.pooled}")
         return {"run": result.timings.run_s, "outside": elapsed - result.timings.run_s}
 
-    return Contender(
+    return Contender(key, label, what, once)
+
+
+def pooled_contender(pool: Pool, spec: SandboxSpec) -> Contender:
+    return claimed_contender(
         "pooled",
         "sbxkit, pooled",
         f"await pool.run(spec) on open_pool(spec, size={POOL_SIZE}): claim line, payload, "
         "exit judged; removal continues in the pool",
-        once,
+        lambda: pool.wait_ready(1),
+        lambda: pool.run(spec),
     )
 
 
 def held_contender(backend: PooledBackend, spec: SandboxSpec) -> Contender:
-    async def once() -> StepTimings:
-        with trio.fail_after(60):
-            await backend.warm(spec)  # not timed: the supervisor's refill, off the path
-        t0 = time.perf_counter()
-        result = await run(spec, backend=backend)
-        elapsed = time.perf_counter() - t0
-        if not (result.ok and result.pooled):
-            raise RuntimeError(f"held: {result.status} {result.exit_code} pooled={result.pooled}")
-        return {"run": result.timings.run_s, "outside": elapsed - result.timings.run_s}
-
-    return Contender(
+    return claimed_contender(
         "held",
         "sbxkit, held by the supervisor",
         f"await sbxkit.run(spec, backend=PooledBackend(pool=HeldPool(size={POOL_SIZE}))): "
         "plan the shape, claim from the supervisor, attach, claim line, payload, exit judged; "
         "removal continues under the supervisor",
-        once,
+        lambda: backend.warm(spec),
+        lambda: run(spec, backend=backend),
     )
 
 
