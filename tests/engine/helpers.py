@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import requests
 
+from sbxkit.result import RunResult
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.engine.runtimes import min_pids
 from tests.witness import Witness
@@ -76,6 +77,26 @@ def python_spec(
         env=env or {},
         runtime=runtime,
     )
+
+
+def fill_half_then_double(directory: str) -> str:
+    """A script writing half of a 1 MiB limit into ``directory`` (then removing it), then
+    double the limit; ``assert_half_fits_double_does_not`` reads its result."""
+    return (
+        f"dd if=/dev/zero of={directory}/half bs=64k count=8 && echo half=ok; "
+        f"wc -c < {directory}/half; rm -f {directory}/half; "
+        f"dd if=/dev/zero of={directory}/double bs=64k count=32; echo double=$?"
+    )
+
+
+def assert_half_fits_double_does_not(result: RunResult) -> None:
+    assert result.status == "exited", result
+    lines = text(result.stdout).split()
+    assert "half=ok" in lines  # the positive control: the place is there and writable
+    assert str(512 * 1024) in lines
+    assert "double=0" not in lines
+    assert any(line.startswith("double=") for line in lines), lines
+    assert "No space left" in text(result.stderr)
 
 
 def unique(prefix: str = "sbxt") -> str:

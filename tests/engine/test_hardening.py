@@ -16,7 +16,14 @@ import pytest
 from sbxkit.engine.client import Engine
 from sbxkit.result import RunResult
 from sbxkit.spec import MiB
-from tests.engine.helpers import python_spec, spec, text, unique
+from tests.engine.helpers import (
+    assert_half_fits_double_does_not,
+    fill_half_then_double,
+    python_spec,
+    spec,
+    text,
+    unique,
+)
 from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor, min_pids, read_only_error
 from tests.witness import Witness
@@ -61,20 +68,9 @@ async def test_root_filesystem_is_read_only(
 async def test_tmp_is_writable_by_the_sandbox_user_up_to_its_size(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
-    script = (
-        "dd if=/dev/zero of=/tmp/half bs=64k count=8 && echo half=ok; "
-        "wc -c < /tmp/half; rm -f /tmp/half; "
-        "dd if=/dev/zero of=/tmp/double bs=64k count=32; echo double=$?"
-    )
+    script = fill_half_then_double("/tmp")
     result = await oneshot(spec(busybox, script, scratch_bytes=MiB, runtime=runtime), engine=engine)
-
-    assert result.status == "exited", result
-    lines = text(result.stdout).split()
-    assert "half=ok" in lines
-    assert str(512 * 1024) in lines
-    assert "double=0" not in lines
-    assert any(line.startswith("double=") for line in lines), lines
-    assert "No space left" in text(result.stderr)
+    assert_half_fits_double_does_not(result)
 
 
 async def test_a_write_past_fsize_fails(

@@ -9,27 +9,21 @@ from __future__ import annotations
 
 from sbxkit.engine.client import Engine
 from sbxkit.spec import MiB
-from tests.engine.helpers import spec, text
+from tests.engine.helpers import (
+    assert_half_fits_double_does_not,
+    fill_half_then_double,
+    spec,
+    text,
+)
 from tests.engine.oneshot_paths import OneShot
 
 
 async def test_dev_shm_is_writable_up_to_shm_bytes_and_no_further(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
-    script = (
-        "dd if=/dev/zero of=/dev/shm/half bs=64k count=8 && echo half=ok; "
-        "wc -c < /dev/shm/half; rm -f /dev/shm/half; "
-        "dd if=/dev/zero of=/dev/shm/double bs=64k count=32; echo double=$?"
-    )
+    script = fill_half_then_double("/dev/shm")
     result = await oneshot(spec(busybox, script, shm_bytes=MiB, runtime=runtime), engine=engine)
-
-    assert result.status == "exited", result
-    lines = text(result.stdout).split()
-    assert "half=ok" in lines  # the positive control: /dev/shm is there and writable
-    assert str(512 * 1024) in lines
-    assert "double=0" not in lines
-    assert any(line.startswith("double=") for line in lines), lines
-    assert "No space left" in text(result.stderr)
+    assert_half_fits_double_does_not(result)
 
 
 async def test_no_message_queue_can_be_created_in_dev_mqueue(
