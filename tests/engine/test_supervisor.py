@@ -606,17 +606,25 @@ print(result.status, result.exit_code, result.stdout.decode().strip(), flush=Tru
 """
 
 
+def auto_caller(
+    tmp_path: Path, image: str, marker: str, socket: str, state_dir: Path, idle_exit_s: float
+) -> tuple[Path, dict[str, str]]:
+    """``AUTO_CALLER`` as a script, and the environment that makes it auto-launch a supervisor
+    on ``state_dir`` exiting ``idle_exit_s`` after it is idle."""
+    script = tmp_path / "auto_caller.py"
+    script.write_text(AUTO_CALLER.format(image=image, marker=marker, socket=socket))
+    return script, {
+        **os.environ,
+        "SBXKIT_STATE_DIR": str(state_dir),
+        "SBXKIT_SUPERVISOR": f"{sys.executable} -m sbxkit.supervisor --idle-exit {idle_exit_s:g}",
+    }
+
+
 def test_auto_launch_survives_its_caller_and_exits_when_idle(
     busybox: str, witness: Witness, state_dir: Path, tmp_path: Path
 ) -> None:
     marker = unique("autolaunch")
-    script = tmp_path / "auto_caller.py"
-    script.write_text(AUTO_CALLER.format(image=busybox, marker=marker, socket=witness.socket_path))
-    env = {
-        **os.environ,
-        "SBXKIT_STATE_DIR": str(state_dir),
-        "SBXKIT_SUPERVISOR": f"{sys.executable} -m sbxkit.supervisor --idle-exit 2",
-    }
+    script, env = auto_caller(tmp_path, busybox, marker, witness.socket_path, state_dir, 2)
     assert supervisor_pids(state_dir) == []
     caller = subprocess.Popen(
         [sys.executable, str(script)],

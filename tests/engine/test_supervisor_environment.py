@@ -8,14 +8,13 @@ socket explicitly (``--engine-socket``) instead of inheriting ``DOCKER_HOST``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from sbxkit.supervisor.environment import SUPERVISOR_ENVIRONMENT
 from tests.engine.helpers import unique, wait_until
-from tests.engine.test_supervisor import AUTO_CALLER, cmdline, supervisor_pids
+from tests.engine.test_supervisor import auto_caller, cmdline, supervisor_pids
 from tests.witness import Witness
 
 SECRET = "sk-test-" + "5" * 24
@@ -25,12 +24,8 @@ def test_the_auto_launched_supervisor_never_sees_its_callers_secrets(
     busybox: str, witness: Witness, state_dir: Path, tmp_path: Path
 ) -> None:
     marker = unique("environ")
-    script = tmp_path / "caller.py"
-    script.write_text(AUTO_CALLER.format(image=busybox, marker=marker, socket=witness.socket_path))
-    env = {
-        **os.environ,
-        "SBXKIT_STATE_DIR": str(state_dir),
-        "SBXKIT_SUPERVISOR": f"{sys.executable} -m sbxkit.supervisor --idle-exit 5",
+    script, env = auto_caller(tmp_path, busybox, marker, witness.socket_path, state_dir, 5)
+    env |= {
         "OPENAI_API_KEY": SECRET,
         "AWS_SECRET_ACCESS_KEY": SECRET,
         "SBXKIT_ENV": "ci",
