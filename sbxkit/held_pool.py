@@ -44,14 +44,14 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
-from sbxkit.pool import PARK_SCRIPT, _LineFirst, claim_line
+from sbxkit.pool import _LineFirst, claim_line, parked_spec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms
 
-__all__ = ["HeldPool", "PoolUnavailable", "PooledBackend", "parked_spec"]
+__all__ = ["HeldPool", "PoolUnavailable", "PooledBackend"]
 
 WARM_POLL_S = 0.05
 
@@ -87,15 +87,6 @@ class HeldPool(msgspec.Struct, frozen=True, kw_only=True):
             max_timeout_s=self.max_timeout_s,
             refill=self.refill,
         )
-
-
-def parked_spec(spec: SandboxSpec, idle_ttl_s: float, max_timeout_s: float) -> SandboxSpec:
-    """The spec a parked container of ``spec``'s shape is planned from: the parked shell, no
-    env, and a time limit that covers the longest wait plus the longest claimed run."""
-    limits = msgspec.structs.replace(
-        spec.limits, timeout_s=idle_ttl_s + max_timeout_s, output_bytes=1
-    )
-    return msgspec.structs.replace(spec, command=["sh", "-c", PARK_SCRIPT], env={}, limits=limits)
 
 
 class PooledBackend(DockerBackend):

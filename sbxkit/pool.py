@@ -60,6 +60,7 @@ __all__ = [
     "claim_line",
     "claim_line_within",
     "open_pool",
+    "parked_spec",
     "shape_of",
 ]
 
@@ -115,6 +116,15 @@ def shape_of(spec: SandboxSpec) -> SandboxSpec:
     limit and output cap (they come with the claim)."""
     limits = msgspec.structs.replace(spec.limits, timeout_s=1.0, output_bytes=1)
     return msgspec.structs.replace(spec, command=["sh"], env={}, limits=limits)
+
+
+def parked_spec(spec: SandboxSpec, idle_ttl_s: float, max_timeout_s: float) -> SandboxSpec:
+    """The spec a parked container of ``spec``'s shape is planned from: the parked shell, no
+    env, and a time limit that covers the longest wait plus the longest claimed run."""
+    limits = msgspec.structs.replace(
+        spec.limits, timeout_s=idle_ttl_s + max_timeout_s, output_bytes=1
+    )
+    return msgspec.structs.replace(shape_of(spec), command=["sh", "-c", PARK_SCRIPT], limits=limits)
 
 
 class _LineFirst(trio.abc.ReceiveStream):
@@ -204,13 +214,8 @@ class Pool:
         self.idle_ttl_s = idle_ttl_s
         self.max_timeout_s = max_timeout_s
         self.shape = shape_of(spec)
-        parked_limits = msgspec.structs.replace(
-            spec.limits, timeout_s=idle_ttl_s + max_timeout_s, output_bytes=1
-        )
-        self._parked_spec = msgspec.structs.replace(
-            self.shape, command=["sh", "-c", PARK_SCRIPT], limits=parked_limits
-        )
-        self._checked: CheckedSpec = backend.check(self._parked_spec, "run")
+        parked = parked_spec(spec, idle_ttl_s, max_timeout_s)
+        self._checked: CheckedSpec = backend.check(parked, "run")
         self._ready: list[_Parked] = []
         self._starting = [0]
         self._waiting = 0  # run() calls waiting for a park under way (one per park)
