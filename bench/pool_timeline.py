@@ -146,7 +146,7 @@ def timed(points: dict[str, float], name: str, call: Callable[..., Awaitable[T]]
 
 
 async def one_claim(pool: Pool, spec: SandboxSpec, exits: TaskExits | None) -> dict[str, float]:
-    slot = pool._ready[0]  # the one pool.run takes next (no refill, claims one at a time)
+    slot = pool.parking.ready[0]  # the one pool.run takes next (no refill, claims one at a time)
     points: dict[str, float] = {}
     receive = slot.attach.receive_some
 

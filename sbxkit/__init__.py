@@ -50,19 +50,19 @@ if TYPE_CHECKING:
     )
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
-    from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
     from sbxkit.policy import LEASE_LABEL, build_create_body
-    from sbxkit.pool import Pool, open_pool
+    from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+    from sbxkit.pool.inprocess import Pool, open_pool
+    from sbxkit.pool.shapes import PoolPerShape
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
-    from sbxkit.shape_pools import PoolPerShape
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
     from sbxkit.supervisor.client import (
@@ -75,12 +75,12 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
 _WHERE: dict[str, str] = {
-    "open_pool": "sbxkit.pool",
-    "Pool": "sbxkit.pool",
-    "HeldPool": "sbxkit.held_pool",
-    "PooledBackend": "sbxkit.held_pool",
-    "PoolUnavailable": "sbxkit.held_pool",
-    "PoolPerShape": "sbxkit.shape_pools",
+    "open_pool": "sbxkit.pool.inprocess",
+    "Pool": "sbxkit.pool.inprocess",
+    "HeldPool": "sbxkit.pool.held",
+    "PooledBackend": "sbxkit.pool.held",
+    "PoolUnavailable": "sbxkit.pool.held",
+    "PoolPerShape": "sbxkit.pool.shapes",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",

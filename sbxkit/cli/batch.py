@@ -79,9 +79,9 @@ from sbxkit.cli.results import (
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
 from sbxkit.plan import check_spec
+from sbxkit.pool.shapes import PoolPerShape
 from sbxkit.profile import PoolOptions, Profile, load_profile
 from sbxkit.settings import Settings
-from sbxkit.shape_pools import PoolPerShape
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
 

@@ -3,8 +3,9 @@
 A ``Claim`` names a shape by a template (``templates.py``). The first claim of a shape starts
 its pool; every claim takes the oldest parked container of the shape, if one is parked, and
 hands its lease to the claiming connection (``Claimed``) — from there it is that connection's
-lease like any other: Close or EOF removes it. Otherwise the answer is ``Unclaimed`` and the
-caller runs cold; claims never wait for a refill.
+lease like any other: Close or EOF removes it. With none parked a claim waits only for a park
+already under way for it (``sbxkit/pool/parking.py``, the mechanism the in-process pool
+shares); otherwise the answer is ``Unclaimed`` and the caller runs cold.
 
 Each parked container is an ordinary lease of this supervisor, created by the one lease task
 (``lifecycle.py``) from the template under a fresh lease: re-checked (recheck.py), admitted
@@ -28,6 +29,7 @@ import trio
 from sbxkit.admission import Need, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
+from sbxkit.pool.parking import Parking
 from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.lease import (
     Intent,
@@ -44,7 +46,6 @@ from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms, Refused, Register,
 from sbxkit.verify import check_created
 
 MAX_SHAPES = 16
-CLAIM_WAIT_S = 5.0  # the longest a claim waits for a park under way before going cold
 PARK_RETRY_S = 1.0  # after a park that did not fit or failed
 STOP_DRAIN_S = 10.0
 
@@ -56,9 +57,8 @@ class ShapePool:
     key: str
     claim: Claim
     last_claim: float
-    parked: list[LiveLease] = field(default_factory=list)
-    """Ready for a claim, oldest first."""
-    starting: int = 0
+    parking: Parking[LiveLease] = field(default_factory=Parking)
+    """Parked (ready for a claim, oldest first), parks under way, claims waiting for one."""
     in_use: int = 0
     """Parked or claimed and not yet removed."""
     error: str | None = None
@@ -67,14 +67,10 @@ class ShapePool:
     ended: bool = False
     parks: int = 0
     """Parks started in the pool's life (``refill=False`` stops at ``size``)."""
-    waiting: int = 0
-    """Claims waiting for a park under way (at most one per park)."""
-    arrived: trio.Event = field(default_factory=trio.Event)
-    """Set when a container is parked or a park ends: waiting claims look again."""
 
-    def signal_arrival(self) -> None:
-        self.arrived.set()
-        self.arrived = trio.Event()
+    @property
+    def parked(self) -> list[LiveLease]:
+        return self.parking.ready
 
     @property
     def terms(self) -> PoolTerms:
@@ -124,7 +120,9 @@ class Pooling(Admitting):
         pool.claim, pool.last_claim = claim, now  # the latest terms hold
         self._fill(pool)  # a new pool's first parks start now: this claim may wait for one
         pool.wanted.set()
-        live = await self._next_parked(pool) if claim.mode == "take" else None
+        live = None
+        if claim.mode == "take":
+            live = await pool.parking.take_or_wait(lambda: pool.ended or pool.error is not None)
         if live is None:
             reason = "nothing parked of this shape yet; the pool is filling"
             await peer.send(Unclaimed(reason=reason, parked=len(pool.parked), problem=pool.error))
@@ -136,26 +134,6 @@ class Pooling(Admitting):
         )
         live.claimed.set()
         return live
-
-    async def _next_parked(self, pool: ShapePool) -> LiveLease | None:
-        """The oldest parked container; with none parked, wait (at most ``CLAIM_WAIT_S``) for
-        a park already under way that no other claim waits for — it is further along than a
-        cold create would be. None: go cold."""
-        if pool.parked:
-            return pool.parked.pop(0)
-        if pool.waiting >= pool.starting or pool.error is not None:
-            return None
-        pool.waiting += 1
-        try:
-            with trio.move_on_after(CLAIM_WAIT_S):
-                while not pool.parked:
-                    if pool.ended or pool.error is not None or pool.starting == 0:
-                        return None
-                    await pool.arrived.wait()
-                return pool.parked.pop(0)
-            return None
-        finally:
-            pool.waiting -= 1
 
     # -- keeping a pool ----------------------------------------------------------------------------
 
@@ -175,10 +153,11 @@ class Pooling(Admitting):
                     wake_at = min(wake_at, trio.current_time() + PARK_RETRY_S)
                 with trio.move_on_at(wake_at):
                     await pool.wanted.wait()
-                if pool.error is not None and pool.starting == 0:
+                if pool.error is not None and pool.parking.starting == 0:
                     await trio.sleep(PARK_RETRY_S)  # e.g. a full host: claims run cold meanwhile
         finally:
             pool.ended = True
+            pool.parking.changed()  # claims waiting for a park go cold
             if self.pools.get(pool.key) is pool:
                 del self.pools[pool.key]
             for live in pool.parked:
@@ -188,11 +167,11 @@ class Pooling(Admitting):
     def _fill(self, pool: ShapePool) -> None:
         """Start parks until ``size`` are starting, parked or in use."""
         while (
-            pool.starting + pool.in_use < pool.terms.size
+            pool.parking.starting + pool.in_use < pool.terms.size
             and not (pool.ended or self.stopping)
             and (pool.terms.refill or pool.parks < pool.terms.size)
         ):
-            pool.starting += 1
+            pool.parking.starting += 1
             pool.parks += 1
             self.nursery.start_soon(self._park_one, pool)
 
@@ -209,7 +188,7 @@ class Pooling(Admitting):
             await first_of(parked, outcome.finished)
             if not parked.is_set():
                 return
-            pool.starting -= 1
+            pool.parking.starting -= 1
             pool.in_use += 1
             try:
                 await outcome.finished.wait()
@@ -217,8 +196,8 @@ class Pooling(Admitting):
                 pool.in_use -= 1
         finally:
             if not parked.is_set():
-                pool.starting -= 1
-                pool.signal_arrival()  # a claim waiting for this park goes cold
+                pool.parking.starting -= 1
+                pool.parking.changed()  # a claim waiting for this park goes cold
             pool.wanted.set()
 
     async def _park_refusal(
@@ -326,9 +305,8 @@ class Pooling(Admitting):
         if live.stop.is_set():
             return
         pool.error = None
-        pool.parked.append(live)
         parked.set()
-        pool.signal_arrival()
+        pool.parking.park(live)
         with trio.move_on_after(pool.terms.idle_ttl_s):
             await first_of(live.claimed, live.stop)
         if not live.claimed.is_set():
@@ -358,17 +336,18 @@ class Pooling(Admitting):
     async def _end_pool(self, pool: ShapePool) -> None:
         """End one pool now: no more parks; its parked containers removed (bounded wait)."""
         pool.ended = True  # its keeper ends at its next wake-up, and parks under way stop
-        pool.signal_arrival()  # claims waiting for a park go cold
+        pool.parking.changed()  # claims waiting for a park go cold
         if self.pools.get(pool.key) is pool:
             del self.pools[pool.key]  # a claim from now on starts a new pool
-        parked, pool.parked = list(pool.parked), []
+        parked = list(pool.parked)
+        pool.parked.clear()
         pool.wanted.set()
         for live in parked:
             live.request_stop("its pool was ended")
         with trio.move_on_after(STOP_DRAIN_S):
             for live in parked:
                 await live.finished.wait()
-            while pool.starting:  # a park under way is removed when it ends
+            while pool.parking.starting:  # a park under way is removed when it ends
                 pool.wanted = trio.Event()  # the keeper was woken above and has ended
                 await pool.wanted.wait()
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.pool import open_pool
+from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run as cold_run
 from sbxkit.spec import SandboxSpec

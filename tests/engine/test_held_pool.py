@@ -29,10 +29,10 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.owner import InProcessOwner
 from sbxkit.plan import make_plan
 from sbxkit.pool import PARK_SCRIPT
+from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.session import open_sandbox

@@ -33,7 +33,9 @@ PURE = [
     "daemon_messages.py",
     "call_checks.py",
     "exec_scripts.py",
-    "pool_sizing.py",
+    "pool/sizing.py",
+    "pool/line.py",
+    "pool/shape.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 

@@ -1,4 +1,4 @@
-"""The pool's claim line (sbxkit/pool.py): whatever argv and env a spec carries (newlines and
+"""The pool's claim line (sbxkit/pool/line.py): whatever argv and env a spec carries (newlines and
 carriage returns included), the parked shell (``PARK_SCRIPT``, here under the host's dash)
 runs exactly that command with exactly that environment, and the payload gets the rest of
 stdin byte-exact."""

@@ -44,7 +44,9 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
-from sbxkit.pool import _LineFirst, claim_line, parked_spec
+from sbxkit.pool.inprocess import LineFirst
+from sbxkit.pool.line import claim_line
+from sbxkit.pool.shape import parked_spec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
@@ -137,7 +139,7 @@ class PooledBackend(DockerBackend):
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
                 return None
-            stream = _LineFirst(line, stdin)
+            stream = LineFirst(line, stdin)
             return await _run_on_claimed(
                 claiming.engine, claiming.owner, reply, stream, checked, on_output, t_asked, pool
             )
@@ -269,7 +271,7 @@ async def _run_on_claimed(
     engine: Engine,
     owner: SupervisedOwner,
     claimed: Claimed,
-    stdin: _LineFirst,
+    stdin: LineFirst,
     checked: CheckedSpec,
     on_output: OutputCallback | None,
     t_asked: float,
