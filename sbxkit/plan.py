@@ -68,6 +68,8 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     mounts: ResolvedMounts
     daemon: DaemonPlan
     podman: bool = False
+    image_env: dict[str, str] = msgspec.field(default_factory=dict)
+    """The image's own environment (``Config.Env``): what its containers start with."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +87,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     lifetime_s: float
     """The owner's backstop: the time limit plus ``LIFETIME_MARGIN_S``."""
     podman: bool = False
+    image_env: dict[str, str] = msgspec.field(default_factory=dict)
+    """The image's own environment (``DaemonFacts.image_env``)."""
 
 
 def new_lease_id() -> str:
@@ -139,8 +143,8 @@ def check_spec(
     return CheckedSpec(spec=spec, settings=settings)
 
 
-async def check_image(engine: Engine, image: str) -> None:
-    """The image must exist locally (never pulled) and declare no volumes."""
+async def check_image(engine: Engine, image: str) -> dict[str, str]:
+    """The image must exist locally (never pulled) and declare no volumes; its environment."""
     try:
         inspected = await engine.image_inspect(image)
     except NotFound:
@@ -154,15 +158,17 @@ async def check_image(engine: Engine, image: str) -> None:
             "declares VOLUME " + ", ".join(sorted(volumes)) + "; anonymous "
             "volumes bypass the sandbox's writable-storage limits",
         )
+    pairs = (inspected.config.env if inspected.config else None) or []
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
 async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor) -> DaemonFacts:
     """What only the daemon can judge, before any container exists: the image (present, no
     VOLUME), the mounts, the runtime and GPUs."""
-    await check_image(engine, checked.spec.image)
+    image_env = await check_image(engine, checked.spec.image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
-    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman)
+    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman, image_env=image_env)
 
 
 def build_plan(
@@ -202,6 +208,7 @@ def build_plan(
         output_bytes=output_bytes,
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
         podman=facts.podman,
+        image_env=facts.image_env,
     )
 
 

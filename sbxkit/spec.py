@@ -83,6 +83,10 @@ including the daemon's own prefix, and its error leaked that prefix)."""
 MAX_NAME_BYTES = 255
 """NAME_MAX: the longest single path component."""
 
+MAX_ARG_BYTES = 128 * 1024 - 1
+"""One argument: Linux's MAX_ARG_STRLEN (128 KiB, the NUL included); longer never execs."""
+MAX_COMMAND_BYTES = 1024 * 1024
+"""The whole command (UTF-8, each argument's NUL included): the same bound on every path."""
 KERNEL_DIRS = ("/dev", "/proc", "/sys")
 """Mounted by the runtime over the image: device nodes and kernel files, never a workdir
 (runc refuses ``/dev/null``, ``/proc/x`` and ``/sys/x`` only after create)."""
@@ -342,6 +346,19 @@ def validate_command(command: object) -> None:
             raise SpecError(field, "must not contain NUL")
     if command[0] == "":
         raise SpecError("command[0]", "the program name must not be empty")
+    sizes = [len(arg.encode("utf-8", "surrogatepass")) for arg in command]
+    for index, size in enumerate(sizes):
+        if size > MAX_ARG_BYTES:
+            raise SpecError(
+                f"command[{index}]",
+                f"{size} bytes; one argument holds at most {MAX_ARG_BYTES} (Linux's limit)",
+            )
+    if sum(sizes) + len(sizes) > MAX_COMMAND_BYTES:
+        raise SpecError(
+            "command",
+            f"{sum(sizes) + len(sizes)} bytes in all; at most {MAX_COMMAND_BYTES} "
+            "(pass large inputs as files or stdin)",
+        )
 
 
 def validate_env(env: object, field: str = "env") -> None:

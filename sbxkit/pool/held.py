@@ -136,6 +136,10 @@ class PooledBackend(DockerBackend):
             return None
         t_asked = trio.current_time()
         async with self._claiming(checked) as claiming:
+            image_env = claiming.facts.image_env
+            line = claim_line(list(spec.command), dict(spec.env), image_env=image_env)
+            if line is None:
+                return None
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
                 return None

@@ -227,6 +227,17 @@ class Pool:
         checked = self.backend.check(spec, "run")
         line = claim_line_within(checked.spec, self.max_timeout_s)
         slot = None if line is None else self._take(checked.spec)
+        return self._claim(checked, slot, line)
+
+    def _claim(self, checked: CheckedSpec, slot: _Parked | None, line: bytes | None) -> Claim:
+        """The claim of ``slot`` with the line for its image (whose own values of the keys
+        the parked shell sets are put back); cold if that line cannot be written after all."""
+        if slot is not None:
+            image_env = slot.box.plan.image_env
+            line = claim_line_within(checked.spec, self.max_timeout_s, image_env=image_env)
+            if line is None:
+                slot.done.set()  # removed unused; the run goes cold
+                slot = None
         return Claim(self, checked, slot, line)
 
     async def run(
@@ -259,7 +270,7 @@ class Pool:
         slot = await self.parking.take_or_wait(lambda: self._closing or self.last_error is not None)
         if slot is None:
             return cold
-        return Claim(self, cold.checked, self._claimed(slot), cold.line)
+        return self._claim(cold.checked, self._claimed(slot), cold.line)
 
     async def aclose(self) -> None:
         """Remove every parked container (their tasks end, and the pool's nursery with them)."""

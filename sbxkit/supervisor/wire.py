@@ -45,7 +45,9 @@ from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 
 PROTOCOL_VERSION = 3
-MAX_FRAME = 1024 * 1024
+MAX_FRAME = 8 * 1024 * 1024
+"""Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
+JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
 _HEADER = struct.Struct(">I")
 
 

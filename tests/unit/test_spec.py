@@ -497,3 +497,23 @@ def test_image_references_that_would_break_the_url_path_are_refused(image: str) 
     with pytest.raises(SpecError) as caught:
         validate_spec(good_spec(image=image))
     assert caught.value.field == "image"
+
+
+# --- the command's size (issue 27, finding 7) ----------------------------------------------------
+
+
+def test_one_argument_longer_than_the_kernel_takes_is_refused_naming_it() -> None:
+    from sbxkit.spec import MAX_ARG_BYTES
+
+    assert validate_spec(good_spec(command=["echo", "x" * MAX_ARG_BYTES])) is None
+    error = refused(good_spec(command=["echo", "x" * (MAX_ARG_BYTES + 1)]))
+    assert error.field == "command[1]"
+    assert "Linux" in error.rule
+
+
+def test_a_command_larger_than_the_bound_is_refused_on_every_path_alike() -> None:
+    # 15 args of 128,000 bytes used to fail at run time with a WireError on the cold path
+    # (the held path ran it): now a SpecError naming the command, before anything starts.
+    error = refused(good_spec(command=["echo", *["x" * 128_000] * 15]))
+    assert error.field == "command"
+    assert validate_spec(good_spec(command=["echo", *["x" * 128_000] * 8])) is None

@@ -472,3 +472,26 @@ def test_msgspec_validation_is_never_leaked() -> None:
     with pytest.raises(WireError) as validation_failure:
         decode_client(b'{"type": "close"}')
     assert isinstance(validation_failure.value.__cause__, msgspec.ValidationError)
+
+
+def test_a_register_of_the_largest_spec_fits_a_frame() -> None:
+    # The spec's bounds (a 1 MiB command, 128 KiB of env) reach the supervisor whole, even when
+    # every byte is one JSON escapes to six bytes (issue 27, finding 7: a 1.9 MB command was a
+    # WireError at run time).
+    from sbxkit.rules import ENV_SIZE_LIMIT
+    from sbxkit.spec import MAX_ARG_BYTES, MAX_COMMAND_BYTES
+
+    arg = "\x01" * MAX_ARG_BYTES
+    command = [arg] * (MAX_COMMAND_BYTES // (MAX_ARG_BYTES + 1))
+    env = ["K=" + "\x01" * (ENV_SIZE_LIMIT - 4)]
+    body = ContainerCreate(image="busybox", cmd=command, env=env)
+    register = Register(
+        lease="a" * 32,
+        name="sbxkit-" + "a" * 32,
+        engine_socket="/var/run/docker.sock",
+        body=body,
+        reservation=Reservation(memory_bytes=1, nano_cpus=1),
+        startup_deadline_s=1.0,
+        lifetime_deadline_s=1.0,
+    )
+    assert len(encode(register)) > 6 * MAX_COMMAND_BYTES  # the worst case, not a small one
