@@ -37,6 +37,7 @@ from sbxkit.errors import SbxError, SpecError
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer
 from sbxkit.plan import (
+    LIFETIME_MARGIN_S,
     CheckedSpec,
     DaemonFacts,
     build_plan,
@@ -191,7 +192,17 @@ class PooledBackend(DockerBackend):
                 plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
             )
             mounts = list(plan.expected_mounts)
-            claim = Claim(template=template, terms=pool.terms, expected_mounts=mounts)
+            timeout_s = checked.spec.limits.timeout_s
+            assert timeout_s is not None  # checked
+            # The claimed run's own lifetime, from the claim on: however long the container
+            # was parked, and under whoever's pool terms (issue 27, finding 3).
+            run_lifetime_s = min(timeout_s + LIFETIME_MARGIN_S, plan.lifetime_s)
+            claim = Claim(
+                template=template,
+                terms=pool.terms,
+                expected_mounts=mounts,
+                run_lifetime_s=run_lifetime_s,
+            )
             yield _Claiming(engine, owner, claim, facts)
 
     @asynccontextmanager
@@ -304,7 +315,9 @@ async def _run_on_claimed(
         verdict, exit_code = Verdict(status=outcome.status), None
         if outcome.status == "exited":
             exit_code = outcome.exit_code
-            verdict = await judge_exit(engine, container_id, exit_code)
+            verdict = await judge_exit(
+                engine, container_id, exit_code, ended_by_owner=lambda: owner.ended_by_owner(lease)
+            )
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal

@@ -35,7 +35,7 @@ from sbxkit.call_checks import check_pool_options
 from sbxkit.engine.client import Waiter
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.outcome import Verdict, judge_exit
+from sbxkit.outcome import Verdict
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.plan import CheckedSpec
 from sbxkit.pool.line import claim_line_within
@@ -341,7 +341,7 @@ async def _claim(
         verdict, exit_code = Verdict(status=outcome.status), None
         if outcome.status == "exited":
             exit_code = outcome.exit_code
-            verdict = await judge_exit(box.engine, box.container_id, exit_code)
+            verdict = await box.judge(exit_code)
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):

@@ -43,6 +43,7 @@ from sbxkit.supervisor.wire import (
     Close,
     Closed,
     Created,
+    Expiring,
     Failed,
     Hello,
     Message,
@@ -418,6 +419,27 @@ class SupervisedOwner:
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
         return self._queued.get(lease, 0.0)
+
+    async def ended_by_owner(self, lease: str) -> str | None:
+        """The supervisor's ``Expiring`` reason, if it ended the lease's container itself. It
+        sends that before the removal's kill, so after the kill it is already here to read;
+        any other message is left for ``remove``."""
+        session = self._sessions.get(lease)
+        await trio.lowlevel.checkpoint()
+        if session is None or not session.has_input():
+            return None
+        with trio.move_on_after(REPLY_TIMEOUT_S):
+            payload = await session.receive_payload()
+            if payload is None:
+                return None
+            try:
+                message = decode_server(payload)
+            except SbxError:
+                return None
+            if isinstance(message, Expiring):
+                return message.reason
+            session.unread(payload)
+        return None
 
     async def release(self, lease: str) -> None:
         """Hand the lease back without waiting for the verdict: the supervisor removes the

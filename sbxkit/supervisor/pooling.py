@@ -19,6 +19,7 @@ supervisor stops; a crash leaves its record to recovery, as for every lease.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,13 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.recheck import unknown_field
-from sbxkit.supervisor.templates import body_for_lease, shape_key, template_problem
+from sbxkit.supervisor.records import LeaseRecord, StorageError
+from sbxkit.supervisor.templates import (
+    body_for_lease,
+    claimed_lifetime,
+    shape_key,
+    template_problem,
+)
 from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms, Refused, Register, Unclaimed
 from sbxkit.verify import check_created
 
@@ -128,12 +135,32 @@ class Pooling(Admitting):
             await peer.send(Unclaimed(reason=reason, parked=len(pool.parked), problem=pool.error))
             return None
         live.peer = peer
+        # However long it was parked, the claimed run keeps the lifetime its claim implies.
+        lifetime_s = claimed_lifetime(claim)
+        live.lifetime_deadline = trio.current_time() + lifetime_s
+        live.record = msgspec.structs.replace(
+            live.record, lifetime_deadline=time.time() + lifetime_s
+        )
+        self.records[live.record.lease] = live.record
+        self.nursery.start_soon(self._journal_later, live.record)  # off the claim's path
         container_id = live.record.container_id or ""
         await peer.send(
             Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
         )
         live.claimed.set()
         return live
+
+    async def _journal_later(self, record: LeaseRecord) -> None:
+        """Journal a claimed lease's new lifetime deadline. Not on the claim's path: until it
+        is durable, recovery holds the parked deadline (sooner or later, never a leak). Queued
+        in submission order, so it is written before the lease's own later delete."""
+        if self.records.get(record.lease) is not record:
+            return  # already ended (or changed again): nothing to write
+        try:
+            await self.journal.write(record)
+        except (OSError, StorageError) as exc:
+            self.storage_errors.append(f"journal write failed: {exc}")
+            log(f"lease {record.lease}: {exc}")
 
     # -- keeping a pool ----------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
@@ -120,6 +120,10 @@ class Claim(Message, tag="claim"):
     mode: Literal["take", "warm", "end"] = "take"
     """``take`` one; ``warm``: only start the pool (answered ``Unclaimed`` with the count
     parked); ``end``: end the shape's pool now (answered once its parked are removed)."""
+    run_lifetime_s: float | None = None
+    """The claimed run's own lifetime (its time limit and the margin), counted from the claim,
+    at most the template's; None: the template's. However long the container was parked, the
+    claimed run keeps the lifetime its own claim implies."""
 
 
 class Recover(Message, tag="recover"):
@@ -193,6 +197,14 @@ class Unclaimed(Message, tag="unclaimed"):
     """Why the shape's last park failed (a missing image, a full host ...), if it did."""
 
 
+class Expiring(Message, tag="expiring"):
+    """The supervisor is removing the lease's container on its own decision (the lifetime
+    deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
+
+    lease: str
+    reason: str
+
+
 class Failed(Message, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
@@ -229,6 +241,7 @@ ServerMessage = (
     | Created
     | Claimed
     | Unclaimed
+    | Expiring
     | Failed
     | Closed
     | Orphaned

@@ -171,7 +171,7 @@ async def test_what_the_pool_cannot_serve_runs_cold(engine: Engine, busybox: str
             assert (result.pooled, result.status) == (False, "exited"), job
         assert len(pool.parking.ready) == 1  # none of them took the parked container
     assert claim_line(["-x"], {}) is None
-    assert claim_line(["echo", "x"], {"K": "v"}) == b"export K=v; exec echo x\n"
+    assert claim_line(["echo", "x"], {"K": "v"}) == b"unset PWD OLDPWD SHLVL; K=v exec echo x\n"
 
 
 async def test_newlines_ride_spliced_in_the_claim_line(engine: Engine, busybox: str) -> None:

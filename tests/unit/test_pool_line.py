@@ -59,7 +59,8 @@ def test_the_parked_shell_runs_exactly_the_claimed_command(
 ) -> None:
     line = claim_line([sys.executable, "-E", "-c", REPORT, *args], env)
     if line is None:  # only the one case the line cannot order (module docstring)
-        assert "\r" in env["nl"] and "\n" in env["cr"]
+        assert "\r" in env["nl"]
+        assert "\n" in env["cr"]
         return
     report = parked_run(shell, line, rest)
     assert report["argv"] == args
