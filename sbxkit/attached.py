@@ -20,11 +20,11 @@ from sbxkit.errors import EngineConnectionError, EngineError
 from sbxkit.outcome import Verdict
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
-from sbxkit.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit.result import Evidence, PhaseTimings, RunResult, Status, Stream
 from sbxkit.stdin import STDIN_CHUNK, StdinSource
 from sbxkit.unwrap import plain_async
 
-__all__ = ["OutputCallback", "Ran", "feed_stdin", "run_attached"]
+__all__ = ["Outcome", "OutputCallback", "Ran", "feed_stdin", "run_attached"]
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
 # (moby #41922: an attach stream can outlive its container).
@@ -45,6 +45,7 @@ class Ran:
     capture: OutputCapture
     start_s: float
     run_s: float
+    evidence: Evidence = "daemon"
 
     def result(self, box: OwnedContainer) -> RunResult:
         """The run's result, after the ``owned_container`` block ended (removal timed)."""
@@ -66,6 +67,7 @@ class Ran:
             timings=timings,
             oom_evidence=self.verdict.oom_evidence,
             kill_evidence=self.verdict.kill_evidence,
+            evidence=self.evidence,
         )
 
 
@@ -94,11 +96,27 @@ async def run_attached(
     )
 
 
-class _Outcome:
+class Outcome:
+    """How a run's supervision ended: its status, the exit code (an exit of its own only) and
+    the capped output."""
+
     def __init__(self, capture: OutputCapture) -> None:
         self.capture = capture
         self.status: Status = "exited"
         self.exit_code: int | None = None
+
+    def take(self, stream_id: int, data: bytes, on_output: OutputCallback | None) -> bool:
+        """Capture ``data`` of one stream under the caps, tell ``on_output`` exactly what was
+        kept; True when this overflowed the cap (the status is then ``output_exceeded``)."""
+        name = stream_name(stream_id)
+        before = self.capture.kept(name)
+        overflowed = self.capture.add(stream_id, data)
+        kept = self.capture.kept(name) - before
+        if on_output is not None and kept:
+            on_output(name, bytes(data[:kept]))  # never past the cap
+        if overflowed:
+            self.status = "output_exceeded"
+        return overflowed
 
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
@@ -109,9 +127,9 @@ async def supervise(
     max_output: int,
     timeout_s: float,
     on_output: OutputCallback | None = None,
-) -> _Outcome:
+) -> Outcome:
     """Feed stdin, stream output under the caps, wait for exit — all within the time limit."""
-    outcome = _Outcome(OutputCapture(max_output))
+    outcome = Outcome(OutputCapture(max_output))
     drained = trio.Event()
     with trio.move_on_after(timeout_s) as timer:
         async with trio.open_nursery() as nursery:
@@ -120,14 +138,7 @@ async def supervise(
                 demuxer = Demuxer()
                 while chunk := await attach.receive_some(ATTACH_READ):
                     for stream_id, data in demuxer.feed(chunk):
-                        name = stream_name(stream_id)
-                        before = outcome.capture.kept(name)
-                        overflowed = outcome.capture.add(stream_id, data)
-                        kept = outcome.capture.kept(name) - before
-                        if on_output is not None and kept:
-                            on_output(name, bytes(data[:kept]))  # never past the cap
-                        if overflowed:
-                            outcome.status = "output_exceeded"
+                        if outcome.take(stream_id, data, on_output):
                             nursery.cancel_scope.cancel()
                             return
                 demuxer.close()

@@ -388,7 +388,9 @@ async def run_many(
 
         def backend_for_job() -> Backend:
             owner = owner_factory(eng) if owner_factory is not None else None
-            return DockerBackend(engine=eng, owner=owner, settings=settings)
+            # A job's slot (and its share of a caller's budget) frees once its container is
+            # gone, not at the payload's exit: ``parallel`` bounds containers that exist.
+            return DockerBackend(engine=eng, owner=owner, settings=settings, wait_for_removal=True)
 
         return await dispatch(backend_for_job)
 

@@ -134,6 +134,7 @@ SYSTEM_TARGETS = (
     "/var/run",
     "/boot",
     "/tmp",
+    "/.sbxkit",  # sbxkit's own: the kernel path's FIFO directory (sbxkit/kernel)
 )
 
 _VOLUME_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)

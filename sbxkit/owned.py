@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import msgspec
 import trio
@@ -25,6 +26,7 @@ from sbxkit.errors import (
     NotFound,
     SbxError,
 )
+from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owner import Owner
 from sbxkit.plan import Plan
@@ -156,6 +158,8 @@ async def owned_container(
     began = trio.current_time()
     container_id: str | None = None
     box: OwnedContainer | None = None
+    if plan.io_dir is not None:  # the kernel path's FIFOs: the bind's source must exist
+        make_io_dir(Path(plan.io_dir).parent, plan.lease, *sandbox_ids(plan.body.user))
     try:
         container_id = await owner.create(
             plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
@@ -177,7 +181,11 @@ async def owned_container(
     finally:
         removing = trio.current_time()
         with trio.CancelScope(shield=True):
-            await owner.remove(plan.lease, plan.name, container_id)
+            try:
+                await owner.remove(plan.lease, plan.name, container_id)  # at once if released
+            finally:
+                if plan.io_dir is not None:  # (the supervisor also does, once it removed)
+                    remove_io_dir(Path(plan.io_dir).parent, plan.lease)
         if box is not None:
             box.remove_s = trio.current_time() - removing
 

@@ -13,6 +13,7 @@ queue per daemon socket and trio run, shared by every ``InProcessOwner`` of that
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import trio
@@ -21,11 +22,20 @@ from sbxkit.admission import AdmissionQueue, Budget, Need, default_memory_budget
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits
+from sbxkit.kernel.scripts import io_root
 from sbxkit.ownership import Removal, remove_until_gone
+from sbxkit.supervisor.journal import default_state_dir
 
 
 class Owner(Protocol):
     """Creates and removes a lease's container."""
+
+    @property
+    def fifo_root(self) -> Path:
+        """Where the kernel path's FIFO directories of this owner's leases live
+        (``sbxkit.kernel``): the supervisor's is beside its state directory, so it can check
+        and remove them."""
+        ...
 
     async def create(
         self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
@@ -54,6 +64,13 @@ class Owner(Protocol):
         """Why the owner itself ended the lease's container (the supervisor's lifetime
         deadline), if it did; None otherwise. Asked only of a signal exit: a removal sbxkit
         decided is never reported as someone else's kill."""
+        ...
+
+    async def release(self, lease: str) -> None:
+        """Hand the container's removal to the owner, if it removes on its own (the
+        supervisor): ``remove`` then returns at once, while the lease closes only when the
+        daemon confirmed the removal. An owner that cannot (in-process) does nothing here and
+        removes in ``remove``."""
         ...
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
@@ -149,6 +166,8 @@ class InProcessOwner:
 
     def __init__(self, engine: Engine, *, remove_budget_s: float = 60.0) -> None:
         self._engine = engine
+        self.fifo_root = io_root(default_state_dir())
+        """Beside the default state directory (no supervisor checks or removes them here)."""
         self._remove_budget_s = remove_budget_s
         self._queued: dict[str, float] = {}
         self._gate: InProcessAdmission | None = None
@@ -180,6 +199,9 @@ class InProcessOwner:
     async def ended_by_owner(self, lease: str) -> str | None:
         await trio.lowlevel.checkpoint()
         return None  # it has no life of its own: it never ends a container unasked
+
+    async def release(self, lease: str) -> None:
+        await trio.lowlevel.checkpoint()  # nothing runs on its own here: ``remove`` removes
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,8 +24,9 @@ import msgspec
 from sbxkit.call_checks import check_spec_type
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import ImageError, NotFound
+from sbxkit.errors import ImageError, NotFound, SpecError
 from sbxkit.gpu import GpuCursor
+from sbxkit.kernel.scripts import kernel_io
 from sbxkit.mounts import ExpectedMount, ResolvedMounts
 from sbxkit.policy import container_name, hardened_body
 from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts
@@ -70,6 +72,7 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     podman: bool = False
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``Config.Env``): what its containers start with."""
+    image_id: str = ""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +92,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     podman: bool = False
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``DaemonFacts.image_env``)."""
+    image_id: str = ""
+    io_dir: str | None = None
+    """The kernel path's FIFO directory of this lease (``sbxkit.kernel``): its stdio are host
+    FIFOs, its command is wrapped (``kernel.scripts.cold_command``). None: the daemon's path."""
 
 
 def new_lease_id() -> str:
@@ -112,6 +119,11 @@ def effective_settings(settings: Settings | None) -> Settings:
         raw = os.environb.get(b"SBXKIT_ENV")
         if raw is not None:
             settings = msgspec.structs.replace(settings, environment=raw)
+    evidence = os.environ.get("SBXKIT_EVIDENCE", "").strip().lower()
+    if settings.evidence == "auto" and evidence:
+        if evidence not in ("auto", "daemon"):
+            raise SpecError("SBXKIT_EVIDENCE", f"must be auto or daemon, got {evidence!r}")
+        settings = msgspec.structs.replace(settings, evidence=evidence)
     if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
         labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
         settings = msgspec.structs.replace(settings, labels=labels)
@@ -143,8 +155,9 @@ def check_spec(
     return CheckedSpec(spec=spec, settings=settings)
 
 
-async def check_image(engine: Engine, image: str) -> dict[str, str]:
-    """The image must exist locally (never pulled) and declare no volumes; its environment."""
+async def check_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:
+    """The image must exist locally (never pulled) and declare no volumes; its id and its
+    environment."""
     try:
         inspected = await engine.image_inspect(image)
     except NotFound:
@@ -159,16 +172,22 @@ async def check_image(engine: Engine, image: str) -> dict[str, str]:
             "volumes bypass the sandbox's writable-storage limits",
         )
     pairs = (inspected.config.env if inspected.config else None) or []
-    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    return inspected.id, dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
 async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor) -> DaemonFacts:
     """What only the daemon can judge, before any container exists: the image (present, no
     VOLUME), the mounts, the runtime and GPUs."""
-    image_env = await check_image(engine, checked.spec.image)
+    image_id, image_env = await check_image(engine, checked.spec.image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
-    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman, image_env=image_env)
+    return DaemonFacts(
+        mounts=mounts,
+        daemon=daemon,
+        podman=engine.is_podman,
+        image_env=image_env,
+        image_id=image_id,
+    )
 
 
 def build_plan(
@@ -177,11 +196,13 @@ def build_plan(
     *,
     lease: str,
     body_overrides: Mapping[str, Any] | None = None,
+    fifo_root: Path | None = None,
 ) -> Plan:
     """The plan for a checked spec and the daemon's answers (pure).
 
     ``body_overrides`` replace fields of the hardened body (a PTY's ``tty``/``stdin_once``);
-    the post-create verification compares the container against the final body.
+    the post-create verification compares the container against the final body. A
+    ``fifo_root`` (its owner's) puts the sandbox on the kernel path (``kernel_io``).
     """
     spec = checked.spec
     body = hardened_body(
@@ -194,6 +215,12 @@ def build_plan(
     )
     if body_overrides:
         body = msgspec.structs.replace(body, **dict(body_overrides))
+    expected_mounts = tuple(facts.mounts.expected)
+    io_dir: str | None = None
+    if fifo_root is not None:
+        io_dir = str(fifo_root / lease)
+        body, io_mount = kernel_io(body, io_dir, {**facts.image_env, **spec.env})
+        expected_mounts = (*expected_mounts, io_mount)
     timeout_s, output_bytes = spec.limits.timeout_s, spec.limits.output_bytes
     assert timeout_s is not None  # validate_spec requires both
     assert output_bytes is not None
@@ -203,12 +230,14 @@ def build_plan(
         lease=lease,
         name=container_name(lease),
         body=body,
-        expected_mounts=tuple(facts.mounts.expected),
+        expected_mounts=expected_mounts,
         timeout_s=timeout_s,
         output_bytes=output_bytes,
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
         podman=facts.podman,
         image_env=facts.image_env,
+        image_id=facts.image_id,
+        io_dir=io_dir,
     )
 
 

@@ -147,6 +147,9 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     extra_flags: list[str] = msgspec.field(default_factory=list)
     enable_bind_mounts: bool = False
     enable_named_volumes: bool = False
+    evidence: Literal["auto", "daemon"] = "auto"
+    """What decides a run's exit: ``auto`` (the kernel where the host can tell, else the
+    daemon) or ``daemon`` (docs/security.md, "The kernel's evidence")."""
     limits: ProfileLimits = msgspec.field(default_factory=ProfileLimits)
     mounts: list[Mount] = msgspec.field(default_factory=list)
     gpus: GpuRequest | None = None
@@ -381,6 +384,7 @@ def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
         enable_named_volumes=docker.enable_named_volumes,
         supervisor_state_dir=docker.supervisor.state_dir,
         supervisor_command=supervisor_command(docker.supervisor),
+        evidence=docker.evidence,
     )
     return settings, docker.supervisor
 

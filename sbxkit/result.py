@@ -8,6 +8,9 @@ import msgspec
 
 Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
 Stream = Literal["stdout", "stderr"]
+Evidence = Literal["kernel", "daemon"]
+"""What decided a run's exit: the kernel (its init's pidfd, its FIFOs' EOF) or the daemon (its
+``wait`` and, for a signal exit, its ``OOMKilled`` flag and events). docs/security.md."""
 
 
 class PhaseTimings(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +63,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """Peak memory and CPU time, when asked for (``measure_usage=True``); None otherwise."""
     pooled: bool = False
     """The run claimed a pre-started container of a ``Pool`` (docs/pool.md), not a cold one."""
+    evidence: Evidence = "daemon"
+    """What decided the exit (``Evidence``): ``kernel`` where the host can tell, else
+    ``daemon`` (a signal exit is always judged on the daemon's evidence)."""
 
     @property
     def ok(self) -> bool:
@@ -84,4 +90,5 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "usage": None if result.usage is None else msgspec.structs.asdict(result.usage),
         "timings": msgspec.structs.asdict(result.timings),
         "pooled": result.pooled,
+        "evidence": result.evidence,
     }

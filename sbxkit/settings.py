@@ -70,6 +70,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     """Labels on every container this process creates (an operator's or a CI job's tags; the
     environment's ``SBXKIT_LABELS=k=v,k2=v2`` when empty). They win over a spec's labels; the
     lease label stays reserved."""
+    evidence: Literal["auto", "daemon"] = "auto"
+    """Which evidence decides a run's exit (docs/security.md): ``auto`` takes the kernel's
+    where the host can give it (a pidfd and FIFO EOF) and the daemon's elsewhere; ``daemon``
+    always waits for the daemon's answer. The environment's ``SBXKIT_EVIDENCE`` when unset
+    here."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
     (``sbxkit.plan.effective_settings``) and parsed only where a rule depends on it (see the

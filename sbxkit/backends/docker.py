@@ -27,9 +27,20 @@ from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuCursor
+from sbxkit.kernel.host import kernel_path_reason, shellless_images
+from sbxkit.kernel.run import NotAlive, run_on_fifos
 from sbxkit.owned import OwnedContainer, owned_container
 from sbxkit.owner import Owner
-from sbxkit.plan import GPU_CURSOR, CheckedSpec, check_spec, effective_settings, make_plan
+from sbxkit.plan import (
+    GPU_CURSOR,
+    CheckedSpec,
+    DaemonFacts,
+    build_plan,
+    check_spec,
+    effective_settings,
+    learn_daemon,
+    new_lease_id,
+)
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
@@ -39,6 +50,8 @@ from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.wire import Recover
 
 __all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend"]
+
+KILLED_BY_SBXKIT = ("timed_out", "output_exceeded")
 
 
 def default_owner(
@@ -69,6 +82,7 @@ class DockerBackend:
         gpu_cursor: GpuCursor | None = None,
         on_queued: QueueObserver | None = None,
         recover_at_open: bool = True,
+        wait_for_removal: bool = False,
     ) -> None:
         self.socket_path = socket_path
         self.settings = settings
@@ -77,6 +91,9 @@ class DockerBackend:
         self.gpu_cursor = gpu_cursor or GPU_CURSOR
         self.on_queued = on_queued
         self.recover_at_open = recover_at_open
+        self.wait_for_removal = wait_for_removal
+        """Return a run on the kernel path only once its container is confirmed removed (as
+        on the daemon's path), not at the payload's exit."""
         self._opened: contextlib.AsyncExitStack | None = None
 
     async def preflight(self) -> None:
@@ -103,17 +120,25 @@ class DockerBackend:
         *,
         command: Sequence[str] | None = None,
         body_overrides: Mapping[str, Any] | None = None,
+        kernel: bool = False,
     ) -> AsyncIterator[OwnedContainer]:
         """Plan the sandbox and own its container for the block (``owned_container``).
+        ``kernel``: put it on the kernel path (``plan.io_dir``) where the host allows.
 
         Bad input raises ``SpecError`` before the daemon is contacted.
         """
         checked = check_spec(spec, self.settings, command=command)
         async with engine_or_open(self.engine, self.socket_path) as engine:
-            plan = await make_plan(
-                engine, checked, gpu_cursor=self.gpu_cursor, body_overrides=body_overrides
+            facts = await learn_daemon(engine, checked, self.gpu_cursor)
+            owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
+            fifo_io = kernel and await kernel_path_reason(engine, checked, facts) is None
+            plan = build_plan(
+                checked,
+                facts,
+                lease=new_lease_id(),
+                body_overrides=body_overrides,
+                fifo_root=owner.fifo_root if fifo_io else None,
             )
-            owner = self.owner or default_owner(engine, plan.settings, self.on_queued)
             async with owned_container(plan, engine, owner) as box:
                 yield box
 
@@ -124,10 +149,51 @@ class DockerBackend:
         *,
         on_output: OutputCallback | None = None,
     ) -> RunResult:
-        """Run ``spec.command`` once in a fresh container and remove it (design.md §3)."""
+        """Run ``spec.command`` once in a fresh container and remove it (design.md §3).
+
+        Where the host can tell (``sbxkit.kernel``), the run's stdio are host FIFOs and its
+        exit the kernel's word: the result returns at the payload's exit, and — with the
+        supervisor as owner, unless ``wait_for_removal`` — the removal goes on under it (the
+        lease closes only once the daemon confirmed it). Elsewhere, the daemon's path."""
         check_stdin(stdin, streams=True)
-        async with self.own(spec, "run") as box:
-            ran = await run_attached(box, stdin, on_output)
+        checked = check_spec(spec, self.settings)
+        async with engine_or_open(self.engine, self.socket_path) as engine:
+            facts = await learn_daemon(engine, checked, self.gpu_cursor)
+            if await kernel_path_reason(engine, checked, facts) is None:
+                try:
+                    return await self._run_planned(engine, checked, facts, stdin, on_output, True)
+                except NotAlive:  # no shell ran, so no payload did: run it on the daemon's path
+                    shellless_images.add(facts.image_id)
+            return await self._run_planned(engine, checked, facts, stdin, on_output, False)
+
+    async def _run_planned(
+        self,
+        engine: Engine,
+        checked: CheckedSpec,
+        facts: DaemonFacts,
+        stdin: StdinSource | None,
+        on_output: OutputCallback | None,
+        fifo_io: bool,
+    ) -> RunResult:
+        owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
+        fifo_root = owner.fifo_root if fifo_io else None
+        plan = build_plan(checked, facts, lease=new_lease_id(), fifo_root=fifo_root)
+        async with owned_container(plan, engine, owner) as box:
+            if not fifo_io:
+                ran = await run_attached(box, stdin, on_output)
+            else:
+                ran = await run_on_fifos(box, stdin, on_output)
+                # The payload exited: its PID namespace is gone, nothing of it runs. The owner
+                # removes the container; we return now. A timeout or an overflow still has a
+                # live payload until the removal's kill: that one is waited for.
+                # So is a container that holds a named volume of the caller's (in use until
+                # the container is gone).
+                if not (
+                    self.wait_for_removal
+                    or ran.verdict.status in KILLED_BY_SBXKIT
+                    or any(mount.type == "volume" for mount in plan.expected_mounts)
+                ):
+                    await owner.release(plan.lease)
         return ran.result(box)
 
     async def reconcile_orphans(self) -> list[str]:

@@ -264,6 +264,9 @@ class InfoReply(Reply):
     mem_total: int = 0
     cdi_spec_dirs: list[str] | None = msgspec.field(default=None, name="CDISpecDirs")
     discovered_devices: list[DiscoveredDevice] | None = None
+    kernel_version: str = ""
+    operating_system: str = ""
+    security_options: list[str] | None = None
 
 
 class PodmanSecurity(msgspec.Struct, rename="camel"):

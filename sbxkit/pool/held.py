@@ -28,12 +28,16 @@ from typing import Any, Unpack
 import msgspec
 import trio
 
-from sbxkit.attached import OutputCallback, supervise
+from sbxkit.attached import OutputCallback
 from sbxkit.backends.base import Consumer
 from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner
 from sbxkit.call_checks import check_pool_options, check_stdin
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SbxError, SpecError
+from sbxkit.kernel.fifos import HostEnds
+from sbxkit.kernel.host import kernel_path_reason
+from sbxkit.kernel.init import ContainerInit
+from sbxkit.kernel.supervise import Exited, KernelIO
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer
 from sbxkit.plan import (
@@ -45,9 +49,9 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
-from sbxkit.pool.inprocess import LineFirst
 from sbxkit.pool.line import claim_line
 from sbxkit.pool.shape import parked_spec
+from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
@@ -144,9 +148,16 @@ class PooledBackend(DockerBackend):
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
                 return None
-            stream = LineFirst(line, stdin)
             return await _run_on_claimed(
-                claiming.engine, claiming.owner, reply, stream, checked, on_output, t_asked, pool
+                claiming.engine,
+                claiming.owner,
+                reply,
+                line,
+                stdin,
+                checked,
+                on_output,
+                t_asked,
+                pool,
             )
 
     async def warm(self, spec: SandboxSpec | CheckedSpec, *, wait_s: float = 30.0) -> int:
@@ -185,9 +196,11 @@ class PooledBackend(DockerBackend):
             spec = parked_spec(checked.spec, pool.idle_ttl_s, pool.max_timeout_s)
             parked = self.check(spec, "run")
             facts = await learn_daemon(engine, parked, self.gpu_cursor)
-            plan = build_plan(parked, facts, lease=new_lease_id())
-            owner = self.owner or default_owner(engine, plan.settings, self.on_queued)
+            owner = self.owner or default_owner(engine, parked.settings, self.on_queued)
             assert isinstance(owner, SupervisedOwner)  # __init__ refused any other
+            fifo_io = await kernel_path_reason(engine, parked, facts) is None
+            fifo_root = owner.fifo_root if fifo_io else None
+            plan = build_plan(parked, facts, lease=new_lease_id(), fifo_root=fifo_root)
             template = owner.register_for(
                 plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
             )
@@ -213,6 +226,7 @@ class PooledBackend(DockerBackend):
         *,
         command: Sequence[str] | None = None,
         body_overrides: Mapping[str, Any] | None = None,
+        kernel: bool = False,
     ) -> AsyncIterator[OwnedContainer]:
         """A session (``open_sandbox``) starts from a parked container of its shape when one
         is parked: the claim line ``exec``s its keep-alive. Served cold: every other consumer,
@@ -230,7 +244,9 @@ class PooledBackend(DockerBackend):
             or checked.spec.gpus is not None
             or limits.timeout_s > self.pool.max_timeout_s
         ):
-            async with super().own(checked, consumer, body_overrides=body_overrides) as box:
+            async with super().own(
+                checked, consumer, body_overrides=body_overrides, kernel=kernel
+            ) as box:
                 yield box
             return
         async with self._claiming(checked) as claiming:
@@ -248,7 +264,7 @@ class PooledBackend(DockerBackend):
                 owner=claiming.owner,
             )
             try:
-                await _hand_over(claiming.engine, reply.container_id, line)
+                await _hand_over(claiming.engine, claiming.owner, reply, line)
                 yield box
             finally:
                 removing = trio.current_time()
@@ -272,9 +288,16 @@ class _ClaimedContainer(OwnedContainer):
         await trio.lowlevel.checkpoint()
 
 
-async def _hand_over(engine: Engine, container_id: str, line: bytes) -> None:
+async def _hand_over(engine: Engine, owner: SupervisedOwner, claimed: Claimed, line: bytes) -> None:
     """Write the claim line and close the parked shell's stdin: it ``exec``s the command."""
-    attach = await engine.container_attach(container_id, stdin=True)
+    fds = owner.claimed_fds(claimed.lease)
+    if fds:  # the kernel path: the claim line goes into its ``in`` FIFO
+        async with KernelIO.of(HostEnds(*fds[:3])) as io:
+            if len(fds) == 4:
+                io.init = ContainerInit.adopt(fds[3])
+            await io.stdin.send_all(line)
+        return
+    attach = await engine.container_attach(claimed.container_id, stdin=True)
     try:
         await attach.send_all(line)
         await attach.send_eof()
@@ -282,42 +305,72 @@ async def _hand_over(engine: Engine, container_id: str, line: bytes) -> None:
         await attach.aclose()
 
 
+@asynccontextmanager
+async def claimed_transport(
+    engine: Engine, owner: SupervisedOwner, claimed: Claimed
+) -> AsyncIterator[ClaimTransport]:
+    """The claimed container's transport: its FIFO ends (and init) as they came with the
+    claim, or — on the daemon's path — an attach and a ``wait`` registered now (it is parked:
+    nothing has happened yet). Closed when the block ends."""
+    container_id = claimed.container_id
+    transport: ClaimTransport
+    fds = owner.claimed_fds(claimed.lease)
+    if fds:
+        io = KernelIO.of(HostEnds(*fds[:3]))
+        exited: Exited
+        if claimed.evidence == "kernel" and len(fds) == 4:
+            io.init = ContainerInit.adopt(fds[3])
+            exited = io.init.exited
+        else:
+            waiter = await engine.container_wait(container_id, "next-exit")
+
+            async def exited() -> int:
+                return (await waiter.result()).status_code
+
+        transport = FifoTransport(io, exited, claimed.evidence, engine, container_id)
+    else:
+        attach = await engine.container_attach(container_id, stdin=True)
+        try:
+            transport = AttachTransport(attach, await engine.container_wait(container_id))
+        except BaseException:
+            await attach.aclose()
+            raise
+    try:
+        yield transport
+    finally:
+        await transport.aclose()
+
+
 async def _run_on_claimed(
     engine: Engine,
     owner: SupervisedOwner,
     claimed: Claimed,
-    stdin: LineFirst,
+    line: bytes,
+    stdin: StdinSource | None,
     checked: CheckedSpec,
     on_output: OutputCallback | None,
     t_asked: float,
     pool: HeldPool,
 ) -> RunResult:
-    """Attach, register the wait, write the claim line and stdin, supervise, judge; then hand
-    the lease back (Close) however it ended."""
+    """Write the claim line and stdin, supervise, judge — on the claim's own transport; then
+    hand the lease back (Close) however it ended."""
     clock, limits = trio.current_time, checked.spec.limits
     assert limits.timeout_s is not None  # checked
     assert limits.output_bytes is not None
     lease, container_id = claimed.lease, claimed.container_id
+
+    async def judge(code: int | None) -> Verdict:
+        return await judge_exit(
+            engine, container_id, code, ended_by_owner=lambda: owner.ended_by_owner(lease)
+        )
+
     try:
-        attach = await engine.container_attach(container_id, stdin=True)
-        try:
-            waiter = await engine.container_wait(container_id, "next-exit")
-            try:
-                t_claim = clock()
-                outcome = await supervise(
-                    attach, waiter, stdin, limits.output_bytes, limits.timeout_s, on_output
-                )
-                run_s = clock() - t_claim
-            finally:
-                await waiter.aclose()
-        finally:
-            await attach.aclose()
-        verdict, exit_code = Verdict(status=outcome.status), None
-        if outcome.status == "exited":
-            exit_code = outcome.exit_code
-            verdict = await judge_exit(
-                engine, container_id, exit_code, ended_by_owner=lambda: owner.ended_by_owner(lease)
+        async with claimed_transport(engine, owner, claimed) as transport:
+            t_claim = clock()
+            ran = await transport.run(
+                line, stdin, limits.output_bytes, limits.timeout_s, on_output, judge
             )
+            run_s = clock() - t_claim
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal
@@ -334,16 +387,18 @@ async def _run_on_claimed(
         run_s=run_s,
         remove_s=clock() - removing if pool.wait_for_removal else 0.0,
     )
+    capture = ran.outcome.capture
     return RunResult(
-        status=verdict.status,
-        exit_code=exit_code,
-        stdout=outcome.capture.stdout,
-        stderr=outcome.capture.stderr,
-        overflowed=outcome.capture.overflowed,
+        status=ran.verdict.status,
+        exit_code=ran.exit_code,
+        stdout=capture.stdout,
+        stderr=capture.stderr,
+        overflowed=capture.overflowed,
         container_id=container_id,
         lease=lease,
         timings=timings,
-        oom_evidence=verdict.oom_evidence,
-        kill_evidence=verdict.kill_evidence,
+        oom_evidence=ran.verdict.oom_evidence,
+        kill_evidence=ran.verdict.kill_evidence,
         pooled=True,
+        evidence=ran.evidence,
     )

@@ -29,51 +29,26 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from sbxkit.attached import OutputCallback, Ran, supervise
+from sbxkit.attached import OutputCallback, Ran
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.call_checks import check_pool_options
-from sbxkit.engine.client import Waiter
-from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.outcome import Verdict
+from sbxkit.kernel.run import started_on_fifos
+from sbxkit.kernel.scripts import GO_LINE
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.plan import CheckedSpec
 from sbxkit.pool.line import claim_line_within
 from sbxkit.pool.parking import Parking, ParkingBudget
 from sbxkit.pool.shape import parked_spec, shape_of
+from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
 from sbxkit.unwrap import plain_errors
 
-__all__ = ["Claim", "LineFirst", "Pool", "open_pool"]
+__all__ = ["Claim", "Pool", "open_pool", "parked_transport"]
 
 REFILL_BACKOFF_S = 1.0
-
-
-class LineFirst(trio.abc.ReceiveStream):
-    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
-
-    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
-        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
-        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._pending:
-            size = max_bytes or len(self._pending)
-            chunk, self._pending = self._pending[:size], self._pending[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        if self._rest is None:
-            await trio.lowlevel.checkpoint()
-            return b""
-        return await self._rest.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        if self._rest is not None:
-            await self._rest.aclose()
-        else:
-            await trio.lowlevel.checkpoint()
 
 
 @dataclass(eq=False)
@@ -81,8 +56,7 @@ class _Parked:
     """One started container waiting for its one claim."""
 
     box: OwnedContainer
-    attach: HijackedStream
-    waiter: Waiter
+    transport: ClaimTransport
     done: trio.Event = field(default_factory=trio.Event)
     removed: trio.Event = field(default_factory=trio.Event)
     claimed: bool = False
@@ -161,10 +135,10 @@ class Pool:
         parking, slot = self.parking, None
         try:
             async with (
-                self.backend.own(self._checked, "run") as box,
-                attached(box) as (attach, waiter),
+                self.backend.own(self._checked, "run", kernel=True) as box,
+                parked_transport(box) as transport,
             ):
-                slot = _Parked(box, attach, waiter)
+                slot = _Parked(box, transport)
                 parking.starting -= 1
                 if not self._closing and len(parking.ready) < self.size:  # not shrunk meanwhile
                     self.last_error = None
@@ -319,13 +293,15 @@ class Claim:
         timeout_s, output_bytes = limits.timeout_s, limits.output_bytes
         assert timeout_s is not None  # checked
         assert output_bytes is not None
-        stream = LineFirst(self.line, stdin)
-        return await _claim(self.slot, stream, timeout_s, output_bytes, on_output, wait_for_removal)
+        return await _claim(
+            self.slot, self.line, stdin, timeout_s, output_bytes, on_output, wait_for_removal
+        )
 
 
 async def _claim(
     slot: _Parked,
-    stdin: LineFirst,
+    line: bytes,
+    stdin: StdinSource | None,
     timeout_s: float,
     output_bytes: int,
     on_output: OutputCallback | None,
@@ -334,14 +310,8 @@ async def _claim(
     box, clock = slot.box, trio.current_time
     t_claim = clock()
     try:
-        outcome = await supervise(
-            slot.attach, slot.waiter, stdin, output_bytes, timeout_s, on_output
-        )
+        ran = await slot.transport.run(line, stdin, output_bytes, timeout_s, on_output, box.judge)
         run_s = clock() - t_claim
-        verdict, exit_code = Verdict(status=outcome.status), None
-        if outcome.status == "exited":
-            exit_code = outcome.exit_code
-            verdict = await box.judge(exit_code)
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):
@@ -350,19 +320,33 @@ async def _claim(
     slot.done.set()
     if wait_for_removal:
         await slot.removed.wait()  # the owned container's own shielded, bounded removal
-    ran = Ran(
-        verdict=verdict,
-        exit_code=exit_code,
-        capture=outcome.capture,
+    result = Ran(
+        verdict=ran.verdict,
+        exit_code=ran.exit_code,
+        capture=ran.outcome.capture,
         start_s=0.0,
         run_s=run_s,
-    )
-    result = ran.result(box)
+        evidence=ran.evidence,
+    ).result(box)
     return msgspec.structs.replace(
         result,
         pooled=True,
         timings=msgspec.structs.replace(result.timings, queued_s=0.0, create_s=0.0),
     )
+
+
+@asynccontextmanager
+async def parked_transport(box: OwnedContainer) -> AsyncIterator[ClaimTransport]:
+    """Start ``box`` parked, on the kernel's path when its plan put it there (FIFOs: the
+    shell said it runs, the init is held, the go line lets the parked shell read its claim)
+    and on the daemon's otherwise (attach and ``wait`` registered before the start)."""
+    if box.plan.io_dir is None:
+        async with attached(box) as (attach, waiter):
+            yield AttachTransport(attach, waiter)
+        return
+    async with started_on_fifos(box) as (io, exited, evidence):
+        await io.stdin.send_all(GO_LINE)
+        yield FifoTransport(io, exited, evidence, box.engine, box.container_id)
 
 
 @asynccontextmanager

@@ -25,10 +25,10 @@ it a byte at a time, and that time would count against the payload's time limit)
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 
+from sbxkit.kernel.scripts import SHELL_OWN_KEYS, shell_carries
 from sbxkit.spec import SandboxSpec
 
 __all__ = [
@@ -46,12 +46,8 @@ line cannot hold a newline or a carriage return: a word that has one is spliced 
 pieces and ``"$nl"``/``"$cr"``, which the shell defined before it read."""
 MAX_CLAIM_LINE = 16 * 1024
 """Longer lines are served cold: read a byte at a time, 64 KiB cost busybox ash 37 ms here."""
-SHELL_OWN_KEYS = ("PWD", "OLDPWD", "SHLVL")
-"""What the parked shell adds to its own environment; unset before ``exec``."""
 _SPLICE = {"\n": '"$nl"', "\r": '"$cr"'}
 _SPLICE_NAMES = {"nl": "\n", "cr": "\r"}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_COLD_KEYS = frozenset({"OPTIND"})
 
 
 def _quote(word: str) -> str:
@@ -72,7 +68,7 @@ def _quote(word: str) -> str:
 
 def claimable_key(key: str) -> bool:
     """An env key a claim line carries exactly: a shell name the parked shell leaves alone."""
-    return _NAME.fullmatch(key) is not None and key not in _COLD_KEYS
+    return shell_carries(key)
 
 
 def _assignment_order(env: Mapping[str, str]) -> list[str] | None:

@@ -21,6 +21,7 @@ from sbxkit.admission import (
 )
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
+from sbxkit.kernel.fifos import io_dir_problem
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -112,6 +113,7 @@ class Admitting(Leases):
                 state_dir=str(self.state.path),
                 environment=self.environment,
                 resolve=os.path.realpath,
+                io_dir_problem=io_dir_problem,
             )
         )
         return None if refusal is None else ("policy", refusal.field, refusal.reason)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import array
+import contextlib
+import os
 import select
+import socket
 from collections import deque
 
 import trio
@@ -10,26 +14,60 @@ import trio
 from sbxkit.supervisor.wire import FrameReader
 
 RECEIVE_CHUNK = 64 * 1024
+MAX_FDS = 4
+FD_SIZE = array.array("i").itemsize
 
 
 class FrameChannel:
-    """Whole frames from a stream; ``None`` once the peer is gone (EOF or a broken socket)."""
+    """Whole frames from a stream; ``None`` once the peer is gone (EOF or a broken socket).
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    ``accept_fds``: read with ``recvmsg`` and keep the file descriptors that ride with a
+    message (``SCM_RIGHTS``, a claimed kernel path sandbox's ends) in ``fds``, in order; a
+    plain read would drop them (the kernel closes what no one received)."""
+
+    def __init__(self, stream: trio.SocketStream, *, accept_fds: bool = False) -> None:
         self.stream = stream
         self._reader = FrameReader()
         self._pending: deque[bytes] = deque()
+        self._accept_fds = accept_fds
+        self.fds: list[int] = []
 
     async def receive_payload(self) -> bytes | None:
         while not self._pending:
             try:
-                data = await self.stream.receive_some(RECEIVE_CHUNK)
+                data = await self._receive()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return None
             if not data:
                 return None
             self._pending.extend(self._reader.feed(data))
         return self._pending.popleft()
+
+    async def _receive(self) -> bytes:
+        if not self._accept_fds:
+            return await self.stream.receive_some(RECEIVE_CHUNK)
+        data, ancillary, flags, _ = await self.stream.socket.recvmsg(
+            RECEIVE_CHUNK, socket.CMSG_SPACE(MAX_FDS * FD_SIZE)
+        )
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % FD_SIZE
+                self.fds.extend(array.array("i", payload[:usable]))
+        if flags & socket.MSG_CTRUNC:
+            self.close_fds()
+            raise OSError("more file descriptors came than a claim carries")
+        return data
+
+    def take_fds(self, count: int) -> list[int]:
+        """The first ``count`` descriptors received, now the caller's to close."""
+        taken, self.fds = self.fds[:count], self.fds[count:]
+        return taken
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
 
     def has_input(self) -> bool:
         """A frame (or part of one) is here to read now, without waiting."""
@@ -43,4 +81,5 @@ class FrameChannel:
         self._pending.appendleft(payload)
 
     async def aclose(self) -> None:
+        self.close_fds()
         await trio.aclose_forcefully(self.stream)

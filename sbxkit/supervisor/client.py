@@ -24,6 +24,7 @@ from sbxkit.engine.client import Engine
 from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
+from sbxkit.kernel.scripts import io_root
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.environment import supervisor_environment
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
@@ -250,7 +251,7 @@ async def _connect_and_greet(
                 f"{shlex.join(argv)} did not open {socket_path} "
                 f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
             )
-    session = _Session(stream)
+    session = _Session(stream, accept_fds=True)  # a Claimed may bring a sandbox's ends
     try:
         try:
             hello = Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
@@ -329,11 +330,14 @@ class SupervisedOwner:
         self._engine = engine
         self.supervisor_command = supervisor_command
         self.state_dir = state_dir or default_state_dir()
+        self.fifo_root = io_root(self.state_dir)
+        """Beside the state directory: the supervisor checks and removes them there."""
         self.startup_deadline_s = startup_deadline_s
         self.close_timeout_s = close_timeout_s
         self.on_queued = on_queued
         self._sessions: dict[str, _Session] = {}
         self._queued: dict[str, float] = {}
+        self._claimed_fds: dict[str, list[int]] = {}
 
     async def connect(self, first: Message | None = None) -> _Session:
         return await connect_supervisor(self.state_dir, first, command=self.supervisor_command)
@@ -369,6 +373,16 @@ class SupervisedOwner:
             raise
         if isinstance(reply, Claimed):
             self._sessions[reply.lease] = session
+            fds = session.take_fds(reply.fds)
+            if len(fds) != reply.fds:
+                for fd in fds:
+                    os.close(fd)
+                await self.remove(reply.lease, reply.name, reply.container_id)
+                raise SupervisorError(
+                    f"claim: {reply.fds} file descriptors promised, {len(fds)} came",
+                    lease=reply.lease,
+                )
+            self._claimed_fds[reply.lease] = fds
             return reply
         await session.aclose()
         if isinstance(reply, Unclaimed):
@@ -419,6 +433,11 @@ class SupervisedOwner:
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
         return self._queued.get(lease, 0.0)
+
+    def claimed_fds(self, lease: str) -> list[int]:
+        """The host ends a claimed kernel path container came with (``Claimed.fds``), now
+        the caller's to close; [] on the daemon's path."""
+        return self._claimed_fds.pop(lease, [])
 
     async def ended_by_owner(self, lease: str) -> str | None:
         """The supervisor's ``Expiring`` reason, if it ended the lease's container itself. It

@@ -16,6 +16,8 @@ from sbxkit.admission import (
     Budget,
 )
 from sbxkit.engine.client import Engine, connect
+from sbxkit.kernel.fifos import remove_io_dir
+from sbxkit.kernel.scripts import io_root
 from sbxkit.ownership import Removal, remove_until_gone
 from sbxkit.policy import container_name
 from sbxkit.supervisor.config import Config
@@ -107,6 +109,9 @@ class ServiceCore:
         return None
 
     async def _forget(self, lease: str) -> None:
+        # The container is confirmed gone: its kernel path FIFOs (sbxkit/kernel) go too,
+        # whoever made them — a killed caller leaves none behind.
+        remove_io_dir(io_root(self.state.path), lease)
         await self.journal.delete(lease)
         self.records.pop(lease, None)
         self._release(lease)  # its memory is free only once the container is confirmed gone

@@ -7,16 +7,21 @@ is one of the bounded creates-and-starts in flight.
 
 from __future__ import annotations
 
+import array
 import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, SbxError
+from sbxkit.kernel.supervise import Exited, KernelIO
+from sbxkit.result import Evidence
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
@@ -57,6 +62,23 @@ class Peer(FrameChannel):
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.gone = True
 
+    async def send_with_fds(self, message: Message, fds: list[int]) -> bool:
+        """``message`` with ``fds`` riding along (``SCM_RIGHTS``); the receiver gets its own
+        copies. False if the caller is gone (nothing was handed over)."""
+        if self.gone:
+            return False
+        frame = encode(message)
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        async with self._send_lock:
+            try:
+                sent = await self.stream.socket.sendmsg([frame], rights)
+                if sent < len(frame):  # the descriptors rode with the first byte
+                    await self.stream.send_all(frame[sent:])
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.gone = True
+                return False
+        return True
+
 
 class Replies(Protocol):
     """Where a lease's answers go: its caller's connection, or nowhere while it is parked."""
@@ -90,6 +112,22 @@ class Intent:
         self.nudge.set()
 
 
+@dataclass
+class ParkedIO:
+    """What a kernel path park holds for its claimer: the FIFO streams (and the init's pidfd
+    in ``io.init`` when ``evidence`` is ``kernel``)."""
+
+    io: KernelIO
+    exited: Exited
+    evidence: Evidence
+
+    def fds(self) -> list[int]:
+        """In the order ``Claimed`` promises: stdin, stdout, stderr, then the pidfd if held."""
+        io = self.io
+        own = [io.stdin.fileno(), io.stdout.fileno(), io.stderr.fileno()]
+        return own + ([io.init.pidfd] if io.init is not None else [])
+
+
 class LiveLease:
     def __init__(
         self,
@@ -111,6 +149,9 @@ class LiveLease:
         self.on_created: Callable[[str], Awaitable[None]] | None = None
         """A pool's parking (verify, start, wait for a claim), run once the container exists."""
         self.claimed = trio.Event()  # a parked container was handed to a caller
+        self.parked_io: ParkedIO | None = None
+        """A parked container's FIFO ends and init (the kernel path), handed over at its
+        claim; this supervisor closes its own copies once parking ends."""
 
     @property
     def stop_reason(self) -> str:

@@ -30,6 +30,10 @@ import trio
 from sbxkit.admission import Need, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
+from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit.kernel.run import start_on_fifos
+from sbxkit.kernel.scripts import GO_LINE, io_dir_of, io_root
+from sbxkit.kernel.supervise import NotAlive
 from sbxkit.pool.parking import Parking
 from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.lease import (
@@ -37,6 +41,7 @@ from sbxkit.supervisor.lease import (
     LaunchSlot,
     LiveLease,
     NoPeer,
+    ParkedIO,
     Peer,
     first_of,
     log,
@@ -46,6 +51,7 @@ from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.templates import (
     body_for_lease,
     claimed_lifetime,
+    mounts_for_lease,
     shape_key,
     template_problem,
 )
@@ -144,10 +150,16 @@ class Pooling(Admitting):
         self.records[live.record.lease] = live.record
         self.nursery.start_soon(self._journal_later, live.record)  # off the claim's path
         container_id = live.record.container_id or ""
-        await peer.send(
-            Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
-        )
-        live.claimed.set()
+        claimed = Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
+        if live.parked_io is None:
+            await peer.send(claimed)
+        else:  # the kernel path: its ends go to the claimer, never its output or exit
+            fds = live.parked_io.fds()
+            claimed = msgspec.structs.replace(
+                claimed, fds=len(fds), evidence=live.parked_io.evidence
+            )
+            await peer.send_with_fds(claimed, fds)
+        live.claimed.set()  # parking ends: this supervisor's copies of the ends are closed
         return live
 
     async def _journal_later(self, record: LeaseRecord) -> None:
@@ -242,6 +254,23 @@ class Pooling(Admitting):
         problem = self._request_problem(register)
         if problem is not None:
             return problem
+        outcome: str | LiveLease = "not parked"
+        try:
+            if io_dir_of(register.body) is not None:  # the kernel path: its FIFOs first
+                root = io_root(self.state.path)
+                make_io_dir(root, lease, *sandbox_ids(register.body.user))
+            outcome = await self._admit_park(pool, register, parked)
+        except (OSError, SbxError) as exc:
+            outcome = f"could not make its FIFOs: {exc}"
+        finally:
+            if not isinstance(outcome, LiveLease):
+                remove_io_dir(io_root(self.state.path), lease)
+        return outcome
+
+    async def _admit_park(
+        self, pool: ShapePool, register: Register, parked: trio.Event
+    ) -> str | LiveLease:
+        template, lease = pool.claim.template, register.lease
         refusal = await self._recheck_body(register)
         if refusal is not None:
             return f"refused {refusal[0]}: {refusal[1]}"
@@ -307,7 +336,20 @@ class Pooling(Admitting):
         container_id: str,
         parked: trio.Event,
     ) -> None:
-        """Verify, start, and wait for a claim (or the idle limit, or a stop)."""
+        """Verify, start (on its FIFOs on the kernel path), and wait for a claim (or the idle
+        limit, or a stop); the FIFO ends this supervisor held are closed when it returns."""
+        try:
+            await self._verify_and_start(pool, live, engine, container_id)
+            await self._wait_for_claim(pool, live, parked)
+        finally:
+            if live.parked_io is not None:
+                await live.parked_io.io.aclose()
+
+    async def _verify_and_start(
+        self, pool: ShapePool, live: LiveLease, engine: Engine, container_id: str
+    ) -> None:
+        template = pool.claim.template
+        io_dir = io_dir_of(live.body)
         try:
             info = await engine.container_inspect(container_id)
             check_created(
@@ -316,17 +358,27 @@ class Pooling(Admitting):
                 lease=live.record.lease,
                 name=live.record.name,
                 container_id=container_id,
-                expected_mounts=pool.claim.expected_mounts,
+                expected_mounts=mounts_for_lease(
+                    pool.claim.expected_mounts, template.lease, live.record.lease
+                ),
                 podman=engine.is_podman,
             )
-            await engine.container_start(container_id)
-        except SbxError as exc:
+            if io_dir is None:
+                await engine.container_start(container_id)
+            else:
+                started = await start_on_fifos(
+                    engine, container_id, io_dir, lambda: engine.container_start(container_id)
+                )
+                live.parked_io = ParkedIO(*started)
+                await started[0].stdin.send_all(GO_LINE)  # the parked shell reads its claim now
+        except (SbxError, NotAlive, OSError) as exc:
             pool.error = f"could not park: {exc}"
             log(f"pool {pool.key[:12]}: {pool.error}")
             live.request_stop(pool.error)
-            return
         finally:
             live.intent.started.set()  # its launch slot goes to the next lease
+
+    async def _wait_for_claim(self, pool: ShapePool, live: LiveLease, parked: trio.Event) -> None:
         if self.stopping or pool.ended:
             live.request_stop("its pool ended")
         if live.stop.is_set():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,6 +33,7 @@ from sbxkit.engine.models import (
 )
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root
 from sbxkit.mounts import check_host_path, check_target
 from sbxkit.policy import (
     LEASE_LABEL,
@@ -114,12 +116,14 @@ def recheck_body(
     state_dir: str,
     environment: bytes | None,
     resolve: Resolve | None = None,
+    io_dir_problem: IoDirProblem | None = None,
 ) -> BodyRefusal | None:
     """None when ``body`` is one policy can produce for ``lease``; else the first refusal.
 
     ``state_dir`` is the supervisor's own (no bind may overlap it); ``environment`` the raw
     ``SBXKIT_ENV`` the supervisor started with (bridge is refused in production);
-    ``resolve`` canonicalises bind sources on the host (links are followed and re-judged).
+    ``resolve`` canonicalises bind sources on the host (links are followed and re-judged);
+    ``io_dir_problem`` looks at a kernel path FIFO directory on the host.
     """
     try:
         _check_config(body, lease)
@@ -130,7 +134,8 @@ def recheck_body(
         _check_limits(host)
         _check_network(body, host, environment)
         _check_tmpfs(host.tmpfs)
-        _check_binds(host.binds or [], state_dir, resolve)
+        binds = _check_io_bind(host.binds or [], body, lease, state_dir, io_dir_problem)
+        _check_binds(binds, state_dir, resolve)
         _check_mounts(host.mounts or [])
         _check_devices(host.device_requests or [])
     except _Refused as refused:
@@ -268,6 +273,36 @@ def _check_tmpfs(tmpfs: dict[str, str] | None) -> None:
 
 
 _BIND_OPTIONS = frozenset({"ro", "rw", "rprivate", "z", "Z"})
+IoDirProblem = Callable[[str, int, int], "str | None"]
+"""``(directory, uid, gid)`` → why it is not a lease's FIFO directory, or None."""
+
+
+def _check_io_bind(
+    binds: list[str],
+    body: ContainerCreate,
+    lease: str,
+    state_dir: str,
+    io_dir_problem: IoDirProblem | None,
+) -> list[str]:
+    """The kernel path's bind (sbxkit/kernel), judged by its own rule: the lease's directory
+    under the state dir's FIFO root, read-only, holding only its three FIFOs of the sandbox
+    user; the rest are ordinary binds."""
+    ordinary = []
+    for index, bind in enumerate(binds):
+        source, _, rest = bind.partition(":")
+        if not rest.startswith(IO_TARGET + ":"):
+            ordinary.append(bind)
+            continue
+        field = f"HostConfig.Binds[{index}]"
+        expected = str(io_root(Path(state_dir)) / lease)
+        if bind != io_bind(expected):
+            raise _refuse(field, f"the FIFO bind must be {io_bind(expected)}")
+        uid, gid = parse_user(body.user or "")  # Config.User was checked before
+        if io_dir_problem is not None:
+            problem = io_dir_problem(source, uid, gid)
+            if problem is not None:
+                raise _refuse(field, problem)
+    return ordinary
 
 
 def _check_binds(binds: list[str], state_dir: str, resolve: Resolve | None) -> None:

@@ -15,6 +15,8 @@ import msgspec
 
 from sbxkit.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
 from sbxkit.engine.models import ContainerCreate
+from sbxkit.kernel.scripts import IO_BIND_OPTIONS, IO_TARGET, io_bind
+from sbxkit.mounts import ExpectedMount
 from sbxkit.rules import LEASE_LABEL
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.wire import Claim, PoolTerms
@@ -24,17 +26,42 @@ LEASE_VARIABLE = "SBXKIT_LEASE"
 
 
 def body_for_lease(template: ContainerCreate, template_lease: str, lease: str) -> ContainerCreate:
-    """``template`` with its lease label and ``SBXKIT_LEASE`` set to ``lease``."""
+    """``template`` with its lease label, ``SBXKIT_LEASE`` and, on the kernel path, the FIFO
+    directory it binds (``<root>/<lease>``, sbxkit/kernel) set to ``lease``."""
     labels = dict(template.labels or {})
     if LEASE_LABEL in labels:
         labels[LEASE_LABEL] = lease
     own = f"{LEASE_VARIABLE}={template_lease}"
     env = [f"{LEASE_VARIABLE}={lease}" if item == own else item for item in template.env or []]
+    host = template.host_config
+    if host is not None and host.binds:
+        binds = [_io_bind_for(bind, template_lease, lease) for bind in host.binds]
+        host = msgspec.structs.replace(host, binds=binds)
     return msgspec.structs.replace(
         template,
         labels=labels if template.labels is not None else None,
         env=env if template.env is not None else None,
+        host_config=host,
     )
+
+
+def _io_bind_for(bind: str, template_lease: str, lease: str) -> str:
+    source, _, rest = bind.partition(":")
+    if rest != f"{IO_TARGET}:{IO_BIND_OPTIONS}" or not source.endswith("/" + template_lease):
+        return bind
+    return io_bind(source[: -len(template_lease)] + lease)
+
+
+def mounts_for_lease(
+    mounts: list[ExpectedMount], template_lease: str, lease: str
+) -> list[ExpectedMount]:
+    """The template's expected mounts for a container of ``lease`` (its FIFO directory's)."""
+    return [
+        msgspec.structs.replace(m, source=m.source[: -len(template_lease)] + lease)
+        if m.destination == IO_TARGET and m.source.endswith("/" + template_lease)
+        else m
+        for m in mounts
+    ]
 
 
 def template_problem(claim: Claim) -> str | None:
@@ -46,7 +73,13 @@ def template_problem(claim: Claim) -> str | None:
         return f"the template's name must be sbxkit-{template.lease}"
     placed = body_for_lease(template.body, template.lease, PLACEHOLDER_LEASE)
     if template.lease in msgspec.json.encode(placed).decode():
-        return "the template's lease appears in its body beyond the lease label and SBXKIT_LEASE"
+        return (
+            "the template's lease appears in its body beyond the lease label, SBXKIT_LEASE "
+            "and its FIFO directory"
+        )
+    mounts = mounts_for_lease(claim.expected_mounts, template.lease, PLACEHOLDER_LEASE)
+    if template.lease in msgspec.json.encode(mounts).decode():
+        return "the template's lease appears in its expected mounts beyond its FIFO directory"
     lifetime = claim.run_lifetime_s
     if lifetime is not None and not 0 < lifetime <= template.lifetime_deadline_s:
         return "run_lifetime_s must be in (0, the template's lifetime_deadline_s]"
@@ -77,6 +110,9 @@ def shape_key(claim: Claim) -> str:
         template.reservation,
         template.startup_deadline_s,
         template.lifetime_deadline_s,
-        sorted(claim.expected_mounts, key=lambda m: (m.type, m.source, m.destination, m.rw)),
+        sorted(
+            mounts_for_lease(claim.expected_mounts, template.lease, PLACEHOLDER_LEASE),
+            key=lambda m: (m.type, m.source, m.destination, m.rw),
+        ),
     )
     return hashlib.sha256(msgspec.json.encode(facts, order="sorted")).hexdigest()[:32]

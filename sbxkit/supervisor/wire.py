@@ -180,11 +180,19 @@ class Created(Message, tag="created"):
 
 
 class Claimed(Message, tag="claimed"):
-    """A parked container, started and verified, is this connection's lease from now on."""
+    """A parked container, started and verified, is this connection's lease from now on.
+
+    A container parked on the kernel path (sbxkit/kernel) comes with its host ends attached
+    to this message (``SCM_RIGHTS``): ``fds`` of them, in the order stdin (the ``in`` FIFO,
+    read-write), stdout, stderr, and — when ``evidence`` is ``kernel`` — its init's pidfd,
+    verified when it was parked. The claimer runs on them directly: output and the exit never
+    pass through the supervisor. ``fds`` 0: the claimer attaches (the daemon's path)."""
 
     lease: str
     name: str
     container_id: str
+    fds: int = 0
+    evidence: Literal["kernel", "daemon"] = "daemon"
 
 
 class Unclaimed(Message, tag="unclaimed"):

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from sbxkit.engine.client import Engine, open_engine
-from tests.engine.oneshot_paths import oneshot  # noqa: F401 - a fixture: cold and pooled one-shot runs
+from tests.engine.oneshot_paths import (  # noqa: F401 - a fixture: the one-shot paths
+    oneshot,
+    oneshot_paths,
+)
 from tests.engine.runtimes import runtime_cells, spec_runtime
 from tests.supervision import private_state_dir
 from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
@@ -27,10 +30,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test that takes ``runtime`` runs once per runtime cell (the conformance subset)."""
-    if "runtime" in metafunc.fixturenames:
-        cells = runtime_cells()
-        metafunc.parametrize("runtime", [spec_runtime(c) for c in cells], ids=cells)
+    """A test that takes ``runtime`` runs once per runtime cell (the conformance subset); one
+    that takes ``oneshot`` once per one-shot path that runtime has (``oneshot_paths``)."""
+    cells = runtime_cells() if "runtime" in metafunc.fixturenames else [None]
+    chosen = any(
+        "oneshot" in str(marker.args[0])
+        for marker in metafunc.definition.iter_markers("parametrize")
+    )  # a test that names its own paths (e.g. only those an in-process owner can witness)
+    takes_oneshot = "oneshot" in metafunc.fixturenames and not chosen
+    if "runtime" not in metafunc.fixturenames and not takes_oneshot:
+        return
+    combos, ids = [], []
+    for cell in cells:
+        runtime = None if cell is None else spec_runtime(cell)
+        for path in oneshot_paths(runtime) if takes_oneshot else [None]:
+            combos.append((runtime, path))
+            ids.append("-".join(part for part in (path, cell) if part))
+    if "runtime" in metafunc.fixturenames and takes_oneshot:
+        metafunc.parametrize(("runtime", "oneshot"), combos, ids=ids, indirect=["oneshot"])
+    elif takes_oneshot:
+        metafunc.parametrize("oneshot", [p for _, p in combos], ids=ids, indirect=True)
+    else:
+        metafunc.parametrize("runtime", [r for r, _ in combos], ids=ids)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -330,3 +330,27 @@ def host_processes_of(container_id: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def parked_command(command: str) -> bool:
+    """The witness's ``Command`` of a container parked for a claim, on either transport: its
+    parked shell waits for one claim line (``sbxkit/pool/line.py``). It stays the container's
+    listed command after the claim too (a listing never changes): ``still_parked`` tells."""
+    return "IFS= read -r l && eval" in command
+
+
+def still_parked(container_id: str) -> bool:
+    """The container's parked shell still waits for its claim line, as the host's /proc shows:
+    a process in the container's cgroup whose command line is the parked shell's (a claimed
+    container ``exec``ed its payload in its place)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if container_id not in Path(f"/proc/{entry}/cgroup").read_text():
+                continue
+            if b"IFS= read -r l && eval" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False

@@ -1,12 +1,20 @@
-"""The paths of a one-shot run, for tests that must hold on each (issue 13): ``cold`` is
+"""The paths of a one-shot run, for tests that must hold on each (issues 13 and 21): ``cold`` is
 ``sbxkit.runner.run``; ``pooled`` parks a container of the spec's shape in a pool of one in
 this process, claims it and closes the pool; ``held`` has the supervisor park one
 (``PooledBackend.warm``), claims it and ends the supervisor's pool of that shape (so the run,
-and the pool, are gone when it returns)."""
+and the pool, are gone when it returns).
+
+Each runs on both evidence paths: as the host allows (the kernel's: FIFOs and a pidfd, on this
+CI machine) and forced onto the daemon's (``-daemon``, ``SBXKIT_EVIDENCE=daemon``). On the
+kernel's, an exit by itself of a test image must have been decided by the kernel — a silent
+fall-back to the daemon's path fails the test. gVisor has no kernel path (its init is its own
+kernel's), and ``SBXKIT_TEST_EVIDENCE=daemon`` (the Podman cell) keeps the daemon's only."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -14,12 +22,15 @@ import pytest
 import trio
 
 from sbxkit.backends.docker import DockerBackend
+from sbxkit.kernel.scripts import shell_carries
 from sbxkit.pool import open_pool
 from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run as cold_run
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
+from tests.engine.runtimes import is_gvisor
+from tests.witness import BUSYBOX, PYTHON
 
 OneShot = Callable[..., Awaitable[RunResult]]
 COMMAND_LABEL = "sbxkit.test.command"
@@ -86,11 +97,54 @@ def _labelled(spec: SandboxSpec) -> SandboxSpec:
     return msgspec.structs.replace(spec, labels={**spec.labels, COMMAND_LABEL: text[:4000]})
 
 
-PATHS = {"cold": cold_run, "pooled": pooled_run, "held": held_run}
+def _on_evidence(run: OneShot, evidence: str) -> OneShot:
+    async def evidenced(
+        spec: SandboxSpec, stdin: StdinSource | None = None, **options: Any
+    ) -> RunResult:
+        if evidence == "daemon":
+            with _environment("SBXKIT_EVIDENCE", "daemon"):
+                result = await run(spec, stdin, **options)
+            assert result.evidence == "daemon", result
+            return result
+        result = await run(spec, stdin, **options)
+        code = result.exit_code
+        carried = all(shell_carries(key) for key in spec.env)  # else no shell can carry it
+        kernels = spec.image in (BUSYBOX, PYTHON) and not is_gvisor(spec.runtime) and carried
+        if kernels and code is not None and code <= 128:
+            assert result.evidence == "kernel", "the kernel path fell back to the daemon's"
+        return result
+
+    return evidenced
 
 
-@pytest.fixture(params=list(PATHS))
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+_RUNS = {"cold": cold_run, "pooled": pooled_run, "held": held_run}
+PATHS: dict[str, OneShot] = {
+    **{name: _on_evidence(run, "auto") for name, run in _RUNS.items()},
+    **{f"{name}-daemon": _on_evidence(run, "daemon") for name, run in _RUNS.items()},
+}
+
+
+def oneshot_paths(runtime: str | None) -> list[str]:
+    """The one-shot paths a test runs on under ``runtime`` (see the module docstring)."""
+    if is_gvisor(runtime) or os.environ.get("SBXKIT_TEST_EVIDENCE") == "daemon":
+        return [name for name in PATHS if name.endswith("-daemon")]
+    return list(PATHS)
+
+
+@pytest.fixture
 def oneshot(request: pytest.FixtureRequest) -> OneShot:
-    """A one-shot run on the cold path, then pooled in this process, then held by the
-    supervisor."""
+    """The one-shot path of this test's parameter (``pytest_generate_tests``, conftest.py)."""
     return PATHS[request.param]

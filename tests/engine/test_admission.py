@@ -124,6 +124,9 @@ async def test_queued_runs_wait_in_fifo_order_and_their_time_limit_starts_at_sta
             await trio.sleep(2.5)  # longer than the queued runs' own time limit
             assert finished == []
             holder.release()
+        # The last run returned at its payload's exit; its lease closes once it is removed.
+        gone = await trio.to_thread.run_sync(wait_until, lambda: not lease_files(state_dir), 10.0)
+        assert gone
     assert finished == [0, 1, 2, 3]  # one fits at a time: FIFO order is completion order
     for index, result in results.items():
         assert result.status == "exited", (index, result)

@@ -23,7 +23,7 @@ from sbxkit.errors import SpecError
 from sbxkit.mounts import BindMount
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
-from tests.engine.helpers import container_exists, limits, text, unique
+from tests.engine.helpers import container_exists, limits, text, unique, wait_until
 from tests.witness import Witness
 
 SETTINGS = Settings(enable_bind_mounts=True)
@@ -165,7 +165,7 @@ async def test_an_existing_target_is_never_replaced(
     result = caught.value.result
     assert result is not None
     assert result.ok
-    assert not container_exists(witness, result.container_id)
+    assert wait_until(lambda: not container_exists(witness, result.container_id), 10.0)
     host.assert_broker_cleaned_up()
 
 

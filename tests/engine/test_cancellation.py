@@ -1,4 +1,6 @@
-"""Caller cancellation at every await point of the one-shot lifecycle, then proof nothing leaked.
+"""Caller cancellation at every await point of the one-shot lifecycle on the daemon's path
+(``SBXKIT_EVIDENCE=daemon``; the kernel path's points: test_cancellation_kernel.py), then
+proof nothing leaked.
 
 Modelled on httpcore's ``test_cancellations.py``: an engine subclass calls a hook before and
 after each engine call the runner makes (and around the first read of the attach stream and of
@@ -54,6 +56,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -72,6 +75,14 @@ from tests.witness import LEASE_LABEL, Witness
 
 Point = tuple[str, str]
 OwnerKind = Literal["in-process", "supervised"]
+
+
+@pytest.fixture(autouse=True)
+def _daemon_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These points are the daemon's path's (attach, wait); the kernel path has its own."""
+    if request.module.__name__.endswith("test_cancellation"):
+        monkeypatch.setenv("SBXKIT_EVIDENCE", "daemon")
+
 
 # A cancelled run must be over well within this (removal of a running container included).
 QUICK_S = 10.0
@@ -196,6 +207,13 @@ class HookedOwner:
 
     async def ended_by_owner(self, lease: str) -> str | None:
         return await self._inner.ended_by_owner(lease)
+
+    async def release(self, lease: str) -> None:
+        await self._inner.release(lease)
+
+    @property
+    def fifo_root(self) -> Path:
+        return self._inner.fifo_root
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         point = self._engine.numbered("owner.remove")

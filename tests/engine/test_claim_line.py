@@ -49,7 +49,7 @@ async def test_splice_names_as_env_keys_change_no_other_word(
 KEYS = ["A;exec${IFS}echo${IFS}OTHER;B", "A-B", "ÄKEY", "it's", "$(id)", "`id`"]
 
 
-@pytest.mark.parametrize("path", ["pooled", "held"])
+@pytest.mark.parametrize("path", ["cold", "pooled", "held"])
 async def test_keys_no_shell_can_export_are_served_cold_with_the_cold_result(
     path: str, busybox: str
 ) -> None:
@@ -57,8 +57,10 @@ async def test_keys_no_shell_can_export_are_served_cold_with_the_cold_result(
     # ($(...), backticks) or ended with exit 2.
     s = spec(busybox, "unused", env={key: f"value {i}" for i, key in enumerate(KEYS)})
     s.command[:] = ["env"]
-    result = await PATHS[path](s, served_cold=True)
+    options = {} if path == "cold" else {"served_cold": True}
+    result = await PATHS[path](s, **options)
     assert (result.status, result.exit_code) == ("exited", 0), result.stderr
+    assert result.evidence == "daemon"  # a shell would drop these keys: no FIFO wrapper
     lines = env_lines(result.stdout)
     for i, key in enumerate(KEYS):
         assert f"{key}=value {i}" in lines

@@ -8,6 +8,7 @@ through sbxkit's own client.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,6 +159,13 @@ class RecordingOwner:
 
     async def ended_by_owner(self, lease: str) -> str | None:
         return await self.inner.ended_by_owner(lease)
+
+    async def release(self, lease: str) -> None:
+        await self.inner.release(lease)
+
+    @property
+    def fifo_root(self) -> Path:
+        return self.inner.fifo_root
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self.inner.remove(lease, name, container_id)

@@ -31,14 +31,13 @@ from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
 from sbxkit.owner import InProcessOwner
 from sbxkit.plan import make_plan
-from sbxkit.pool import PARK_SCRIPT
 from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB, SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
-from tests.engine.helpers import spec, unique, wait_until
+from tests.engine.helpers import parked_command, spec, still_parked, unique, wait_until
 from tests.supervision import running_supervisor
 from tests.witness import Witness
 
@@ -61,7 +60,9 @@ def parked(witness: Witness, label: str) -> list[dict[str, Any]]:
     return [
         c
         for c in witness.containers(label=label)
-        if c.get("State") == "running" and PARK_SCRIPT.split(";")[0] in c.get("Command", "")
+        if c.get("State") == "running"
+        and parked_command(c.get("Command", ""))
+        and still_parked(c["Id"])
     ]
 
 

@@ -21,6 +21,7 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
+from sbxkit.kernel.scripts import IO_TARGET
 from sbxkit.mounts import BindMount, Mount, TmpfsMount, VolumeMount
 from sbxkit.runner import run
 from sbxkit.settings import Settings
@@ -490,9 +491,18 @@ async def test_the_created_container_has_exactly_the_requested_mounts(
 
     assert result.ok, result
     assert seen, "the witness never inspected the running container"
+    # On the kernel path, sbxkit's own FIFO directory of the lease, read-only, and no more.
+    fifo = [m for m in seen["Mounts"] if m["Destination"] == IO_TARGET]
+    if result.evidence == "kernel":
+        [io] = fifo
+        assert (io["Type"], io["RW"]) == ("bind", False)
+        assert io["Source"].endswith(f".io/{result.lease}")
+    else:
+        assert fifo == []
     got = sorted(
         (m["Type"], m["Name"] if m["Type"] == "volume" else m["Source"], m["Destination"], m["RW"])
         for m in seen["Mounts"]
+        if m["Destination"] != IO_TARGET
     )
     assert got == sorted(
         [
@@ -504,7 +514,8 @@ async def test_the_created_container_has_exactly_the_requested_mounts(
     binds = {m["Destination"]: m for m in seen["Mounts"] if m["Type"] == "bind"}
     assert {m["Propagation"] for m in binds.values()} == {"rprivate"}
     host_config = seen["HostConfig"]
-    assert sorted(host_config["Binds"]) == sorted(
+    asked_binds = [b for b in host_config["Binds"] if f":{IO_TARGET}:" not in b]
+    assert sorted(asked_binds) == sorted(
         [f"{real.resolve()}:/data:ro,rprivate", f"{(real / 'f').resolve()}:/rw-file:rw,rprivate"]
     )
     assert set(host_config["Tmpfs"]) == {"/tmp", "/scratch2"}

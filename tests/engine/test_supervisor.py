@@ -214,6 +214,11 @@ def wait_gone(witness: Witness, container_id: str, seconds: float) -> float | No
     return None
 
 
+def records_gone(state_dir: Path, seconds: float = 10.0) -> bool:
+    """The supervisor let every lease of the state dir go (within ``seconds``)."""
+    return wait_until(lambda: not lease_files(state_dir), seconds)
+
+
 def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sbxkit", *args],
@@ -254,6 +259,10 @@ async def test_useful_work_under_supervision_then_no_record(
             )
             nursery.cancel_scope.cancel()
         assert sup.proc.poll() is None
+        # The run returned at the payload's exit; the supervisor removes, then lets go.
+        assert await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: not lease_files(state_dir), 10.0)
+        )
 
     assert result.status == "exited", result
     assert result.exit_code == 7
@@ -585,6 +594,10 @@ async def test_a_second_supervisor_exits_0_and_leaves_the_first_undisturbed(
         assert os.lstat(socket_path).st_ino == before.st_ino
         assert first.log().count("listening on") == 1
         assert first.proc.poll() is None
+        # Returned at the payload's exit: the first supervisor removes, then lets go.
+        assert await trio.to_thread.run_sync(
+            lambda: wait_until(lambda: not lease_files(state_dir), 10.0)
+        )
     assert lease_files(state_dir) == []
     assert containers_with_marker(witness, marker) == []
 

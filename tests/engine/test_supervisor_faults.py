@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, SbxError
@@ -506,8 +507,11 @@ async def test_failed_removal_keeps_the_record_and_the_reaper_finishes(
         engine, state_dir=state_dir, startup_deadline_s=10.0, close_timeout_s=20.0
     )
     with supervisor(state_dir, proxy) as sup:
+        # A caller that waits for the removal hears of its failure; one that returned at the
+        # payload's exit (the kernel path's default) leaves it to the supervisor alone.
+        backend = DockerBackend(engine=engine, owner=owner, wait_for_removal=True)
         with pytest.raises(CleanupError) as caught:
-            await run(spec(busybox, "true"), engine=engine, owner=owner)
+            await run(spec(busybox, "true"), backend=backend)
         lease, container_id = caught.value.lease, caught.value.container_id
         assert container_id is not None
         assert "record kept" in caught.value.reason, caught.value.reason

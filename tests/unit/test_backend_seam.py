@@ -25,7 +25,7 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
 from sbxkit.broker import Grants, run_with_grants
 from sbxkit.cli.batch import decode_job
-from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect
+from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect, InfoReply
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.harness import Job, run_many
 from sbxkit.oneshot import run as public_run
@@ -65,9 +65,13 @@ class StubEngine:
 
     api_version = "1.41"
     is_podman = False
+    socket_path = "/nonexistent/stub.sock"
 
     async def image_inspect(self, name: str) -> ImageInspect:
         return ImageInspect(id="sha256:" + "0" * 64, config=ImageConfig())
+
+    async def cached_info(self) -> InfoReply:
+        return InfoReply(kernel_version="another kernel")  # a remote daemon: the daemon's path
 
 
 class Captured(SbxError):
@@ -93,6 +97,13 @@ class CapturingOwner:
 
     async def ended_by_owner(self, lease: str) -> str | None:
         raise AssertionError("never judged: create raised")
+
+    async def release(self, lease: str) -> None:
+        raise AssertionError("never released: create raised")
+
+    @property
+    def fifo_root(self) -> Path:
+        return Path("/nonexistent/leases.io")
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self.removed.append(name)

@@ -99,7 +99,8 @@ def test_a_template_whose_lease_appears_elsewhere_is_refused() -> None:
     assert template_problem(claim()) is None
     smuggled = claim(labels={"copy": TEMPLATE_LEASE})
     assert template_problem(smuggled) == (
-        "the template's lease appears in its body beyond the lease label and SBXKIT_LEASE"
+        "the template's lease appears in its body beyond the lease label, SBXKIT_LEASE "
+        "and its FIFO directory"
     )
     renamed = msgspec.structs.replace(claim().template, name="sbxkit-other")
     problem = template_problem(msgspec.structs.replace(claim(), template=renamed))

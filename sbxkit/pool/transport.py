@@ -1,0 +1,142 @@
+"""How a claim reaches its parked container and how its run is watched: two transports, one
+contract (docs/pool.md).
+
+- ``AttachTransport`` (the daemon's path): the claim line and stdin go through the container's
+  attach stream, output comes back multiplexed on it, the exit is the daemon's ``wait``.
+- ``FifoTransport`` (the kernel's path, ``sbxkit.kernel``): the claim line and stdin go into the
+  sandbox's ``in`` FIFO, output comes from its ``out``/``err`` FIFOs until their EOF, the exit
+  is its init's pidfd — verified when the container was parked.
+
+Either way the claim line is the same (``line.py``), and so are the caps, the time limit
+(from the claim) and the verdict's rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from sbxkit.attached import Outcome, OutputCallback, supervise
+from sbxkit.engine.client import Engine, Waiter
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.kernel.run import Judge, kernel_verdict
+from sbxkit.kernel.supervise import Exited, KernelIO, supervise_kernel
+from sbxkit.outcome import Verdict
+from sbxkit.result import Evidence
+from sbxkit.stdin import StdinSource
+
+__all__ = ["AttachTransport", "ClaimTransport", "Claimed", "FifoTransport", "LineFirst"]
+
+
+class LineFirst(trio.abc.ReceiveStream):
+    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
+
+    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
+        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
+        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._pending:
+            size = max_bytes or len(self._pending)
+            chunk, self._pending = self._pending[:size], self._pending[size:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        if self._rest is None:
+            await trio.lowlevel.checkpoint()
+            return b""
+        return await self._rest.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        if self._rest is not None:
+            await self._rest.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """How a claimed run ended: its outcome (output, status), the verdict, the exit code (an
+    exit of its own only) and what decided it."""
+
+    outcome: Outcome
+    verdict: Verdict
+    exit_code: int | None
+    evidence: Evidence
+
+
+class ClaimTransport(Protocol):
+    async def run(
+        self,
+        line: bytes,
+        stdin: StdinSource | None,
+        output_bytes: int,
+        timeout_s: float,
+        on_output: OutputCallback | None,
+        judge: Judge,
+    ) -> Claimed: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class AttachTransport:
+    """The daemon's path: the attach stream and the registered ``wait``."""
+
+    attach: HijackedStream
+    waiter: Waiter
+
+    async def run(
+        self,
+        line: bytes,
+        stdin: StdinSource | None,
+        output_bytes: int,
+        timeout_s: float,
+        on_output: OutputCallback | None,
+        judge: Judge,
+    ) -> Claimed:
+        stream = LineFirst(line, stdin)
+        outcome = await supervise(
+            self.attach, self.waiter, stream, output_bytes, timeout_s, on_output
+        )
+        verdict, code = Verdict(status=outcome.status), None
+        if outcome.status == "exited":
+            code = outcome.exit_code
+            verdict = await judge(code)
+        return Claimed(outcome, verdict, code, "daemon")
+
+    async def aclose(self) -> None:
+        await self.waiter.aclose()
+        await self.attach.aclose()
+
+
+@dataclass
+class FifoTransport:
+    """The kernel's path: the sandbox's FIFOs and its init's pidfd."""
+
+    io: KernelIO
+    exited: Exited
+    evidence: Evidence
+    engine: Engine
+    container_id: str
+
+    async def run(
+        self,
+        line: bytes,
+        stdin: StdinSource | None,
+        output_bytes: int,
+        timeout_s: float,
+        on_output: OutputCallback | None,
+        judge: Judge,
+    ) -> Claimed:
+        outcome = await supervise_kernel(
+            self.io, self.exited, line, stdin, output_bytes, timeout_s, on_output
+        )
+        verdict, code, evidence = await kernel_verdict(
+            self.engine, self.container_id, judge, outcome, self.evidence, self.io.init
+        )
+        return Claimed(outcome, verdict, code, evidence)
+
+    async def aclose(self) -> None:
+        await self.io.aclose()

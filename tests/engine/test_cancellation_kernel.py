@@ -1,0 +1,185 @@
+"""Caller cancellation at every await point of the one-shot lifecycle on the kernel path
+(sbxkit/kernel: FIFOs and the init's pidfd), then proof nothing leaked — the table of
+test_cancellation.py, whose engine hooks and witness checks this reuses, with the kernel path's
+own points: no attach and no wait; after the start the init's pid is read (``container_inspect#2``),
+the shell's word awaited (``kernel.alive``) and the exit (``kernel.exited``).
+
+==============================  ==========  ==============================================
+point                           phase       ends in
+==============================  ==========  ==============================================
+image_inspect … container_inspect#1         as on the daemon's path: removed, never started
+container_start#1               before      Cancelled; removed, never started
+container_start#1               after       Cancelled; started (the payload waits for its
+container_inspect#2 / alive     both        go line: it never ran), then removed
+kernel.exited#1                 before      (alive() watching for the shell's death) the same
+kernel.exited#2                 before      Cancelled; the payload ran, then removed
+--- reached only by a payload that exits (``true``) ---
+kernel.exited#2                 after       Cancelled (the drain wait is a checkpoint)
+owner.release#1                 before      Cancelled (closing the session is a checkpoint);
+                                            the supervisor has the Close: it removes
+owner.release#1                 after       returns normally (the supervisor removes)
+container_remove#1 / owner.remove#1 both    returns normally (shielded removal, last await)
+==============================  ==========  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from sbxkit.kernel.init import ContainerInit
+from sbxkit.kernel.supervise import KernelIO
+from tests.engine import test_cancellation as daemon
+from tests.engine.test_cancellation import (
+    CancellingEngine,
+    OwnerKind,
+    Point,
+    assert_gone_and_started,
+    cancelling_engine,
+    expect_outcome,
+    lease_actions,
+    make_spec,
+    run_with_cancel,
+    supervised,
+)
+from tests.witness import Witness
+
+PRE_START: list[Point] = [
+    ("image_inspect#1", "before"),
+    ("image_inspect#1", "after"),
+    ("container_create#1", "before"),
+    ("container_create#1", "after"),
+    ("container_inspect#1", "before"),
+    ("container_inspect#1", "after"),
+    ("container_start#1", "before"),
+]
+STARTED_NOT_RUN: list[Point] = [
+    ("container_start#1", "after"),
+    ("container_inspect#2", "before"),
+    ("container_inspect#2", "after"),
+    ("kernel.alive#1", "before"),
+    ("kernel.exited#1", "before"),  # alive() watches for the shell's death meanwhile
+    ("kernel.alive#1", "after"),
+]
+RUNNING: list[Point] = [("kernel.exited#2", "before")]
+SLOW_POINTS = PRE_START + STARTED_NOT_RUN + RUNNING
+EXIT_POINTS: list[Point] = [
+    ("kernel.exited#2", "after"),
+    ("container_remove#1", "before"),
+    ("container_remove#1", "after"),
+]
+SUPERVISED_EXIT_POINTS: list[Point] = [
+    ("kernel.exited#2", "after"),
+    ("owner.release#1", "before"),
+    ("owner.release#1", "after"),
+    ("owner.remove#1", "before"),
+    ("owner.remove#1", "after"),
+]
+RETURNS_NORMALLY: set[Point] = {
+    ("container_remove#1", "before"),
+    ("container_remove#1", "after"),
+    ("owner.release#1", "after"),
+    ("owner.remove#1", "before"),
+    ("owner.remove#1", "after"),
+}
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> list[CancellingEngine]:
+    """Hooks around the kernel path's own awaits, reported to the test's engine; and the
+    supervised owner's release."""
+    current: list[CancellingEngine] = []
+
+    def around(name: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def hooked_call(*args: Any, **kwargs: Any) -> Any:
+            engine = current[0]
+            point = engine.numbered(name)
+            engine.hook(point, "before")
+            value = await call(*args, **kwargs)
+            engine.hook(point, "after")
+            return value
+
+        return hooked_call
+
+    monkeypatch.setattr(KernelIO, "alive", around("kernel.alive", KernelIO.alive))
+    monkeypatch.setattr(ContainerInit, "exited", around("kernel.exited", ContainerInit.exited))
+    release = daemon.HookedOwner.release
+    monkeypatch.setattr(daemon.HookedOwner, "release", around("owner.release", release))
+    monkeypatch.setattr(daemon, "RETURNS_NORMALLY", RETURNS_NORMALLY)
+    return current
+
+
+async def check_kernel_point(
+    hooked: list[CancellingEngine],
+    witness: Witness,
+    busybox: str,
+    command: list[str],
+    point: Point,
+    owner: OwnerKind,
+) -> None:
+    since = daemon.time.time()
+    async with cancelling_engine(witness.socket_path) as engine:
+        hooked[:] = [engine]
+        outcome = await run_with_cancel(engine, make_spec(busybox, command), point, owner=owner)
+        assert engine.fired, f"{point} was never reached; calls: {engine.log}"
+        expect_outcome(point, outcome)
+        if point in daemon.NOTHING_CREATED[owner]:
+            assert engine.created_ids == []
+            if engine.lease is not None:
+                assert lease_actions(witness, engine.lease, since) == []
+            return
+        if owner == "in-process" and point == ("image_inspect#1", "after"):
+            if engine.create_names:
+                assert_gone_and_started(witness, engine, since, started=False)
+            return
+        started = point not in PRE_START and point not in supervised(PRE_START)
+        await daemon.trio.to_thread.run_sync(witness.wait_until_no_sbxkit_containers, 10.0)
+        assert_gone_and_started(witness, engine, since, started=started)
+
+
+@pytest.mark.parametrize("point", SLOW_POINTS, ids=daemon.point_id)
+async def test_cancel_long_running_payload_on_the_kernel_path(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, point: Point
+) -> None:
+    await check_kernel_point(
+        hooked, witness, busybox, ["sh", "-c", "sleep 30"], point, "in-process"
+    )
+
+
+@pytest.mark.parametrize("point", SLOW_POINTS + EXIT_POINTS, ids=daemon.point_id)
+async def test_cancel_exiting_payload_on_the_kernel_path(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, point: Point
+) -> None:
+    await check_kernel_point(hooked, witness, busybox, ["true"], point, "in-process")
+
+
+@pytest.mark.parametrize(
+    "point", supervised(SLOW_POINTS) + SUPERVISED_EXIT_POINTS, ids=daemon.point_id
+)
+async def test_cancel_exiting_payload_supervised_on_the_kernel_path(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, point: Point
+) -> None:
+    await check_kernel_point(hooked, witness, busybox, ["true"], point, "supervised")
+
+
+@pytest.mark.parametrize("owner", ["in-process", "supervised"])
+async def test_the_kernel_points_cover_every_hook_of_a_run(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, owner: OwnerKind
+) -> None:
+    """An uncancelled ``true`` run on the kernel path passes exactly the listed points, in
+    lifecycle order, so the parametrizations above cannot miss an await the path adds."""
+    async with cancelling_engine(witness.socket_path) as engine:
+        hooked[:] = [engine]
+        outcome = await run_with_cancel(engine, make_spec(busybox, ["true"]), None, owner=owner)
+        assert outcome.result is not None
+        assert outcome.result.ok
+        assert outcome.result.evidence == "kernel"
+        expected = (
+            SLOW_POINTS + EXIT_POINTS
+            if owner == "in-process"
+            else supervised(SLOW_POINTS) + SUPERVISED_EXIT_POINTS
+        )
+        seen = [p for p in engine.log if p in expected or p[0].startswith("kernel.")]
+        assert seen == expected, repr(engine.log)[-1500:]

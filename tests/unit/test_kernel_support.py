@@ -1,0 +1,129 @@
+"""Which hosts and runs get the kernel's evidence (sbxkit/kernel/support.py), the supervisor's
+rule for the kernel path's bind (recheck.py), and the held pool's template of a kernel path
+park (templates.py): pure, no daemon."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from sbxkit.engine.models import ContainerCreate, HostConfig
+from sbxkit.errors import SpecError
+from sbxkit.kernel.fifos import io_dir_problem, make_io_dir
+from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root, kernel_io
+from sbxkit.kernel.support import HostFacts, daemon_path_reason, run_path_reason
+from sbxkit.mounts import ExpectedMount, check_target
+from sbxkit.supervisor.recheck import _check_io_bind
+from sbxkit.supervisor.templates import body_for_lease, mounts_for_lease
+
+HOST = HostFacts(exit_info=True, can_chown=True, kernel_release="6.18.44")
+
+
+def reason(host: HostFacts = HOST, **daemon: object) -> str | None:
+    facts: dict[str, object] = {
+        "podman": False,
+        "daemon_kernel": "6.18.44",
+        "operating_system": "Debian GNU/Linux 12 (bookworm)",
+        "security_options": ["name=seccomp,profile=default"],
+        **daemon,
+    }
+    return daemon_path_reason(host, **facts)  # type: ignore[arg-type]
+
+
+def test_a_local_daemon_on_a_new_kernel_gets_the_kernel_path() -> None:
+    assert reason() is None
+
+
+@pytest.mark.parametrize(
+    ("host", "daemon", "says"),
+    [
+        (msgspec.structs.replace(HOST, exit_info=False), {}, "Linux >= 6.15"),
+        (HOST, {"podman": True}, "Podman"),
+        (HOST, {"daemon_kernel": "5.15.0-docker"}, "remote or VM-backed"),
+        (HOST, {"operating_system": "Docker Desktop"}, "VM-backed"),
+        (HOST, {"security_options": ["name=userns"]}, "userns"),
+        (HOST, {"security_options": ["name=rootless"]}, "rootless"),
+        (msgspec.structs.replace(HOST, can_chown=False), {}, "CAP_CHOWN"),
+    ],
+)
+def test_each_host_without_the_kernel_path_says_why(
+    host: HostFacts, daemon: dict[str, object], says: str
+) -> None:
+    said = reason(host, **daemon)
+    assert said is not None
+    assert says in said
+
+
+def test_a_run_the_kernel_path_cannot_carry_says_why() -> None:
+    assert run_path_reason(runtime="runc", command=["true"], has_shell=None) is None
+    assert run_path_reason(runtime="crun", command=["true"], has_shell=True) is None
+    assert "runsc" in (run_path_reason(runtime="runsc", command=["true"], has_shell=None) or "")
+    assert "option" in (run_path_reason(runtime="runc", command=["-x"], has_shell=None) or "")
+    assert "/bin/sh" in (run_path_reason(runtime="runc", command=["x"], has_shell=False) or "")
+
+
+def test_no_mount_of_a_spec_may_go_where_sbxkit_puts_the_fifos() -> None:
+    for target in (IO_TARGET, "/.sbxkit", "/.sbxkit/other"):
+        with pytest.raises(SpecError):
+            check_target("mounts[0].target", target)
+
+
+LEASE = "a" * 32
+
+
+def body_with_io(state_dir: str, lease: str = LEASE) -> ContainerCreate:
+    base = ContainerCreate(
+        image="busybox", cmd=["true"], user="65534:65534", host_config=HostConfig(binds=[])
+    )
+    body, _ = kernel_io(base, str(io_root(Path(state_dir)) / lease), {})
+    return body
+
+
+def test_the_supervisor_takes_only_the_leases_own_fifo_directory(tmp_path: Path) -> None:
+    state_dir = tmp_path / "leases"
+    body = body_with_io(str(state_dir))
+    uid, gid = os.geteuid(), os.getegid()
+    body = msgspec.structs.replace(body, user=f"{uid or 1}:{gid or 1}")
+    ok = _check_io_bind(body.host_config.binds or [], body, LEASE, str(state_dir), None)  # type: ignore[union-attr]
+    assert ok == []  # the FIFO bind is judged by its own rule, not as an ordinary bind
+    other = msgspec.structs.replace(
+        body,
+        host_config=HostConfig(binds=[io_bind(str(io_root(state_dir) / ("b" * 32)))]),
+    )
+    with pytest.raises(Exception, match="the FIFO bind must be"):
+        _check_io_bind(other.host_config.binds or [], other, LEASE, str(state_dir), None)  # type: ignore[union-attr]
+    writable = msgspec.structs.replace(
+        body,
+        host_config=HostConfig(binds=[f"{io_root(state_dir) / LEASE}:{IO_TARGET}:rw,rprivate"]),
+    )
+    with pytest.raises(Exception, match="the FIFO bind must be"):
+        _check_io_bind(writable.host_config.binds or [], writable, LEASE, str(state_dir), None)  # type: ignore[union-attr]
+
+
+def test_the_fifo_directory_must_hold_its_three_fifos_and_nothing_else(tmp_path: Path) -> None:
+    uid, gid = os.geteuid(), os.getegid()
+    leaf = make_io_dir(tmp_path / "root", LEASE, uid, gid)
+    assert io_dir_problem(str(leaf), uid, gid) is None
+    (leaf / "extra").write_text("x")
+    assert "more or less" in (io_dir_problem(str(leaf), uid, gid) or "")
+    os.unlink(leaf / "extra")
+    os.unlink(leaf / "out")
+    (leaf / "out").write_text("a file, not a FIFO")
+    assert "not a FIFO" in (io_dir_problem(str(leaf), uid, gid) or "")
+    assert "not a directory of the sandbox user" in (io_dir_problem(str(leaf), uid + 1, gid) or "")
+
+
+def test_a_kernel_path_template_is_one_shape_whatever_lease_it_was_made_under() -> None:
+    state_dir = "/var/lib/sbxkit/leases"
+    template = body_with_io(state_dir, LEASE)
+    parked = body_for_lease(template, LEASE, "c" * 32)
+    assert parked == body_with_io(state_dir, "c" * 32)
+    mounts = [
+        ExpectedMount(
+            type="bind", source=f"{state_dir}.io/{LEASE}", destination=IO_TARGET, rw=False
+        )
+    ]
+    assert mounts_for_lease(mounts, LEASE, "c" * 32)[0].source == f"{state_dir}.io/{'c' * 32}"
