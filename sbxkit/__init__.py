@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         SupervisedOwner,
         SupervisorError,
     )
+    from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
@@ -113,6 +114,9 @@ _WHERE: dict[str, str] = {
     "LEASE_LABEL": "sbxkit.policy",
     "Limits": "sbxkit.spec",
     "MiB": "sbxkit.spec",
+    "KiB": "sbxkit.units",
+    "GiB": "sbxkit.units",
+    "parse_duration": "sbxkit.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
     "OutputGrant": "sbxkit.broker",
@@ -187,6 +191,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GiB",
     "GpuRequest",
     "GrantError",
     "GrantResult",
@@ -198,6 +203,7 @@ __all__ = [
     "Job",
     "JobError",
     "JobResult",
+    "KiB",
     "Limits",
     "MiB",
     "NeverFits",
@@ -239,6 +245,7 @@ __all__ = [
     "open_pty",
     "open_sandbox",
     "open_stdio_worker",
+    "parse_duration",
     "parse_size",
     "run",
     "run_many",

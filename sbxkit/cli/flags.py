@@ -15,19 +15,21 @@ from sbxkit.argtypes import ascii_float, ascii_int
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
 from sbxkit.profile import Profile, apply_profile
-from sbxkit.spec import Limits, SandboxSpec, check_limit, parse_size
+from sbxkit.spec import Limits, SandboxSpec, check_limit
+from sbxkit.units import parse_duration, parse_size
 
 LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("cpus", "--cpus", "cpus", "float"),
     ("memory", "--memory", "memory_bytes", "size"),
     ("pids", "--pids", "pids", "int"),
     ("max_output", "--max-output", "output_bytes", "size"),
-    ("timeout", "--timeout", "timeout_s", "float"),
+    ("timeout", "--timeout", "timeout_s", "duration"),
     ("fsize", "--fsize", "fsize_bytes", "size"),
     ("scratch", "--scratch", "scratch_bytes", "size"),
     ("shm", "--shm", "shm_bytes", "size"),
 )
-"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes use parse_size."""
+"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes and durations
+are read by ``sbxkit/units.py``."""
 
 DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
 
@@ -75,9 +77,12 @@ def _gpus(text: str) -> GpuRequest:
 
 
 def limit_value(text: str, flag: str, kind: str) -> int | float:
-    """A limit flag's value: sizes as ``parse_size`` reads them, numbers as Python does."""
+    """A limit flag's value: sizes and durations as ``sbxkit/units.py`` reads them (``1.5g``,
+    ``5m``), other numbers of ASCII digits."""
     if kind == "size":
         return parse_size(text, flag)
+    if kind == "duration":
+        return parse_duration(text, flag)
     if kind == "int":
         return int(_number(text, flag, int))
     return _number(text, flag, float)
@@ -178,10 +183,14 @@ def add_sandbox_flags(
     """The flags ``run`` and ``shell`` share (a command adds its own after these)."""
     parser.add_argument("--profile", metavar="FILE", help=profile_help)
     parser.add_argument("--cpus", help=f"CPU quota (default: {defaults['cpus']})")
-    parser.add_argument("--memory", help=f"memory ceiling, no swap (default: {defaults['memory']})")
+    parser.add_argument(
+        "--memory", help=f"memory ceiling, no swap: 64m, 1.5g (default: {defaults['memory']})"
+    )
     parser.add_argument("--pids", help=f"process count ceiling (default: {defaults['pids']})")
     parser.add_argument("--max-output", help=f"{output_help} (default: {defaults['max_output']})")
-    parser.add_argument("--timeout", help=f"{timeout_help} (default: {defaults['timeout']})")
+    parser.add_argument(
+        "--timeout", help=f"{timeout_help}: 30, 0.5, 500ms, 5m, 1h (default: {defaults['timeout']})"
+    )
     parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
     parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
     parser.add_argument("--shm", help="size of the /dev/shm tmpfs (default: 64m)")

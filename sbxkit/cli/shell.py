@@ -65,7 +65,7 @@ def add_shell_arguments(parser: argparse.ArgumentParser) -> None:
         SHELL_DEFAULTS,
         profile_help="TOML profile ([sandbox.docker]); flags override it",
         output_help="terminal output bytes for the whole session; one more ends it",
-        timeout_help="the session's time limit in seconds",
+        timeout_help="the session's time limit",
         network_help="none (default) or bridge",
     )
     parser.add_argument(

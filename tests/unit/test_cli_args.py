@@ -171,12 +171,12 @@ def test_sizes_use_parse_size(flag: str, text: str, field: str, value: int) -> N
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["--memory", "1.5g"], "--memory"),
+        (["--memory", "1.5x"], "--memory"),
         (["--memory", "10"], "--memory"),  # 10 bytes: below Docker's minimum
         (["--max-output", "0b"], "--max-output"),
         (["--memory", "-1"], "--memory"),
         (["--max-output", "lots"], "--max-output"),
-        (["--scratch", "1t"], "--scratch"),
+        (["--scratch", "1.5t"], "--scratch"),  # over 1 TiB
         (["--cpus", "two"], "--cpus"),
         (["--pids", "1.5"], "--pids"),
         (["--pids", "many"], "--pids"),
