@@ -427,7 +427,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m sbxkit.cli.batch`` (the same as ``sbxkit batch``)."""
     parser = argparse.ArgumentParser(
-        prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
+        allow_abbrev=False, prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
     )
     configure(parser)
     exit_with(cmd_batch, parser.parse_args(argv))

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from sbxkit.argtypes import ascii_float, ascii_int
+from sbxkit.cli.common import subcommand_parser
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
 from sbxkit.profile import Profile, apply_profile
@@ -148,8 +149,11 @@ class ImageAndCommand(argparse.Action):
     """``IMAGE [-- CMD...]``, or ``-- CMD...`` alone with ``--profile`` naming the image.
 
     Everything after IMAGE belongs to the command, a leading ``--`` included: ``spec_from_args``
-    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options all
-    precede this positional (it swallows everything), so ``--profile`` is known when this runs.
+    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options
+    precede this positional (it swallows everything), so ``--profile`` is known when this runs
+    — except flags between IMAGE and a later ``--`` (``IMAGE --json -- echo hi``): they are
+    recorded in ``flags_after_image`` for ``parse_with_flags_after_image`` to read as flags.
+    Without a ``--``, a command whose first word is a flag is refused, not run.
     """
 
     def __call__(
@@ -160,6 +164,7 @@ class ImageAndCommand(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         rest = [str(v) for v in values or []]
+        namespace.image_and_command = list(rest)
         image: str | None = None
         if rest and rest[0] != "--":
             image, rest = rest[0], rest[1:]
@@ -167,8 +172,41 @@ class ImageAndCommand(argparse.Action):
             raise argparse.ArgumentError(
                 self, "IMAGE is required (or --profile FILE whose profile names an image)"
             )
+        namespace.flags_after_image = []
+        if rest and rest[0].startswith("-") and rest[0] != "--":
+            if "--" not in rest:
+                raise argparse.ArgumentError(
+                    self,
+                    f"{rest[0]} after IMAGE would be the command: put sbxkit's flags before "
+                    "IMAGE (or before a --), and the command after --",
+                )
+            namespace.flags_after_image = rest[: rest.index("--")]
         namespace.image = image
         namespace.command = rest
+
+
+def parse_with_flags_after_image(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser.parse_known_args(argv)``, reading the flags between IMAGE and ``--`` as flags:
+    ``IMAGE --json -- echo hi`` parses as ``--json IMAGE -- echo hi``. A word there that is
+    neither a flag nor a flag's value is a usage error naming it (exit 2); an unknown flag is
+    left in the unknown list for the caller's usage error, as anywhere else."""
+    args, unknown = parser.parse_known_args(argv)
+    moved: list[str] = getattr(args, "flags_after_image", [])
+    if not moved:
+        return args, unknown
+    tail: list[str] = args.image_and_command
+    image, after = tail[0], tail[len(moved) + 2 :]
+    reordered = [*argv[: len(argv) - len(tail)], *moved, image, "--", *after]
+    args, unknown = parser.parse_known_args(reordered)
+    if args.image != image and not unknown:  # an unknown flag took it: that is the error
+        stray = next((word for word in moved if word == args.image), args.image)
+        subcommand_parser(parser, getattr(args, "action", "")).error(
+            f"between IMAGE and --, {stray!r} is neither a flag nor a flag's value "
+            "(the command goes after --)"
+        )
+    return args, unknown
 
 
 def add_sandbox_flags(
