@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit.archive import ArchiveError
+    from sbxkit.archive import ArchiveError, SandboxFileNotFound
     from sbxkit.backends.base import Backend, open_backend
     from sbxkit.backends.docker import DockerBackend
     from sbxkit.broker import (
@@ -89,6 +89,7 @@ _WHERE: dict[str, str] = {
     "Backend": "sbxkit.backends.base",
     "AdmissionTimeout": "sbxkit.supervisor.client",
     "ArchiveError": "sbxkit.archive",
+    "SandboxFileNotFound": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
     "CapacityExhausted": "sbxkit.supervisor.client",
     "CleanupError": "sbxkit.errors",
@@ -221,6 +222,7 @@ __all__ = [
     "Sandbox",
     "SandboxExit",
     "SandboxExpired",
+    "SandboxFileNotFound",
     "SandboxSpec",
     "SandboxUnusable",
     "SbxError",

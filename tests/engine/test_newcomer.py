@@ -3,11 +3,20 @@ shared daemon, flags after the image, error messages without internals."""
 
 from __future__ import annotations
 
+import errno
 import json
 import secrets
+import traceback
 
-from tests.engine.helpers import container_exists
-from tests.engine.test_cli import SMALL, sbxkit
+import pytest
+import trio
+
+import sbxkit.blocking
+from sbxkit.archive import ArchiveError, SandboxFileNotFound
+from sbxkit.session import SandboxExpired, open_sandbox
+from tests.engine.helpers import container_exists, spec
+from tests.engine.test_cli import SMALL
+from tests.engine.test_cli import sbxkit as sbxkit_cli
 from tests.witness import LEASE_LABEL, RUN_LABEL, THIS_RUN, Witness
 
 
@@ -30,7 +39,7 @@ def start_foreign_sandbox(witness: Witness, image: str) -> str:
 def test_the_demo_counts_only_the_sandboxes_it_created(witness: Witness, busybox: str) -> None:
     foreign = start_foreign_sandbox(witness, busybox)
     try:
-        proc = sbxkit("demo", "--socket", witness.socket_path)
+        proc = sbxkit_cli("demo", "--socket", witness.socket_path)
         out = proc.stdout.decode()
         assert proc.returncode == 0, out + proc.stderr.decode()
         assert "containers this demo left behind: 0" in out
@@ -43,9 +52,63 @@ def test_the_demo_counts_only_the_sandboxes_it_created(witness: Witness, busybox
 def test_flags_between_the_image_and_the_separator_are_flags(
     witness: Witness, busybox: str
 ) -> None:
-    proc = sbxkit(
+    proc = sbxkit_cli(
         "run", *SMALL, "--socket", witness.socket_path, busybox, "--json", "--", "echo", "hi"
     )
     assert proc.returncode == 0, proc.stderr.decode()
     doc = json.loads(proc.stdout)
     assert (doc["status"], doc["exit_code"], doc["stdout"]) == ("exited", 0, "hi\n")
+
+
+# --- error messages without internals --------------------------------------------------------
+
+
+@pytest.mark.parametrize("image_of", ["busybox", "python_image"])
+async def test_a_missing_file_is_named_as_not_found(
+    image_of: str, runtime: str | None, request: pytest.FixtureRequest
+) -> None:
+    image = request.getfixturevalue(image_of)
+    async with open_sandbox(spec(image, "true", runtime=runtime)) as sandbox:
+        await sandbox.put_files({"here.txt": b"x"})
+        for missing in ("nope.txt", "no/such/dir/x.txt"):
+            with pytest.raises(SandboxFileNotFound) as caught:
+                await sandbox.get_files(["here.txt", missing])
+            error = caught.value
+            assert isinstance(error, FileNotFoundError)
+            assert isinstance(error, ArchiveError)
+            assert (error.filename, error.errno) == (missing, errno.ENOENT)
+            assert str(error) == f"no such file in the sandbox: {missing!r} (/tmp/{missing})"
+        assert await sandbox.get_files(["here.txt"]) == {"here.txt": b"x"}
+
+
+@pytest.mark.parametrize("image_of", ["busybox", "python_image"])
+async def test_a_missing_command_is_said_without_the_wrapper(
+    image_of: str, runtime: str | None, request: pytest.FixtureRequest
+) -> None:
+    image = request.getfixturevalue(image_of)
+    async with open_sandbox(spec(image, "true", runtime=runtime)) as sandbox:
+        result = await sandbox.exec(["nonexistent-cmd", "arg"])
+        assert (result.status, result.exit_code) == ("exited", 127)
+        assert result.stderr == b"sbxkit: nonexistent-cmd: command not found\n"
+        found = await sandbox.exec(["sh", "-c", "echo $0 ok"])
+        assert found.stdout == b"sh ok\n"  # the command's own $0, not the wrapper's
+
+
+def chain_of(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))
+
+
+async def test_an_expired_sandbox_is_not_chained_to_trio_cancelled(busybox: str) -> None:
+    with pytest.raises(SandboxExpired) as caught:
+        async with open_sandbox(spec(busybox, "true", timeout_s=1.0)):
+            await trio.sleep(30)
+    assert "Cancelled" not in chain_of(caught.value)
+
+
+def test_an_expired_blocking_sandbox_is_not_chained_to_trio_cancelled(busybox: str) -> None:
+    with (
+        pytest.raises(SandboxExpired) as caught,
+        sbxkit.blocking.open_sandbox(spec(busybox, "true", timeout_s=1.0)) as sandbox,
+    ):
+        sandbox.exec(["sleep", "10"])  # ends when the sandbox is removed at its time limit
+    assert "Cancelled" not in chain_of(caught.value)
