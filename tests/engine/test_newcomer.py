@@ -14,6 +14,7 @@ import trio
 import sbxkit.blocking
 from sbxkit.archive import ArchiveError, SandboxFileNotFound
 from sbxkit.session import SandboxExpired, open_sandbox
+from sbxkit.spec import SandboxSpec
 from tests.engine.helpers import container_exists, spec
 from tests.engine.test_cli import SMALL
 from tests.engine.test_cli import sbxkit as sbxkit_cli
@@ -63,12 +64,14 @@ def test_flags_between_the_image_and_the_separator_are_flags(
 # --- error messages without internals --------------------------------------------------------
 
 
-@pytest.mark.parametrize("image_of", ["busybox", "python_image"])
-async def test_a_missing_file_is_named_as_not_found(
-    image_of: str, runtime: str | None, request: pytest.FixtureRequest
-) -> None:
-    image = request.getfixturevalue(image_of)
-    async with open_sandbox(spec(image, "true", runtime=runtime)) as sandbox:
+@pytest.fixture(params=["busybox", "python_image"])
+def shell_spec(request: pytest.FixtureRequest, runtime: str | None) -> SandboxSpec:
+    """A session's spec in busybox (ash) and in the python image (dash), under ``runtime``."""
+    return spec(request.getfixturevalue(request.param), "true", runtime=runtime)
+
+
+async def test_a_missing_file_is_named_as_not_found(shell_spec: SandboxSpec) -> None:
+    async with open_sandbox(shell_spec) as sandbox:
         await sandbox.put_files({"here.txt": b"x"})
         for missing in ("nope.txt", "no/such/dir/x.txt"):
             with pytest.raises(SandboxFileNotFound) as caught:
@@ -81,12 +84,8 @@ async def test_a_missing_file_is_named_as_not_found(
         assert await sandbox.get_files(["here.txt"]) == {"here.txt": b"x"}
 
 
-@pytest.mark.parametrize("image_of", ["busybox", "python_image"])
-async def test_a_missing_command_is_said_without_the_wrapper(
-    image_of: str, runtime: str | None, request: pytest.FixtureRequest
-) -> None:
-    image = request.getfixturevalue(image_of)
-    async with open_sandbox(spec(image, "true", runtime=runtime)) as sandbox:
+async def test_a_missing_command_is_said_without_the_wrapper(shell_spec: SandboxSpec) -> None:
+    async with open_sandbox(shell_spec) as sandbox:
         result = await sandbox.exec(["nonexistent-cmd", "arg"])
         assert (result.status, result.exit_code) == ("exited", 127)
         assert result.stderr == b"sbxkit: nonexistent-cmd: command not found\n"

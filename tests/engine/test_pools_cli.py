@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.helpers import container_exists, unique, wait_until
+from tests.engine.helpers import container_exists, runs_marker, unique, wait_until
 from tests.engine.test_held_pool import cli, parked
 from tests.supervision import running_supervisor
 from tests.witness import Witness
@@ -113,12 +113,8 @@ def test_ending_a_pool_leaves_its_claimed_run_alone(
             env=env,
         )
 
-        def claimed() -> bool:  # the parked shell has exec'd the claimed payload
-            top = witness.get(f"/containers/{waiting['Id']}/top")
-            return any("sleep 8" in " ".join(row) for row in top.get("Processes") or [])
-
-        try:
-            assert wait_until(claimed, 15.0), sup.log()
+        try:  # claimed: the parked shell has exec'd the payload
+            assert wait_until(lambda: runs_marker(witness, waiting["Id"], "sleep 8"), 15.0)
             ended = cli(state_dir, "pools", "end", "--all")
             assert ended.returncode == 0, ended.stderr
             assert container_exists(witness, waiting["Id"])  # still running its claim
