@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit.archive import ArchiveError
+    from sbxkit.archive import ArchiveError, SandboxFileNotFound
     from sbxkit.backends.base import Backend, open_backend
     from sbxkit.backends.docker import DockerBackend
     from sbxkit.broker import (
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         SupervisedOwner,
         SupervisorError,
     )
+    from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
@@ -88,6 +89,7 @@ _WHERE: dict[str, str] = {
     "Backend": "sbxkit.backends.base",
     "AdmissionTimeout": "sbxkit.supervisor.client",
     "ArchiveError": "sbxkit.archive",
+    "SandboxFileNotFound": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
     "CapacityExhausted": "sbxkit.supervisor.client",
     "CleanupError": "sbxkit.errors",
@@ -113,6 +115,9 @@ _WHERE: dict[str, str] = {
     "LEASE_LABEL": "sbxkit.policy",
     "Limits": "sbxkit.spec",
     "MiB": "sbxkit.spec",
+    "KiB": "sbxkit.units",
+    "GiB": "sbxkit.units",
+    "parse_duration": "sbxkit.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
     "OutputGrant": "sbxkit.broker",
@@ -187,6 +192,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GiB",
     "GpuRequest",
     "GrantError",
     "GrantResult",
@@ -198,6 +204,7 @@ __all__ = [
     "Job",
     "JobError",
     "JobResult",
+    "KiB",
     "Limits",
     "MiB",
     "NeverFits",
@@ -215,6 +222,7 @@ __all__ = [
     "Sandbox",
     "SandboxExit",
     "SandboxExpired",
+    "SandboxFileNotFound",
     "SandboxSpec",
     "SandboxUnusable",
     "SbxError",
@@ -239,6 +247,7 @@ __all__ = [
     "open_pty",
     "open_sandbox",
     "open_stdio_worker",
+    "parse_duration",
     "parse_size",
     "run",
     "run_many",

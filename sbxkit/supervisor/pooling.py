@@ -49,7 +49,16 @@ from sbxkit.supervisor.templates import (
     shape_key,
     template_problem,
 )
-from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms, Refused, Register, Unclaimed
+from sbxkit.supervisor.wire import (
+    Claim,
+    Claimed,
+    HeldPoolState,
+    Pools,
+    PoolTerms,
+    Refused,
+    Register,
+    Unclaimed,
+)
 from sbxkit.verify import check_created
 
 MAX_SHAPES = 16
@@ -341,6 +350,40 @@ class Pooling(Admitting):
                 pool.parked.remove(live)
             live.request_stop("parked unclaimed for the pool's idle limit")
             pool.wanted.set()
+
+    # -- the operator's requests (sbxkit pools list / end) -----------------------------------------
+
+    def held_pools(self, shape: str | None = None) -> list[HeldPoolState]:
+        """The pools held (those whose shape key starts with ``shape``), oldest claim first."""
+        now = trio.current_time()
+        chosen = [p for p in self.pools.values() if shape is None or p.key.startswith(shape)]
+        return [
+            HeldPoolState(
+                shape=pool.key,
+                image=pool.claim.template.body.image,
+                size=pool.terms.size,
+                parked=len(pool.parked),
+                starting=pool.parking.starting,
+                claimed=pool.in_use - len(pool.parked),
+                idle_s=now - pool.last_claim,
+                idle_ttl_s=pool.terms.idle_ttl_s,
+                problem=pool.error,
+            )
+            for pool in sorted(chosen, key=lambda pool: pool.last_claim)
+        ]
+
+    async def end_pools(self, shape: str | None) -> Pools:
+        """End the pool whose shape key starts with ``shape`` (exactly one must), or all."""
+        ending = self.held_pools(shape)
+        if shape is not None and len(ending) != 1:
+            problem = "no held pool" if not ending else f"{len(ending)} held pools"
+            return Pools(pools=ending, problem=f"{problem} has a shape starting with {shape!r}")
+        for state in ending:
+            pool = self.pools.get(state.shape)
+            if pool is not None:
+                log(f"pool {pool.key[:12]}: ended by an operator")
+                await self._end_pool(pool)
+        return Pools(pools=ending)
 
     # -- giving capacity back ----------------------------------------------------------------------
 

@@ -26,6 +26,9 @@ docs/pool.md):
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
 
+An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
+(answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
+
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
@@ -136,6 +139,18 @@ class Retire(Message, tag="retire"):
     lease: str
 
 
+class ListPools(Message, tag="list_pools"):
+    """Operator: the pools this supervisor holds (instead of Register); answered ``Pools``."""
+
+
+class EndPools(Message, tag="end_pools"):
+    """Operator: end held pools now (instead of Register): the one whose shape key starts with
+    ``shape``, or every one (``shape`` None). Answered ``Pools`` (the pools ended) once their
+    parked containers are removed; a claimed container runs on for its caller."""
+
+    shape: str | None = None
+
+
 # -- supervisor → client -----------------------------------------------------------------------
 
 RefusalCode = Literal[
@@ -232,7 +247,32 @@ class Report(Message, tag="report"):
     remaining: int
 
 
-ClientMessage = Hello | Register | Claim | Started | Close | Recover | Retire
+class HeldPoolState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One held pool as an operator sees it."""
+
+    shape: str
+    """The shape key (32 hex digits): callers whose parked containers would be the same but
+    for their lease share it (docs/pool.md)."""
+    image: str
+    size: int
+    parked: int
+    starting: int
+    claimed: int
+    """Claimed and still running for their callers (ending the pool leaves them be)."""
+    idle_s: float
+    """Seconds since the pool's last claim; it ends by itself after ``idle_ttl_s``."""
+    idle_ttl_s: float
+    problem: str | None = None
+
+
+class Pools(Message, tag="pools"):
+    """Answer to ListPools (the pools held) or EndPools (the pools ended), or why not."""
+
+    pools: list[HeldPoolState]
+    problem: str | None = None
+
+
+ClientMessage = Hello | Register | Claim | Started | Close | Recover | Retire | ListPools | EndPools
 ServerMessage = (
     Welcome
     | Refused
@@ -246,6 +286,7 @@ ServerMessage = (
     | Closed
     | Orphaned
     | Report
+    | Pools
 )
 
 _encoder = msgspec.json.Encoder()

@@ -36,6 +36,8 @@ PURE = [
     "pool/sizing.py",
     "pool/line.py",
     "pool/shape.py",
+    "argtypes.py",
+    "units.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 

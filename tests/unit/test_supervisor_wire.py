@@ -30,12 +30,16 @@ from sbxkit.supervisor.wire import (
     Close,
     Closed,
     Created,
+    EndPools,
     Expiring,
     Failed,
     FrameReader,
+    HeldPoolState,
     Hello,
+    ListPools,
     Message,
     Orphaned,
+    Pools,
     PoolTerms,
     Queued,
     Recover,
@@ -64,6 +68,8 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Close,
     Recover,
     Retire,
+    ListPools,
+    EndPools,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -78,6 +84,7 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Closed,
     Orphaned,
     Report,
+    Pools,
 )
 ALL_TAGS = (
     "hello",
@@ -99,6 +106,9 @@ ALL_TAGS = (
     "closed",
     "orphaned",
     "report",
+    "list_pools",
+    "end_pools",
+    "pools",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -165,6 +175,8 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Close, lease=texts),
     st.just(Recover()),
     st.builds(Retire, lease=texts),
+    st.just(ListPools()),
+    st.builds(EndPools, shape=st.none() | texts),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -184,6 +196,25 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),
     st.builds(Report, lines=st.lists(texts, max_size=4), remaining=int64),
+    st.builds(
+        Pools,
+        pools=st.lists(
+            st.builds(
+                HeldPoolState,
+                shape=texts,
+                image=texts,
+                size=int64,
+                parked=int64,
+                starting=int64,
+                claimed=int64,
+                idle_s=finite,
+                idle_ttl_s=finite,
+                problem=st.none() | texts,
+            ),
+            max_size=2,
+        ),
+        problem=st.none() | texts,
+    ),
 )
 
 
