@@ -385,6 +385,16 @@ async def run_many(
         if job.id in seen:
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index
+    if cluster is not None:
+        _refuse_beside_cluster(
+            engine=engine,
+            owner_factory=owner_factory,
+            socket_path=socket_path,
+            backend=backend,
+            pool=pool,
+            host_memory_bytes=host_memory_bytes,
+            host_cpus=host_cpus,
+        )
     admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
     if isinstance(pool, PoolPerShape):
         pool.check()
@@ -396,15 +406,6 @@ async def run_many(
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
     if cluster is not None:
-        _refuse_beside_cluster(
-            engine=engine,
-            owner_factory=owner_factory,
-            socket_path=socket_path,
-            backend=backend,
-            pool=pool,
-            host_memory_bytes=host_memory_bytes,
-            host_cpus=host_cpus,
-        )
         return await cluster.run_jobs(
             job_list,
             needs,
