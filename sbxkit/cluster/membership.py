@@ -28,6 +28,8 @@ POLL_S = 2.0
 """How often the driver asks Ray for the node list."""
 AGENT_CALL_TIMEOUT_S = 30.0
 ACCEPTED, JOINING, REFUSED, LOST, AGENT_LOST = "accepted", "joining", "refused", "lost", "agent"
+LEFT_OUT = "left out"
+"""Not one of the batch's ``nodes``: no agent, and excluded like a refused node."""
 
 
 class Member(msgspec.Struct, kw_only=True):
@@ -95,8 +97,9 @@ class Membership:
         is accepted (each refusal named)."""
         await self.refresh()
         if not self.accepted:
+            wanted = "" if self.options.nodes is None else f" of {sorted(self.options.nodes)}"
             refusals = [str(refusal) for refusal in self.refusals.values()] or [
-                "no alive node advertises sbxkit resources "
+                f"no alive node{wanted} advertises sbxkit resources "
                 '(ray start --resources "$(sbxkit cluster resources)")'
             ]
             raise ClusterUnavailable(
@@ -131,6 +134,9 @@ class Membership:
             name = node.get("NodeName") or node_id[:12]
             member = Member(node_id=node_id, name=name, resources=resources)
             self.members[node_id] = member
+            if self.options.nodes is not None and name not in self.options.nodes:
+                member.state = LEFT_OUT
+                continue
             problem = declaration_problem(resources)
             if problem is not None:
                 self._refuse(member, (problem,))

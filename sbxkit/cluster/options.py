@@ -6,7 +6,7 @@ Nothing here imports Ray: the extra (``sbxkit[ray]``) is needed only when the ba
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from sbxkit.cluster.join import NodeRefusal
 from sbxkit.errors import EngineUnavailable, SpecError
@@ -42,7 +42,8 @@ class ClusterOptions:
     ``on_refused`` hears why. ``previous_attempts`` (job id → attempts already recorded, e.g.
     lost lines of a results file) continues the attempt count of a resumed batch.
     ``join_timeout_s`` bounds how long a node may take to start its agent and join, and how
-    long the batch waits for a node when none is left.
+    long the batch waits for a node when none is left. ``nodes`` (node names, as Ray lists
+    them) restricts the batch to those nodes; the others are left alone.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class ClusterOptions:
         previous_attempts: Mapping[JobId, int] | None = None,
         join_timeout_s: float = JOIN_TIMEOUT_S,
         namespace: str = "sbxkit",
+        nodes: Collection[str] | None = None,
     ) -> None:
         if not isinstance(address, str) or not address.strip():
             raise SpecError("cluster.address", "must be the Ray head's HOST:PORT (or 'auto')")
@@ -72,6 +74,11 @@ class ClusterOptions:
         self.previous_attempts = dict(previous_attempts or {})
         self.join_timeout_s = float(join_timeout_s)
         self.namespace = namespace
+        if nodes is not None and (
+            isinstance(nodes, str) or not nodes or not all(isinstance(n, str) for n in nodes)
+        ):
+            raise SpecError("cluster.nodes", "must be a non-empty collection of node names")
+        self.nodes = None if nodes is None else frozenset(nodes)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address!r}, retries={self.retries})"

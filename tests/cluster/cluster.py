@@ -165,6 +165,13 @@ class LocalCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
+    def kill_node(self, name: str) -> None:
+        """SIGKILL node ``name``'s whole process group (the launcher, raylet and agents of
+        Ray's): the host is gone, as far as Ray can tell."""
+        node = self.nodes.pop(name)
+        os.killpg(node.process.pid, signal.SIGKILL)
+        node.process.wait(timeout=30)
+
     def stop_node(self, name: str) -> None:
         node = self.nodes.pop(name)
         _stop(node.process)

@@ -17,11 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.cluster import ADDRESS, REPO, LocalCluster
+from tests.cluster.cluster import ADDRESS, NODE_RESOURCES, REPO, LocalCluster
 from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
 
 LIMITS = {"cpus": 0.25, "memory": "64m", "pids": 32, "max_output": "1m", "timeout": 120}
 BATCH_TIMEOUT_S = 240
+SLOTS = int(NODE_RESOURCES["sbxkit_sandboxes"])
 
 
 def write_jobs(path: Path, count: int, command: str, image: str = PYTHON) -> None:
@@ -124,7 +125,8 @@ jobs = [sbxkit.Job(id=i, spec=spec, stdin=f"payload {{i}}".encode()) for i in ra
 heard = []
 async def main():
     return await sbxkit.run_many(
-        jobs, parallel=8, cluster=sbxkit.RayCluster({ADDRESS!r}), on_result=heard.append)
+        jobs, parallel=8, cluster=sbxkit.RayCluster({ADDRESS!r}, nodes=["rayb"]),
+        on_result=heard.append)
 results = trio.run(main)
 print(json.dumps([[r.id, r.node, r.result.stdout.decode(), r.lost] for r in results]
                  + [len(heard)]))
@@ -141,7 +143,7 @@ print(json.dumps([[r.id, r.node, r.result.stdout.decode(), r.lost] for r in resu
     *results, heard = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r[0] for r in results] == [0, 1, 2, 3]  # input order
     assert [r[2] for r in results] == [f"payload {i}" for i in range(4)]  # output through Ray
-    assert all(r[1] in ("raya", "rayb") and r[3] is False for r in results)
+    assert all(r[1] == "rayb" and r[3] is False for r in results)  # nodes=["rayb"] only
     assert heard == 4
 
 
@@ -149,18 +151,11 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
     cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
 ) -> None:
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
-    write_jobs(jobs, 8, "sleep 20; echo done")
-    driver = subprocess.Popen(
-        batch_argv(cluster, jobs, out),
-        cwd=REPO,
-        env=cluster.driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
     try:
         rayb = node_witnesses["rayb"]
-        wait_for(lambda: running(rayb) >= 2, 120, "jobs running on rayb")
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
         on_rayb = len(rayb.sbxkit_containers())
         supervisor = _supervisor_of(cluster.root / "state-rayb")
         assert supervisor is not None, "no supervisor serves rayb's state dir"
@@ -174,9 +169,7 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
         os.kill(supervisor, 0)  # the one that removed them is still there
         _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
-        if driver.poll() is None:
-            driver.send_signal(signal.SIGINT)
-            driver.wait(timeout=60)
+        _interrupt(driver)
     assert driver.returncode == 0, stderr
     results = lines(out)
     final = [r for r in results if r["status"] != "lost"]
@@ -197,19 +190,75 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
     cluster.start_node("rayb")  # back for the next tests (its supervisor recovers at join)
 
 
+def test_an_agent_killed_mid_batch_ends_every_job_once(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        rayb = node_witnesses["rayb"]
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
+        on_rayb = len(rayb.sbxkit_containers())
+        agent = _agent_of(rayb.socket_path)
+        assert agent is not None, "no sbxkit agent serves rayb's daemon"
+        os.kill(agent, signal.SIGKILL)
+        left = rayb.wait_until_no_sbxkit_containers(seconds=60.0)  # its supervisor's doing
+        assert left == [], f"the killed agent's containers stayed: {left}"
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        _interrupt(driver)
+    assert driver.returncode == 0, stderr
+    results = lines(out)
+    final = [r for r in results if r["status"] != "lost"]
+    lost = [r for r in results if r["status"] == "lost"]
+    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))
+    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in final), final
+    assert len(lost) == on_rayb, (lost, on_rayb)
+    assert all(
+        r["node"] == "rayb" and "agent of node rayb died" in r["error"]["message"] for r in lost
+    ), lost
+    lost_ids = {r["id"] for r in lost}
+    assert all(r["attempt"] == 2 for r in final if r["id"] in lost_ids)
+
+
+def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    """Ray's processes and the supervisor die together (the host's power, a pod deleted):
+    nothing is left to remove rayb's containers until the node comes back, when its agent's
+    join starts the supervisor, whose recovery removes them from its journal."""
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        rayb = node_witnesses["rayb"]
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
+        supervisor = _supervisor_of(cluster.root / "state-rayb")
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)  # first: it would remove them once the agent died
+        cluster.kill_node("rayb")
+        time.sleep(3)
+        stranded = rayb.sbxkit_containers()
+        assert stranded, "the test can fail: nothing was left behind on rayb"
+        cluster.start_node("rayb")  # same daemon, same state dir: a new node id
+        left = rayb.wait_until_no_sbxkit_containers(seconds=90.0)
+        assert left == [], f"rayb's recovery at restart left: {left}"
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        _interrupt(driver)
+    assert driver.returncode == 0, stderr
+    final = [r for r in lines(out) if r["status"] != "lost"]
+    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))
+    assert all(r["status"] == "exited" for r in final), final
+
+
 def test_ctrl_c_of_the_driver_removes_everything_in_flight(
     cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
 ) -> None:
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, 8, "sleep 100")
-    driver = subprocess.Popen(
-        batch_argv(cluster, jobs, out),
-        cwd=REPO,
-        env=cluster.driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = _start_batch(cluster, jobs, out)
     try:
         wait_for(
             lambda: all(running(w) >= 2 for w in node_witnesses.values()),
@@ -280,6 +329,40 @@ def _tag(witness: Witness, image: str, as_name: str) -> None:
 
 def _untag(witness: Witness, name: str) -> None:
     witness.session.delete(f"{witness.base}/images/{name}", params={"noprune": "1"}, timeout=30)
+
+
+def _start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        batch_argv(cluster, jobs, out),
+        cwd=REPO,
+        env=cluster.driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _interrupt(driver: subprocess.Popen[str]) -> None:
+    """A driver a failed assertion left running: Ctrl-C it (it removes what it runs)."""
+    if driver.poll() is None:
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=90)
+
+
+def _agent_of(socket_path: str) -> int | None:
+    """The pid of the sbxkit agent (a Ray worker) whose node is bound to ``socket_path``."""
+    wanted = f"DOCKER_HOST=unix://{socket_path}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"NodeAgent" not in (entry / "cmdline").read_bytes():
+                continue
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
 
 
 def _supervisor_of(state_dir: Path) -> int | None:

@@ -262,6 +262,8 @@ def test_progress_counts_a_lost_attempt_apart() -> None:
         ({"address": ""}, "cluster.address"),
         ({"address": "h:1", "retries": -1}, "cluster.retries"),
         ({"address": "h:1", "join_timeout_s": 0}, "cluster.join_timeout_s"),
+        ({"address": "h:1", "nodes": "raya"}, "cluster.nodes"),
+        ({"address": "h:1", "nodes": []}, "cluster.nodes"),
     ],
 )
 def test_bad_cluster_options_are_refused(kwargs: dict[str, Any], field: str) -> None:
