@@ -103,5 +103,8 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
     session.run("bash", ENGINE_UP, external=True)
-    session.install("-e", ".[bench]")
-    session.run("python", "-m", "bench", *session.posargs)
+    cluster = _cluster_engines(session)  # the cluster benchmark's two nodes' daemons
+    session.install("-e", ".[bench,ray]")
+    session.run(
+        "python", "-m", "bench", *session.posargs, env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster}
+    )
