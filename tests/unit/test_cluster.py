@@ -341,3 +341,24 @@ def test_batch_refuses_local_flags_beside_ray(tmp_path: Path, flags: list[str], 
     assert out.returncode == 2, out.stderr
     assert f"--ray: runs each job on a node's own engine; {named}" in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_cluster_resources_prints_the_json_for_ray_start() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sbxkit",
+            "cluster",
+            "resources",
+            "--memory-budget",
+            "2g",
+            "--max-workers",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {SANDBOXES: 8, MEMORY_MIB: 2048}
