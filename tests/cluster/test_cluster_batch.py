@@ -59,6 +59,26 @@ def lines(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+def ended_once_each(
+    out: Path, count: int, *, lost_on: str, lost_count: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every job has exactly one final line (exited, ``done``); ``lost_count`` attempts were
+    lost on node ``lost_on`` (attempt 1) and their jobs ended with attempt 2. Returns the lost
+    lines and the final lines of their jobs."""
+    results = lines(out)
+    final = [r for r in results if r["status"] != "lost"]
+    lost = [r for r in results if r["status"] == "lost"]
+    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(count))
+    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in final), final
+    assert len(lost) == lost_count, (lost, lost_count)  # every attempt the node was running
+    assert all(r["node"] == lost_on and r["attempt"] == 1 for r in lost), lost
+    assert all(r["error"]["type"] == "NodeLost" for r in lost), lost
+    lost_ids = {r["id"] for r in lost}
+    retried = [r for r in final if r["id"] in lost_ids]
+    assert all(r["attempt"] == 2 for r in retried), retried
+    return lost, retried
+
+
 def running(witness: Witness) -> int:
     return sum(1 for c in witness.sbxkit_containers() if c.get("State") == "running")
 
@@ -171,16 +191,9 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
     finally:
         _interrupt(driver)
     assert driver.returncode == 0, stderr
-    results = lines(out)
-    final = [r for r in results if r["status"] != "lost"]
-    lost = [r for r in results if r["status"] == "lost"]
-    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))  # once each
-    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in final), final
-    assert len(lost) == on_rayb, (lost, on_rayb)  # every attempt rayb was running
-    assert all(r["node"] == "rayb" and r["attempt"] == 1 for r in lost), lost
-    assert all(r["error"]["type"] == "NodeLost" for r in lost)
-    retried = {r["id"]: r for r in final if r["id"] in {x["id"] for x in lost}}
-    assert all(r["node"] == "raya" and r["attempt"] == 2 for r in retried.values()), retried
+    lost, retried = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
+    assert all(r["node"] == "raya" for r in retried), retried  # rayb is gone
+    assert all("NodeDiedError" in r["error"]["message"] for r in lost), lost
     assert f"{len(lost)} attempts lost and retried" in stderr
 
     again = run_batch(cluster, jobs, out)  # the results file resumes: nothing left to run
@@ -209,17 +222,8 @@ def test_an_agent_killed_mid_batch_ends_every_job_once(
     finally:
         _interrupt(driver)
     assert driver.returncode == 0, stderr
-    results = lines(out)
-    final = [r for r in results if r["status"] != "lost"]
-    lost = [r for r in results if r["status"] == "lost"]
-    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))
-    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in final), final
-    assert len(lost) == on_rayb, (lost, on_rayb)
-    assert all(
-        r["node"] == "rayb" and "agent of node rayb died" in r["error"]["message"] for r in lost
-    ), lost
-    lost_ids = {r["id"] for r in lost}
-    assert all(r["attempt"] == 2 for r in final if r["id"] in lost_ids)
+    lost, _ = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
+    assert all("agent of node rayb died" in r["error"]["message"] for r in lost), lost
 
 
 def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(

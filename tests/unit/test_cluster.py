@@ -184,20 +184,23 @@ def test_bad_retries_are_refused(retries: Any) -> None:
 # --- the wire and image content -----------------------------------------------------------------
 
 
-def test_jobs_and_outcomes_cross_as_bytes() -> None:
-    job = RemoteJob(id=7, spec=SPEC, stdin=b"\x00in", attempt=2)
-    assert decode_job(encode(job)) == job
-    result = RunResult(
+def exited(stdout: bytes) -> RunResult:
+    return RunResult(
         status="exited",
         exit_code=0,
-        stdout=b"out\xff",
+        stdout=stdout,
         stderr=b"",
         overflowed=None,
         container_id="c" * 64,
         lease="l",
         timings=PhaseTimings(run_s=0.5),
     )
-    done = Done(job=JobResult(id="a", result=result), node="raya")
+
+
+def test_jobs_and_outcomes_cross_as_bytes() -> None:
+    job = RemoteJob(id=7, spec=SPEC, stdin=b"\x00in", attempt=2)
+    assert decode_job(encode(job)) == job
+    done = Done(job=JobResult(id="a", result=exited(b"out\xff")), node="raya")
     assert decode_outcome(encode(done)) == done
 
 
@@ -221,17 +224,7 @@ def test_a_lost_attempt_has_its_own_line_and_leaves_the_job_to_run() -> None:
         attempt=1,
         lost=True,
     )
-    result = RunResult(
-        status="exited",
-        exit_code=0,
-        stdout=b"",
-        stderr=b"",
-        overflowed=None,
-        container_id="c",
-        lease="l",
-        timings=PhaseTimings(),
-    )
-    final = JobResult(id="a", result=result, node="raya", attempt=2)
+    final = JobResult(id="a", result=exited(b""), node="raya", attempt=2)
     lines = [json.loads(encode_result(d, cluster=True)) for d in (lost, final)]
     assert [(x["status"], x["node"], x["attempt"]) for x in lines] == [
         ("lost", "rayb", 1),
