@@ -115,7 +115,8 @@ class Membership:
             await self.refresh()
 
     async def refresh(self) -> None:
-        nodes = await trio.to_thread.run_sync(self.ray.nodes)
+        # Read-only waits on Ray: a cancelled batch need not wait for them (abandon_on_cancel).
+        nodes = await trio.to_thread.run_sync(self.ray.nodes, abandon_on_cancel=True)
         joining: dict[str, Any] = {}
         for node in nodes:
             node_id = node["NodeID"]
@@ -159,7 +160,8 @@ class Membership:
     async def _collect(self, joining: dict[str, Any]) -> None:
         refs = list(joining.values())
         ready, _ = await trio.to_thread.run_sync(
-            lambda: self.ray.wait(refs, num_returns=len(refs), timeout=self.options.join_timeout_s)
+            lambda: self.ray.wait(refs, num_returns=len(refs), timeout=self.options.join_timeout_s),
+            abandon_on_cancel=True,
         )
         reports: list[NodeReport] = []
         for node_id, ref in joining.items():
@@ -171,7 +173,8 @@ class Membership:
                 )
                 continue
             try:
-                reports.append(decode_report(await trio.to_thread.run_sync(self.ray.get, ref)))
+                data = await trio.to_thread.run_sync(self.ray.get, ref, abandon_on_cancel=True)
+                reports.append(decode_report(data))
             except Exception as exc:  # the agent could not start there
                 self._refuse(member, (f"its agent could not start: {_first_line(exc)}",))
         if self.reference is None:
