@@ -36,6 +36,12 @@ SIGINT/SIGTERM cancel the batch: every sandbox in flight is removed by its own r
 command exits with 128 + the signal number; jobs that did not finish have no line, and RESULTS
 holds only complete lines.
 
+Cluster: ``--ray ADDRESS`` runs the batch on a Ray cluster, each job on a node's own engine and
+supervisor (docs/cluster.md). Its lines add ``node`` and ``attempt``; an attempt whose node was
+lost mid-run gets a line of its own with the status ``lost`` (the job is retried elsewhere up
+to ``--retries`` times, and a resume runs it: a ``lost`` line does not make a job done). A node
+refused when it joins is named on stderr; with no node accepted the exit status is 69.
+
 Exit status: 0 when every job ran (whatever the payloads did: read ``status`` and
 ``exit_code``); 1 when some job could not run and has an ``error`` line instead (the line stays,
 so a resume does not retry it: ``--retry-errors`` does, replacing the line); 2 for bad input
