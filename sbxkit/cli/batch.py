@@ -127,7 +127,8 @@ DESCRIPTION = (
 EPILOG = (
     "exit status: 0 every job ran (whatever its payload did: read each line's status and "
     "exit_code); 1 some job could not run (its line is an error; --retry-errors re-runs it); "
-    "2 refused input, before anything runs; 69 engine unavailable; 74 a sandbox's removal "
+    "2 refused input, before anything runs; 69 engine unavailable (with --ray: no node of the "
+    "cluster can run the batch); 74 a sandbox's removal "
     "failed; 128+N interrupted by signal N"
 )
 """``--help``'s own words: the module doc is reStructuredText, not terminal text."""

@@ -1,10 +1,5 @@
-"""``sbxkit cluster resources``: what this host advertises to Ray as an sbxkit node.
-
-Prints the JSON for ``ray start --resources``: the live sandboxes and the memory budget this
-host's supervisor admits (``--max-workers`` and ``--memory-budget``, as given to the
-supervisor; by default its own defaults, the memory budget from the engine's ``MemTotal``).
-Ray then places each job of a cluster batch where that budget has room (docs/cluster.md).
-"""
+"""``sbxkit cluster resources``: what this host advertises to Ray as an sbxkit node (``DESCRIPTION``
+is the ``--help`` text)."""
 
 from __future__ import annotations
 
@@ -20,6 +15,13 @@ from sbxkit.engine.client import open_engine
 from sbxkit.spec import parse_size
 from sbxkit.supervisor.config import Capacity
 
+DESCRIPTION = (
+    "Prints the JSON for `ray start --resources`: the live sandboxes and the memory budget this "
+    "host's supervisor admits (--max-workers and --memory-budget, as given to the supervisor; "
+    "by default its own defaults, the memory budget from the engine's MemTotal). Ray then "
+    "places each job of a cluster batch where that budget has room (docs/cluster.md)."
+)
+
 
 def add_cluster_parser(sub: Any) -> None:
     parser = sub.add_parser(
@@ -29,7 +31,7 @@ def add_cluster_parser(sub: Any) -> None:
     resources = cluster_sub.add_parser(
         "resources",
         help="print the JSON for `ray start --resources`: this host's supervisor budget",
-        description=(__doc__ or "").split("\n\n")[1],
+        description=DESCRIPTION,
     )
     resources.add_argument("--socket", help="Docker socket path (default: discovered)")
     resources.add_argument(
