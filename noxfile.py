@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
@@ -10,6 +12,7 @@ nox.options.default_venv_backend = "venv"
 
 ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
+CLUSTER_ENGINES_UP = "scripts/cluster-engines-up"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
@@ -18,8 +21,15 @@ def tests(session: nox.Session) -> None:
     """The whole suite on Docker (provisions the engine first), then the Podman cell: the
     conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
-    session.install("-e", ".[test,inspect]")
-    session.run("pytest", "-m", "not podman", *session.posargs)
+    cluster = _cluster_engines(session)
+    session.install("-e", ".[test,inspect,ray]")
+    session.run(
+        "pytest",
+        "-m",
+        "not podman",
+        *session.posargs,
+        env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
+    )
     rootful = _podman_up(session, {})
     # The rootless service takes its own defaults, whatever the rootful one was given.
     rootless = _podman_up(
@@ -41,6 +51,16 @@ def tests(session: nox.Session) -> None:
     session.run(
         "pytest", "-m", "conformance or podman", *session.posargs, env=env, success_codes=[0, 5]
     )
+
+
+def _cluster_engines(session: nox.Session) -> str:
+    """The cluster tier's two node daemons (tests/cluster/): the ones the environment names,
+    else provisioned by scripts/cluster-engines-up (its last line: the sockets)."""
+    given = os.environ.get("SBXKIT_TEST_CLUSTER_SOCKETS", "").strip()
+    if given:
+        return given
+    out = session.run("bash", CLUSTER_ENGINES_UP, external=True, silent=True)
+    return str(out).strip().splitlines()[-1]
 
 
 def _podman_up(session: nox.Session, env: dict[str, str]) -> str:
@@ -83,5 +103,8 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
     session.run("bash", ENGINE_UP, external=True)
-    session.install("-e", ".[bench]")
-    session.run("python", "-m", "bench", *session.posargs)
+    cluster = _cluster_engines(session)  # the cluster benchmark's two nodes' daemons
+    session.install("-e", ".[bench,ray]")
+    session.run(
+        "python", "-m", "bench", *session.posargs, env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster}
+    )

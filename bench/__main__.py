@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from bench import (
     cancel_latency,
     client_memory,
+    cluster,
     concurrent_cli,
     exec_latency,
     humaneval,
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         humaneval,
         runtimes,
         pool,
+        cluster,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         Receipt,
         run_with_grants,
     )
+    from sbxkit.cluster import ClusterUnavailable, NodeRefusal, RayCluster
     from sbxkit.engine.client import Deadlines, Engine, open_engine
     from sbxkit.errors import (
         CleanupError,
@@ -82,6 +83,9 @@ _WHERE: dict[str, str] = {
     "PooledBackend": "sbxkit.pool.held",
     "PoolUnavailable": "sbxkit.pool.held",
     "PoolPerShape": "sbxkit.pool.shapes",
+    "RayCluster": "sbxkit.cluster",
+    "NodeRefusal": "sbxkit.cluster",
+    "ClusterUnavailable": "sbxkit.cluster",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -182,6 +186,7 @@ __all__ = [
     "CapacityExhausted",
     "CheckedSpec",
     "CleanupError",
+    "ClusterUnavailable",
     "Conflict",
     "ContainerMismatch",
     "Deadlines",
@@ -208,6 +213,7 @@ __all__ = [
     "Limits",
     "MiB",
     "NeverFits",
+    "NodeRefusal",
     "NotFound",
     "OutputGrant",
     "Owner",
@@ -217,6 +223,7 @@ __all__ = [
     "PoolUnavailable",
     "PooledBackend",
     "PtySession",
+    "RayCluster",
     "Receipt",
     "RunResult",
     "Sandbox",

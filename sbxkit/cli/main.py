@@ -9,6 +9,7 @@ from typing import NoReturn, cast
 
 from sbxkit.cli.admin import add_admin_parsers
 from sbxkit.cli.batch import add_batch_parser
+from sbxkit.cli.cluster import add_cluster_parser
 from sbxkit.cli.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
 from sbxkit.cli.flags import parse_with_flags_after_image
 from sbxkit.cli.run_command import add_run_parser
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_parsers(sub)
     add_batch_parser(sub)
     add_shell_parser(sub)
+    add_cluster_parser(sub)
     return parser
 
 
