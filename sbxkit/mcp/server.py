@@ -1,0 +1,272 @@
+"""The MCP server: the official SDK's low-level ``Server`` with sbxkit's seven tools.
+
+Each call is decoded and checked (``sbxkit.mcp.arguments``/``policy``) before the hub creates
+anything; every sbxkit error becomes a tool error (``isError`` with the error's type, field,
+rule and message), so a model can read what to change, and the server keeps serving. An
+unexpected exception is logged and answered the same way: a tool call never ends the server.
+
+Where the hub runs. The SDK is built on anyio. Over stdio it runs on trio, in the same event
+loop as sbxkit (``TrioCalls``). Streamable HTTP is served by uvicorn, which runs on asyncio
+only, so there the hub lives in a trio thread and every call crosses through a
+``sbxkit.portal.Portal`` (``PortalCalls``, as ``sbxkit.aio`` does): cancelling the asyncio
+side cancels the sbxkit call and waits for its cleanup.
+
+Cancellation and progress. An MCP cancellation (``notifications/cancelled``, or a closed
+HTTP response stream) cancels the handler's scope; sbxkit removes the sandbox of a ``run``
+(or kills an exec's process group) inside that scope, shielded, before the handler ends.
+Commands that take longer than ``PROGRESS_INTERVAL_S`` report progress every interval when the
+client asked for it (a ``progressToken``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib import metadata
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import mcp_types as types
+import trio
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+
+from sbxkit.errors import SbxError
+from sbxkit.mcp.arguments import (
+    ARGS,
+    Args,
+    CloseArgs,
+    ExecArgs,
+    OpenArgs,
+    ReadFileArgs,
+    RunArgs,
+    WriteFileArgs,
+    decode_args,
+)
+from sbxkit.mcp.hub import Hub
+from sbxkit.mcp.policy import McpPolicy
+from sbxkit.mcp.schemas import tool_definitions
+from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields, sandbox_list
+from sbxkit.portal import Portal
+from sbxkit.result import RunResult
+
+T = TypeVar("T")
+Ctx = ServerRequestContext[Any, Any]
+logger = logging.getLogger("sbxkit.mcp")
+
+SERVER_NAME = "sbxkit"
+PROGRESS_INTERVAL_S = 1.0
+STDIO_CLIENT = "stdio"
+"""Over stdio the server has one client: the process that launched it."""
+HTTP_CLIENT = "http"
+"""Streamable HTTP requests without a session (the 2026-07-28 protocol) share one client."""
+SESSION_HEADER = "mcp-session-id"
+INSTRUCTIONS = (
+    "Tools that run commands in hardened, disposable Linux sandboxes. Use run for one "
+    "command; sandbox_open and then sandbox_write_file, sandbox_exec and sandbox_read_file "
+    "for several steps that share files, and sandbox_close when done. A failing command is a "
+    "result (read status and exit_code); a tool error means the call itself was refused, and "
+    "its message names the argument and the rule."
+)
+
+
+class Calls(Protocol):
+    """How the server reaches the hub's trio code, and keeps the hub running."""
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+
+    def hosting(self, hub: Hub) -> AbstractAsyncContextManager[None]: ...
+
+
+class TrioCalls:
+    """The server runs on trio: call the hub directly, hold it in a nursery."""
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await fn(*args)
+
+    @asynccontextmanager
+    async def hosting(self, hub: Hub) -> AsyncIterator[None]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.serve)
+            await hub.started.wait()
+            try:
+                yield
+            finally:
+                await hub.close()
+
+
+class PortalCalls:
+    """The server runs on asyncio (uvicorn): the hub lives in a portal's trio thread."""
+
+    def __init__(self) -> None:
+        self.portal = Portal()
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await self.portal.acall(fn, *args)
+
+    @asynccontextmanager
+    async def hosting(self, hub: Hub) -> AsyncIterator[None]:
+        self.portal.start()
+        self.portal.submit(hub.serve)
+        try:
+            await self.call(hub.started.wait)
+            yield
+        finally:
+            await self.call(hub.close)
+            await anyio.to_thread.run_sync(self.portal.close)
+
+
+def client_key(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Whose sandboxes a call may see: the stdio peer, an HTTP session, or the sessionless
+    HTTP client (see docs/mcp.md, "Clients and lifetimes")."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return STDIO_CLIENT
+    session = headers.get(SESSION_HEADER)
+    return f"http-session:{session}" if session else HTTP_CLIENT
+
+
+def session_client(session_id: str) -> str:
+    return f"http-session:{session_id}"
+
+
+def ok_result(structured: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(structured))],
+        structured_content=structured,
+        is_error=False,
+    )
+
+
+def error_result(error: SbxError) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=str(error))],
+        structured_content=error_fields(error),
+        is_error=True,
+    )
+
+
+async def with_progress(ctx: ServerRequestContext[Any, Any], work: Callable[[], Awaitable[T]]) -> T:
+    """``await work()``, reporting progress every ``PROGRESS_INTERVAL_S`` meanwhile (a no-op
+    for a client that sent no progress token). Errors leave plainly, not in a group."""
+    outcome: list[T] = []
+    error: list[Exception] = []
+
+    async def tick() -> None:
+        started = anyio.current_time()
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL_S)
+            elapsed = anyio.current_time() - started
+            await ctx.session.report_progress(elapsed, None, f"running for {elapsed:.0f} s")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        try:
+            outcome.append(await work())
+        except Exception as exc:
+            error.append(exc)
+        group.cancel_scope.cancel()
+    if error:
+        raise error[0]
+    return outcome[0]
+
+
+class Tools:
+    """The seven tools: decoded arguments in, JSON-ready results out."""
+
+    def __init__(self, hub: Hub, calls: Calls) -> None:
+        self.hub = hub
+        self.calls = calls
+
+    async def run(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, RunArgs)
+        result: RunResult = await with_progress(
+            ctx, lambda: self.calls.call(self.hub.run, client, args)
+        )
+        return command_result(result)
+
+    async def sandbox_open(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, OpenArgs)
+        return sandbox_fields(await self.calls.call(self.hub.open, client, args))
+
+    async def sandbox_exec(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, ExecArgs)
+        result: RunResult = await with_progress(
+            ctx, lambda: self.calls.call(self.hub.exec, client, args)
+        )
+        return command_result(result)
+
+    async def sandbox_write_file(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, WriteFileArgs)
+        return await self.calls.call(self.hub.write_file, client, args)
+
+    async def sandbox_read_file(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, ReadFileArgs)
+        return await self.calls.call(self.hub.read_file, client, args)
+
+    async def sandbox_close(self, ctx: Ctx, client: str, args: Args) -> Any:
+        assert isinstance(args, CloseArgs)
+        return await self.calls.call(self.hub.close_sandbox, client, args.sandbox_id)
+
+    async def sandbox_list(self, ctx: Ctx, client: str, args: Args) -> Any:
+        views, held = await self.calls.call(self.hub.list, client)
+        quotas = self.hub.quotas
+        return sandbox_list(
+            views,
+            per_client=quotas.per_client,
+            held=held,
+            held_in_all=quotas.held(),
+            in_all=quotas.in_all,
+        )
+
+
+def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
+    """The SDK server: its lifespan holds the hub (every sandbox removed when it ends)."""
+    tools = [types.Tool.model_validate(definition) for definition in tool_definitions(policy)]
+    handlers = Tools(hub, calls)
+
+    async def list_tools(
+        ctx: ServerRequestContext[None, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[None, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        kind = ARGS.get(params.name)
+        if kind is None:
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message=f"unknown tool {params.name!r}; this server has {', '.join(ARGS)}",
+            )
+        handler = getattr(handlers, params.name)
+        try:
+            args = decode_args(params.arguments, kind)
+            return ok_result(await handler(ctx, client_key(ctx), args))
+        except SbxError as exc:
+            return error_result(exc)
+        except Exception as exc:  # a bug must not end the server: say so, keep serving
+            logger.exception("tool %s failed", params.name)
+            return error_result(SbxError(f"internal error in {params.name}: {exc!r}"))
+
+    def lifespan(_: Server[None]) -> AbstractAsyncContextManager[None]:
+        return calls.hosting(hub)
+
+    return Server(
+        SERVER_NAME,
+        version=_version(),
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sbxkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"
