@@ -11,7 +11,9 @@ the hub ends each open sandbox when
 
 ``sbxkit.session.open_sandbox`` is an ``async with`` block, and a trio cancel scope must be
 left by the task that entered it, so each open sandbox lives in a holder task of the hub's
-nursery until it is released (as the Inspect provider's ``_Holder`` does). A ``run`` needs no
+nursery until its scope is cancelled (as the Inspect provider's ``_Holder`` does): being
+cancelled, ``open_sandbox`` removes the container (shielded, time-bounded) — also while it is
+still being created or waits for admission. A ``run`` needs no
 holder: it is one ``sbxkit.run`` inside the tool call, cancelled with it.
 
 Quotas (``sbxkit.mcp.quotas``) count open sandboxes and runs under way alike. Nothing here
@@ -44,7 +46,7 @@ from sbxkit.mcp.arguments import (
 )
 from sbxkit.mcp.policy import McpPolicy, OpenRequest, exec_request, open_request, run_request
 from sbxkit.mcp.quotas import Quotas
-from sbxkit.mcp.shapes import SandboxView
+from sbxkit.mcp.shapes import SandboxView, sandbox_list
 from sbxkit.oneshot import run as sbxkit_run
 from sbxkit.result import RunResult
 from sbxkit.session import Sandbox, SandboxExpired, open_sandbox
@@ -57,6 +59,9 @@ LIFETIME_MARGIN_S = 1.0
 """A command stops this long before its sandbox's lifetime ends, so that it ends as a
 timeout of its own instead of under the sandbox's removal."""
 MAX_REAP_INTERVAL_S = 1.0
+CLOSE_BUDGET_S = 60.0
+"""The longest the hub waits for a sandbox's removal; sbxkit's own removal is time-bounded,
+and past this the supervisor, which holds every lease, removes what is left."""
 
 
 class UnknownSandbox(SpecError):
@@ -82,7 +87,8 @@ class OpenSandbox:
     client: str
     request: OpenRequest
     opened: trio.Event = field(default_factory=trio.Event)
-    release: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    """The holder's: cancelling it ends the sandbox, opened or still opening."""
     closed: trio.Event = field(default_factory=trio.Event)
     sandbox: Sandbox | None = None
     error: Exception | None = None
@@ -93,7 +99,11 @@ class OpenSandbox:
     def end(self, why: str) -> None:
         if self.ended is None:
             self.ended = why
-        self.release.set()
+        self.scope.cancel()
+
+    @property
+    def usable(self) -> bool:
+        return self.sandbox is not None and not self.scope.cancel_called
 
 
 class Hub:
@@ -144,8 +154,29 @@ class Hub:
         chosen = [entry for entry in self._open.values() if which(entry)]
         for entry in chosen:
             entry.end(why)
-        for entry in chosen:
+        with trio.move_on_after(CLOSE_BUDGET_S) as budget:
+            for entry in chosen:
+                await entry.closed.wait()
+        if budget.cancelled_caught:
+            left = [entry.sandbox_id for entry in chosen if not entry.closed.is_set()]
+            logger.error(
+                "sandboxes %s not confirmed removed within %g s; the supervisor holds their "
+                "leases and removes them when this process ends",
+                ", ".join(left),
+                CLOSE_BUDGET_S,
+            )
+
+    async def _wait_removed(self, entry: OpenSandbox) -> None:
+        """Wait (shielded, time-bounded) for an ended sandbox's removal; raise its failure."""
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_BUDGET_S):
             await entry.closed.wait()
+        if not entry.closed.is_set():
+            raise SbxError(
+                f"{entry.sandbox_id}: removal not confirmed within {CLOSE_BUDGET_S:g} s; the "
+                "supervisor holds its lease and removes it"
+            )
+        if entry.error is not None:
+            raise entry.error
 
     async def _reap_idle(self) -> None:
         idle_timeout = self.policy.options.idle_timeout
@@ -160,16 +191,17 @@ class Hub:
     # -- one open sandbox ---------------------------------------------------------------------
 
     async def _hold(self, entry: OpenSandbox) -> None:
-        """Open the sandbox and keep it until released; never raises (a holder that did would
-        end every other sandbox of the hub)."""
+        """Open the sandbox and keep it until ended; never raises (a holder that did would end
+        every other sandbox of the hub)."""
         try:
-            async with open_sandbox(
-                entry.request.spec, settings=self.policy.settings, socket_path=self.socket_path
-            ) as sandbox:
-                entry.sandbox = sandbox
-                entry.last_used = trio.current_time()
-                entry.opened.set()
-                await entry.release.wait()
+            with entry.scope:
+                async with open_sandbox(
+                    entry.request.spec, settings=self.policy.settings, socket_path=self.socket_path
+                ) as sandbox:
+                    entry.sandbox = sandbox
+                    entry.last_used = trio.current_time()
+                    entry.opened.set()
+                    await trio.sleep_forever()
         except SandboxExpired:
             entry.end(f"its lifetime of {entry.request.lifetime_s:g} s passed")
         except Exception as exc:
@@ -191,7 +223,7 @@ class Hub:
 
     def _find(self, client: str, sandbox_id: str) -> OpenSandbox:
         entry = self._open.get(sandbox_id)
-        if entry is not None and entry.client == client and not entry.release.is_set():
+        if entry is not None and entry.client == client and entry.usable:
             return entry
         ended = self._ended.get(sandbox_id)
         if ended is not None and ended[0] == client:
@@ -262,11 +294,12 @@ class Hub:
             await entry.opened.wait()
         except BaseException:  # cancelled while opening: remove it before the call ends
             entry.end("the call that opened it was cancelled")
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_BUDGET_S):
                 await entry.closed.wait()
             raise
-        if entry.error is not None:
-            raise entry.error
+        if entry.sandbox is None:
+            await self._wait_removed(entry)  # raises what ended it
+            raise HubStopping(f"the sandbox ended while opening: {entry.ended}")
         return self.view(entry)
 
     async def exec(self, client: str, args: ExecArgs) -> RunResult:
@@ -324,19 +357,23 @@ class Hub:
         """Remove the sandbox before returning; a removal failure is raised, never hidden."""
         entry = self._find(client, sandbox_id)
         entry.end("closed by sandbox_close")
-        with trio.CancelScope(shield=True):
-            await entry.closed.wait()
-        if entry.error is not None:
-            raise entry.error
+        await self._wait_removed(entry)
         return {"sandbox_id": sandbox_id, "closed": True}
 
-    async def list(self, client: str) -> tuple[list[SandboxView], int]:
+    async def list(self, client: str) -> dict[str, Any]:
         mine = [
             self.view(entry)
             for entry in self._open.values()
-            if entry.client == client and entry.sandbox is not None and not entry.release.is_set()
+            if entry.client == client and entry.usable
         ]
-        return mine, self.quotas.held(client)
+        quotas = self.quotas
+        return sandbox_list(
+            mine,
+            per_client=quotas.per_client,
+            held=quotas.held(client),
+            held_in_all=quotas.held(),
+            in_all=quotas.in_all,
+        )
 
     def _refuse_when_stopping(self) -> None:
         if self._closing.is_set():

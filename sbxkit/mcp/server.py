@@ -14,8 +14,8 @@ side cancels the sbxkit call and waits for its cleanup.
 Cancellation and progress. An MCP cancellation (``notifications/cancelled``, or a closed
 HTTP response stream) cancels the handler's scope; sbxkit removes the sandbox of a ``run``
 (or kills an exec's process group) inside that scope, shielded, before the handler ends.
-Commands that take longer than ``PROGRESS_INTERVAL_S`` report progress every interval when the
-client asked for it (a ``progressToken``).
+Commands, and sandboxes being opened (which may wait for admission), report progress every
+``PROGRESS_INTERVAL_S`` when the client asked for it (a ``progressToken``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from sbxkit.mcp.arguments import (
 from sbxkit.mcp.hub import Hub
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.schemas import tool_definitions
-from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields, sandbox_list
+from sbxkit.mcp.shapes import SandboxView, command_result, error_fields, sandbox_fields
 from sbxkit.portal import Portal
 from sbxkit.result import RunResult
 
@@ -149,9 +149,12 @@ def error_result(error: SbxError) -> types.CallToolResult:
     )
 
 
-async def with_progress(ctx: ServerRequestContext[Any, Any], work: Callable[[], Awaitable[T]]) -> T:
+async def with_progress(
+    ctx: ServerRequestContext[Any, Any], work: Callable[[], Awaitable[T]], doing: str = "running"
+) -> T:
     """``await work()``, reporting progress every ``PROGRESS_INTERVAL_S`` meanwhile (a no-op
-    for a client that sent no progress token). Errors leave plainly, not in a group."""
+    for a client that sent no progress token): how long it has been ``doing`` it. Errors leave
+    plainly, not in a group."""
     outcome: list[T] = []
     error: list[Exception] = []
 
@@ -160,7 +163,7 @@ async def with_progress(ctx: ServerRequestContext[Any, Any], work: Callable[[], 
         while True:
             await anyio.sleep(PROGRESS_INTERVAL_S)
             elapsed = anyio.current_time() - started
-            await ctx.session.report_progress(elapsed, None, f"running for {elapsed:.0f} s")
+            await ctx.session.report_progress(elapsed, None, f"{doing} for {elapsed:.0f} s")
 
     async with anyio.create_task_group() as group:
         group.start_soon(tick)
@@ -190,7 +193,10 @@ class Tools:
 
     async def sandbox_open(self, ctx: Ctx, client: str, args: Args) -> Any:
         assert isinstance(args, OpenArgs)
-        return sandbox_fields(await self.calls.call(self.hub.open, client, args))
+        view: SandboxView = await with_progress(
+            ctx, lambda: self.calls.call(self.hub.open, client, args), "opening"
+        )
+        return sandbox_fields(view)
 
     async def sandbox_exec(self, ctx: Ctx, client: str, args: Args) -> Any:
         assert isinstance(args, ExecArgs)
@@ -212,15 +218,7 @@ class Tools:
         return await self.calls.call(self.hub.close_sandbox, client, args.sandbox_id)
 
     async def sandbox_list(self, ctx: Ctx, client: str, args: Args) -> Any:
-        views, held = await self.calls.call(self.hub.list, client)
-        quotas = self.hub.quotas
-        return sandbox_list(
-            views,
-            per_client=quotas.per_client,
-            held=held,
-            held_in_all=quotas.held(),
-            in_all=quotas.in_all,
-        )
+        return await self.calls.call(self.hub.list, client)
 
 
 def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
