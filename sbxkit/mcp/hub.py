@@ -17,7 +17,8 @@ still being created or waits for admission. A ``run`` needs no
 holder: it is one ``sbxkit.run`` inside the tool call, cancelled with it.
 
 Quotas (``sbxkit.mcp.quotas``) count open sandboxes and runs under way alike. Nothing here
-knows MCP: the server calls these methods with a client key and decoded arguments.
+knows MCP: the server calls the method named as each tool with a client key and the tool's
+decoded arguments.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import trio
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.mcp.arguments import (
     FILES_ROOT,
+    CloseArgs,
     ExecArgs,
+    ListArgs,
     OpenArgs,
     ReadFileArgs,
     RunArgs,
@@ -277,7 +280,7 @@ class Hub:
         finally:
             self.quotas.give(client)
 
-    async def open(self, client: str, args: OpenArgs) -> SandboxView:
+    async def sandbox_open(self, client: str, args: OpenArgs) -> SandboxView:
         request = open_request(self.policy, args)
         self._refuse_when_stopping()
         assert self._nursery is not None, "the hub is not serving"
@@ -302,7 +305,7 @@ class Hub:
             raise HubStopping(f"the sandbox ended while opening: {entry.ended}")
         return self.view(entry)
 
-    async def exec(self, client: str, args: ExecArgs) -> RunResult:
+    async def sandbox_exec(self, client: str, args: ExecArgs) -> RunResult:
         entry = self._find(client, args.sandbox_id)
         request = exec_request(self.policy, entry.request.command_limits, args)
         with self._using(client, args.sandbox_id) as sandbox:
@@ -318,7 +321,7 @@ class Hub:
                 env=request.env,
             )
 
-    async def write_file(self, client: str, args: WriteFileArgs) -> dict[str, Any]:
+    async def sandbox_write_file(self, client: str, args: WriteFileArgs) -> dict[str, Any]:
         relative = file_path(args.path)
         data = content_bytes(args.content, args.encoding, self.policy.file_bytes)
         directory, _, name = relative.rpartition("/")
@@ -329,7 +332,7 @@ class Hub:
         path = f"{FILES_ROOT}/{relative}"
         return {"sandbox_id": args.sandbox_id, "path": path, "bytes": len(data)}
 
-    async def read_file(self, client: str, args: ReadFileArgs) -> dict[str, Any]:
+    async def sandbox_read_file(self, client: str, args: ReadFileArgs) -> dict[str, Any]:
         relative = file_path(args.path)
         with self._using(client, args.sandbox_id) as sandbox:
             found = await sandbox.get_files(
@@ -353,14 +356,14 @@ class Hub:
             "bytes": len(data),
         }
 
-    async def close_sandbox(self, client: str, sandbox_id: str) -> dict[str, Any]:
+    async def sandbox_close(self, client: str, args: CloseArgs) -> dict[str, Any]:
         """Remove the sandbox before returning; a removal failure is raised, never hidden."""
-        entry = self._find(client, sandbox_id)
+        entry = self._find(client, args.sandbox_id)
         entry.end("closed by sandbox_close")
         await self._wait_removed(entry)
-        return {"sandbox_id": sandbox_id, "closed": True}
+        return {"sandbox_id": args.sandbox_id, "closed": True}
 
-    async def list(self, client: str) -> dict[str, Any]:
+    async def sandbox_list(self, client: str, args: ListArgs) -> dict[str, Any]:
         mine = [
             self.view(entry)
             for entry in self._open.values()

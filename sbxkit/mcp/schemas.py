@@ -12,6 +12,7 @@ from typing import Any
 
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
 from sbxkit.mcp.policy import McpPolicy, show
+from sbxkit.mcp.shapes import COMMAND_FIELDS
 from sbxkit.mounts import Mount, TmpfsMount
 from sbxkit.profile import LIMIT_FIELDS
 from sbxkit.spec import Limits
@@ -61,17 +62,7 @@ COMMAND_RESULT = {
         "evidence": EVIDENCE,
         "duration_s": NUMBER,
     },
-    "required": [
-        "status",
-        "exit_code",
-        "stdout",
-        "stderr",
-        "stdout_bytes",
-        "stderr_bytes",
-        "overflowed",
-        "evidence",
-        "duration_s",
-    ],
+    "required": [*COMMAND_FIELDS, "evidence", "duration_s"],
 }
 
 SANDBOX = {

@@ -35,23 +35,12 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from sbxkit.errors import SbxError
-from sbxkit.mcp.arguments import (
-    ARGS,
-    Args,
-    CloseArgs,
-    ExecArgs,
-    OpenArgs,
-    ReadFileArgs,
-    RunArgs,
-    WriteFileArgs,
-    decode_args,
-)
+from sbxkit.mcp.arguments import ARGS, Args, decode_args
 from sbxkit.mcp.hub import Hub
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.schemas import tool_definitions
-from sbxkit.mcp.shapes import SandboxView, command_result, error_fields, sandbox_fields
+from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields
 from sbxkit.portal import Portal
-from sbxkit.result import RunResult
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -177,54 +166,37 @@ async def with_progress(
     return outcome[0]
 
 
-class Tools:
-    """The seven tools: decoded arguments in, JSON-ready results out."""
+SHAPES: dict[str, tuple[Callable[[Any], dict[str, Any]] | None, str | None]] = {
+    "run": (command_result, "running"),
+    "sandbox_open": (sandbox_fields, "opening"),
+    "sandbox_exec": (command_result, "running"),
+    "sandbox_write_file": (None, None),
+    "sandbox_read_file": (None, None),
+    "sandbox_close": (None, None),
+    "sandbox_list": (None, None),
+}
+"""Tool → how the hub's answer becomes JSON (None: it already is), and what progress says
+while it runs (None: no progress; it is quick)."""
 
-    def __init__(self, hub: Hub, calls: Calls) -> None:
-        self.hub = hub
-        self.calls = calls
 
-    async def run(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, RunArgs)
-        result: RunResult = await with_progress(
-            ctx, lambda: self.calls.call(self.hub.run, client, args)
-        )
-        return command_result(result)
+async def call_hub(
+    ctx: Ctx, hub: Hub, calls: Calls, name: str, client: str, args: Args
+) -> dict[str, Any]:
+    """The hub's method of the tool's name, reporting progress for the slow ones."""
+    method = getattr(hub, name)
+    shape, doing = SHAPES[name]
 
-    async def sandbox_open(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, OpenArgs)
-        view: SandboxView = await with_progress(
-            ctx, lambda: self.calls.call(self.hub.open, client, args), "opening"
-        )
-        return sandbox_fields(view)
+    async def work() -> Any:
+        return await calls.call(method, client, args)
 
-    async def sandbox_exec(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, ExecArgs)
-        result: RunResult = await with_progress(
-            ctx, lambda: self.calls.call(self.hub.exec, client, args)
-        )
-        return command_result(result)
-
-    async def sandbox_write_file(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, WriteFileArgs)
-        return await self.calls.call(self.hub.write_file, client, args)
-
-    async def sandbox_read_file(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, ReadFileArgs)
-        return await self.calls.call(self.hub.read_file, client, args)
-
-    async def sandbox_close(self, ctx: Ctx, client: str, args: Args) -> Any:
-        assert isinstance(args, CloseArgs)
-        return await self.calls.call(self.hub.close_sandbox, client, args.sandbox_id)
-
-    async def sandbox_list(self, ctx: Ctx, client: str, args: Args) -> Any:
-        return await self.calls.call(self.hub.list, client)
+    answer = await (work() if doing is None else with_progress(ctx, work, doing))
+    return answer if shape is None else shape(answer)
 
 
 def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
     """The SDK server: its lifespan holds the hub (every sandbox removed when it ends)."""
     tools = [types.Tool.model_validate(definition) for definition in tool_definitions(policy)]
-    handlers = Tools(hub, calls)
+    assert list(SHAPES) == [tool.name for tool in tools], "a tool without its shape"
 
     async def list_tools(
         ctx: ServerRequestContext[None, Any], params: types.PaginatedRequestParams | None
@@ -240,10 +212,9 @@ def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
                 code=types.INVALID_PARAMS,
                 message=f"unknown tool {params.name!r}; this server has {', '.join(ARGS)}",
             )
-        handler = getattr(handlers, params.name)
         try:
             args = decode_args(params.arguments, kind)
-            return ok_result(await handler(ctx, client_key(ctx), args))
+            return ok_result(await call_hub(ctx, hub, calls, params.name, client_key(ctx), args))
         except SbxError as exc:
             return error_result(exc)
         except Exception as exc:  # a bug must not end the server: say so, keep serving

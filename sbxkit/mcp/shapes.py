@@ -14,7 +14,7 @@ import msgspec
 
 from sbxkit.errors import SbxError
 from sbxkit.profile import LIMIT_FIELDS
-from sbxkit.result import RunResult
+from sbxkit.result import RunResult, json_fields
 from sbxkit.spec import Limits
 
 
@@ -46,16 +46,23 @@ def evidence(result: RunResult) -> dict[str, Any]:
     }
 
 
+COMMAND_FIELDS = (
+    "status",
+    "exit_code",
+    "stdout",
+    "stderr",
+    "stdout_bytes",
+    "stderr_bytes",
+    "overflowed",
+)
+"""What a model gets of ``sbxkit run --json``'s fields (not container ids, leases, timings)."""
+
+
 def command_result(result: RunResult) -> dict[str, Any]:
-    """A finished command (``run``, ``sandbox_exec``)."""
+    """A finished command (``run``, ``sandbox_exec``), decoded as ``--json`` decodes it."""
+    fields = json_fields(result)
     return {
-        "status": result.status,
-        "exit_code": result.exit_code,
-        "stdout": result.stdout.decode("utf-8", "replace"),
-        "stderr": result.stderr.decode("utf-8", "replace"),
-        "stdout_bytes": len(result.stdout),
-        "stderr_bytes": len(result.stderr),
-        "overflowed": result.overflowed,
+        **{name: fields[name] for name in COMMAND_FIELDS},
         "evidence": evidence(result),
         "duration_s": round(result.timings.run_s, 3),
     }

@@ -20,7 +20,6 @@ sandboxes left idle end after ``mcp.idle_timeout``; stopping the server removes 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 from typing import Any, cast
@@ -30,6 +29,7 @@ import trio
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
+from sbxkit.cli.common import cancel_on_signals
 from sbxkit.errors import SpecError
 from sbxkit.mcp.hub import Hub
 from sbxkit.mcp.policy import McpPolicy
@@ -125,28 +125,17 @@ def serve_stdio(policy: McpPolicy, socket_path: str | None) -> int:
 async def _serve_stdio(policy: McpPolicy, socket_path: str | None) -> int:
     hub = Hub(policy, socket_path=socket_path)
     server = build_server(policy, hub, TrioCalls())
-    received: list[int] = []
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                async for signum in signals:
-                    received.append(signum)
-                    nursery.cancel_scope.cancel()
-                    return
+    async def serve() -> int:
+        stdin = cast("anyio.AsyncFile[str]", StdinLines())
+        stdout = cast("anyio.AsyncFile[str]", StdoutWriter())
+        async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        return 0
 
-            async def serve() -> None:
-                stdin = cast("anyio.AsyncFile[str]", StdinLines())
-                stdout = cast("anyio.AsyncFile[str]", StdoutWriter())
-                async with stdio_server(stdin, stdout) as (read_stream, write_stream):
-                    await server.run(
-                        read_stream, write_stream, server.create_initialization_options()
-                    )
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            nursery.start_soon(serve)
-    return 128 + received[0] if received else 0
+    # SIGINT/SIGTERM cancel the server; its lifespan removes every sandbox (shielded) before
+    # Interrupted leaves, and the CLI exits 128 + the signal.
+    return await cancel_on_signals(serve)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

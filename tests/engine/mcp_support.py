@@ -24,7 +24,7 @@ import mcp_types
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.witness import BUSYBOX, PYTHON, RUN_LABEL, THIS_RUN, Witness
+from tests.witness import BUSYBOX, PYTHON
 
 LIMITS = """
 [sandbox.docker.limits]
@@ -150,17 +150,6 @@ def tool_error(result: mcp_types.CallToolResult) -> dict[str, Any]:
     assert isinstance(text, mcp_types.TextContent)
     assert text.text == error["message"]
     return error
-
-
-def this_runs_creates(witness: Witness, since: float) -> list[dict[str, Any]]:
-    """Containers of this test session the daemon created since ``since`` (unix time)."""
-    return witness.events(
-        since,
-        time.time() + 0.5,
-        type=["container"],
-        event=["create"],
-        label=[f"{RUN_LABEL}={THIS_RUN}"],
-    )
 
 
 def children(pid: int, needle: str) -> list[int]:

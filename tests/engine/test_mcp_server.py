@@ -22,7 +22,7 @@ import trio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.engine.helpers import processes_with_marker, wait_until
+from tests.engine.helpers import creates_during, processes_with_marker, wait_until
 from tests.engine.mcp_support import (
     CELLS,
     ERA_CELLS,
@@ -31,7 +31,6 @@ from tests.engine.mcp_support import (
     connect,
     server_argv,
     structured,
-    this_runs_creates,
     tool_error,
     write_profile,
 )
@@ -208,27 +207,14 @@ async def test_a_session_with_files(
                 encoding="base64",
             )
         )
-        ran = structured(
-            await call(
-                client,
-                "sandbox_exec",
-                sandbox_id=box,
-                command=["sh", "-c", "python3 src/count.py src/count.py > out/words.txt"],
-            )
-        )
+        count = ["sh", "-c", "python3 src/count.py src/count.py > out/words.txt"]
+        ran = structured(await call(client, "sandbox_exec", sandbox_id=box, command=count))
         # out/ does not exist yet: the shell's failure is a result, not a tool error
         assert (ran["status"], ran["exit_code"] != 0) == ("exited", True)
         assert "out/words.txt" in ran["stderr"]
         made = await call(client, "sandbox_exec", sandbox_id=box, command=["mkdir", "out"])
         assert structured(made)["exit_code"] == 0
-        ran = structured(
-            await call(
-                client,
-                "sandbox_exec",
-                sandbox_id=box,
-                command=["sh", "-c", "python3 src/count.py src/count.py > out/words.txt"],
-            )
-        )
+        ran = structured(await call(client, "sandbox_exec", sandbox_id=box, command=count))
         assert ran["exit_code"] == 0
         read = structured(
             await call(client, "sandbox_read_file", sandbox_id=box, path="out/words.txt")
@@ -360,7 +346,7 @@ async def test_refusals_create_nothing(cell: str, tmp_path: Path, witness: Witne
             await client.call_tool("shell", {"command": "ls"})
         still = structured(await call(client, "run", command=["true"]))
         assert still["status"] == "exited"
-    created = this_runs_creates(witness, since)
+    created = creates_during(witness, since)
     assert len(created) == 1, created  # the last run only
 
 
