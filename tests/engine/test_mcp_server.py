@@ -426,8 +426,12 @@ import os, sys, trio
 from mcp import Client, StdioServerParameters
 
 async def main():
-    params = StdioServerParameters(command=sys.executable, args=sys.argv[1:], env=dict(os.environ))
-    async with Client(params) as client, trio.open_nursery() as nursery:
+    if sys.argv[1].startswith("http://"):
+        server = sys.argv[1]
+    else:
+        argv, env = sys.argv[1:], dict(os.environ)
+        server = StdioServerParameters(command=sys.executable, args=argv, env=env)
+    async with Client(server) as client, trio.open_nursery() as nursery:
         await client.call_tool("sandbox_open", {})
         nursery.start_soon(client.call_tool, "run", {"command": ["sleep", "600"]})
         print("ready", flush=True)
@@ -437,32 +441,58 @@ trio.run(main)
 """
 
 
-def test_killing_the_client_removes_everything(profile: Path, witness: Witness) -> None:
-    argv = ["-m", "sbxkit", "mcp", "--profile", str(profile)]
+def start_client(witness: Witness, *target: str) -> subprocess.Popen[bytes]:
+    """A client process holding one open sandbox and one run under way (two containers)."""
     client = subprocess.Popen(
-        [sys.executable, "-c", CLIENT_SCRIPT, *argv],
+        [sys.executable, "-c", CLIENT_SCRIPT, *target],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert client.stdout is not None
+    if client.stdout.readline().strip() != b"ready":
+        client.kill()
+        raise AssertionError(client.communicate(timeout=10)[1].decode()[-3000:])
+    assert wait_until(lambda: len(witness.sbxkit_containers()) == 2, 30)
+    return client
+
+
+def sigkill(client: subprocess.Popen[bytes]) -> None:
+    client.send_signal(signal.SIGKILL)
+    client.wait(10)
+
+
+def test_killing_the_client_removes_everything(profile: Path, witness: Witness) -> None:
+    client = start_client(witness, "-m", "sbxkit", "mcp", "--profile", str(profile))
     try:
-        assert client.stdout is not None
-        ready = client.stdout.readline().strip()
-        if ready != b"ready":
-            client.kill()
-            raise AssertionError(client.communicate(timeout=10)[1].decode()[-3000:])
-        assert wait_until(lambda: len(witness.sbxkit_containers()) == 2, 30)
         servers = children(client.pid, "sbxkit")
         assert len(servers) == 1
-        client.send_signal(signal.SIGKILL)
-        client.wait(10)
+        sigkill(client)
     finally:
         if client.poll() is None:
-            client.kill()
-            client.wait()
+            sigkill(client)
     # The server saw its stdin close: it removed both sandboxes and exited by itself.
     assert wait_until(lambda: witness.sbxkit_containers() == [], 15)
     assert wait_until(lambda: not os.path.exists(f"/proc/{servers[0]}"), 15)
+
+
+async def test_killing_an_http_client_removes_everything(tmp_path: Path, witness: Witness) -> None:
+    """Over HTTP the server cannot see a client die, only its connections: the run under way
+    is cancelled with its request (its sandbox removed), the open sandbox ends at the idle
+    timeout. The server goes on serving others."""
+    profile = write_profile(tmp_path, idle_timeout=10)
+    server = HttpServer(profile, tmp_path / "http-server.log")
+    try:
+        client = start_client(witness, server.url)
+        sigkill(client)
+        killed = time.monotonic()
+        assert await wait_for(lambda: len(witness.sbxkit_containers()) == 1, 5)  # the run's
+        assert time.monotonic() - killed < 5
+        assert await wait_for(lambda: witness.sbxkit_containers() == [], 20)  # idle
+        async with Client(server.url) as other:
+            assert structured(await call(other, "run", command=["true"]))["exit_code"] == 0
+    finally:
+        server.stop()
 
 
 class RawClient:
