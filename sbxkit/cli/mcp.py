@@ -13,6 +13,7 @@ from typing import Any
 from sbxkit.errors import SpecError
 from sbxkit.mcp.options import parse_http_address
 from sbxkit.mcp.policy import policy_from_profile
+from sbxkit.plan import check_spec
 from sbxkit.profile import load_profile
 
 SDK_MODULES = {"mcp", "mcp_types", "uvicorn", "starlette", "anyio", "pydantic"}
@@ -26,6 +27,9 @@ class MissingExtra(SpecError):
 def cmd_mcp(args: argparse.Namespace) -> int:
     address = parse_http_address(args.http) if args.http is not None else None
     policy = policy_from_profile(load_profile(args.profile))
+    # The profile's sandbox as this environment will judge every call's (SBXKIT_ENV, the
+    # supervisor's state dir): refused now rather than on every call.
+    check_spec(policy.base, policy.settings)
     try:
         from sbxkit.mcp import transports
     except ModuleNotFoundError as exc:

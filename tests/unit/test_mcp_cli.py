@@ -3,6 +3,7 @@ the server itself, a missing extra is said plainly, bad input is refused by name
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +61,17 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def sbxkit_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return python("from sbxkit.cli import main; import sys; main(sys.argv[1:])", *args)
+def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "from sbxkit.cli import main; import sys; main(sys.argv[1:])"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -114,6 +124,16 @@ def test_a_profile_without_a_ceiling_is_refused_by_path(profile: Path) -> None:
     done = sbxkit_cli("mcp", "--profile", str(profile))
     assert done.returncode == 2, done.stderr
     assert "sandbox.docker.limits.pids: mandatory for sbxkit mcp" in done.stderr
+
+
+def test_production_refuses_a_bridge_profile_at_start(profile: Path) -> None:
+    bridge = PROFILE.replace("[sandbox.docker]\n", '[sandbox.docker]\nnetwork = "bridge"\n')
+    profile.write_text(bridge)
+    env = {**os.environ, "SBXKIT_ENV": "production"}
+    done = sbxkit_cli("mcp", "--profile", str(profile), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "network: " in done.stderr
+    assert "production" in done.stderr
 
 
 def test_the_profile_is_required() -> None:
