@@ -115,10 +115,11 @@ def client_key(ctx: ServerRequestContext[Any, Any]) -> str:
     if headers is None:
         return STDIO_CLIENT
     session = headers.get(SESSION_HEADER)
-    return f"http-session:{session}" if session else HTTP_CLIENT
+    return session_client(session) if session else HTTP_CLIENT
 
 
 def session_client(session_id: str) -> str:
+    """The client of an HTTP session (``Mcp-Session-Id``, the 2025-11-25 protocol)."""
     return f"http-session:{session_id}"
 
 
