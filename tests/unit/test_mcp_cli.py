@@ -50,19 +50,9 @@ main(sys.argv[1:])
 """
 
 
-def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-        check=False,
-    )
-
-
-def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    code = "from sbxkit.cli import main; import sys; main(sys.argv[1:])"
+def python(
+    code: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
@@ -72,6 +62,10 @@ def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         check=False,
         env=env,
     )
+
+
+def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return python("from sbxkit.cli import main; import sys; main(sys.argv[1:])", *args, env=env)
 
 
 @pytest.fixture
