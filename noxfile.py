@@ -22,7 +22,7 @@ def tests(session: nox.Session) -> None:
     conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
-    session.install("-e", ".[test,inspect,ray]")
+    session.install("-e", ".[test,inspect,ray,mcp]")
     session.run(
         "pytest",
         "-m",
@@ -93,7 +93,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,inspect]", "mypy>=1.10")
+    session.install("-e", ".[test,inspect,mcp]", "mypy>=1.10")
     session.run("mypy")
     # What callers' type checkers must refuse (each line carries the error it must raise).
     session.run("mypy", "--warn-unused-ignores", "tests/typing")

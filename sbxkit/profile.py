@@ -37,6 +37,9 @@
     binary = "/usr/local/bin/sbxkit-supervisor"   # what the client launches (SBXKIT_SUPERVISOR)
     state_dir = "/var/lib/sbxkit/leases"         # absolute
 
+    [mcp]                         # sbxkit mcp: what models may have (sbxkit/mcp/options.py)
+    images = ["sbxkit-test/python:latest"]
+
 The microVM runtime (docs/adr-sbx.md) is opt-in; ``[sandbox.docker]`` still carries the
 spec's defaults (limits, env, workdir), and what a microVM cannot honour is refused here::
 
@@ -81,6 +84,7 @@ from sbxkit.bounded_read import read_bounded
 from sbxkit.call_checks import check_pool_options
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.mcp.options import McpOptions, validate_mcp_options
 from sbxkit.mounts import Mount, validate_mounts
 from sbxkit.predicates import has_control
 from sbxkit.rules import check_env, check_network, merge_labels, parse_extra_flags
@@ -174,10 +178,12 @@ class SandboxSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     sandbox: SandboxSection
+    mcp: McpOptions | None = None
+    """``[mcp]``: what ``sbxkit mcp`` lets models have (docs/mcp.md)."""
 
 
 # Profile limit name → (Limits field, is a size).
-_LIMITS: dict[str, tuple[str, bool]] = {
+LIMIT_FIELDS: dict[str, tuple[str, bool]] = {
     "cpus": ("cpus", False),
     "memory": ("memory_bytes", True),
     "pids": ("pids", False),
@@ -198,14 +204,15 @@ def _under(prefix: str) -> Iterator[None]:
         raise SpecError(f"{prefix}.{error.field}", error.rule) from None
 
 
-def profile_limits(limits: ProfileLimits) -> dict[str, Any]:
-    """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path."""
+def profile_limits(limits: ProfileLimits, where_root: str = f"{ROOT}.limits") -> dict[str, Any]:
+    """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path
+    (``where_root``: the table they came from, e.g. a tool call's ``limits``)."""
     values: dict[str, Any] = {}
-    for name, (field, is_size) in _LIMITS.items():
+    for name, (field, is_size) in LIMIT_FIELDS.items():
         raw = getattr(limits, name)
         if raw is None:
             continue
-        where = f"{ROOT}.limits.{name}"
+        where = f"{where_root}.{name}"
         value = parse_size(raw, where) if is_size and isinstance(raw, str) else raw
         check_limit(field, value, where)
         values[field] = value
@@ -255,6 +262,8 @@ def validate_profile(profile: Profile) -> None:
     if docker.pool is not None:
         pool = docker.pool
         check_pool_options(pool.size, pool.idle_ttl, pool.max_timeout, f"{ROOT}.pool")
+    if profile.mcp is not None:
+        validate_mcp_options(profile.mcp)
     _validate_sandbox_runtime(profile)
 
 

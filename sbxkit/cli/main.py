@@ -12,6 +12,7 @@ from sbxkit.cli.batch import add_batch_parser
 from sbxkit.cli.cluster import add_cluster_parser
 from sbxkit.cli.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
 from sbxkit.cli.flags import parse_with_flags_after_image
+from sbxkit.cli.mcp import add_mcp_parser
 from sbxkit.cli.run_command import add_run_parser
 from sbxkit.cli.shell import add_shell_parser
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_parser(sub)
     add_shell_parser(sub)
     add_cluster_parser(sub)
+    add_mcp_parser(sub)
     return parser
 
 

@@ -20,7 +20,7 @@ import requests
 from sbxkit.result import RunResult
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.engine.runtimes import min_pids
-from tests.witness import Witness
+from tests.witness import RUN_LABEL, THIS_RUN, Witness
 
 BASE_LIMITS: dict[str, Any] = {
     "cpus": 0.5,
@@ -331,3 +331,14 @@ def host_processes_of(container_id: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def creates_during(witness: Witness, since: float) -> list[dict[str, object]]:
+    """Container creates this test run's label saw since ``since``."""
+    return witness.events(
+        since,
+        time.time() + 0.5,
+        type=["container"],
+        event=["create"],
+        label=[f"{RUN_LABEL}={THIS_RUN}"],
+    )

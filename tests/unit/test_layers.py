@@ -38,6 +38,12 @@ PURE = [
     "pool/shape.py",
     "argtypes.py",
     "units.py",
+    "mcp/options.py",
+    "mcp/arguments.py",
+    "mcp/policy.py",
+    "mcp/quotas.py",
+    "mcp/shapes.py",
+    "mcp/schemas.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
