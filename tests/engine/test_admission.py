@@ -226,6 +226,16 @@ def slot_hog(socket_path: Path, image: str) -> Iterator[RawClient]:
         hog.close()
 
 
+@contextmanager
+def the_one_slot_held(state_dir: Path, image: str, *flags: str) -> Iterator[None]:
+    """A supervisor with one launch slot, which a slot hog holds."""
+    with (
+        running_supervisor(state_dir, "--persistent", "--max-launching", "1", *flags) as sup,
+        slot_hog(sup.socket_path, image),
+    ):
+        yield
+
+
 async def test_a_client_that_never_starts_holds_its_launch_slot_only_up_to_the_cap(
     engine: Engine, state_dir: Path, busybox: str
 ) -> None:
@@ -233,11 +243,7 @@ async def test_a_client_that_never_starts_holds_its_launch_slot_only_up_to_the_c
     (3 s here) has passed, not the 1e7 s the hog asked for."""
     heard: list[int] = []
     owner = owner_for(engine, state_dir, on_queued=lambda ahead, _waited: heard.append(ahead))
-    slot_flags = ("--max-launching", "1", "--max-startup-deadline", "3")
-    with (
-        running_supervisor(state_dir, "--persistent", *slot_flags) as sup,
-        slot_hog(sup.socket_path, busybox),
-    ):
+    with the_one_slot_held(state_dir, busybox, "--max-startup-deadline", "3"):
         started = time.monotonic()
         result = await run(spec(busybox, "echo mine"), engine=engine, owner=owner)
         waited = time.monotonic() - started
@@ -252,11 +258,7 @@ async def test_a_run_waiting_for_a_launch_slot_times_out_cleanly(
 ) -> None:
     heard: list[int] = []
     owner = owner_for(engine, state_dir, on_queued=lambda ahead, _waited: heard.append(ahead))
-    flags = ("--max-launching", "1", "--admission-timeout", "2")
-    with (
-        running_supervisor(state_dir, "--persistent", *flags) as sup,
-        slot_hog(sup.socket_path, busybox),
-    ):
+    with the_one_slot_held(state_dir, busybox, "--admission-timeout", "2"):
         since = time.time()
         with pytest.raises(AdmissionTimeout) as caught:
             await run(spec(busybox, "echo no"), engine=engine, owner=owner)
