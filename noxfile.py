@@ -13,13 +13,15 @@ nox.options.default_venv_backend = "venv"
 ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
 CLUSTER_ENGINES_UP = "scripts/cluster-engines-up"
+ENGINE26_UP = "scripts/engine26-up"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite on Docker (provisions the engine first), then the Podman cell: the
-    conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
+    """The whole suite on Docker 20.10 (provisions the engine first), then the Docker 26.1 cell,
+    then the Podman cell: the conformance subset on rootful Podman and the rootless refusal
+    (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
     session.install("-e", ".[test,inspect,ray,mcp]")
@@ -29,6 +31,17 @@ def tests(session: nox.Session) -> None:
         "not podman",
         *session.posargs,
         env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
+    )
+    # The Docker 26.1 cell (docs/backends.md): the conformance subset under runc, crun and runsc,
+    # plus the pool and session files and the tests that show where the engines differ.
+    docker26 = _provision(session, ENGINE26_UP, {})
+    session.run(
+        "pytest",
+        "-m",
+        "conformance or engine_cell",
+        *session.posargs,
+        env={"SBXKIT_TEST_SOCKET": docker26, "DOCKER_HOST": f"unix://{docker26}"},
+        success_codes=[0, 5],
     )
     rootful = _podman_up(session, {})
     # The rootless service takes its own defaults, whatever the rootful one was given.
@@ -57,15 +70,17 @@ def _cluster_engines(session: nox.Session) -> str:
     """The cluster tier's two node daemons (tests/cluster/): the ones the environment names,
     else provisioned by scripts/cluster-engines-up (its last line: the sockets)."""
     given = os.environ.get("SBXKIT_TEST_CLUSTER_SOCKETS", "").strip()
-    if given:
-        return given
-    out = session.run("bash", CLUSTER_ENGINES_UP, external=True, silent=True)
-    return str(out).strip().splitlines()[-1]
+    return given or _provision(session, CLUSTER_ENGINES_UP, {})
 
 
 def _podman_up(session: nox.Session, env: dict[str, str]) -> str:
     """Provision one Podman service; its socket is the script's last line of output."""
-    out = session.run("bash", PODMAN_UP, external=True, silent=True, env=env)
+    return _provision(session, PODMAN_UP, env)
+
+
+def _provision(session: nox.Session, script: str, env: dict[str, str]) -> str:
+    """Run a provisioning script that prints its socket as its last line of output."""
+    out = session.run("bash", script, external=True, silent=True, env=env)
     return str(out).strip().splitlines()[-1]
 
 

@@ -291,10 +291,34 @@ class Sandbox(OwnedView):
     async def _end_group(self, token: str, stream: HijackedStream | None) -> None:
         """Kill the exec's process group from inside (shielded by the caller, time-bounded).
 
-        If the killer cannot run (e.g. the pids limit is exhausted by the very group it should
-        end), the container is killed instead: the guarantee holds and the sandbox is marked
-        unusable. A container that is already gone has no processes left to kill.
+        The exec's own stream is read and discarded all the while: left unread, a command that
+        was still writing in bulk (``yes``, ``cat`` of a large file) fills the socket, dockerd's
+        copy of that exec's output blocks, and with it the daemon's handling of the container's
+        exits, so the killer's own stream never closes (issue 27.5: 20 s, then the container was
+        killed). If the killer cannot run (e.g. the pids limit is exhausted by the very group it
+        should end), the container is killed instead: the guarantee holds and the sandbox is
+        marked unusable. A container that is already gone has no processes left to kill.
         """
+        drained = trio.Event()
+        async with trio.open_nursery() as nursery:
+            if stream is not None:
+                nursery.start_soon(_discard_until_eof, stream, drained)
+            else:
+                drained.set()
+            problem = await self._kill_group(token)
+            if problem is not None:
+                self._unusable = f"an exec's process group could not be killed ({problem}); " + (
+                    "the container was killed instead"
+                )
+                # If even this fails, removal on close still ends everything.
+                with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
+                    await self._box.kill()
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _kill_group(self, token: str) -> str | None:
+        """Run the killer, retrying within ``KILL_BUDGET_S``; what went wrong, or None."""
         problem: str | None = None
         with trio.move_on_after(KILL_BUDGET_S) as budget:
             for attempt in range(KILL_ATTEMPTS):
@@ -311,17 +335,7 @@ class Sandbox(OwnedView):
                     await trio.sleep(0.05 * (attempt + 1))
         if budget.cancelled_caught and problem is None:
             problem = f"the killer did not finish within {KILL_BUDGET_S:g} s"
-        if problem is not None:
-            self._unusable = f"an exec's process group could not be killed ({problem}); " + (
-                "the container was killed instead"
-            )
-            # If even this fails, removal on close still ends everything.
-            with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
-                await self._box.kill()
-        if stream is not None:
-            with trio.move_on_after(DRAIN_GRACE_S), contextlib.suppress(SbxError):
-                while await stream.receive_some():
-                    pass
+        return problem
 
     async def _run_killer(self, token: str) -> None:
         engine = self._box.engine
@@ -494,6 +508,16 @@ async def _pump(
     if error is not None:
         raise error
     return ended, overflowed
+
+
+async def _discard_until_eof(stream: HijackedStream, drained: trio.Event) -> None:
+    """Read and drop an ended exec's output until its stream closes (or an error ends it)."""
+    try:
+        with contextlib.suppress(SbxError):
+            while await stream.receive_some():
+                pass
+    finally:
+        drained.set()
 
 
 def keepalive_command(timeout_s: float) -> list[str]:

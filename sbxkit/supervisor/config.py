@@ -19,6 +19,10 @@ from sbxkit.units import parse_duration, parse_size
 ADMISSION_TIMEOUT_S = 3600.0
 """How long a request may wait for capacity by default: a batch of thousands at any sane
 parallelism waits far less; a request that waits an hour is stuck behind something."""
+MAX_STARTUP_DEADLINE_S = 60.0
+"""The longest startup deadline a caller gets, whatever it asks: how long one lease may hold a
+launch slot without saying it started (the client asks 30 s; a create and a start take well
+under a second here). A client asking more cannot keep every slot from the others."""
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,6 +35,7 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     cpu_budget_nano: int | None = None  # admission; None: CPU quotas do not limit admission
     max_launching: int | None = None  # creates + starts in flight; None: twice the daemon's NCPU
     admission_timeout_s: float = ADMISSION_TIMEOUT_S
+    max_startup_deadline_s: float = MAX_STARTUP_DEADLINE_S
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +171,14 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         metavar="DURATION",
         help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g} s)",
     )
+    parser.add_argument(
+        "--max-startup-deadline",
+        type=duration_s,
+        default=MAX_STARTUP_DEADLINE_S,
+        metavar="DURATION",
+        help="the longest a lease may hold a launch slot before its caller says it started; a "
+        f"longer startup deadline asked for is cut to this (default: {MAX_STARTUP_DEADLINE_S:g} s)",
+    )
     return parser
 
 
@@ -186,10 +199,18 @@ def config_from_args(args: argparse.Namespace) -> Config:
             cpu_budget_nano=cpu_budget,
             max_launching=args.max_launching,
             admission_timeout_s=args.admission_timeout,
+            max_startup_deadline_s=args.max_startup_deadline,
         ),
         docker_socket=args.docker_socket,
         engine_sockets=tuple(args.engine_socket),
     )
 
 
-__all__ = ["ADMISSION_TIMEOUT_S", "Capacity", "Config", "build_parser", "config_from_args"]
+__all__ = [
+    "ADMISSION_TIMEOUT_S",
+    "MAX_STARTUP_DEADLINE_S",
+    "Capacity",
+    "Config",
+    "build_parser",
+    "config_from_args",
+]

@@ -248,7 +248,7 @@ class Pooling(Admitting):
             name=f"sbxkit-{lease}",
             body=body_for_lease(template.body, template.lease, lease),
         )
-        problem = self._request_problem(register)
+        problem = self._request_problem(register) or await self._storage_problem()
         if problem is not None:
             return problem
         refusal = await self._recheck_body(register)

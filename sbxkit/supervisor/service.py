@@ -231,14 +231,14 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
         log(f"removed stale private files: {', '.join(stale)}")
     journal = Journal(state)
     service = Service(config, state, journal)
+    # Odd entries and unreadable records block new execution until removed: every admission
+    # audits the directory afresh (StateDir.audit), so they are only logged here.
     for problem in odd:
-        service.storage_errors.append(str(problem))
         log(f"blocking new execution: {problem}")
     for path in await trio.to_thread.run_sync(state.record_paths):
         try:
             record = await trio.to_thread.run_sync(state.read_record, path)
         except StorageError as exc:
-            service.storage_errors.append(str(exc))
             log(f"blocking new execution: {exc}")
             continue
         service.records[record.lease] = record
