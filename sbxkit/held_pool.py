@@ -30,7 +30,7 @@ import trio
 
 from sbxkit.attached import OutputCallback, supervise
 from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner
+from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
 from sbxkit.call_checks import check_pool_options, check_stdin
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SbxError, SpecError
@@ -44,6 +44,7 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
+from sbxkit.policy import claim_env
 from sbxkit.pool import _LineFirst, claim_line, parked_spec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import SandboxSpec
@@ -127,7 +128,7 @@ class PooledBackend(DockerBackend):
         self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
     ) -> RunResult | None:
         spec, pool = checked.spec, self.pool
-        line = claim_line(list(spec.command), dict(spec.env))
+        line = claim_line(list(spec.command), claim_env(spec))
         timeout_s = spec.limits.timeout_s
         assert timeout_s is not None  # checked
         if line is None or timeout_s > pool.max_timeout_s or spec.gpus is not None:
@@ -299,6 +300,7 @@ async def _run_on_claimed(
         if outcome.status == "exited":
             exit_code = outcome.exit_code
             verdict = await judge_exit(engine, container_id, exit_code)
+        denials = await owner.denials(lease) if governed(checked.spec) else ()
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal
@@ -327,4 +329,5 @@ async def _run_on_claimed(
         oom_evidence=verdict.oom_evidence,
         kill_evidence=verdict.kill_evidence,
         pooled=True,
+        denials=denials,
     )

@@ -47,6 +47,7 @@ from sbxkit.errors import CleanupError, SbxError
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.plan import CheckedSpec
+from sbxkit.policy import claim_env
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
@@ -108,7 +109,7 @@ def claim_line_within(spec: SandboxSpec, max_timeout_s: float) -> bytes | None:
     timeout_s = spec.limits.timeout_s
     if timeout_s is None or timeout_s > max_timeout_s:
         return None
-    return claim_line(list(spec.command), dict(spec.env))
+    return claim_line(list(spec.command), claim_env(spec))
 
 
 def shape_of(spec: SandboxSpec) -> SandboxSpec:
@@ -454,6 +455,7 @@ async def _claim(
         if outcome.status == "exited":
             exit_code = outcome.exit_code
             verdict = await judge_exit(box.engine, box.container_id, exit_code)
+        denials = await box.denials()  # its governed network's, before the lease ends
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):
@@ -469,7 +471,7 @@ async def _claim(
         start_s=0.0,
         run_s=run_s,
     )
-    result = ran.result(box)
+    result = ran.result(box, denials)
     return msgspec.structs.replace(
         result,
         pooled=True,

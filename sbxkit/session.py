@@ -70,6 +70,7 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, PUT_SCRIPT, RUN_SCRIPT
+from sbxkit.network.audit import Denial
 from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owned import (
@@ -152,6 +153,10 @@ class Sandbox(OwnedView):
     @property
     def spec(self) -> SandboxSpec:
         return self._box.spec
+
+    async def denials(self) -> tuple[Denial, ...]:
+        """What the sandbox's governed network refused so far (docs/network.md)."""
+        return await self._box.denials()
 
     # -- exec ---------------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     pooled: bool = False
+    denials: list[dict[str, Any]] = msgspec.field(default_factory=list)
     error: JobError | None = None
 
 
@@ -95,7 +96,7 @@ RESULT_STATUSES = ("exited", "timed_out", "output_exceeded", "oom_killed", "kill
 
 class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The schema a line must match to count as a result: every key ``ResultLine`` writes
-    (the four added later optional, so older results files still resume) and no other. A
+    (the five added later optional, so older results files still resume) and no other. A
     jobs file or any other JSONL with ``id`` fields fails it, and is never taken for results."""
 
     id: JobId
@@ -114,6 +115,7 @@ class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     kill_evidence: str | None = None
     usage: dict[str, Any] | None = None
     pooled: bool = False
+    denials: list[dict[str, Any]] | None = None
 
 
 _SEEN = msgspec.json.Decoder(_Seen)

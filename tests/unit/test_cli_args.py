@@ -386,6 +386,7 @@ JSON_KEYS = {
     "usage",
     "timings",
     "pooled",
+    "denials",
 }
 
 

@@ -34,6 +34,14 @@ PURE = [
     "call_checks.py",
     "exec_scripts.py",
     "pool_sizing.py",
+    "network/names.py",
+    "network/allow.py",
+    "network/addresses.py",
+    "network/terms.py",
+    "network/request.py",
+    "network/clienthello.py",
+    "network/audit.py",
+    "network/refusals.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 

@@ -21,17 +21,23 @@ from hypothesis import strategies as st
 from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import CallbackTerms, NetworkTerms, TlsBundle
 from sbxkit.supervisor.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
+    AskDenials,
     Claim,
     Claimed,
     ClientMessage,
     Close,
     Closed,
     Created,
+    Denials,
     Failed,
     FrameReader,
+    Govern,
+    Governed,
     Hello,
     Message,
     Orphaned,
@@ -61,6 +67,8 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Claim,
     Started,
     Close,
+    Govern,
+    AskDenials,
     Recover,
     Retire,
 )
@@ -72,6 +80,8 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Created,
     Claimed,
     Unclaimed,
+    Governed,
+    Denials,
     Failed,
     Closed,
     Orphaned,
@@ -85,6 +95,10 @@ ALL_TAGS = (
     "unclaimed",
     "started",
     "close",
+    "govern",
+    "ask_denials",
+    "governed",
+    "denials",
     "recover",
     "retire",
     "welcome",
@@ -137,6 +151,23 @@ registers = st.builds(
     reservation=st.builds(Reservation, memory_bytes=int64, nano_cpus=int64),
     startup_deadline_s=finite,
     lifetime_deadline_s=finite,
+    network=st.none()
+    | st.builds(
+        NetworkTerms,
+        mode=st.sampled_from(["none", "managed"]),
+        allow=st.lists(texts, max_size=3),
+        callback=st.none()
+        | st.builds(
+            CallbackTerms,
+            scheme=st.sampled_from(["http", "https"]),
+            host=texts,
+            port=int64,
+            is_ip=st.booleans(),
+        ),
+        tls=st.none()
+        | st.builds(TlsBundle, ca=st.binary(max_size=40), key=st.none() | st.binary(max_size=9)),
+        audit_log=st.none() | texts,
+    ),
 )
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
@@ -159,6 +190,8 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     ),
     st.builds(Started, lease=texts),
     st.builds(Close, lease=texts),
+    st.builds(Govern, lease=texts),
+    st.builds(AskDenials, lease=texts),
     st.just(Recover()),
     st.builds(Retire, lease=texts),
 )
@@ -175,6 +208,13 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Created, lease=texts, container_id=texts),
     st.builds(Claimed, lease=texts, name=texts, container_id=texts),
     st.builds(Unclaimed, reason=texts, parked=int64, problem=st.none() | texts),
+    st.builds(Governed, lease=texts, problem=st.none() | texts),
+    st.builds(
+        Denials,
+        lease=texts,
+        denials=st.lists(st.builds(Denial, destination=texts, reason=texts), max_size=3),
+        dropped=int64,
+    ),
     st.builds(Failed, lease=texts, reason=texts),
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),
