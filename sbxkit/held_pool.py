@@ -183,7 +183,7 @@ class PooledBackend(DockerBackend):
             owner = self.owner or default_owner(engine, plan.settings, self.on_queued)
             assert isinstance(owner, SupervisedOwner)  # __init__ refused any other
             template = owner.register_for(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
             )
             mounts = list(plan.expected_mounts)
             claim = Claim(template=template, terms=pool.terms, expected_mounts=mounts)

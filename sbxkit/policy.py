@@ -142,6 +142,13 @@ def claim_env(spec: SandboxSpec) -> dict[str, str]:
     return {key: value for key, value in spec.env.items() if key not in owned}
 
 
+def named_callback(network: NetworkTerms | None) -> bool:
+    """A governed (``none``) sandbox whose callback is reached by name: Docker must give it its
+    own ``/etc/hosts`` (``NetworkDisabled=false``; still only loopback under ``none``), which
+    the governor extends with that name before the payload runs."""
+    return network is not None and network.mode == "none" and network.callback is not None
+
+
 def managed_hosts(network: NetworkTerms) -> list[str]:
     """``ExtraHosts`` of the managed network: the reference's host aliases, on the bridge's
     gateway (native Linux) or Docker's ``host-gateway`` (Docker Desktop and its kin)."""
@@ -278,7 +285,7 @@ def hardened_body(
         open_stdin=True,
         stdin_once=True,
         tty=False,
-        network_disabled=not routed,
+        network_disabled=not routed and not named_callback(network),
         healthcheck=HealthConfig(test=["NONE"]),
         host_config=host_config,
     )

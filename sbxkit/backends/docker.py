@@ -97,13 +97,7 @@ class DockerBackend:
         take the result without validating it again). A governed network is refused for PTYs
         and stdio workers, whose payload starts with the container, before its listeners."""
         checked = check_spec(spec, self.settings)
-        if consumer in ("pty", "stdio") and governed(checked.spec):
-            raise SpecError(
-                "network",
-                f"a governed network (allow, callback) is not served for {consumer} sandboxes: "
-                "their payload starts with the container, before its listeners exist; use a "
-                "one-shot run or a session",
-            )
+        refuse_ungovernable(checked.spec, consumer)
         if governed(checked.spec):
             gate_command(list(checked.spec.command))  # refuses what the gate cannot exec
         return checked
@@ -122,6 +116,7 @@ class DockerBackend:
         Bad input raises ``SpecError`` before the daemon is contacted.
         """
         checked = check_spec(spec, self.settings, command=command)
+        refuse_ungovernable(checked.spec, consumer)
         async with engine_or_open(self.engine, self.socket_path) as engine:
             plan = await make_plan(
                 engine, checked, gpu_cursor=self.gpu_cursor, body_overrides=body_overrides
@@ -177,6 +172,18 @@ def governed(spec: SandboxSpec) -> bool:
     """The spec asks for listeners its owner must put in place before the payload runs."""
     network = spec.network
     return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
+
+
+def refuse_ungovernable(spec: SandboxSpec, consumer: Consumer) -> None:
+    """A PTY's or a stdio worker's payload starts with its container, before a governed
+    network's listeners could exist: refused, naming the network."""
+    if consumer in ("pty", "stdio") and governed(spec):
+        raise SpecError(
+            "network",
+            f"a governed network (allow, callback) is not served for {consumer} sandboxes: "
+            "their payload starts with the container, before its listeners exist; use a "
+            "one-shot run or a session",
+        )
 
 
 class DockerOptions(TypedDict, total=False):

@@ -126,7 +126,7 @@ class Governor:
                 if callback is not None:
                     handlers.append(partial(_forward, self.context, callback.host, callback.port))
                 served = list(zip(sockets, handlers, strict=True))
-                if callback is not None and not callback.is_ip and callback.host != "localhost":
+                if callback is not None and not callback.is_ip:
                     await add_hosts_entries(process, [callback.host])
             elif callback is not None and terms.gateway is not None:
                 served = [
@@ -187,6 +187,9 @@ def _listen_on(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Two managed sandboxes with one callback share the gateway's port (reachable, as the
+        # reference's gateway binding is, from every container on the network).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)

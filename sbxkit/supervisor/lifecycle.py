@@ -9,6 +9,7 @@ import trio
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.network.governor import Governor
+from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.ownership import carries_lease
 from sbxkit.spec import parse_user
 from sbxkit.supervisor import records as rec
@@ -79,6 +80,8 @@ class Leases(ServiceCore):
             await self.nursery.start(governor.run, engine, live.record.container_id)
         except (SbxError, OSError) as exc:
             log(f"lease {lease}: governed network refused: {exc}")
+            if isinstance(exc, NetworkUnavailable):
+                return exc.reason
             return str(exc.rule if isinstance(exc, SpecError) else exc)
         live.governor = governor
         if live.stop.is_set():

@@ -42,6 +42,7 @@ from sbxkit.policy import (
     PODMAN_ULIMITS,
     SCRATCH_PATH,
     managed_hosts,
+    named_callback,
 )
 from sbxkit.rules import HOST_GATEWAY_ALIAS, check_network
 from sbxkit.spec import parse_user
@@ -270,8 +271,9 @@ def _check_network(
     bridge = mode == "bridge"
     if network is not None and bridge:
         raise _refuse("HostConfig.NetworkMode", "a governed network is NetworkMode none")
-    if body.network_disabled is not (not bridge):
-        raise _refuse("Config.NetworkDisabled", f"must be {str(not bridge).lower()} for {mode}")
+    disabled = not bridge and not named_callback(network)
+    if body.network_disabled is not disabled:
+        raise _refuse("Config.NetworkDisabled", f"must be {str(disabled).lower()} for {mode}")
     extra = host.extra_hosts
     if extra is not None and not (bridge and extra == [HOST_GATEWAY_ALIAS]):
         raise _refuse("HostConfig.ExtraHosts", f"only [{HOST_GATEWAY_ALIAS!r}] under bridge")

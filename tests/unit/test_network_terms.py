@@ -211,7 +211,10 @@ def test_a_governed_body_stays_none_and_a_managed_one_joins_the_network() -> Non
     governed = hardened_body(spec(network=Network(allow=["pypi.org"])), LEASE, network=CALLBACK)
     assert governed.host_config is not None
     assert governed.host_config.network_mode == "none"
-    assert governed.network_disabled is True
+    # a named callback needs Docker's own /etc/hosts (the governor maps the name there)
+    assert governed.network_disabled is False
+    plain = hardened_body(spec(network=Network(allow=["pypi.org"])), LEASE, network=ALLOW)
+    assert plain.network_disabled is True
     assert governed.host_config.extra_hosts is None
     assert governed.host_config.tmpfs is not None
     assert governed.host_config.tmpfs["/run/sbxkit"] == TLS_TMPFS["/run/sbxkit"]
