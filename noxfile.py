@@ -10,16 +10,20 @@ nox.options.default_venv_backend = "venv"
 
 ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
+NETWORK_TIER = "scripts/network-tier"
+NETWORK_TESTS = "tests/network"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite on Docker (provisions the engine first), then the Podman cell: the
-    conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
+    """The whole suite on Docker (provisions the engine first), the network tier in a namespace
+    of its own (docs/network.md), then the Podman cell: the conformance subset on rootful
+    Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
     session.install("-e", ".[test,inspect]")
-    session.run("pytest", "-m", "not podman", *session.posargs)
+    session.run("pytest", "-m", "not podman", f"--ignore={NETWORK_TESTS}", *session.posargs)
+    _network_tier(session)
     rootful = _podman_up(session, {})
     # The rootless service takes its own defaults, whatever the rootful one was given.
     rootless = _podman_up(
@@ -39,7 +43,29 @@ def tests(session: nox.Session) -> None:
     }
     # 5: the posargs selected nothing of the cell (e.g. ./dev test tests/unit).
     session.run(
-        "pytest", "-m", "conformance or podman", *session.posargs, env=env, success_codes=[0, 5]
+        "pytest",
+        "-m",
+        "conformance or podman",
+        f"--ignore={NETWORK_TESTS}",
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5],
+    )
+
+
+def _network_tier(session: nox.Session) -> None:
+    """tests/network inside its own namespace and daemon (scripts/network-tier), unless the
+    posargs select other tests only. 5: the posargs selected nothing of the tier."""
+    paths = [arg for arg in session.posargs if arg.startswith("tests/")]
+    if paths and not any(path.startswith(NETWORK_TESTS) for path in paths):
+        return
+    session.run(
+        "bash",
+        NETWORK_TIER,
+        *session.posargs,
+        external=True,
+        env={"PYTEST": f"{session.bin}/pytest"},
+        success_codes=[0, 5],
     )
 
 

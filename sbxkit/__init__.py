@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from sbxkit.harness import Job, JobError, JobResult, run_many
     from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit.network.audit import Denial
+    from sbxkit.network.netns import NetworkUnavailable
+    from sbxkit.network.terms import CallbackTls, Network
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
@@ -101,6 +104,10 @@ _WHERE: dict[str, str] = {
     "EngineTimeout": "sbxkit.errors",
     "EngineUnavailable": "sbxkit.errors",
     "GpuRequest": "sbxkit.gpu",
+    "Network": "sbxkit.network.terms",
+    "CallbackTls": "sbxkit.network.terms",
+    "Denial": "sbxkit.network.audit",
+    "NetworkUnavailable": "sbxkit.network.netns",
     "GrantError": "sbxkit.broker",
     "GrantResult": "sbxkit.broker",
     "Grants": "sbxkit.broker",
@@ -174,12 +181,14 @@ __all__ = [
     "ArchiveError",
     "Backend",
     "BindMount",
+    "CallbackTls",
     "CapacityExhausted",
     "CheckedSpec",
     "CleanupError",
     "Conflict",
     "ContainerMismatch",
     "Deadlines",
+    "Denial",
     "DockerBackend",
     "Engine",
     "EngineConnectionError",
@@ -200,6 +209,8 @@ __all__ = [
     "JobResult",
     "Limits",
     "MiB",
+    "Network",
+    "NetworkUnavailable",
     "NeverFits",
     "NotFound",
     "OutputGrant",
