@@ -19,6 +19,7 @@ from bench import (
     concurrent_cli,
     exec_latency,
     humaneval,
+    network,
     oneshot,
     pool,
     runtimes,
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         humaneval,
         runtimes,
         pool,
+        network,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

@@ -78,8 +78,9 @@ async def test_a_denied_name_is_refused_logged_and_never_resolved(
     backend: DockerBackend, servers: Servers, dns: DnsWitness
 ) -> None:
     denied, unknown = f"https://{DENIED}/secret", f"https://{UNKNOWN}/x"
+    exfil = "https://c2VjcmV0.exfil.sbxkit.test/"  # in no hosts file: only DNS could answer
     result, got = await fetch(
-        backend, servers, denied, f"http://{DENIED}/", unknown, allow=[ALLOWED, UNKNOWN]
+        backend, servers, denied, f"http://{DENIED}/", unknown, exfil, allow=[ALLOWED, UNKNOWN]
     )
     assert got[denied][0] == "error"
     assert "403" in got[denied][1]
@@ -92,8 +93,9 @@ async def test_a_denied_name_is_refused_logged_and_never_resolved(
     # the allowed name no hosts file knows was looked up (the witness works) ...
     assert UNKNOWN in dns.seen()
     assert any("cannot resolve" in d.reason for d in result.denials)
-    # ... and the denied name never was: a refused name carries nothing out through DNS
-    assert not any(DENIED in query for query in dns.seen())
+    # ... and the denied names never were: a refused name carries nothing out through DNS
+    assert not any("exfil" in query or DENIED in query for query in dns.seen())
+    assert got[exfil][0] == "error"
 
 
 async def test_inside_there_is_no_route_and_no_resolver(
