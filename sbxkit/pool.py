@@ -50,7 +50,7 @@ from sbxkit.plan import CheckedSpec
 from sbxkit.policy import claim_env
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
+from sbxkit.stdin import Prefixed, StdinSource
 from sbxkit.unwrap import plain_errors
 
 __all__ = [
@@ -128,29 +128,8 @@ def parked_spec(spec: SandboxSpec, idle_ttl_s: float, max_timeout_s: float) -> S
     return msgspec.structs.replace(shape_of(spec), command=["sh", "-c", PARK_SCRIPT], limits=limits)
 
 
-class _LineFirst(trio.abc.ReceiveStream):
-    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
-
-    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
-        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
-        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._pending:
-            size = max_bytes or len(self._pending)
-            chunk, self._pending = self._pending[:size], self._pending[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        if self._rest is None:
-            await trio.lowlevel.checkpoint()
-            return b""
-        return await self._rest.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        if self._rest is not None:
-            await self._rest.aclose()
-        else:
-            await trio.lowlevel.checkpoint()
+_LineFirst = Prefixed
+"""The claim line, then the run's own stdin (bytes or a stream), closed with it."""
 
 
 @dataclass(eq=False)

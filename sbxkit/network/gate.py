@@ -16,10 +16,8 @@ reduced to a gate. The image needs ``/bin/sh``, as a pool's does.
 
 from __future__ import annotations
 
-import trio
-
 from sbxkit.errors import SpecError
-from sbxkit.stdin import StdinSource
+from sbxkit.stdin import Prefixed
 
 __all__ = ["GATE_LINE", "GATE_SCRIPT", "Prefixed", "gate_command"]
 
@@ -37,28 +35,3 @@ def gate_command(command: list[str]) -> list[str]:
             "through the shell's exec, which would take a leading '-' for an option",
         )
     return ["sh", "-c", GATE_SCRIPT, *command]
-
-
-class Prefixed(trio.abc.ReceiveStream):
-    """``prefix``, then the run's own stdin (bytes or a stream), closed with it."""
-
-    def __init__(self, prefix: bytes, stdin: StdinSource | None) -> None:
-        self._pending = prefix + (stdin if isinstance(stdin, bytes) else b"")
-        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._pending:
-            size = max_bytes or len(self._pending)
-            chunk, self._pending = self._pending[:size], self._pending[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        if self._rest is None:
-            await trio.lowlevel.checkpoint()
-            return b""
-        return await self._rest.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        if self._rest is not None:
-            await self._rest.aclose()
-        else:
-            await trio.lowlevel.checkpoint()

@@ -93,6 +93,27 @@ class ProxyContext:
         self.record(decision)
         return decision
 
+    def allowed(
+        self,
+        destination: str,
+        kind: Kind,
+        address: IPAddress,
+        counts: list[int],
+        within: bool,
+        rule: str | None = None,
+    ) -> None:
+        """The decision of a connection that went through, once it ended."""
+        self.decide(
+            destination,
+            kind,
+            verdict="allowed",
+            rule=rule,
+            address=str(address),
+            bytes_up=counts[0],
+            bytes_down=counts[1],
+            reason=None if within else "the connection's byte limit ended it",
+        )
+
 
 _PHRASES = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
 
@@ -244,16 +265,7 @@ async def _connect(
             raise _Denied(0, "the connection's byte limit", destination)
         await upstream.send_all(hello)
         within = await _splice(stream, upstream, ctx.max_connection_bytes, counts)
-    ctx.decide(
-        destination_text(destination),
-        "connect",
-        verdict="allowed",
-        rule=rule,
-        address=str(address),
-        bytes_up=counts[0],
-        bytes_down=counts[1],
-        reason=None if within else "the connection's byte limit ended it",
-    )
+    ctx.allowed(destination_text(destination), "connect", address, counts, within, rule)
 
 
 async def _http(
@@ -309,16 +321,7 @@ async def _http(
                 within = False
                 break
             await stream.send_all(reply)
-    ctx.decide(
-        destination_text(destination),
-        "http",
-        verdict="allowed",
-        rule=rule,
-        address=str(address),
-        bytes_up=counts[0],
-        bytes_down=counts[1],
-        reason=None if within else "the connection's byte limit ended it",
-    )
+    ctx.allowed(destination_text(destination), "http", address, counts, within, rule)
 
 
 async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None:
@@ -397,15 +400,7 @@ async def _forward(
     counts = [0, 0]
     async with upstream:
         within = await _splice(stream, upstream, ctx.max_connection_bytes, counts)
-    ctx.decide(
-        where,
-        "callback",
-        verdict="allowed",
-        address=str(address),
-        bytes_up=counts[0],
-        bytes_down=counts[1],
-        reason=None if within else "the connection's byte limit ended it",
-    )
+    ctx.allowed(where, "callback", address, counts, within)
 
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
