@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 import trio
 
@@ -17,9 +18,11 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
 from sbxkit.network.terms import Network
+from sbxkit.plan import make_plan
 from sbxkit.settings import Settings
+from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
 from tests.network.servers import ALLOWED, Servers
-from tests.supervision import private_state_dir, running_supervisor
+from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
 from tests.witness import PYTHON, Witness
 
 LOOP = r"""
@@ -140,3 +143,42 @@ async def test_production_refuses_the_managed_network(
         await production.run_once(spec)
     assert witness.events(began, time.time() + 1, type=["container"], event=["create"]) == []
     assert {n["Name"] for n in witness.get("/networks")} == {"host", "none"}
+
+
+async def test_the_supervisor_refuses_a_body_that_points_the_proxy_elsewhere(
+    engine: Engine, supervisor: SupervisorProcess, witness: Witness
+) -> None:
+    """The supervisor re-checks a governed body against the terms it registers (a raw client
+    on its socket could send anything): the owned variables must be exactly sbxkit's."""
+    backend = DockerBackend(
+        engine=engine, settings=Settings(supervisor_state_dir=str(supervisor.state_dir))
+    )
+    spec = sbxkit.SandboxSpec(
+        image=PYTHON,
+        command=["true"],
+        limits=sbxkit.Limits(
+            cpus=1, memory_bytes=64 * sbxkit.MiB, pids=16, output_bytes=64, timeout_s=9
+        ),
+        network=Network(allow=[f"{ALLOWED}:443"]),
+    )
+    plan = await make_plan(engine, backend.check(spec, "run"))
+    assert plan.network is not None
+    env = [
+        "HTTPS_PROXY=http://198.51.100.10:3128" if item.startswith("HTTPS_PROXY=") else item
+        for item in plan.body.env or []
+    ]
+    hostile = msgspec.structs.replace(plan.body, env=env)
+    owner = SupervisedOwner(engine, state_dir=supervisor.state_dir)
+    began = time.time()
+    with pytest.raises(SupervisorError) as info:
+        await owner.create(plan.lease, plan.name, hostile, lifetime_s=60, network=plan.network)
+    assert info.value.code == "policy"
+    assert "variables are not sbxkit's" in info.value.reason
+    await owner.remove(plan.lease, plan.name, None)
+    # the body policy built passes, so the refusal above was the change
+    container_id = await owner.create(
+        plan.lease, plan.name, plan.body, lifetime_s=60, network=plan.network
+    )
+    await owner.remove(plan.lease, plan.name, container_id)
+    creates = witness.events(began, time.time() + 1, type=["container"], event=["create"])
+    assert len(creates) == 1
