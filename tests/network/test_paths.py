@@ -160,6 +160,27 @@ async def test_a_pool_held_by_the_supervisor_parks_governed_containers(
     await backend.end(other)
 
 
+async def test_a_session_claimed_from_the_supervisors_pool_is_governed(
+    engine: Engine, supervisor: SupervisorProcess, servers: Servers, witness: Witness
+) -> None:
+    backend = PooledBackend(
+        pool=HeldPool(size=1, refill=False),
+        engine=engine,
+        settings=Settings(supervisor_state_dir=str(supervisor.state_dir)),
+        recover_at_open=False,
+    )
+    spec = msgspec.structs.replace(agent_spec(servers), env={})  # a session with env goes cold
+    assert await backend.warm(spec) == 1
+    (parked,) = witness.sbxkit_containers()
+    async with sbxkit.open_sandbox(spec, backend=backend) as sandbox:
+        assert sandbox.container_id == parked["Id"]  # claimed, not cold
+        result = await sandbox.exec(list(spec.command), env={"TEST_CA": servers.ca_pem})
+        assert result.ok, result.stderr
+        assert_agent_run(result.stdout, servers)
+        assert [d.destination for d in await sandbox.denials()] == [f"{DENIED}:443"]
+    await backend.end(spec)
+
+
 async def test_a_session_has_its_listeners_before_the_first_exec(
     backend: DockerBackend, servers: Servers
 ) -> None:
