@@ -190,6 +190,11 @@ async def test_a_session_has_its_listeners_before_the_first_exec(
         assert result.ok, result.stderr
         assert_agent_run(result.stdout, servers)
         assert [d.destination for d in await sandbox.denials()] == [f"{DENIED}:443"]
+        # an exec's env cannot point the proxy elsewhere either
+        show = ["sh", "-c", 'echo "$HTTPS_PROXY $SBXKIT_ENDPOINT"']
+        hostile = {"HTTPS_PROXY": "http://198.51.100.10:3128", "SBXKIT_ENDPOINT": "http://x:1"}
+        shown = await sandbox.exec(show, env=hostile)
+        assert shown.stdout == b"http://127.0.0.1:3128 \n"
 
 
 async def test_ptys_and_stdio_workers_are_refused_before_anything_exists(
