@@ -66,6 +66,17 @@ async def test_sbxkit_run_agent_style(servers: Servers) -> None:
     ]
 
 
+async def test_a_run_with_files_carries_its_denials(servers: Servers) -> None:
+    """``sbxkit.run(files=...)`` is a short session: its result carries the session's denials."""
+    spec = msgspec.structs.replace(
+        agent_spec(servers), command=["python3", "/tmp/fetch.py", GOOD, BAD]
+    )
+    result = await sbxkit.run(spec, files={"fetch.py": FETCH.encode()})
+    assert result.ok, result.stderr
+    assert_agent_run(result.stdout, servers)
+    assert [d.destination for d in result.denials] == [f"{DENIED}:443"]
+
+
 def test_the_command_line_agent_style(servers: Servers) -> None:
     proc = subprocess.run(
         [
