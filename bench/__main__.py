@@ -59,7 +59,7 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 def _parser(bench: Benchmark) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"python -m bench {bench.name}", description=bench.summary
+        allow_abbrev=False, prog=f"python -m bench {bench.name}", description=bench.summary
     )
     bench.add_arguments(parser)
     return parser

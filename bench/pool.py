@@ -48,8 +48,8 @@ from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket, percentile
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import open_engine
-from sbxkit.held_pool import HeldPool, PooledBackend
 from sbxkit.pool import Pool, open_pool
+from sbxkit.pool.held import HeldPool, PooledBackend
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.settings import Settings

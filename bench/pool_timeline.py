@@ -146,7 +146,7 @@ def timed(points: dict[str, float], name: str, call: Callable[..., Awaitable[T]]
 
 
 async def one_claim(pool: Pool, spec: SandboxSpec, exits: TaskExits | None) -> dict[str, float]:
-    slot = pool._ready[0]  # the one pool.run takes next (no refill, claims one at a time)
+    slot = pool.parking.ready[0]  # the one pool.run takes next (no refill, claims one at a time)
     points: dict[str, float] = {}
     receive = slot.attach.receive_some
 
@@ -257,7 +257,9 @@ def exit_share(timelines: list[dict[str, float]]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pool_timeline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m bench.pool_timeline", description=__doc__
+    )
     parser.add_argument("--claims", type=int, default=20, help="per runtime")
     parser.add_argument("--socket", default=default_socket())
     parser.add_argument("--image", default=default_busybox())

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit.archive import ArchiveError
+    from sbxkit.archive import ArchiveError, SandboxFileNotFound
     from sbxkit.backends.base import Backend, open_backend
     from sbxkit.backends.docker import DockerBackend
     from sbxkit.broker import (
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     )
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
-    from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit.network.audit import Denial
     from sbxkit.network.netns import NetworkUnavailable
@@ -59,13 +58,14 @@ if TYPE_CHECKING:
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
     from sbxkit.policy import LEASE_LABEL, build_create_body
-    from sbxkit.pool import Pool, open_pool
+    from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+    from sbxkit.pool.inprocess import Pool, open_pool
+    from sbxkit.pool.shapes import PoolPerShape
     from sbxkit.profile import apply_profile, load_profile
     from sbxkit.pty import PtySession, open_pty
     from sbxkit.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
     from sbxkit.settings import Settings
-    from sbxkit.shape_pools import PoolPerShape
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
     from sbxkit.supervisor.client import (
@@ -74,16 +74,17 @@ if TYPE_CHECKING:
         SupervisedOwner,
         SupervisorError,
     )
+    from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
 _WHERE: dict[str, str] = {
-    "open_pool": "sbxkit.pool",
-    "Pool": "sbxkit.pool",
-    "HeldPool": "sbxkit.held_pool",
-    "PooledBackend": "sbxkit.held_pool",
-    "PoolUnavailable": "sbxkit.held_pool",
-    "PoolPerShape": "sbxkit.shape_pools",
+    "open_pool": "sbxkit.pool.inprocess",
+    "Pool": "sbxkit.pool.inprocess",
+    "HeldPool": "sbxkit.pool.held",
+    "PooledBackend": "sbxkit.pool.held",
+    "PoolUnavailable": "sbxkit.pool.held",
+    "PoolPerShape": "sbxkit.pool.shapes",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -91,6 +92,7 @@ _WHERE: dict[str, str] = {
     "Backend": "sbxkit.backends.base",
     "AdmissionTimeout": "sbxkit.supervisor.client",
     "ArchiveError": "sbxkit.archive",
+    "SandboxFileNotFound": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
     "CapacityExhausted": "sbxkit.supervisor.client",
     "CleanupError": "sbxkit.errors",
@@ -120,6 +122,9 @@ _WHERE: dict[str, str] = {
     "LEASE_LABEL": "sbxkit.policy",
     "Limits": "sbxkit.spec",
     "MiB": "sbxkit.spec",
+    "KiB": "sbxkit.units",
+    "GiB": "sbxkit.units",
+    "parse_duration": "sbxkit.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
     "OutputGrant": "sbxkit.broker",
@@ -196,6 +201,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GiB",
     "GpuRequest",
     "GrantError",
     "GrantResult",
@@ -207,6 +213,7 @@ __all__ = [
     "Job",
     "JobError",
     "JobResult",
+    "KiB",
     "Limits",
     "MiB",
     "Network",
@@ -226,6 +233,7 @@ __all__ = [
     "Sandbox",
     "SandboxExit",
     "SandboxExpired",
+    "SandboxFileNotFound",
     "SandboxSpec",
     "SandboxUnusable",
     "SbxError",
@@ -250,6 +258,7 @@ __all__ = [
     "open_pty",
     "open_sandbox",
     "open_stdio_worker",
+    "parse_duration",
     "parse_size",
     "run",
     "run_many",

@@ -18,7 +18,7 @@ from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError
 from sbxkit.network.audit import Denial
-from sbxkit.outcome import Verdict, judge_exit
+from sbxkit.outcome import Verdict
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.result import PhaseTimings, RunResult, Status, Stream
@@ -76,7 +76,6 @@ async def run_attached(
     box: OwnedContainer, stdin: StdinSource | None, on_output: OutputCallback | None = None
 ) -> Ran:
     """Run the box's command once; the time limit starts when the container has started."""
-    engine, container_id = box.engine, box.container_id
     clock = trio.current_time
     t_start = clock()
     async with attached(box) as (attach, waiter):
@@ -88,7 +87,7 @@ async def run_attached(
         # Only a payload that really exited has an exit code; after an overflow or a
         # timeout the code (if any) is sbxkit's kill, not the payload's answer.
         exit_code = outcome.exit_code
-        verdict = await judge_exit(engine, container_id, exit_code)
+        verdict = await box.judge(exit_code)
     return Ran(
         verdict=verdict,
         exit_code=exit_code,

@@ -44,10 +44,10 @@ from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SpecError
 from sbxkit.owner import Owner
 from sbxkit.plan import CheckedSpec
-from sbxkit.pool import Pool
+from sbxkit.pool.inprocess import Pool
+from sbxkit.pool.shapes import PoolPerShape, open_shape_pools
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
-from sbxkit.shape_pools import PoolPerShape, open_shape_pools
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import CapacityExhausted
 from sbxkit.unwrap import plain_async

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -105,8 +105,17 @@ def classify_exit(oom_flag: bool, exit_code: int | None, events: Sequence[Event]
 _SIGNALS = {int(s) for s in signal.Signals}
 
 
+OwnerReason = Callable[[], Awaitable[str | None]]
+"""Why the owner itself ended the container (``Owner.ended_by_owner``), if it did."""
+
+
 async def judge_exit(
-    engine: Engine, container_id: str, exit_code: int | None, *, since: float | None = None
+    engine: Engine,
+    container_id: str,
+    exit_code: int | None,
+    *,
+    since: float | None = None,
+    ended_by_owner: OwnerReason | None = None,
 ) -> Verdict:
     """Inspect the container and, for a signal exit without the flag, read the daemon's
     ``oom`` and ``kill`` events for it.
@@ -121,8 +130,13 @@ async def judge_exit(
     if since is None:
         since = (docker_time(state.started_at) or time.time() - 24 * 3600) - EVENT_MARGIN_S
     events: list[Event] = []
+    signalled = exit_code is not None and exit_code > SIGNAL_EXIT_BASE
+    if signalled and not oom_flag and ended_by_owner is not None:
+        reason = await ended_by_owner()
+        if reason is not None:  # sbxkit's own removal, never someone else's kill
+            return Verdict(status="timed_out", kill_evidence=f"sbxkit's own removal: {reason}")
     # An exit of its own (<= 128) stands: only a signal exit is worth the events call.
-    if not oom_flag and exit_code is not None and exit_code > SIGNAL_EXIT_BASE:
+    if not oom_flag and signalled:
         events = await engine.events_between(
             since,
             time.time(),

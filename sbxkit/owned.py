@@ -143,6 +143,16 @@ class OwnedContainer:
     def output_bytes(self) -> int:
         return self.plan.output_bytes
 
+    async def judge(self, exit_code: int | None) -> Verdict:
+        """How the container's main process ended, on the evidence (``judge_exit``); a
+        removal its owner decided is sbxkit's, never someone else's kill."""
+        return await judge_exit(
+            self.engine,
+            self.container_id,
+            exit_code,
+            ended_by_owner=lambda: self._owner.ended_by_owner(self.lease),
+        )
+
     async def kill(self) -> None:
         """SIGKILL the container; one that is already stopped or gone is fine."""
         with contextlib.suppress(NotFound, Conflict):
@@ -242,7 +252,7 @@ class ContainerProcess:
         if reply.error is not None and reply.error.message:
             raise EngineError("POST", "wait", 500, reply.error.message)
         code = reply.status_code
-        verdict = await judge_exit(self.box.engine, self.box.container_id, code)
+        verdict = await self.box.judge(code)
         self._result = (verdict, code if verdict.status == "exited" else None)
         return self._result
 

@@ -63,6 +63,12 @@ class Owner(Protocol):
         """How long the lease waited for admission before its create (0 when it fitted)."""
         ...
 
+    async def ended_by_owner(self, lease: str) -> str | None:
+        """Why the owner itself ended the lease's container (the supervisor's lifetime
+        deadline), if it did; None otherwise. Asked only of a signal exit: a removal sbxkit
+        decided is never reported as someone else's kill."""
+        ...
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         """Remove the lease's container (by id, or by name and lease label if the id is unknown).
 
@@ -247,6 +253,10 @@ class InProcessOwner:
 
     def queued_s(self, lease: str) -> float:
         return self._queued.get(lease, 0.0)
+
+    async def ended_by_owner(self, lease: str) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return None  # it has no life of its own: it never ends a container unasked
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)

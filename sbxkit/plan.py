@@ -72,6 +72,8 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     podman: bool = False
     network: NetworkTerms | None = None
     """What the lease's owner governs (sbxkit/network/): None when nothing is."""
+    image_env: dict[str, str] = msgspec.field(default_factory=dict)
+    """The image's own environment (``Config.Env``): what its containers start with."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +93,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     podman: bool = False
     network: NetworkTerms | None = None
     """The governed network's terms, carried out by the owner once the container started."""
+    image_env: dict[str, str] = msgspec.field(default_factory=dict)
+    """The image's own environment (``DaemonFacts.image_env``)."""
 
 
 def new_lease_id() -> str:
@@ -148,8 +152,8 @@ def check_spec(
     return CheckedSpec(spec=spec, settings=settings)
 
 
-async def check_image(engine: Engine, image: str) -> None:
-    """The image must exist locally (never pulled) and declare no volumes."""
+async def check_image(engine: Engine, image: str) -> dict[str, str]:
+    """The image must exist locally (never pulled) and declare no volumes; its environment."""
     try:
         inspected = await engine.image_inspect(image)
     except NotFound:
@@ -163,16 +167,24 @@ async def check_image(engine: Engine, image: str) -> None:
             "declares VOLUME " + ", ".join(sorted(volumes)) + "; anonymous "
             "volumes bypass the sandbox's writable-storage limits",
         )
+    pairs = (inspected.config.env if inspected.config else None) or []
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
 async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor) -> DaemonFacts:
     """What only the daemon can judge, before any container exists: the image (present, no
     VOLUME), the mounts, the runtime and GPUs."""
-    await check_image(engine, checked.spec.image)
+    image_env = await check_image(engine, checked.spec.image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)
-    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman, network=network)
+    return DaemonFacts(
+        mounts=mounts,
+        daemon=daemon,
+        podman=engine.is_podman,
+        image_env=image_env,
+        network=network,
+    )
 
 
 def build_plan(
@@ -214,6 +226,7 @@ def build_plan(
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
         podman=facts.podman,
         network=facts.network,
+        image_env=facts.image_env,
     )
 
 

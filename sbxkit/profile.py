@@ -20,10 +20,10 @@
 
     [sandbox.docker.limits]
     cpus = 1
-    memory = "256m"               # sizes: "256m", "1g", "512KiB" or a byte count
+    memory = "256m"               # sizes: "256m", "1.5g", "512KiB" or a byte count
     pids = 128
     max_output = "1m"
-    timeout = 30
+    timeout = 30                  # durations: seconds, or "500ms", "30s", "5m", "1h"
     fsize = "64m"
     scratch = "64m"
     shm = "64m"                   # /dev/shm
@@ -95,7 +95,6 @@ from sbxkit.spec import (
     Limits,
     SandboxSpec,
     check_limit,
-    parse_size,
     parse_user,
     spec_error_from,
     validate_image,
@@ -104,6 +103,7 @@ from sbxkit.spec import (
     validate_workdir,
 )
 from sbxkit.textcheck import check_utf8
+from sbxkit.units import parse_duration, parse_size
 
 ROOT = "sandbox.docker"
 SBX_ROOT = "sandbox.sbx"
@@ -112,7 +112,8 @@ MAX_PROFILE_BYTES = 1024 * 1024
 
 
 class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """``[sandbox.docker.limits]``: CLI-style names; sizes as strings ("256m") or byte counts."""
+    """``[sandbox.docker.limits]``: CLI-style names; sizes as strings ("256m") or byte counts,
+    the timeout in seconds or as a string ("5m", read before decoding: ``read_durations``)."""
 
     cpus: float | None = None
     memory: int | str | None = None
@@ -325,8 +326,29 @@ def decode_profile(text: str | bytes, source: str = "profile") -> Profile:
     return profile_from_dict(data)
 
 
+DURATIONS = (("limits", "timeout"), ("pool", "idle_ttl"), ("pool", "max_timeout"))
+"""``[sandbox.docker]`` keys that are durations: seconds, or ``"5m"``, ``"500ms"`` (units.py)."""
+
+
+def read_durations(data: object) -> object:
+    """``data`` with each duration of ``DURATIONS`` given as a string read into seconds (under
+    its TOML path in an error); anything else is left for the profile's decoding to judge."""
+    sandbox = data.get("sandbox") if isinstance(data, dict) else None
+    docker = sandbox.get("docker") if isinstance(sandbox, dict) else None
+    if not (isinstance(data, dict) and isinstance(sandbox, dict) and isinstance(docker, dict)):
+        return data
+    tables = {**docker}
+    for table, key in DURATIONS:
+        section = tables.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            seconds = parse_duration(section[key], f"{ROOT}.{table}.{key}")
+            tables[table] = {**section, key: seconds}
+    return {**data, "sandbox": {**sandbox, "docker": tables}}
+
+
 def profile_from_dict(data: object) -> Profile:
     """Convert decoded TOML data to a validated Profile; every refusal is a SpecError."""
+    data = read_durations(data)
     try:
         profile = msgspec.convert(data, Profile)
     except msgspec.ValidationError as error:

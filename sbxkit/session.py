@@ -47,6 +47,7 @@ from sbxkit.archive import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
     ArchiveError,
+    SandboxFileNotFound,
     build_tar,
     check_root,
     confine,
@@ -69,7 +70,7 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
-from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, PUT_SCRIPT, RUN_SCRIPT
+from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, MISSING_STATUS, PUT_SCRIPT, RUN_SCRIPT
 from sbxkit.network.audit import Denial
 from sbxkit.network.terms import spec_owned_keys
 from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
@@ -443,10 +444,21 @@ class Sandbox(OwnedView):
         )
         if result.status == "output_exceeded" and result.overflowed == "stdout":
             raise ArchiveError("*", f"more than {max_bytes} bytes of file content")
+        _check_missing(result, wanted, self.files_root)
         _check_transfer(result, self.files_root, "reading")
         found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
         expect_exactly(found, wanted.values())
         return {path: found[clean] for path, clean in wanted.items()}
+
+
+def _check_missing(result: RunResult, wanted: Mapping[str, str], root: str) -> None:
+    """``GET_SCRIPT`` said a file is not there: ``SandboxFileNotFound`` naming it as given."""
+    if result.status != "exited" or result.exit_code != MISSING_STATUS:
+        return
+    said = result.stderr.decode("utf-8", "replace").splitlines()
+    for path, clean in wanted.items():
+        if said and said[0] == "./" + clean:
+            raise SandboxFileNotFound(path, f"{root.rstrip('/')}/{clean}")
 
 
 def _check_transfer(result: RunResult, where: str, doing: str) -> None:
@@ -533,4 +545,5 @@ async def open_sandbox(
         finally:
             sandbox._unusable = "the sandbox was closed"
         if scope.cancelled_caught:
-            raise SandboxExpired(box.lease, box.container_id, box.timeout_s)
+            # from None: the deadline's trio.Cancelled is how, not what; it is no cause to show
+            raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None

@@ -32,10 +32,13 @@ from sbxkit.rules import (
 )
 from sbxkit.settings import Settings
 from sbxkit.textcheck import check_utf8
+from sbxkit.units import GiB, KiB, MiB, parse_size
 
 __all__ = [
     "LEASE_LABEL",
+    "GiB",
     "GpuRequest",
+    "KiB",
     "Limits",
     "MiB",
     "Network",
@@ -46,8 +49,6 @@ __all__ = [
     "validate_command",
     "validate_spec",
 ]
-
-MiB = 1024 * 1024
 
 INT64_MAX = 2**63 - 1
 """Docker stores byte counts as int64; larger values overflow in the daemon."""
@@ -85,6 +86,10 @@ including the daemon's own prefix, and its error leaked that prefix)."""
 MAX_NAME_BYTES = 255
 """NAME_MAX: the longest single path component."""
 
+MAX_ARG_BYTES = 128 * 1024 - 1
+"""One argument: Linux's MAX_ARG_STRLEN (128 KiB, the NUL included); longer never execs."""
+MAX_COMMAND_BYTES = 1024 * 1024
+"""The whole command (UTF-8, each argument's NUL included): the same bound on every path."""
 KERNEL_DIRS = ("/dev", "/proc", "/sys")
 """Mounted by the runtime over the image: device nodes and kernel files, never a workdir
 (runc refuses ``/dev/null``, ``/proc/x`` and ``/sys/x`` only after create)."""
@@ -98,24 +103,6 @@ _ROOT = "root users are refused"
 
 _USER_RE = re.compile(r"([0-9]+):([0-9]+)")
 _RUNTIME_RE = re.compile(r"[A-Za-z0-9._-]+")
-_SIZE_RE = re.compile(r"([0-9]+)([a-z]*)")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "kib": 1024,
-    "m": MiB,
-    "mb": MiB,
-    "mib": MiB,
-    "g": 1024 * MiB,
-    "gb": 1024 * MiB,
-    "gib": 1024 * MiB,
-}
-"""Binary units, as Docker's own CLI reads them: ``64mb`` is 64 MiB there (``docker run
---memory 64mb``), so it is here too."""
-_MAX_SIZE_DIGITS = 19
-"""INT64_MAX has 19 digits; longer inputs are refused before int() sees them."""
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -248,39 +235,6 @@ def parse_user(user: str, field: str = "user") -> tuple[int, int]:
     return ids[0], ids[1]
 
 
-def parse_size(text: str, field: str) -> int:
-    """Parse a byte size such as "256m", "64MB", "1g", "512KiB" or "1024" (bytes).
-
-    Every unit is binary, as in Docker's CLI (``mb`` is MiB there too). Fractions and
-    exponents are refused rather than rounded: a rounded limit is not the one the user wrote.
-    """
-    if not isinstance(text, str):
-        raise SpecError(field, "size must be a string such as '256m'")
-    cleaned = text.strip().lower()
-    if not cleaned:
-        raise SpecError(field, "size is empty")
-    if cleaned.startswith("-"):
-        raise SpecError(field, f"negative sizes are refused: {text!r}")
-    match = _SIZE_RE.fullmatch(cleaned)
-    if match is None:
-        raise SpecError(
-            field,
-            f"not a size: {text!r} (use whole numbers with b, k, m, g, kb, mb, gb, kib, mib "
-            "or gib)",
-        )
-    digits, unit = match.groups()
-    if unit not in _SIZE_UNITS:
-        raise SpecError(
-            field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kb, mb, gb, kib, mib, gib)"
-        )
-    if len(digits.lstrip("0")) > _MAX_SIZE_DIGITS:
-        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
-    size = int(digits) * _SIZE_UNITS[unit]
-    if size > INT64_MAX:
-        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
-    return size
-
-
 # --- validation --------------------------------------------------------------------------------
 
 
@@ -347,6 +301,19 @@ def validate_command(command: object) -> None:
             raise SpecError(field, "must not contain NUL")
     if command[0] == "":
         raise SpecError("command[0]", "the program name must not be empty")
+    sizes = [len(arg.encode("utf-8", "surrogatepass")) for arg in command]
+    for index, size in enumerate(sizes):
+        if size > MAX_ARG_BYTES:
+            raise SpecError(
+                f"command[{index}]",
+                f"{size} bytes; one argument holds at most {MAX_ARG_BYTES} (Linux's limit)",
+            )
+    if sum(sizes) + len(sizes) > MAX_COMMAND_BYTES:
+        raise SpecError(
+            "command",
+            f"{sum(sizes) + len(sizes)} bytes in all; at most {MAX_COMMAND_BYTES} "
+            "(pass large inputs as files or stdin)",
+        )
 
 
 def validate_env(env: object, field: str = "env") -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.errors import SpecError
-from sbxkit.held_pool import HeldPool, PooledBackend
+from sbxkit.pool.held import HeldPool, PooledBackend
 from sbxkit.profile import PoolOptions, Profile, sandbox_options
 from sbxkit.settings import Settings
 from sbxkit.supervisor.client import QueueObserver

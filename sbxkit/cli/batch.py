@@ -79,9 +79,9 @@ from sbxkit.cli.results import (
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
 from sbxkit.plan import check_spec
+from sbxkit.pool.shapes import PoolPerShape
 from sbxkit.profile import PoolOptions, Profile, load_profile
 from sbxkit.settings import Settings
-from sbxkit.shape_pools import PoolPerShape
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
 
@@ -110,6 +110,17 @@ DEFAULT_PARALLEL = 4
 MAX_JOBS_BYTES = 256 * 1024 * 1024
 """Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
+DESCRIPTION = (
+    "Run a JSONL file of jobs in parallel, one result line per job appended to RESULTS; ids "
+    "already there are skipped, so the same command resumes."
+)
+EPILOG = (
+    "exit status: 0 every job ran (whatever its payload did: read each line's status and "
+    "exit_code); 1 some job could not run (its line is an error; --retry-errors re-runs it); "
+    "2 refused input, before anything runs; 69 engine unavailable; 74 a sandbox's removal "
+    "failed; 128+N interrupted by signal N"
+)
+"""``--help``'s own words: the module doc is reStructuredText, not terminal text."""
 
 
 class JobsFileError(SpecError):
@@ -269,7 +280,8 @@ def add_batch_parser(
     parser = subparsers.add_parser(
         "batch",
         help="run a JSONL file of jobs in parallel, one result line per job (resumable)",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=DESCRIPTION,
+        epilog=EPILOG,
     )
     configure(parser)
     parser.set_defaults(handler=cmd_batch)
@@ -427,7 +439,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m sbxkit.cli.batch`` (the same as ``sbxkit batch``)."""
     parser = argparse.ArgumentParser(
-        prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
+        allow_abbrev=False, prog="sbxkit batch", description=DESCRIPTION, epilog=EPILOG
     )
     configure(parser)
     exit_with(cmd_batch, parser.parse_args(argv))

@@ -225,6 +225,7 @@ class VolumeReply(Reply):
 
 class ImageConfig(Reply):
     volumes: dict[str, object] | None = None
+    env: list[str] | None = None
     user: str = ""
     cmd: list[str] | None = None
     entrypoint: list[str] | None = None

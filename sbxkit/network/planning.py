@@ -135,7 +135,7 @@ async def plan_network(
         if network != "managed":
             return None
         network = Network(mode="managed")
-    callback, allow = check_network_spec(network)
+    callback, allow, max_connection_bytes = check_network_spec(network)
     managed = network.mode == "managed"
     if not managed and not allow and callback is None:
         return None
@@ -168,7 +168,7 @@ async def plan_network(
         callback=callback,
         tls=tls,
         max_connections=network.max_connections,
-        max_connection_bytes=network.max_connection_bytes,
+        max_connection_bytes=max_connection_bytes,
         audit_log=settings.network_audit_log,
         gateway=gateway,
         network_name=network_name,

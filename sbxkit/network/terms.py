@@ -17,7 +17,7 @@ sandbox gets for them: owned keys no spec or profile value can override (docs/ne
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -25,6 +25,7 @@ from sbxkit.errors import SpecError
 from sbxkit.network.allow import entry_text, parse_allow_list
 from sbxkit.network.names import parse_host, parse_port
 from sbxkit.predicates import has_control
+from sbxkit.units import parse_size
 
 __all__ = [
     "CALLBACK_ALIAS",
@@ -92,8 +93,9 @@ class Network(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     tls: CallbackTls | None = None
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Connections the sandbox may hold open through its listeners at once."""
-    max_connection_bytes: int = DEFAULT_MAX_CONNECTION_BYTES
-    """Bytes one connection may carry (both directions together)."""
+    max_connection_bytes: int | str = DEFAULT_MAX_CONNECTION_BYTES
+    """Bytes one connection may carry (both directions together): a count or a size such as
+    ``"4g"`` (sbxkit/units.py)."""
 
 
 class CallbackTerms(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -216,8 +218,15 @@ def _check_tls(network: Network, callback: CallbackTerms | None) -> None:
             raise SpecError(where, "must not contain control characters or '..'")
 
 
-def check_network_spec(network: Network) -> tuple[CallbackTerms | None, list[str]]:
-    """Validate a network table; the parsed callback and the canonical allow entries."""
+class CheckedNetwork(NamedTuple):
+    callback: CallbackTerms | None
+    allow: list[str]
+    """Canonical allow entries."""
+    max_connection_bytes: int
+
+
+def check_network_spec(network: Network) -> CheckedNetwork:
+    """Validate a network table; the parsed callback, allow entries and byte bound."""
     if network.mode not in ("none", "managed"):
         raise SpecError("network.mode", "must be 'none' (governed) or 'managed'")
     entries = [entry_text(entry) for entry in parse_allow_list(network.allow)]
@@ -229,14 +238,17 @@ def check_network_spec(network: Network) -> tuple[CallbackTerms | None, list[str
         )
     callback = None if network.callback is None else parse_callback(network.callback)
     _check_tls(network, callback)
+    size = network.max_connection_bytes
+    if isinstance(size, str):
+        size = parse_size(size, "network.max_connection_bytes")
     limits = (
         ("network.max_connections", network.max_connections, MAX_CONNECTIONS),
-        ("network.max_connection_bytes", network.max_connection_bytes, MAX_CONNECTION_BYTES),
+        ("network.max_connection_bytes", size, MAX_CONNECTION_BYTES),
     )
     for field, value, ceiling in limits:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
             raise SpecError(field, f"must be an integer from 1 to {ceiling}")
-    return callback, entries
+    return CheckedNetwork(callback, entries, size)
 
 
 def owned_keys(terms: NetworkTerms | None) -> frozenset[str]:

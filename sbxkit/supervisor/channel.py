@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from collections import deque
 
 import trio
@@ -29,6 +30,17 @@ class FrameChannel:
                 return None
             self._pending.extend(self._reader.feed(data))
         return self._pending.popleft()
+
+    def has_input(self) -> bool:
+        """A frame (or part of one) is here to read now, without waiting."""
+        if self._pending:
+            return True
+        readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
+        return bool(readable)
+
+    def unread(self, payload: bytes) -> None:
+        """Put a received frame back: the next ``receive_payload`` returns it first."""
+        self._pending.appendleft(payload)
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)

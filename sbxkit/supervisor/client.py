@@ -48,6 +48,7 @@ from sbxkit.supervisor.wire import (
     Closed,
     Created,
     Denials,
+    Expiring,
     Failed,
     Govern,
     Governed,
@@ -341,6 +342,7 @@ class SupervisedOwner:
         self._sessions: dict[str, _Session] = {}
         self._queued: dict[str, float] = {}
         self._ended: dict[str, ServerMessage] = {}
+        self._expiring: dict[str, str] = {}
         """A lease's Closed or Orphaned read while waiting for another answer (its close
         reads it here instead of waiting for a second one)."""
 
@@ -387,6 +389,8 @@ class SupervisedOwner:
             if isinstance(reply, Closed | Orphaned):
                 self._ended[lease] = reply
                 raise NetworkUnavailable(f"the lease ended: {type(reply).__name__}")
+            if isinstance(reply, Expiring):
+                self._expiring[lease] = reply.reason  # for ended_by_owner
             # a late Created/Failed of a create already answered: keep reading
 
     async def govern(
@@ -480,6 +484,29 @@ class SupervisedOwner:
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
         return self._queued.get(lease, 0.0)
+
+    async def ended_by_owner(self, lease: str) -> str | None:
+        """The supervisor's ``Expiring`` reason, if it ended the lease's container itself. It
+        sends that before the removal's kill, so after the kill it is already here to read;
+        any other message is left for ``remove``."""
+        session = self._sessions.get(lease)
+        await trio.lowlevel.checkpoint()
+        if lease in self._expiring:  # read while a governed network's answer was awaited
+            return self._expiring.pop(lease)
+        if session is None or not session.has_input():
+            return None
+        with trio.move_on_after(REPLY_TIMEOUT_S):
+            payload = await session.receive_payload()
+            if payload is None:
+                return None
+            try:
+                message = decode_server(payload)
+            except SbxError:
+                return None
+            if isinstance(message, Expiring):
+                return message.reason
+            session.unread(payload)
+        return None
 
     async def release(self, lease: str) -> None:
         """Hand the lease back without waiting for the verdict: the supervisor removes the

@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 
 from sbxkit.argtypes import positive_float, positive_int
+from sbxkit.errors import SpecError
+from sbxkit.units import parse_duration, parse_size
 
 ADMISSION_TIMEOUT_S = 3600.0
 """How long a request may wait for capacity by default: a batch of thousands at any sane
@@ -52,10 +54,34 @@ def launch_bound(capacity: Capacity, ncpu: int) -> int:
     return max(2, 2 * ncpu)
 
 
+def size_bytes(text: str) -> int:
+    """A size flag (``8g``, ``512MiB``, bytes when bare), read as every sbxkit size is."""
+    try:
+        value = parse_size(text, "size")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def duration_s(text: str) -> float:
+    """A duration flag (``10``, ``500ms``, ``5m``), read as every sbxkit duration is."""
+    try:
+        value = parse_duration(text, "duration")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+    if not (value > 0 and value != float("inf")):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be a finite duration > 0, got {text!r}")
+    return value
+
+
 def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     defaults = Capacity()
     parser = argparse.ArgumentParser(
-        prog=prog, description="Own sandbox creation and cleanup through a durable lease journal."
+        allow_abbrev=False,
+        prog=prog,
+        description="Own sandbox creation and cleanup through a durable lease journal.",
     )
     parser.add_argument(
         "--state-dir",
@@ -67,12 +93,18 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--idle-exit",
-        type=float,
+        type=duration_s,
         default=10.0,
-        metavar="SECONDS",
-        help="exit after this long idle and record-free (default: 10)",
+        metavar="DURATION",
+        help="exit after this long idle and record-free: 10, 500ms, 5m (default: 10 s)",
     )
-    parser.add_argument("--reaper-interval", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--reaper-interval",
+        type=duration_s,
+        default=2.0,
+        metavar="DURATION",
+        help="how often records no live lease owns are checked (default: 2 s)",
+    )
     parser.add_argument(
         "--docker-socket",
         metavar="PATH",
@@ -107,11 +139,11 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory-budget",
-        type=positive_int,
+        type=size_bytes,
         default=None,
-        metavar="BYTES",
-        help="memory the sandboxes may reserve at once (default: the daemon's MemTotal less "
-        "the larger of 1 GiB and 10%%)",
+        metavar="SIZE",
+        help="memory the sandboxes may reserve at once: 8g, bytes when bare (default: the "
+        "daemon's MemTotal less the larger of 1 GiB and 10%%)",
     )
     parser.add_argument(
         "--cpu-budget",
@@ -129,10 +161,10 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--admission-timeout",
-        type=positive_float,
+        type=duration_s,
         default=ADMISSION_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g})",
+        metavar="DURATION",
+        help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g} s)",
     )
     return parser
 

@@ -24,6 +24,7 @@ from sbxkit.supervisor.lease import (
 from sbxkit.supervisor.wire import (
     Closed,
     Created,
+    Expiring,
     Failed,
     Orphaned,
 )
@@ -44,6 +45,9 @@ class Leases(ServiceCore):
             if not live.stop.is_set():
                 live.request_stop("lifetime deadline")
                 log(f"lease {lease}: lifetime deadline reached; removing its container")
+                # Said before the removal's kill, so the caller judges that exit as sbxkit's.
+                reason = "the supervisor's lifetime deadline for the lease passed"
+                await live.peer.send(Expiring(lease=lease, reason=reason))
             live.close_governor()
             await self._remove_live(live, engine, container_id)
         except (SbxError, OSError) as exc:

@@ -3,8 +3,9 @@
 A ``Claim`` names a shape by a template (``templates.py``). The first claim of a shape starts
 its pool; every claim takes the oldest parked container of the shape, if one is parked, and
 hands its lease to the claiming connection (``Claimed``) — from there it is that connection's
-lease like any other: Close or EOF removes it. Otherwise the answer is ``Unclaimed`` and the
-caller runs cold; claims never wait for a refill.
+lease like any other: Close or EOF removes it. With none parked a claim waits only for a park
+already under way for it (``sbxkit/pool/parking.py``, the mechanism the in-process pool
+shares); otherwise the answer is ``Unclaimed`` and the caller runs cold.
 
 Each parked container is an ordinary lease of this supervisor, created by the one lease task
 (``lifecycle.py``) from the template under a fresh lease: re-checked (recheck.py), admitted
@@ -18,6 +19,7 @@ supervisor stops; a crash leaves its record to recovery, as for every lease.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ import trio
 from sbxkit.admission import Need, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
+from sbxkit.pool.parking import Parking
 from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.lease import (
     Intent,
@@ -39,12 +42,26 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.recheck import unknown_field
-from sbxkit.supervisor.templates import body_for_lease, shape_key, template_problem
-from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms, Refused, Register, Unclaimed
+from sbxkit.supervisor.records import LeaseRecord, StorageError
+from sbxkit.supervisor.templates import (
+    body_for_lease,
+    claimed_lifetime,
+    shape_key,
+    template_problem,
+)
+from sbxkit.supervisor.wire import (
+    Claim,
+    Claimed,
+    HeldPoolState,
+    Pools,
+    PoolTerms,
+    Refused,
+    Register,
+    Unclaimed,
+)
 from sbxkit.verify import check_created
 
 MAX_SHAPES = 16
-CLAIM_WAIT_S = 5.0  # the longest a claim waits for a park under way before going cold
 PARK_RETRY_S = 1.0  # after a park that did not fit or failed
 STOP_DRAIN_S = 10.0
 
@@ -56,9 +73,8 @@ class ShapePool:
     key: str
     claim: Claim
     last_claim: float
-    parked: list[LiveLease] = field(default_factory=list)
-    """Ready for a claim, oldest first."""
-    starting: int = 0
+    parking: Parking[LiveLease] = field(default_factory=Parking)
+    """Parked (ready for a claim, oldest first), parks under way, claims waiting for one."""
     in_use: int = 0
     """Parked or claimed and not yet removed."""
     error: str | None = None
@@ -67,14 +83,10 @@ class ShapePool:
     ended: bool = False
     parks: int = 0
     """Parks started in the pool's life (``refill=False`` stops at ``size``)."""
-    waiting: int = 0
-    """Claims waiting for a park under way (at most one per park)."""
-    arrived: trio.Event = field(default_factory=trio.Event)
-    """Set when a container is parked or a park ends: waiting claims look again."""
 
-    def signal_arrival(self) -> None:
-        self.arrived.set()
-        self.arrived = trio.Event()
+    @property
+    def parked(self) -> list[LiveLease]:
+        return self.parking.ready
 
     @property
     def terms(self) -> PoolTerms:
@@ -124,12 +136,22 @@ class Pooling(Admitting):
         pool.claim, pool.last_claim = claim, now  # the latest terms hold
         self._fill(pool)  # a new pool's first parks start now: this claim may wait for one
         pool.wanted.set()
-        live = await self._next_parked(pool) if claim.mode == "take" else None
+        live = None
+        if claim.mode == "take":
+            live = await pool.parking.take_or_wait(lambda: pool.ended or pool.error is not None)
         if live is None:
             reason = "nothing parked of this shape yet; the pool is filling"
             await peer.send(Unclaimed(reason=reason, parked=len(pool.parked), problem=pool.error))
             return None
         live.peer = peer
+        # However long it was parked, the claimed run keeps the lifetime its claim implies.
+        lifetime_s = claimed_lifetime(claim)
+        live.lifetime_deadline = trio.current_time() + lifetime_s
+        live.record = msgspec.structs.replace(
+            live.record, lifetime_deadline=time.time() + lifetime_s
+        )
+        self.records[live.record.lease] = live.record
+        self.nursery.start_soon(self._journal_later, live.record)  # off the claim's path
         container_id = live.record.container_id or ""
         await peer.send(
             Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
@@ -137,25 +159,17 @@ class Pooling(Admitting):
         live.claimed.set()
         return live
 
-    async def _next_parked(self, pool: ShapePool) -> LiveLease | None:
-        """The oldest parked container; with none parked, wait (at most ``CLAIM_WAIT_S``) for
-        a park already under way that no other claim waits for — it is further along than a
-        cold create would be. None: go cold."""
-        if pool.parked:
-            return pool.parked.pop(0)
-        if pool.waiting >= pool.starting or pool.error is not None:
-            return None
-        pool.waiting += 1
+    async def _journal_later(self, record: LeaseRecord) -> None:
+        """Journal a claimed lease's new lifetime deadline. Not on the claim's path: until it
+        is durable, recovery holds the parked deadline (sooner or later, never a leak). Queued
+        in submission order, so it is written before the lease's own later delete."""
+        if self.records.get(record.lease) is not record:
+            return  # already ended (or changed again): nothing to write
         try:
-            with trio.move_on_after(CLAIM_WAIT_S):
-                while not pool.parked:
-                    if pool.ended or pool.error is not None or pool.starting == 0:
-                        return None
-                    await pool.arrived.wait()
-                return pool.parked.pop(0)
-            return None
-        finally:
-            pool.waiting -= 1
+            await self.journal.write(record)
+        except (OSError, StorageError) as exc:
+            self.storage_errors.append(f"journal write failed: {exc}")
+            log(f"lease {record.lease}: {exc}")
 
     # -- keeping a pool ----------------------------------------------------------------------------
 
@@ -175,10 +189,11 @@ class Pooling(Admitting):
                     wake_at = min(wake_at, trio.current_time() + PARK_RETRY_S)
                 with trio.move_on_at(wake_at):
                     await pool.wanted.wait()
-                if pool.error is not None and pool.starting == 0:
+                if pool.error is not None and pool.parking.starting == 0:
                     await trio.sleep(PARK_RETRY_S)  # e.g. a full host: claims run cold meanwhile
         finally:
             pool.ended = True
+            pool.parking.changed()  # claims waiting for a park go cold
             if self.pools.get(pool.key) is pool:
                 del self.pools[pool.key]
             for live in pool.parked:
@@ -188,11 +203,11 @@ class Pooling(Admitting):
     def _fill(self, pool: ShapePool) -> None:
         """Start parks until ``size`` are starting, parked or in use."""
         while (
-            pool.starting + pool.in_use < pool.terms.size
+            pool.parking.starting + pool.in_use < pool.terms.size
             and not (pool.ended or self.stopping)
             and (pool.terms.refill or pool.parks < pool.terms.size)
         ):
-            pool.starting += 1
+            pool.parking.starting += 1
             pool.parks += 1
             self.nursery.start_soon(self._park_one, pool)
 
@@ -209,7 +224,7 @@ class Pooling(Admitting):
             await first_of(parked, outcome.finished)
             if not parked.is_set():
                 return
-            pool.starting -= 1
+            pool.parking.starting -= 1
             pool.in_use += 1
             try:
                 await outcome.finished.wait()
@@ -217,8 +232,8 @@ class Pooling(Admitting):
                 pool.in_use -= 1
         finally:
             if not parked.is_set():
-                pool.starting -= 1
-                pool.signal_arrival()  # a claim waiting for this park goes cold
+                pool.parking.starting -= 1
+                pool.parking.changed()  # a claim waiting for this park goes cold
             pool.wanted.set()
 
     async def _park_refusal(
@@ -334,9 +349,8 @@ class Pooling(Admitting):
         if live.stop.is_set():
             return
         pool.error = None
-        pool.parked.append(live)
         parked.set()
-        pool.signal_arrival()
+        pool.parking.park(live)
         with trio.move_on_after(pool.terms.idle_ttl_s):
             await first_of(live.claimed, live.stop)
         if not live.claimed.is_set():
@@ -344,6 +358,40 @@ class Pooling(Admitting):
                 pool.parked.remove(live)
             live.request_stop("parked unclaimed for the pool's idle limit")
             pool.wanted.set()
+
+    # -- the operator's requests (sbxkit pools list / end) -----------------------------------------
+
+    def held_pools(self, shape: str | None = None) -> list[HeldPoolState]:
+        """The pools held (those whose shape key starts with ``shape``), oldest claim first."""
+        now = trio.current_time()
+        chosen = [p for p in self.pools.values() if shape is None or p.key.startswith(shape)]
+        return [
+            HeldPoolState(
+                shape=pool.key,
+                image=pool.claim.template.body.image,
+                size=pool.terms.size,
+                parked=len(pool.parked),
+                starting=pool.parking.starting,
+                claimed=pool.in_use - len(pool.parked),
+                idle_s=now - pool.last_claim,
+                idle_ttl_s=pool.terms.idle_ttl_s,
+                problem=pool.error,
+            )
+            for pool in sorted(chosen, key=lambda pool: pool.last_claim)
+        ]
+
+    async def end_pools(self, shape: str | None) -> Pools:
+        """End the pool whose shape key starts with ``shape`` (exactly one must), or all."""
+        ending = self.held_pools(shape)
+        if shape is not None and len(ending) != 1:
+            problem = "no held pool" if not ending else f"{len(ending)} held pools"
+            return Pools(pools=ending, problem=f"{problem} has a shape starting with {shape!r}")
+        for state in ending:
+            pool = self.pools.get(state.shape)
+            if pool is not None:
+                log(f"pool {pool.key[:12]}: ended by an operator")
+                await self._end_pool(pool)
+        return Pools(pools=ending)
 
     # -- giving capacity back ----------------------------------------------------------------------
 
@@ -366,17 +414,18 @@ class Pooling(Admitting):
     async def _end_pool(self, pool: ShapePool) -> None:
         """End one pool now: no more parks; its parked containers removed (bounded wait)."""
         pool.ended = True  # its keeper ends at its next wake-up, and parks under way stop
-        pool.signal_arrival()  # claims waiting for a park go cold
+        pool.parking.changed()  # claims waiting for a park go cold
         if self.pools.get(pool.key) is pool:
             del self.pools[pool.key]  # a claim from now on starts a new pool
-        parked, pool.parked = list(pool.parked), []
+        parked = list(pool.parked)
+        pool.parked.clear()
         pool.wanted.set()
         for live in parked:
             live.request_stop("its pool was ended")
         with trio.move_on_after(STOP_DRAIN_S):
             for live in parked:
                 await live.finished.wait()
-            while pool.starting:  # a park under way is removed when it ends
+            while pool.parking.starting:  # a park under way is removed when it ends
                 pool.wanted = trio.Event()  # the keeper was woken above and has ended
                 await pool.wanted.wait()
 

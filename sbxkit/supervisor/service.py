@@ -55,10 +55,13 @@ from sbxkit.supervisor.wire import (
     Claim,
     Close,
     Denials,
+    EndPools,
     Govern,
     Governed,
     Hello,
+    ListPools,
     Message,
+    Pools,
     Recover,
     Register,
     Report,
@@ -128,6 +131,12 @@ class Service(Pooling, Recovery):
             return
         if isinstance(register, Retire):
             await self._retire(peer, register.lease)
+            return
+        if isinstance(register, ListPools):
+            await peer.send(Pools(pools=self.held_pools()))
+            return
+        if isinstance(register, EndPools):
+            await peer.send(await self.end_pools(register.shape))
             return
         if isinstance(register, Claim):
             claimed = await self._claim(peer, register)

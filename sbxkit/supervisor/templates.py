@@ -47,7 +47,15 @@ def template_problem(claim: Claim) -> str | None:
     placed = body_for_lease(template.body, template.lease, PLACEHOLDER_LEASE)
     if template.lease in msgspec.json.encode(placed).decode():
         return "the template's lease appears in its body beyond the lease label and SBXKIT_LEASE"
+    lifetime = claim.run_lifetime_s
+    if lifetime is not None and not 0 < lifetime <= template.lifetime_deadline_s:
+        return "run_lifetime_s must be in (0, the template's lifetime_deadline_s]"
     return terms_problem(claim.terms)
+
+
+def claimed_lifetime(claim: Claim) -> float:
+    """How long a claimed container may live from its claim on: the run's own lifetime."""
+    return claim.run_lifetime_s or claim.template.lifetime_deadline_s
 
 
 def terms_problem(terms: PoolTerms) -> str | None:

@@ -35,6 +35,9 @@ docs/pool.md):
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
 
+An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
+(answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
+
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
@@ -55,8 +58,10 @@ from sbxkit.mounts import ExpectedMount
 from sbxkit.network.audit import Denial
 from sbxkit.network.terms import NetworkTerms
 
-PROTOCOL_VERSION = 4
-MAX_FRAME = 1024 * 1024
+PROTOCOL_VERSION = 5
+MAX_FRAME = 8 * 1024 * 1024
+"""Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
+JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
 _HEADER = struct.Struct(">I")
 
 
@@ -141,6 +146,10 @@ class Claim(Message, tag="claim"):
     mode: Literal["take", "warm", "end"] = "take"
     """``take`` one; ``warm``: only start the pool (answered ``Unclaimed`` with the count
     parked); ``end``: end the shape's pool now (answered once its parked are removed)."""
+    run_lifetime_s: float | None = None
+    """The claimed run's own lifetime (its time limit and the margin), counted from the claim,
+    at most the template's; None: the template's. However long the container was parked, the
+    claimed run keeps the lifetime its own claim implies."""
 
 
 class Recover(Message, tag="recover"):
@@ -151,6 +160,18 @@ class Retire(Message, tag="retire"):
     """Operator: delete an uncertain tombstone whose container was never observed."""
 
     lease: str
+
+
+class ListPools(Message, tag="list_pools"):
+    """Operator: the pools this supervisor holds (instead of Register); answered ``Pools``."""
+
+
+class EndPools(Message, tag="end_pools"):
+    """Operator: end held pools now (instead of Register): the one whose shape key starts with
+    ``shape``, or every one (``shape`` None). Answered ``Pools`` (the pools ended) once their
+    parked containers are removed; a claimed container runs on for its caller."""
+
+    shape: str | None = None
 
 
 # -- supervisor → client -----------------------------------------------------------------------
@@ -231,6 +252,14 @@ class Denials(Message, tag="denials"):
     dropped: int = 0
 
 
+class Expiring(Message, tag="expiring"):
+    """The supervisor is removing the lease's container on its own decision (the lifetime
+    deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
+
+    lease: str
+    reason: str
+
+
 class Failed(Message, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
@@ -258,7 +287,44 @@ class Report(Message, tag="report"):
     remaining: int
 
 
-ClientMessage = Hello | Register | Claim | Started | Close | Govern | AskDenials | Recover | Retire
+class HeldPoolState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One held pool as an operator sees it."""
+
+    shape: str
+    """The shape key (32 hex digits): callers whose parked containers would be the same but
+    for their lease share it (docs/pool.md)."""
+    image: str
+    size: int
+    parked: int
+    starting: int
+    claimed: int
+    """Claimed and still running for their callers (ending the pool leaves them be)."""
+    idle_s: float
+    """Seconds since the pool's last claim; it ends by itself after ``idle_ttl_s``."""
+    idle_ttl_s: float
+    problem: str | None = None
+
+
+class Pools(Message, tag="pools"):
+    """Answer to ListPools (the pools held) or EndPools (the pools ended), or why not."""
+
+    pools: list[HeldPoolState]
+    problem: str | None = None
+
+
+ClientMessage = (
+    Hello
+    | Register
+    | Claim
+    | Started
+    | Close
+    | Govern
+    | AskDenials
+    | Recover
+    | Retire
+    | ListPools
+    | EndPools
+)
 ServerMessage = (
     Welcome
     | Refused
@@ -269,10 +335,12 @@ ServerMessage = (
     | Unclaimed
     | Governed
     | Denials
+    | Expiring
     | Failed
     | Closed
     | Orphaned
     | Report
+    | Pools
 )
 
 _encoder = msgspec.json.Encoder()

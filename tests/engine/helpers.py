@@ -204,11 +204,12 @@ def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]
         for c in witness.containers()
         if marker in (c.get("Command") or "")
         or marker in " ".join((c.get("Labels") or {}).values())
-        or (c.get("State") == "running" and _runs_marker(witness, c["Id"], marker))
+        or (c.get("State") == "running" and runs_marker(witness, c["Id"], marker))
     ]
 
 
-def _runs_marker(witness: Witness, container_id: str, marker: str) -> bool:
+def runs_marker(witness: Witness, container_id: str, marker: str) -> bool:
+    """A process of the container carries ``marker`` in its command line (False: it stopped)."""
     try:
         rows = witness.get(f"/containers/{container_id}/top")["Processes"] or []
     except Exception:  # stopped or removed between the listing and this call

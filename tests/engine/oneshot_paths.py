@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.pool import open_pool
+from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run as cold_run
 from sbxkit.spec import SandboxSpec
@@ -26,9 +26,14 @@ COMMAND_LABEL = "sbxkit.test.command"
 
 
 async def pooled_run(
-    spec: SandboxSpec, stdin: StdinSource | None = None, **options: Any
+    spec: SandboxSpec,
+    stdin: StdinSource | None = None,
+    *,
+    served_cold: bool = False,
+    **options: Any,
 ) -> RunResult:
-    """``run(spec, stdin, engine=..., on_output=...)`` through a pool of one, claimed once."""
+    """``run(spec, stdin, engine=..., on_output=...)`` through a pool of one, claimed once
+    (``served_cold``: the pool must serve it cold, e.g. a claim line cannot carry it)."""
     on_output = options.pop("on_output", None)
     backend = DockerBackend(**options)
     spec = _labelled(spec)
@@ -39,15 +44,20 @@ async def pooled_run(
         except Exception:
             parked = False  # e.g. a missing image: the claim runs cold and meets the error
         result = await pool.run(spec, stdin, on_output=on_output, wait_for_removal=True)
-    assert result.pooled == parked, "a parked container of the spec's own shape was not claimed"
+    assert result.pooled == (parked and not served_cold), "pooled where it must not be, or not"
     return result
 
 
 async def held_run(
-    spec: SandboxSpec, stdin: StdinSource | None = None, **options: Any
+    spec: SandboxSpec,
+    stdin: StdinSource | None = None,
+    *,
+    served_cold: bool = False,
+    **options: Any,
 ) -> RunResult:
     """``run(spec, stdin, engine=..., on_output=...)`` claimed from the supervisor's pool of
-    the spec's shape (one parked first), which is ended afterwards."""
+    the spec's shape (one parked first), which is ended afterwards (``served_cold``: as for
+    ``pooled_run``)."""
     on_output = options.pop("on_output", None)
     backend = PooledBackend(pool=HeldPool(size=1, wait_for_removal=True, refill=False), **options)
     spec = _labelled(spec)
@@ -64,7 +74,7 @@ async def held_run(
         if started:
             with trio.CancelScope(shield=True):
                 await backend.end(spec)
-    assert result.pooled == parked, "a container the supervisor parked was not claimed"
+    assert result.pooled == (parked and not served_cold), "pooled where it must not be, or not"
     return result
 
 

@@ -194,6 +194,9 @@ class HookedOwner:
     def queued_s(self, lease: str) -> float:
         return self._inner.queued_s(lease)
 
+    async def ended_by_owner(self, lease: str) -> str | None:
+        return await self._inner.ended_by_owner(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         point = self._engine.numbered("owner.remove")
         self._engine.hook(point, "before")

@@ -156,6 +156,9 @@ class RecordingOwner:
     def queued_s(self, lease: str) -> float:
         return self.inner.queued_s(lease)
 
+    async def ended_by_owner(self, lease: str) -> str | None:
+        return await self.inner.ended_by_owner(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self.inner.remove(lease, name, container_id)
         self.log["removed"].append(container_id)

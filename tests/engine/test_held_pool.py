@@ -29,10 +29,10 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.held_pool import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.owner import InProcessOwner
 from sbxkit.plan import make_plan
 from sbxkit.pool import PARK_SCRIPT
+from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.session import open_sandbox
@@ -370,3 +370,63 @@ async def test_a_session_starts_from_a_parked_container(
 
 def sandbox_label(sandbox: SandboxSpec) -> str:
     return next(iter(sandbox.labels))
+
+
+# -- lifetimes (issue 27, finding 3) -----------------------------------------------------------
+
+
+def short_margin(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The owner's backstop is a run's time limit plus this margin (120 s by default): a few
+    seconds keep these tests short. Negative: the backstop falls before the run's own time
+    limit, as it does for a caller that stalled past its limit."""
+    monkeypatch.setattr("sbxkit.plan.LIFETIME_MARGIN_S", seconds)
+    monkeypatch.setattr("sbxkit.pool.held.LIFETIME_MARGIN_S", seconds)
+
+
+async def test_a_claimed_run_keeps_its_own_lifetime_however_long_it_was_parked(
+    engine: Engine, witness: Witness, state_dir: Path, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen: caller B warmed a pool with idle_ttl 129.9, max_timeout 0.1; caller A (the same
+    # shape and parked lifetime) ran sleep 128 with timeout 129 and got killed after 124.9 s,
+    # reported as someone else's kill: the parked time had eaten A's lifetime.
+    short_margin(monkeypatch, 1.0)
+    label = unique("held")
+    with running_supervisor(state_dir, "--persistent"):
+        warmer = backend_for(engine, state_dir, idle_ttl_s=12.0, max_timeout_s=0.5, refill=False)
+        claimer = backend_for(engine, state_dir, idle_ttl_s=3.0, max_timeout_s=9.5, refill=False)
+        await warmer.warm(shaped(busybox, "true", label))  # parked lifetime: 12.5 + 1 s
+        await trio.sleep(8.0)  # parked 8 s, within the warmer's idle limit
+        result = await claimer.run_once(shaped(busybox, "sleep 7; echo done", label, timeout_s=9))
+        assert result.pooled
+        assert (result.status, result.exit_code, result.stdout) == ("exited", 0, b"done\n")
+        await warmer.end(shaped(busybox, "true", label))
+
+
+@pytest.mark.parametrize("path", ["cold", "held"])
+async def test_the_supervisors_own_removal_is_never_reported_as_someone_elses_kill(
+    path: str,
+    engine: Engine,
+    witness: Witness,
+    state_dir: Path,
+    busybox: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lifetime deadline passes before the run's own time limit (a caller that stalled):
+    # the supervisor removes the container, and the run must say that sbxkit did.
+    short_margin(monkeypatch, -3.0)
+    label = unique("held")
+    sandbox = shaped(busybox, "sleep 30", label, timeout_s=6)
+    with running_supervisor(state_dir, "--persistent") as sup:
+        if path == "cold":
+            owner = SupervisedOwner(engine, state_dir=state_dir, close_timeout_s=30.0)
+            result = await run(sandbox, engine=engine, owner=owner)
+        else:
+            backend = backend_for(engine, state_dir, refill=False)
+            await backend.warm(sandbox)
+            result = await backend.run_once(sandbox)
+            assert result.pooled
+        assert "lifetime deadline reached" in sup.log()
+    assert result.status == "timed_out", result
+    assert result.kill_evidence is not None
+    assert "lifetime deadline" in result.kill_evidence
+    assert result.timings.run_s < 5.5  # ended by the supervisor, before the run's own limit

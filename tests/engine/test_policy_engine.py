@@ -104,6 +104,9 @@ class WitnessingOwner:
     def queued_s(self, lease: str) -> float:
         return self._inner.queued_s(lease)
 
+    async def ended_by_owner(self, lease: str) -> str | None:
+        return await self._inner.ended_by_owner(lease)
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self._inner.remove(lease, name, container_id)
 

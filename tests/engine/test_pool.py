@@ -1,4 +1,4 @@
-"""Pre-started single-use sandboxes (sbxkit/pool.py) on the real engine.
+"""Pre-started single-use sandboxes (sbxkit/pool/inprocess.py) on the real engine.
 
 A pooled run is the cold run's contract: stdin byte-exact (sizes around the pipe buffer and
 line boundaries), env passed at the claim and never in the create body, the time limit from
@@ -37,7 +37,7 @@ def backend_of(engine: Engine) -> DockerBackend:
 
 async def wait_ready(pool: Pool, count: int) -> None:
     with trio.fail_after(30):
-        while len(pool._ready) < count:  # noqa: ASYNC110 - the pool's own state, polled
+        while len(pool.parking.ready) < count:  # noqa: ASYNC110 - the pool's own state, polled
             await trio.sleep(0.02)
 
 
@@ -69,7 +69,7 @@ async def test_env_rides_in_the_claim_not_in_the_create_body(
     )
     async with open_pool(shape, size=1, backend=backend_of(engine)) as pool:
         await wait_ready(pool, 1)
-        parked = pool._ready[0].box.container_id
+        parked = pool.parking.ready[0].box.container_id
         config_env = witness.get(f"/containers/{parked}/json")["Config"]["Env"]
         assert not any(secret in item for item in config_env)
         result = await pool.run(env_spec)
@@ -169,9 +169,9 @@ async def test_what_the_pool_cannot_serve_runs_cold(engine: Engine, busybox: str
         for job in (other_shape, too_long):
             result = await pool.run(job)
             assert (result.pooled, result.status) == (False, "exited"), job
-        assert len(pool._ready) == 1  # none of them took the parked container
+        assert len(pool.parking.ready) == 1  # none of them took the parked container
     assert claim_line(["-x"], {}) is None
-    assert claim_line(["echo", "x"], {"K": "v"}) == b"export K=v; exec echo x\n"
+    assert claim_line(["echo", "x"], {"K": "v"}) == b"unset PWD OLDPWD SHLVL; K=v exec echo x\n"
 
 
 async def test_newlines_ride_spliced_in_the_claim_line(engine: Engine, busybox: str) -> None:
@@ -192,10 +192,10 @@ async def test_an_idle_container_is_removed_at_its_ttl_and_replaced(
     job = spec(busybox, "true")
     async with open_pool(job, size=1, backend=backend_of(engine), idle_ttl_s=1.0) as pool:
         await wait_ready(pool, 1)
-        first = pool._ready[0].box.lease
+        first = pool.parking.ready[0].box.lease
         assert witness.containers(label=f"sbxkit.lease={first}")  # positive control
         with trio.fail_after(30):
-            while not pool._ready or pool._ready[0].box.lease == first:  # noqa: ASYNC110
+            while not pool.parking.ready or pool.parking.ready[0].box.lease == first:  # noqa: ASYNC110
                 await trio.sleep(0.05)
         with trio.fail_after(10):
             while witness.containers(label=f"sbxkit.lease={first}"):  # noqa: ASYNC110
@@ -208,7 +208,7 @@ async def test_a_cancelled_claim_removes_its_container_before_it_returns(
     job = spec(busybox, "sleep 30")
     async with open_pool(job, size=1, backend=backend_of(engine)) as pool:
         await wait_ready(pool, 1)
-        claimed = pool._ready[0].box.lease
+        claimed = pool.parking.ready[0].box.lease
         assert witness.containers(label=f"sbxkit.lease={claimed}")  # positive control
         with trio.move_on_after(0.5) as scope:
             await pool.run(job)

@@ -1,4 +1,4 @@
-"""A pool per shape for a batch of mixed shapes (sbxkit/shape_pools.py) on the real engine.
+"""A pool per shape for a batch of mixed shapes (sbxkit/pool/shapes.py) on the real engine.
 
 Every shape of the batch gets pre-started containers sized for its jobs still to start, the
 pools together never hold more unclaimed containers than the batch's parallelism, a shape's
@@ -15,7 +15,7 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.harness import Job, run_many
 from sbxkit.pool import Pool
-from sbxkit.shape_pools import PoolPerShape, ShapePools, open_shape_pools
+from sbxkit.pool.shapes import PoolPerShape, ShapePools, open_shape_pools
 from sbxkit.spec import SandboxSpec
 from tests.engine.helpers import spec
 from tests.witness import Witness
@@ -30,7 +30,9 @@ def shaped(image: str, script: str, shape: str) -> SandboxSpec:
 
 def parked_of(pools: ShapePools, shape: str) -> int:
     return sum(
-        len(pool._ready) for pool in pools.pools.values() if pool.shape.labels[SHAPE_LABEL] == shape
+        len(pool.parking.ready)
+        for pool in pools.pools.values()
+        if pool.shape.labels[SHAPE_LABEL] == shape
     )
 
 

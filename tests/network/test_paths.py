@@ -24,8 +24,8 @@ import sbxkit
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.held_pool import HeldPool, PooledBackend
 from sbxkit.network.terms import Network
+from sbxkit.pool.held import HeldPool, PooledBackend
 from sbxkit.settings import Settings
 from tests.network.payloads import FETCH, command, output
 from tests.network.servers import ALLOWED, DENIED, Servers

@@ -91,6 +91,9 @@ class CapturingOwner:
     def queued_s(self, lease: str) -> float:
         return 0.0
 
+    async def ended_by_owner(self, lease: str) -> str | None:
+        raise AssertionError("never judged: create raised")
+
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self.removed.append(name)
 

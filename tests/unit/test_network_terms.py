@@ -84,12 +84,19 @@ def refused(network: Network) -> SpecError:
         (Network(allow=["*"]), "network.allow[0]", "every destination"),
         (Network(allow=["a.example"], max_connections=0), "network.max_connections", "1 to"),
         (Network(max_connection_bytes=True), "network.max_connection_bytes", "integer"),
+        (Network(max_connection_bytes="4x"), "network.max_connection_bytes", "unknown unit"),
     ],
 )
 def test_bad_networks_are_refused_naming_the_field(network: Network, field: str, rule: str) -> None:
     error = refused(network)
     assert error.field == field
     assert rule in error.rule
+
+
+def test_the_byte_bound_takes_a_size() -> None:
+    assert check_network_spec(Network(max_connection_bytes="1.5m")).max_connection_bytes == (
+        3 * 512 * 1024
+    )
 
 
 def test_a_callback_keeps_its_name_and_port() -> None:

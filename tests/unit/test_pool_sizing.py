@@ -1,4 +1,4 @@
-"""A batch's pools per shape (sbxkit/pool_sizing.py, sbxkit/shape_pools.py): the sizes follow
+"""A batch's pools per shape (sbxkit/pool/sizing.py, sbxkit/pool/shapes.py): the sizes follow
 the jobs still to start, never more than the batch's parallelism in all, and bad pool settings
 are refused before anything runs."""
 
@@ -13,8 +13,8 @@ from sbxkit.call_checks import MAX_POOL_SIZE
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, run_many
 from sbxkit.pool import ParkingBudget
-from sbxkit.pool_sizing import pool_sizes
-from sbxkit.shape_pools import PoolPerShape, ShapePools
+from sbxkit.pool.shapes import PoolPerShape, ShapePools
+from sbxkit.pool.sizing import pool_sizes
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.unit.test_sbx_runner import Machine
 

@@ -10,7 +10,7 @@ import pytest
 from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.run_command import run_pool
 from sbxkit.errors import SpecError
-from sbxkit.held_pool import HeldPool, PooledBackend
+from sbxkit.pool.held import HeldPool, PooledBackend
 from sbxkit.profile import PoolOptions, decode_profile
 
 BASE = '[sandbox.docker]\nimage = "img:1"\n'

@@ -442,6 +442,18 @@ def test_spec_from_dict_returns_or_raises_spec_error(data: dict[str, Any]) -> No
         ("1gb", 1024 * MiB),
         (" 8m ", 8 * MiB),
         ("007", 7),
+        # Issue 25: what Docker's RAMInBytes accepts — fractions (truncated to whole bytes),
+        # t and p, one space before the unit.
+        ("1.5g", 1536 * MiB),
+        ("0.5m", 512 * 1024),
+        ("0.1k", 102),  # 102.4 bytes, truncated as Docker truncates
+        ("1.5", 1),
+        (".5k", 512),
+        ("12 m", 12 * MiB),
+        ("1t", 1024 * 1024 * MiB),
+        ("1tb", 1024 * 1024 * MiB),
+        ("1TiB", 1024 * 1024 * MiB),
+        ("1p", 1024**5),
     ],
 )
 def test_parse_size_accepts(text: str, expected: int) -> None:
@@ -455,13 +467,15 @@ def test_parse_size_accepts(text: str, expected: int) -> None:
         "   ",
         "-1",
         "-1m",
-        "1.5",
-        "1.5g",
         "1e6",
+        "1e3k",  # Docker's ParseFloat takes exponents by accident; sbxkit does not
         "m",
-        "12 m",
-        "1t",
-        "1tb",
+        "12  m",
+        "1kk",
+        "1bb",
+        "1ki",
+        "1kbytes",
+        "1.5.3g",
         "ten",
         "0x10",
         "\u0663",  # ARABIC-INDIC DIGIT THREE: isdigit() but not a byte count
@@ -497,3 +511,23 @@ def test_image_references_that_would_break_the_url_path_are_refused(image: str) 
     with pytest.raises(SpecError) as caught:
         validate_spec(good_spec(image=image))
     assert caught.value.field == "image"
+
+
+# --- the command's size (issue 27, finding 7) ----------------------------------------------------
+
+
+def test_one_argument_longer_than_the_kernel_takes_is_refused_naming_it() -> None:
+    from sbxkit.spec import MAX_ARG_BYTES
+
+    assert validate_spec(good_spec(command=["echo", "x" * MAX_ARG_BYTES])) is None
+    error = refused(good_spec(command=["echo", "x" * (MAX_ARG_BYTES + 1)]))
+    assert error.field == "command[1]"
+    assert "Linux" in error.rule
+
+
+def test_a_command_larger_than_the_bound_is_refused_on_every_path_alike() -> None:
+    # 15 args of 128,000 bytes used to fail at run time with a WireError on the cold path
+    # (the held path ran it): now a SpecError naming the command, before anything starts.
+    error = refused(good_spec(command=["echo", *["x" * 128_000] * 15]))
+    assert error.field == "command"
+    assert validate_spec(good_spec(command=["echo", *["x" * 128_000] * 8])) is None

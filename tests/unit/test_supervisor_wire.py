@@ -34,13 +34,18 @@ from sbxkit.supervisor.wire import (
     Closed,
     Created,
     Denials,
+    EndPools,
+    Expiring,
     Failed,
     FrameReader,
     Govern,
     Governed,
+    HeldPoolState,
     Hello,
+    ListPools,
     Message,
     Orphaned,
+    Pools,
     PoolTerms,
     Queued,
     Recover,
@@ -71,6 +76,8 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     AskDenials,
     Recover,
     Retire,
+    ListPools,
+    EndPools,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -82,10 +89,12 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Unclaimed,
     Governed,
     Denials,
+    Expiring,
     Failed,
     Closed,
     Orphaned,
     Report,
+    Pools,
 )
 ALL_TAGS = (
     "hello",
@@ -106,10 +115,14 @@ ALL_TAGS = (
     "queued",
     "registered",
     "created",
+    "expiring",
     "failed",
     "closed",
     "orphaned",
     "report",
+    "list_pools",
+    "end_pools",
+    "pools",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -187,6 +200,7 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
             max_size=2,
         ),
         mode=st.sampled_from(["take", "warm", "end"]),
+        run_lifetime_s=st.none() | finite,
     ),
     st.builds(Started, lease=texts),
     st.builds(Close, lease=texts),
@@ -194,6 +208,8 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(AskDenials, lease=texts),
     st.just(Recover()),
     st.builds(Retire, lease=texts),
+    st.just(ListPools()),
+    st.builds(EndPools, shape=st.none() | texts),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -215,10 +231,30 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
         denials=st.lists(st.builds(Denial, destination=texts, reason=texts), max_size=3),
         dropped=int64,
     ),
+    st.builds(Expiring, lease=texts, reason=texts),
     st.builds(Failed, lease=texts, reason=texts),
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),
     st.builds(Report, lines=st.lists(texts, max_size=4), remaining=int64),
+    st.builds(
+        Pools,
+        pools=st.lists(
+            st.builds(
+                HeldPoolState,
+                shape=texts,
+                image=texts,
+                size=int64,
+                parked=int64,
+                starting=int64,
+                claimed=int64,
+                idle_s=finite,
+                idle_ttl_s=finite,
+                problem=st.none() | texts,
+            ),
+            max_size=2,
+        ),
+        problem=st.none() | texts,
+    ),
 )
 
 
@@ -512,3 +548,26 @@ def test_msgspec_validation_is_never_leaked() -> None:
     with pytest.raises(WireError) as validation_failure:
         decode_client(b'{"type": "close"}')
     assert isinstance(validation_failure.value.__cause__, msgspec.ValidationError)
+
+
+def test_a_register_of_the_largest_spec_fits_a_frame() -> None:
+    # The spec's bounds (a 1 MiB command, 128 KiB of env) reach the supervisor whole, even when
+    # every byte is one JSON escapes to six bytes (issue 27, finding 7: a 1.9 MB command was a
+    # WireError at run time).
+    from sbxkit.rules import ENV_SIZE_LIMIT
+    from sbxkit.spec import MAX_ARG_BYTES, MAX_COMMAND_BYTES
+
+    arg = "\x01" * MAX_ARG_BYTES
+    command = [arg] * (MAX_COMMAND_BYTES // (MAX_ARG_BYTES + 1))
+    env = ["K=" + "\x01" * (ENV_SIZE_LIMIT - 4)]
+    body = ContainerCreate(image="busybox", cmd=command, env=env)
+    register = Register(
+        lease="a" * 32,
+        name="sbxkit-" + "a" * 32,
+        engine_socket="/var/run/docker.sock",
+        body=body,
+        reservation=Reservation(memory_bytes=1, nano_cpus=1),
+        startup_deadline_s=1.0,
+        lifetime_deadline_s=1.0,
+    )
+    assert len(encode(register)) > 6 * MAX_COMMAND_BYTES  # the worst case, not a small one

@@ -1,4 +1,4 @@
-"""How many containers a batch keeps parked per shape (pure; sbxkit/shape_pools.py applies it).
+"""How many containers a batch keeps parked per shape (pure; ``shapes.py`` applies it).
 
 A batch starts its jobs in input order, at most ``parallel`` at a time, so the containers worth
 parking are those of the next ``parallel`` jobs still to start: each shape gets one per job of

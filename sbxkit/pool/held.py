@@ -37,6 +37,7 @@ from sbxkit.errors import SbxError, SpecError
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer
 from sbxkit.plan import (
+    LIFETIME_MARGIN_S,
     CheckedSpec,
     DaemonFacts,
     build_plan,
@@ -45,7 +46,9 @@ from sbxkit.plan import (
     new_lease_id,
 )
 from sbxkit.policy import claim_env
-from sbxkit.pool import _LineFirst, claim_line, parked_spec
+from sbxkit.pool.inprocess import LineFirst
+from sbxkit.pool.line import claim_line
+from sbxkit.pool.shape import parked_spec
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
@@ -135,10 +138,14 @@ class PooledBackend(DockerBackend):
             return None
         t_asked = trio.current_time()
         async with self._claiming(checked) as claiming:
+            image_env = claiming.facts.image_env
+            line = claim_line(list(spec.command), claim_env(spec), image_env=image_env)
+            if line is None:
+                return None
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
                 return None
-            stream = _LineFirst(line, stdin)
+            stream = LineFirst(line, stdin)
             return await _run_on_claimed(
                 claiming.engine, claiming.owner, reply, stream, checked, on_output, t_asked, pool
             )
@@ -186,7 +193,17 @@ class PooledBackend(DockerBackend):
                 plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
             )
             mounts = list(plan.expected_mounts)
-            claim = Claim(template=template, terms=pool.terms, expected_mounts=mounts)
+            timeout_s = checked.spec.limits.timeout_s
+            assert timeout_s is not None  # checked
+            # The claimed run's own lifetime, from the claim on: however long the container
+            # was parked, and under whoever's pool terms (issue 27, finding 3).
+            run_lifetime_s = min(timeout_s + LIFETIME_MARGIN_S, plan.lifetime_s)
+            claim = Claim(
+                template=template,
+                terms=pool.terms,
+                expected_mounts=mounts,
+                run_lifetime_s=run_lifetime_s,
+            )
             yield _Claiming(engine, owner, claim, facts)
 
     @asynccontextmanager
@@ -270,7 +287,7 @@ async def _run_on_claimed(
     engine: Engine,
     owner: SupervisedOwner,
     claimed: Claimed,
-    stdin: _LineFirst,
+    stdin: LineFirst,
     checked: CheckedSpec,
     on_output: OutputCallback | None,
     t_asked: float,
@@ -299,7 +316,9 @@ async def _run_on_claimed(
         verdict, exit_code = Verdict(status=outcome.status), None
         if outcome.status == "exited":
             exit_code = outcome.exit_code
-            verdict = await judge_exit(engine, container_id, exit_code)
+            verdict = await judge_exit(
+                engine, container_id, exit_code, ended_by_owner=lambda: owner.ended_by_owner(lease)
+            )
         denials = await owner.denials(lease) if governed(checked.spec) else ()
     except BaseException:
         with trio.CancelScope(shield=True):

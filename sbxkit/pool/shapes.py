@@ -4,7 +4,7 @@
 A layer on ``sbxkit.pool``: for each distinct shape of the batch's jobs a ``Pool`` is opened
 when the shape's jobs come near the head of the queue, resized as the queue moves, and closed
 once its last job has started, so what it held (admission memory included) returns while the
-batch goes on. The sizes are ``pool_sizes``'s (sbxkit/pool_sizing.py): the shapes of the next
+batch goes on. The sizes are ``pool_sizes``'s (``sizing.py``): the shapes of the next
 ``parallel`` jobs still to start, at most ``size`` per shape. One ``ParkingBudget`` of
 ``parallel`` bounds them all: the containers the pools hold unclaimed (being created, parked,
 being removed) never exceed the batch's parallelism, even while one shape's pool shrinks as
@@ -29,8 +29,11 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.call_checks import MAX_POOL_SIZE, check_pool_options
 from sbxkit.errors import CleanupError, SpecError
 from sbxkit.plan import CheckedSpec
-from sbxkit.pool import ParkingBudget, Pool, claim_line_within, shape_of
-from sbxkit.pool_sizing import pool_sizes
+from sbxkit.pool.inprocess import Pool
+from sbxkit.pool.line import claim_line_within
+from sbxkit.pool.parking import ParkingBudget
+from sbxkit.pool.shape import shape_of
+from sbxkit.pool.sizing import pool_sizes
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
