@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
+
+SBXKIT_RUN = [sys.executable, "-m", "sbxkit", "run", "--json"]
+"""``sbxkit run --json`` as a process (the command line's own path, parser and exit status)."""
 
 FETCH = r"""
 import json, os, ssl, sys, urllib.error, urllib.request

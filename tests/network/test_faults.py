@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import msgspec
@@ -21,6 +20,7 @@ from sbxkit.network.terms import Network
 from sbxkit.plan import make_plan
 from sbxkit.settings import Settings
 from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
+from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers
 from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
 from tests.witness import PYTHON, Witness
@@ -100,11 +100,7 @@ def test_without_cap_sys_admin_a_governed_network_is_refused(witness: Witness) -
             "--inh-caps",
             "-sys_admin",
             "--",
-            sys.executable,
-            "-m",
-            "sbxkit",
-            "run",
-            "--json",
+            *SBXKIT_RUN,
             "--allow",
             f"{ALLOWED}:443",
             PYTHON,

@@ -27,7 +27,7 @@ from sbxkit.errors import SpecError
 from sbxkit.network.terms import Network
 from sbxkit.pool.held import HeldPool, PooledBackend
 from sbxkit.settings import Settings
-from tests.network.payloads import FETCH, command, output
+from tests.network.payloads import FETCH, SBXKIT_RUN, command, output
 from tests.network.servers import ALLOWED, DENIED, Servers
 from tests.supervision import SupervisorProcess
 from tests.witness import PYTHON, Witness
@@ -80,11 +80,7 @@ async def test_a_run_with_files_carries_its_denials(servers: Servers) -> None:
 def test_the_command_line_agent_style(servers: Servers) -> None:
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "sbxkit",
-            "run",
-            "--json",
+            *SBXKIT_RUN,
             "--allow",
             f"{ALLOWED}:443",
             "--env",
@@ -123,7 +119,7 @@ def test_the_command_line_refuses_bad_network_flags_before_anything_exists(
         (["--tls-key", "/etc/hostname"], "--tls-ca"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "sbxkit", "run", "--json", *flags, PYTHON, "--", "true"],
+            [*SBXKIT_RUN, *flags, PYTHON, "--", "true"],
             capture_output=True,
             timeout=60,
             check=False,
