@@ -14,24 +14,31 @@ ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
 CLUSTER_ENGINES_UP = "scripts/cluster-engines-up"
 ENGINE26_UP = "scripts/engine26-up"
+NETWORK_TIER = "scripts/network-tier"
+NETWORK_TESTS = "tests/network"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite on Docker 20.10 (provisions the engine first), then the Docker 26.1 cell,
-    then the Podman cell: the conformance subset on rootful Podman and the rootless refusal
-    (docs/backends.md)."""
+    """The whole suite on Docker 20.10 (provisions the engine first), the network tier in a
+    namespace of its own (docs/network.md), the Docker 26.1 cell, then the Podman cell: the
+    conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
     session.install("-e", ".[test,inspect,ray,mcp]")
+    # 5: posargs that select only the network tier leave nothing here
+    selected = [0, 5] if session.posargs else [0]
     session.run(
         "pytest",
         "-m",
         "not podman",
+        f"--ignore={NETWORK_TESTS}",
         *session.posargs,
         env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
+        success_codes=selected,
     )
+    _network_tier(session)
     # The Docker 26.1 cell (docs/backends.md): the conformance subset under runc, crun and runsc,
     # plus the pool and session files and the tests that show where the engines differ.
     docker26 = _provision(session, ENGINE26_UP, {})
@@ -39,6 +46,7 @@ def tests(session: nox.Session) -> None:
         "pytest",
         "-m",
         "conformance or engine_cell",
+        f"--ignore={NETWORK_TESTS}",
         *session.posargs,
         env={"SBXKIT_TEST_SOCKET": docker26, "DOCKER_HOST": f"unix://{docker26}"},
         success_codes=[0, 5],
@@ -62,7 +70,29 @@ def tests(session: nox.Session) -> None:
     }
     # 5: the posargs selected nothing of the cell (e.g. ./dev test tests/unit).
     session.run(
-        "pytest", "-m", "conformance or podman", *session.posargs, env=env, success_codes=[0, 5]
+        "pytest",
+        "-m",
+        "conformance or podman",
+        f"--ignore={NETWORK_TESTS}",
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5],
+    )
+
+
+def _network_tier(session: nox.Session) -> None:
+    """tests/network inside its own namespace and daemon (scripts/network-tier), unless the
+    posargs select other tests only. 5: the posargs selected nothing of the tier."""
+    paths = [arg for arg in session.posargs if arg.startswith("tests/")]
+    if paths and not any(path.startswith(NETWORK_TESTS) for path in paths):
+        return
+    session.run(
+        "bash",
+        NETWORK_TIER,
+        *session.posargs,
+        external=True,
+        env={"PYTEST": f"{session.bin}/pytest"},
+        success_codes=[0, 5],
     )
 
 

@@ -20,6 +20,7 @@ from bench import (
     concurrent_cli,
     exec_latency,
     humaneval,
+    network,
     oneshot,
     pool,
     runtimes,
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         runtimes,
         pool,
         cluster,
+        network,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit.network.audit import Denial
+    from sbxkit.network.netns import NetworkUnavailable
+    from sbxkit.network.terms import CallbackTls, Network
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
@@ -107,6 +110,10 @@ _WHERE: dict[str, str] = {
     "EngineTimeout": "sbxkit.errors",
     "EngineUnavailable": "sbxkit.errors",
     "GpuRequest": "sbxkit.gpu",
+    "Network": "sbxkit.network.terms",
+    "CallbackTls": "sbxkit.network.terms",
+    "Denial": "sbxkit.network.audit",
+    "NetworkUnavailable": "sbxkit.network.netns",
     "GrantError": "sbxkit.broker",
     "GrantResult": "sbxkit.broker",
     "Grants": "sbxkit.broker",
@@ -183,6 +190,7 @@ __all__ = [
     "ArchiveError",
     "Backend",
     "BindMount",
+    "CallbackTls",
     "CapacityExhausted",
     "CheckedSpec",
     "CleanupError",
@@ -190,6 +198,7 @@ __all__ = [
     "Conflict",
     "ContainerMismatch",
     "Deadlines",
+    "Denial",
     "DockerBackend",
     "Engine",
     "EngineConnectionError",
@@ -212,6 +221,8 @@ __all__ = [
     "KiB",
     "Limits",
     "MiB",
+    "Network",
+    "NetworkUnavailable",
     "NeverFits",
     "NodeRefusal",
     "NotFound",

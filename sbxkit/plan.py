@@ -26,6 +26,8 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import ImageError, NotFound
 from sbxkit.gpu import GpuCursor
 from sbxkit.mounts import ExpectedMount, ResolvedMounts
+from sbxkit.network.planning import plan_network
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.policy import container_name, hardened_body
 from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts
 from sbxkit.settings import Settings
@@ -68,6 +70,8 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     mounts: ResolvedMounts
     daemon: DaemonPlan
     podman: bool = False
+    network: NetworkTerms | None = None
+    """What the lease's owner governs (sbxkit/network/): None when nothing is."""
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``Config.Env``): what its containers start with."""
 
@@ -87,6 +91,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     lifetime_s: float
     """The owner's backstop: the time limit plus ``LIFETIME_MARGIN_S``."""
     podman: bool = False
+    network: NetworkTerms | None = None
+    """The governed network's terms, carried out by the owner once the container started."""
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``DaemonFacts.image_env``)."""
 
@@ -112,6 +118,9 @@ def effective_settings(settings: Settings | None) -> Settings:
         raw = os.environb.get(b"SBXKIT_ENV")
         if raw is not None:
             settings = msgspec.structs.replace(settings, environment=raw)
+    audit_log = os.environ.get("SBXKIT_NETWORK_AUDIT_LOG", "").strip()
+    if settings.network_audit_log is None and audit_log:
+        settings = msgspec.structs.replace(settings, network_audit_log=audit_log)
     if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
         labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
         settings = msgspec.structs.replace(settings, labels=labels)
@@ -168,7 +177,14 @@ async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCurs
     image_env = await check_image(engine, checked.spec.image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
-    return DaemonFacts(mounts=mounts, daemon=daemon, podman=engine.is_podman, image_env=image_env)
+    network = await plan_network(engine, checked.spec, checked.settings)
+    return DaemonFacts(
+        mounts=mounts,
+        daemon=daemon,
+        podman=engine.is_podman,
+        image_env=image_env,
+        network=network,
+    )
 
 
 def build_plan(
@@ -191,6 +207,7 @@ def build_plan(
         resolved=facts.mounts,
         gpu_devices=facts.daemon.gpu_devices,
         podman=facts.podman,
+        network=facts.network,
     )
     if body_overrides:
         body = msgspec.structs.replace(body, **dict(body_overrides))
@@ -208,6 +225,7 @@ def build_plan(
         output_bytes=output_bytes,
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
         podman=facts.podman,
+        network=facts.network,
         image_env=facts.image_env,
     )
 

@@ -6,7 +6,7 @@
     image = "sbxkit-test/python:latest"
     user = "1000:1000"
     runtime = "gvisor"            # the daemon's runsc; any name must be registered in /info
-    network = "none"              # or "bridge" outside production
+    network_audit_log = "/var/log/sbxkit/egress.jsonl"   # governed decisions, one line each
     workdir = "/work"
     extra_flags = ["--label=team=ml"]
     enable_bind_mounts = true     # operator switches: off unless the profile says so
@@ -27,6 +27,11 @@
     fsize = "64m"
     scratch = "64m"
     shm = "64m"                   # /dev/shm
+
+    [sandbox.docker.network]      # or network = "none" | "bridge" | "managed" (routed:
+                                  # refused in production); a table is governed egress
+    allow = ["pypi.org:443", "*.pythonhosted.org:443"]
+    callback = "http://localhost:8080"
 
     [[sandbox.docker.mounts]]
     type = "bind"                 # bind | volume | tmpfs, fields as in sbxkit.mounts
@@ -86,6 +91,7 @@ from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.mcp.options import McpOptions, validate_mcp_options
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.network.terms import Network
 from sbxkit.predicates import has_control
 from sbxkit.rules import check_env, check_network, merge_labels, parse_extra_flags
 from sbxkit.settings import Settings
@@ -145,7 +151,10 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     image: str | None = None
     user: str | None = None
     runtime: str | None = None
-    network: str | None = None
+    network: str | Network | None = None
+    """A mode, or ``[sandbox.docker.network]``: a governed network (docs/network.md)."""
+    network_audit_log: str | None = None
+    """Where the governed network's decisions go (one JSON line each; absolute)."""
     workdir: str | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
@@ -257,6 +266,7 @@ def validate_profile(profile: Profile) -> None:
             state_dir=docker.supervisor.state_dir,
         )
     profile_limits(docker.limits)
+    _check_absolute(f"{ROOT}.network_audit_log", docker.network_audit_log)
     _check_absolute(f"{ROOT}.supervisor.binary", docker.supervisor.binary)
     _check_absolute(f"{ROOT}.supervisor.state_dir", docker.supervisor.state_dir)
     if docker.pool is not None:
@@ -278,7 +288,7 @@ def _validate_sandbox_runtime(profile: Profile) -> None:
     docker = section.docker
     with _under(ROOT):
         check_sandbox_fields(
-            network=docker.network,
+            network=docker.network if not isinstance(docker.network, Network) else "governed",
             user=docker.user,
             runtime=docker.runtime,
             mounts=docker.mounts,
@@ -412,6 +422,7 @@ def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
         enable_named_volumes=docker.enable_named_volumes,
         supervisor_state_dir=docker.supervisor.state_dir,
         supervisor_command=supervisor_command(docker.supervisor),
+        network_audit_log=docker.network_audit_log,
     )
     return settings, docker.supervisor
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from sbxkit.network.audit import Denial
+
 Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
 Stream = Literal["stdout", "stderr"]
 
@@ -60,6 +62,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """Peak memory and CPU time, when asked for (``measure_usage=True``); None otherwise."""
     pooled: bool = False
     """The run claimed a pre-started container of a ``Pool`` (docs/pool.md), not a cold one."""
+    denials: tuple[Denial, ...] = ()
+    """What a governed network refused during the run (docs/network.md): each destination and
+    the rule; the first 100 (the operator's audit log has every decision)."""
 
     @property
     def ok(self) -> bool:
@@ -84,4 +89,5 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "usage": None if result.usage is None else msgspec.structs.asdict(result.usage),
         "timings": msgspec.structs.asdict(result.timings),
         "pooled": result.pooled,
+        "denials": [msgspec.structs.asdict(denial) for denial in result.denials],
     }

@@ -71,6 +71,8 @@ from sbxkit.errors import (
     SpecError,
 )
 from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, MISSING_STATUS, PUT_SCRIPT, RUN_SCRIPT
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import spec_owned_keys
 from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owned import (
@@ -154,6 +156,10 @@ class Sandbox(OwnedView):
     def spec(self) -> SandboxSpec:
         return self._box.spec
 
+    async def denials(self) -> tuple[Denial, ...]:
+        """What the sandbox's governed network refused so far (docs/network.md)."""
+        return await self._box.denials()
+
     # -- exec ---------------------------------------------------------------------------------
 
     async def exec(
@@ -183,7 +189,8 @@ class Sandbox(OwnedView):
         validate_workdir(workdir, "workdir")
         env_list: list[str] | None = None
         if env:
-            merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env")
+            owned = spec_owned_keys(self.spec.network)  # the container's values stand
+            merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env", owned=owned)
             env_list = [f"{key}={value}" for key, value in sorted(merged.items())]
         return await self._run(command, stdin, timeout, max_output, workdir, env_list)
 

@@ -70,6 +70,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     """Labels on every container this process creates (an operator's or a CI job's tags; the
     environment's ``SBXKIT_LABELS=k=v,k2=v2`` when empty). They win over a spec's labels; the
     lease label stays reserved."""
+    network_audit_log: str | None = None
+    """Where a governed network's decisions go, one JSON line each (an absolute path the
+    lease's owner appends to; the environment's ``SBXKIT_NETWORK_AUDIT_LOG`` when None). None
+    and unset: nowhere but each run's ``RunResult.denials``."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
     (``sbxkit.plan.effective_settings``) and parsed only where a rule depends on it (see the

@@ -18,6 +18,7 @@ from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.image_ref import image_reference_problem
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.network.terms import Network
 from sbxkit.predicates import has_control
 from sbxkit.rules import (
     LEASE_LABEL,
@@ -40,6 +41,7 @@ __all__ = [
     "KiB",
     "Limits",
     "MiB",
+    "Network",
     "SandboxSpec",
     "parse_size",
     "parse_user",
@@ -149,9 +151,12 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     runtime's and overwrite any value here. Nothing comes from the host unless put here."""
     user: str = "65534:65534"
     workdir: str | None = None
-    network: str = "none"
-    """``none`` (default) or ``bridge``. Bridge is unrestricted egress, not destination
-    authorisation, and is refused when ``SBXKIT_ENV`` says production."""
+    network: str | Network = "none"
+    """``none`` (default), ``bridge``, ``managed``, or a governed network
+    (``Network(allow=[...], callback=...)``: still ``none``, with an allow-list proxy and a
+    callback endpoint on the sandbox's own loopback; docs/network.md). Bridge is unrestricted
+    egress, not destination authorisation; bridge and managed are refused when ``SBXKIT_ENV``
+    says production."""
     runtime: str | None = None
     """An OCI runtime registered in the daemon (``gvisor`` means ``runsc``); None is runc."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)

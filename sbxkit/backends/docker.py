@@ -27,6 +27,8 @@ from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuCursor
+from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
+from sbxkit.network.terms import Network
 from sbxkit.owned import OwnedContainer, owned_container
 from sbxkit.owner import Owner
 from sbxkit.plan import GPU_CURSOR, CheckedSpec, check_spec, effective_settings, make_plan
@@ -38,7 +40,7 @@ from sbxkit.supervisor import admin
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.wire import Recover
 
-__all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend"]
+__all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend", "governed"]
 
 
 def default_owner(
@@ -92,8 +94,13 @@ class DockerBackend:
 
     def check(self, spec: SandboxSpec | CheckedSpec, consumer: Consumer) -> CheckedSpec:
         """Docker serves every consumer; the spec is validated once (``own`` and ``run_once``
-        take the result without validating it again)."""
-        return check_spec(spec, self.settings)
+        take the result without validating it again). A governed network is refused for PTYs
+        and stdio workers, whose payload starts with the container, before its listeners."""
+        checked = check_spec(spec, self.settings)
+        refuse_ungovernable(checked.spec, consumer)
+        if governed(checked.spec):
+            gate_command(list(checked.spec.command))  # refuses what the gate cannot exec
+        return checked
 
     @asynccontextmanager
     async def own(
@@ -109,6 +116,7 @@ class DockerBackend:
         Bad input raises ``SpecError`` before the daemon is contacted.
         """
         checked = check_spec(spec, self.settings, command=command)
+        refuse_ungovernable(checked.spec, consumer)
         async with engine_or_open(self.engine, self.socket_path) as engine:
             plan = await make_plan(
                 engine, checked, gpu_cursor=self.gpu_cursor, body_overrides=body_overrides
@@ -124,11 +132,22 @@ class DockerBackend:
         *,
         on_output: OutputCallback | None = None,
     ) -> RunResult:
-        """Run ``spec.command`` once in a fresh container and remove it (design.md §3)."""
+        """Run ``spec.command`` once in a fresh container and remove it (design.md §3).
+
+        Under a governed network the command waits behind a gate (sbxkit/network/gate.py)
+        until the owner's listeners are in place, and the result carries what the network
+        refused."""
         check_stdin(stdin, streams=True)
-        async with self.own(spec, "run") as box:
-            ran = await run_attached(box, stdin, on_output)
-        return ran.result(box)
+        checked = self.check(spec, "run")
+        if not governed(checked.spec):
+            async with self.own(checked, "run") as box:
+                ran = await run_attached(box, stdin, on_output)
+            return ran.result(box)
+        gated = gate_command(list(checked.spec.command))
+        async with self.own(checked, "run", command=gated) as box:
+            ran = await run_attached(box, Prefixed(GATE_LINE, stdin), on_output)
+            denials = await box.denials()
+        return ran.result(box, denials)
 
     async def reconcile_orphans(self) -> list[str]:
         """One supervisor recovery pass now (the report's lines); ``[]`` for an own owner, or
@@ -147,6 +166,24 @@ class DockerBackend:
             stack, self._opened = self._opened, None
             self.engine = None
             await stack.aclose()
+
+
+def governed(spec: SandboxSpec) -> bool:
+    """The spec asks for listeners its owner must put in place before the payload runs."""
+    network = spec.network
+    return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
+
+
+def refuse_ungovernable(spec: SandboxSpec, consumer: Consumer) -> None:
+    """A PTY's or a stdio worker's payload starts with its container, before a governed
+    network's listeners could exist: refused, naming the network."""
+    if consumer in ("pty", "stdio") and governed(spec):
+        raise SpecError(
+            "network",
+            f"a governed network (allow, callback) is not served for {consumer} sandboxes: "
+            "their payload starts with the container, before its listeners exist; use a "
+            "one-shot run or a session",
+        )
 
 
 class DockerOptions(TypedDict, total=False):

@@ -61,6 +61,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     usage: dict[str, object] | None
     timings: dict[str, float]
     pooled: bool
+    denials: list[dict[str, object]]
 
 
 def to_json(result: RunResult) -> bytes:

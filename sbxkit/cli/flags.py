@@ -15,6 +15,7 @@ from sbxkit.argtypes import ascii_float, ascii_int
 from sbxkit.cli.common import subcommand_parser
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
+from sbxkit.network.terms import CallbackTls, Network
 from sbxkit.profile import Profile, apply_profile
 from sbxkit.spec import Limits, SandboxSpec, check_limit
 from sbxkit.units import parse_duration, parse_size
@@ -75,6 +76,30 @@ def _gpus(text: str) -> GpuRequest:
             raise SpecError("--gpus", f"a count must be at most 9999, got {stripped!r}")
         return GpuRequest(count=int(stripped))
     return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
+
+
+def _network(args: argparse.Namespace, base: str | Network) -> str | Network | None:
+    """The governed network ``--allow``, ``--callback`` and ``--tls-*`` describe over the
+    profile's (each given flag replaces that part of it), or None when none was given."""
+    allow = getattr(args, "allow", None) or []
+    callback = getattr(args, "callback", None)
+    tls = {name: getattr(args, f"tls_{name}", None) for name in ("ca", "cert", "key")}
+    if not allow and callback is None and not any(tls.values()):
+        return None
+    mode = getattr(args, "network", None) or (base if isinstance(base, str) else base.mode)
+    if mode not in ("none", "managed"):
+        raise SpecError("--allow", f"a governed network needs --network none, not {mode}")
+    network = base if isinstance(base, Network) else Network(mode="none")
+    changes: dict[str, Any] = {"mode": mode}
+    if allow:
+        changes["allow"] = list(allow)
+    if callback is not None:
+        changes["callback"] = callback
+    if any(tls.values()):
+        if tls["ca"] is None:
+            raise SpecError("--tls-ca", "the client TLS bundle starts with its CA (--tls-ca)")
+        changes["tls"] = CallbackTls(ca=tls["ca"], cert=tls["cert"], key=tls["key"])
+    return msgspec.structs.replace(network, **changes)
 
 
 def limit_value(text: str, flag: str, kind: str) -> int | float:
@@ -142,6 +167,9 @@ def spec_from_args(
             overrides[dest] = getattr(args, dest)
     if getattr(args, "gpus", None) is not None:
         overrides["gpus"] = _gpus(args.gpus)
+    network = _network(args, overrides.get("network", base.network))
+    if network is not None:
+        overrides["network"] = network
     return msgspec.structs.replace(base, **overrides)
 
 
@@ -241,5 +269,22 @@ def add_sandbox_flags(
     )
     parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
     parser.add_argument("--workdir", help="absolute working directory")
-    parser.add_argument("--network", choices=["none", "bridge"], help=network_help)
+    parser.add_argument("--network", choices=["none", "bridge", "managed"], help=network_help)
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="governed egress: the sandbox reaches HOST through sbxkit's proxy on its own "
+        "loopback (repeatable; *.DOMAIN, an address; no port means 80 and 443; "
+        "docs/network.md)",
+    )
+    parser.add_argument(
+        "--callback",
+        metavar="URL",
+        help="http(s)://HOST:PORT on the host, reached from inside as $SBXKIT_ENDPOINT",
+    )
+    parser.add_argument("--tls-ca", metavar="FILE", help="an https callback's CA (client bundle)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
+    parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")

@@ -56,6 +56,7 @@ class ResultLine(msgspec.Struct, kw_only=True):
     lease: str | None = None
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     pooled: bool = False
+    denials: list[dict[str, Any]] = msgspec.field(default_factory=list)
     error: JobError | None = None
     node: str | msgspec.UnsetType | None = msgspec.UNSET
     """Cluster batches only (``--ray``): the node the attempt ran on, and which attempt it was
@@ -113,7 +114,7 @@ LOST = "lost"
 
 class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The schema a line must match to count as a result: every key ``ResultLine`` writes
-    (the four added later optional, so older results files still resume) and no other. A
+    (the five added later optional, so older results files still resume) and no other. A
     jobs file or any other JSONL with ``id`` fields fails it, and is never taken for results."""
 
     id: JobId
@@ -134,6 +135,7 @@ class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pooled: bool = False
     node: str | None = None
     attempt: int = 1
+    denials: list[dict[str, Any]] | None = None
 
 
 _SEEN = msgspec.json.Decoder(_Seen)

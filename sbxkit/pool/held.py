@@ -30,7 +30,7 @@ import trio
 
 from sbxkit.attached import OutputCallback, supervise
 from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner
+from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
 from sbxkit.call_checks import check_pool_options, check_stdin
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SbxError, SpecError
@@ -45,6 +45,7 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
+from sbxkit.policy import claim_env
 from sbxkit.pool.inprocess import LineFirst
 from sbxkit.pool.line import claim_line
 from sbxkit.pool.shape import parked_spec
@@ -130,7 +131,7 @@ class PooledBackend(DockerBackend):
         self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
     ) -> RunResult | None:
         spec, pool = checked.spec, self.pool
-        line = claim_line(list(spec.command), dict(spec.env))
+        line = claim_line(list(spec.command), claim_env(spec))
         timeout_s = spec.limits.timeout_s
         assert timeout_s is not None  # checked
         if line is None or timeout_s > pool.max_timeout_s or spec.gpus is not None:
@@ -138,7 +139,7 @@ class PooledBackend(DockerBackend):
         t_asked = trio.current_time()
         async with self._claiming(checked) as claiming:
             image_env = claiming.facts.image_env
-            line = claim_line(list(spec.command), dict(spec.env), image_env=image_env)
+            line = claim_line(list(spec.command), claim_env(spec), image_env=image_env)
             if line is None:
                 return None
             reply = await claiming.owner.claim(claiming.claim)
@@ -189,7 +190,7 @@ class PooledBackend(DockerBackend):
             owner = self.owner or default_owner(engine, plan.settings, self.on_queued)
             assert isinstance(owner, SupervisedOwner)  # __init__ refused any other
             template = owner.register_for(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
             )
             mounts = list(plan.expected_mounts)
             timeout_s = checked.spec.limits.timeout_s
@@ -318,6 +319,7 @@ async def _run_on_claimed(
             verdict = await judge_exit(
                 engine, container_id, exit_code, ended_by_owner=lambda: owner.ended_by_owner(lease)
             )
+        denials = await owner.denials(lease) if governed(checked.spec) else ()
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal
@@ -346,4 +348,5 @@ async def _run_on_claimed(
         oom_evidence=verdict.oom_evidence,
         kill_evidence=verdict.kill_evidence,
         pooled=True,
+        denials=denials,
     )

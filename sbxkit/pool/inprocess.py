@@ -43,7 +43,7 @@ from sbxkit.pool.parking import Parking, ParkingBudget
 from sbxkit.pool.shape import parked_spec, shape_of
 from sbxkit.result import RunResult
 from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
+from sbxkit.stdin import Prefixed, StdinSource
 from sbxkit.unwrap import plain_errors
 
 __all__ = ["Claim", "LineFirst", "Pool", "open_pool"]
@@ -51,29 +51,8 @@ __all__ = ["Claim", "LineFirst", "Pool", "open_pool"]
 REFILL_BACKOFF_S = 1.0
 
 
-class LineFirst(trio.abc.ReceiveStream):
-    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
-
-    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
-        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
-        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._pending:
-            size = max_bytes or len(self._pending)
-            chunk, self._pending = self._pending[:size], self._pending[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        if self._rest is None:
-            await trio.lowlevel.checkpoint()
-            return b""
-        return await self._rest.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        if self._rest is not None:
-            await self._rest.aclose()
-        else:
-            await trio.lowlevel.checkpoint()
+LineFirst = Prefixed
+"""The claim line, then the run's own stdin (bytes or a stream), closed with it."""
 
 
 @dataclass(eq=False)
@@ -342,6 +321,7 @@ async def _claim(
         if outcome.status == "exited":
             exit_code = outcome.exit_code
             verdict = await box.judge(exit_code)
+        denials = await box.denials()  # its governed network's, before the lease ends
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):
@@ -357,7 +337,7 @@ async def _claim(
         start_s=0.0,
         run_s=run_s,
     )
-    result = ran.result(box)
+    result = ran.result(box, denials)
     return msgspec.structs.replace(
         result,
         pooled=True,

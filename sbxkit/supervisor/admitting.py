@@ -24,6 +24,7 @@ from sbxkit.admission import (
 )
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
+from sbxkit.network.planning import managed_gateway_problem
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -114,6 +115,7 @@ class Admitting(Leases):
                 state_dir=str(self.state.path),
                 environment=self.environment,
                 resolve=os.path.realpath,
+                network=register.network,
             )
         )
         return None if refusal is None else ("policy", refusal.field, refusal.reason)
@@ -138,6 +140,19 @@ class Admitting(Leases):
                 reason = f"volume {mount.source!r} {problem}"
                 return Refused(code="policy", reason=reason, field=field)
         return None
+
+    async def _managed_refusal(self, engine: Engine, register: Register) -> Refused | None:
+        """A managed network's gateway must be the daemon's bridge's (the forwarder binds it)."""
+        network = register.network
+        if network is None or network.mode != "managed":
+            return None
+        try:
+            problem = await managed_gateway_problem(engine, network)
+        except SbxError as exc:
+            problem = f"cannot inspect the managed network: {exc}"
+        if problem is None:
+            return None
+        return Refused(code="policy", reason=problem, field="network.gateway")
 
     def _hard_bound_problem(self) -> str | None:
         cap = self.config.capacity
@@ -195,6 +210,8 @@ class Admitting(Leases):
             await self._refuse(peer, "request", f"engine unavailable: {exc}")
             return None
         refused = await self._volumes_refusal(engine, register)
+        if refused is None:
+            refused = await self._managed_refusal(engine, register)
         if refused is not None:
             await peer.send(refused)
             log(f"lease {register.lease}: refused {refused.field}: {refused.reason}")
@@ -355,6 +372,7 @@ class Admitting(Leases):
             # The supervisor's cap, not the caller's wish, bounds how long a slot is held.
             now + min(register.startup_deadline_s, self.config.capacity.max_startup_deadline_s),
             now + register.lifetime_deadline_s,
+            network=register.network,
         )
         # Live and counted before the first await: the reaper must never take a lease that is
         # being admitted for an orphan.

@@ -17,6 +17,8 @@ import trio
 
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, SbxError
+from sbxkit.network.governor import Governor
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
@@ -99,8 +101,12 @@ class LiveLease:
         intent: Intent,
         startup_deadline: float,
         lifetime_deadline: float,
+        network: NetworkTerms | None = None,
     ) -> None:
         self.record = record
+        self.network = network
+        """The governed network the lease registered (its governor runs once asked)."""
+        self.governor: Governor | None = None
         self.body = body
         self.peer: Replies = peer
         self.intent = intent
@@ -118,6 +124,11 @@ class LiveLease:
 
     def request_stop(self, reason: str) -> None:
         self.intent.request_stop(reason)
+
+    def close_governor(self) -> None:
+        """Stop serving the lease's listeners (egress ends with the lease)."""
+        if self.governor is not None:
+            self.governor.close()
 
 
 async def first_of(*events: trio.Event) -> None:

@@ -260,6 +260,8 @@ class Pooling(Admitting):
         except SbxError as exc:
             return f"engine unavailable: {exc}"
         refused = await self._volumes_refusal(engine, register)
+        if refused is None:
+            refused = await self._managed_refusal(engine, register)
         if refused is not None:
             return f"refused {refused.field}: {refused.reason}"
         need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
@@ -329,6 +331,12 @@ class Pooling(Admitting):
                 podman=engine.is_podman,
             )
             await engine.container_start(container_id)
+            # A governed network's listeners are in place before the container is parked:
+            # a claim hands over a sandbox whose payload finds them there.
+            governed = live.network is not None and live.network.needs_governor
+            problem = await self._govern(live.record.lease) if governed else None
+            if problem is not None:
+                raise SbxError(f"governed network: {problem}")
         except SbxError as exc:
             pool.error = f"could not park: {exc}"
             log(f"pool {pool.key[:12]}: {pool.error}")

@@ -51,9 +51,13 @@ from sbxkit.supervisor.recovery import Recovery
 from sbxkit.supervisor.statedir import STARTUP_REFUSAL
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    AskDenials,
     Claim,
     Close,
+    Denials,
     EndPools,
+    Govern,
+    Governed,
     Hello,
     ListPools,
     Message,
@@ -161,7 +165,8 @@ class Service(Pooling, Recovery):
                 nursery.cancel_scope.cancel()
 
     async def _read_intent(self, peer: Peer, lease: str, intent: Intent) -> None:
-        """Relay the caller's messages after Register: Started, then Close (or EOF)."""
+        """Relay the caller's messages after Register: Started (and, for a governed network,
+        Govern and AskDenials, answered here), then Close (or EOF)."""
         try:
             while True:
                 message = await peer.receive()
@@ -171,6 +176,13 @@ class Service(Pooling, Recovery):
                 if isinstance(message, Started) and message.lease == lease:
                     intent.started.set()
                     intent.nudge.set()
+                elif isinstance(message, Govern) and message.lease == lease:
+                    await peer.send(Governed(lease=lease, problem=await self._govern(lease)))
+                elif isinstance(message, AskDenials) and message.lease == lease:
+                    live = self.live.get(lease)
+                    governor = live.governor if live is not None else None
+                    kept, dropped = governor.denied() if governor is not None else ((), 0)
+                    await peer.send(Denials(lease=lease, denials=list(kept), dropped=dropped))
                 elif isinstance(message, Close) and message.lease == lease:
                     intent.request_stop("caller closed")
                     return

@@ -77,6 +77,7 @@ def shape_key(claim: Claim) -> str:
         template.reservation,
         template.startup_deadline_s,
         template.lifetime_deadline_s,
+        template.network,  # the proxy's address is the same for every allow-list
         sorted(claim.expected_mounts, key=lambda m: (m.type, m.source, m.destination, m.rw)),
     )
     return hashlib.sha256(msgspec.json.encode(facts, order="sorted")).hexdigest()[:32]

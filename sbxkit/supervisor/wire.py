@@ -17,6 +17,15 @@ One connection carries one lease:
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
 
+A lease with a governed network (docs/network.md) carries its terms in ``Register.network``;
+once the caller started the container it asks the supervisor to put the listeners in place
+before the payload runs, and asks for the denials before it closes:
+
+    Govern                           ─►     (the governor enters the sandbox, binds, serves)
+                                     ◄─     Governed(problem=None) | Governed(problem)
+    AskDenials                       ─►
+                                     ◄─     Denials(denials, dropped)
+
 A connection may instead claim a parked container of a pool the supervisor holds (issue 13,
 docs/pool.md):
 
@@ -46,8 +55,10 @@ import msgspec
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import NetworkTerms
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
@@ -85,6 +96,8 @@ class Register(Message, tag="register"):
     reservation: Reservation
     startup_deadline_s: float
     lifetime_deadline_s: float
+    network: NetworkTerms | None = None
+    """A governed network: what the supervisor's governor carries out once asked (Govern)."""
 
 
 class Started(Message, tag="started"):
@@ -94,6 +107,16 @@ class Started(Message, tag="started"):
 
 
 class Close(Message, tag="close"):
+    lease: str
+
+
+class Govern(Message, tag="govern"):
+    """The container started and its payload waits: put the lease's listeners in place."""
+
+    lease: str
+
+
+class AskDenials(Message, tag="ask_denials"):
     lease: str
 
 
@@ -212,6 +235,23 @@ class Unclaimed(Message, tag="unclaimed"):
     """Why the shape's last park failed (a missing image, a full host ...), if it did."""
 
 
+class Governed(Message, tag="governed"):
+    """The answer to Govern: ``problem`` None once the listeners are in place; else why they
+    are not (the payload must not run)."""
+
+    lease: str
+    problem: str | None = None
+
+
+class Denials(Message, tag="denials"):
+    """The answer to AskDenials: the first denials of the lease's governed network, and how
+    many more were only counted."""
+
+    lease: str
+    denials: list[Denial]
+    dropped: int = 0
+
+
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
@@ -272,7 +312,19 @@ class Pools(Message, tag="pools"):
     problem: str | None = None
 
 
-ClientMessage = Hello | Register | Claim | Started | Close | Recover | Retire | ListPools | EndPools
+ClientMessage = (
+    Hello
+    | Register
+    | Claim
+    | Started
+    | Close
+    | Govern
+    | AskDenials
+    | Recover
+    | Retire
+    | ListPools
+    | EndPools
+)
 ServerMessage = (
     Welcome
     | Refused
@@ -281,6 +333,8 @@ ServerMessage = (
     | Created
     | Claimed
     | Unclaimed
+    | Governed
+    | Denials
     | Expiring
     | Failed
     | Closed

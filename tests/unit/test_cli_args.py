@@ -390,6 +390,7 @@ JSON_KEYS = {
     "usage",
     "timings",
     "pooled",
+    "denials",
 }
 
 

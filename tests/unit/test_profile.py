@@ -236,7 +236,7 @@ def test_missing_tables_and_fields_are_named(text: str, field: str) -> None:
         (
             "[sandbox.docker]\nnetwork = 'default'",
             "sandbox.docker.network",
-            "must be 'none' or 'bridge'",
+            "must be 'none', 'bridge'",
         ),
         ("[sandbox.docker]\nworkdir = 'rel'", "sandbox.docker.workdir", "absolute"),
         ("[sandbox.docker.env]\n'A=B' = 'v'", "sandbox.docker.env['A=B']", "'='"),

@@ -274,13 +274,13 @@ def test_env_values_may_hold_anything_but_nul() -> None:
             "container:x",
             "container:* is refused: it shares another container's network namespace",
         ),
-        ("default", "must be 'none' or 'bridge', got 'default'"),
-        ("", "must be 'none' or 'bridge', got ''"),
-        ("NONE", "must be 'none' or 'bridge', got 'NONE'"),
-        ("Bridge", "must be 'none' or 'bridge', got 'Bridge'"),
+        ("default", "must be 'none', 'bridge' or 'managed', got 'default'"),
+        ("", "must be 'none', 'bridge' or 'managed', got ''"),
+        ("NONE", "must be 'none', 'bridge' or 'managed', got 'NONE'"),
+        ("Bridge", "must be 'none', 'bridge' or 'managed', got 'Bridge'"),
     ],
 )
-def test_only_network_none_or_bridge_is_accepted(network: str, rule: str) -> None:
+def test_only_network_none_bridge_or_managed_is_accepted(network: str, rule: str) -> None:
     error = refused(good_spec(network=network))
     assert error.field == "network"
     assert error.rule == rule
