@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
@@ -10,16 +12,45 @@ nox.options.default_venv_backend = "venv"
 
 ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
+CLUSTER_ENGINES_UP = "scripts/cluster-engines-up"
+ENGINE26_UP = "scripts/engine26-up"
+NETWORK_TIER = "scripts/network-tier"
+NETWORK_TESTS = "tests/network"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite on Docker (provisions the engine first), then the Podman cell: the
+    """The whole suite on Docker 20.10 (provisions the engine first), the network tier in a
+    namespace of its own (docs/network.md), the Docker 26.1 cell, then the Podman cell: the
     conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
     session.run("bash", ENGINE_UP, external=True)
-    session.install("-e", ".[test,inspect]")
-    session.run("pytest", "-m", "not podman", *session.posargs)
+    cluster = _cluster_engines(session)
+    session.install("-e", ".[test,inspect,ray,mcp]")
+    # 5: posargs that select only the network tier leave nothing here
+    selected = [0, 5] if session.posargs else [0]
+    session.run(
+        "pytest",
+        "-m",
+        "not podman",
+        f"--ignore={NETWORK_TESTS}",
+        *session.posargs,
+        env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
+        success_codes=selected,
+    )
+    _network_tier(session)
+    # The Docker 26.1 cell (docs/backends.md): the conformance subset under runc, crun and runsc,
+    # plus the pool and session files and the tests that show where the engines differ.
+    docker26 = _provision(session, ENGINE26_UP, {})
+    session.run(
+        "pytest",
+        "-m",
+        "conformance or engine_cell",
+        f"--ignore={NETWORK_TESTS}",
+        *session.posargs,
+        env={"SBXKIT_TEST_SOCKET": docker26, "DOCKER_HOST": f"unix://{docker26}"},
+        success_codes=[0, 5],
+    )
     rootful = _podman_up(session, {})
     # The rootless service takes its own defaults, whatever the rootful one was given.
     rootless = _podman_up(
@@ -39,13 +70,47 @@ def tests(session: nox.Session) -> None:
     }
     # 5: the posargs selected nothing of the cell (e.g. ./dev test tests/unit).
     session.run(
-        "pytest", "-m", "conformance or podman", *session.posargs, env=env, success_codes=[0, 5]
+        "pytest",
+        "-m",
+        "conformance or podman",
+        f"--ignore={NETWORK_TESTS}",
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5],
     )
+
+
+def _network_tier(session: nox.Session) -> None:
+    """tests/network inside its own namespace and daemon (scripts/network-tier), unless the
+    posargs select other tests only. 5: the posargs selected nothing of the tier."""
+    paths = [arg for arg in session.posargs if arg.startswith("tests/")]
+    if paths and not any(path.startswith(NETWORK_TESTS) for path in paths):
+        return
+    session.run(
+        "bash",
+        NETWORK_TIER,
+        *session.posargs,
+        external=True,
+        env={"PYTEST": f"{session.bin}/pytest"},
+        success_codes=[0, 5],
+    )
+
+
+def _cluster_engines(session: nox.Session) -> str:
+    """The cluster tier's two node daemons (tests/cluster/): the ones the environment names,
+    else provisioned by scripts/cluster-engines-up (its last line: the sockets)."""
+    given = os.environ.get("SBXKIT_TEST_CLUSTER_SOCKETS", "").strip()
+    return given or _provision(session, CLUSTER_ENGINES_UP, {})
 
 
 def _podman_up(session: nox.Session, env: dict[str, str]) -> str:
     """Provision one Podman service; its socket is the script's last line of output."""
-    out = session.run("bash", PODMAN_UP, external=True, silent=True, env=env)
+    return _provision(session, PODMAN_UP, env)
+
+
+def _provision(session: nox.Session, script: str, env: dict[str, str]) -> str:
+    """Run a provisioning script that prints its socket as its last line of output."""
+    out = session.run("bash", script, external=True, silent=True, env=env)
     return str(out).strip().splitlines()[-1]
 
 
@@ -73,7 +138,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,inspect]", "mypy>=1.10")
+    session.install("-e", ".[test,inspect,mcp]", "mypy>=1.10")
     session.run("mypy")
     # What callers' type checkers must refuse (each line carries the error it must raise).
     session.run("mypy", "--warn-unused-ignores", "tests/typing")
@@ -83,5 +148,8 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
     session.run("bash", ENGINE_UP, external=True)
-    session.install("-e", ".[bench]")
-    session.run("python", "-m", "bench", *session.posargs)
+    cluster = _cluster_engines(session)  # the cluster benchmark's two nodes' daemons
+    session.install("-e", ".[bench,ray]")
+    session.run(
+        "python", "-m", "bench", *session.posargs, env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster}
+    )

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from bench import (
     cancel_latency,
     client_memory,
+    cluster,
     concurrent_cli,
     exec_latency,
     humaneval,
+    network,
     oneshot,
     pool,
     runtimes,
@@ -50,6 +52,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         humaneval,
         runtimes,
         pool,
+        cluster,
+        network,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""
@@ -57,7 +61,7 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 def _parser(bench: Benchmark) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=f"python -m bench {bench.name}", description=bench.summary
+        allow_abbrev=False, prog=f"python -m bench {bench.name}", description=bench.summary
     )
     bench.add_arguments(parser)
     return parser

@@ -257,7 +257,9 @@ def exit_share(timelines: list[dict[str, float]]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pool_timeline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m bench.pool_timeline", description=__doc__
+    )
     parser.add_argument("--claims", type=int, default=20, help="per runtime")
     parser.add_argument("--socket", default=default_socket())
     parser.add_argument("--image", default=default_busybox())

@@ -316,6 +316,8 @@ def standalone(
     argv: Sequence[str] | None = None,
 ) -> int:
     """``python -m bench.NAME [options]``: the same as ``python -m bench NAME [options]``."""
-    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=summary)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog=f"python -m bench.{name}", description=summary
+    )
     add_arguments(parser)
     return main(parser.parse_args(argv))

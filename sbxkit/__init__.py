@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit.archive import ArchiveError
+    from sbxkit.archive import ArchiveError, SandboxFileNotFound
     from sbxkit.backends.base import Backend, open_backend
     from sbxkit.backends.docker import DockerBackend
     from sbxkit.broker import (
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         Receipt,
         run_with_grants,
     )
+    from sbxkit.cluster import ClusterUnavailable, NodeRefusal, RayCluster
     from sbxkit.engine.client import Deadlines, Engine, open_engine
     from sbxkit.errors import (
         CleanupError,
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from sbxkit.gpu import GpuRequest
     from sbxkit.harness import Job, JobError, JobResult, run_many
     from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit.network.audit import Denial
+    from sbxkit.network.netns import NetworkUnavailable
+    from sbxkit.network.terms import CallbackTls, Network
     from sbxkit.oneshot import run
     from sbxkit.owner import InProcessOwner, Owner
     from sbxkit.plan import CheckedSpec, check_spec
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
         SupervisedOwner,
         SupervisorError,
     )
+    from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
@@ -81,6 +86,9 @@ _WHERE: dict[str, str] = {
     "PooledBackend": "sbxkit.pool.held",
     "PoolUnavailable": "sbxkit.pool.held",
     "PoolPerShape": "sbxkit.pool.shapes",
+    "RayCluster": "sbxkit.cluster",
+    "NodeRefusal": "sbxkit.cluster",
+    "ClusterUnavailable": "sbxkit.cluster",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit.plan",
     "CheckedSpec": "sbxkit.plan",
@@ -88,6 +96,7 @@ _WHERE: dict[str, str] = {
     "Backend": "sbxkit.backends.base",
     "AdmissionTimeout": "sbxkit.supervisor.client",
     "ArchiveError": "sbxkit.archive",
+    "SandboxFileNotFound": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
     "CapacityExhausted": "sbxkit.supervisor.client",
     "CleanupError": "sbxkit.errors",
@@ -101,6 +110,10 @@ _WHERE: dict[str, str] = {
     "EngineTimeout": "sbxkit.errors",
     "EngineUnavailable": "sbxkit.errors",
     "GpuRequest": "sbxkit.gpu",
+    "Network": "sbxkit.network.terms",
+    "CallbackTls": "sbxkit.network.terms",
+    "Denial": "sbxkit.network.audit",
+    "NetworkUnavailable": "sbxkit.network.netns",
     "GrantError": "sbxkit.broker",
     "GrantResult": "sbxkit.broker",
     "Grants": "sbxkit.broker",
@@ -113,6 +126,9 @@ _WHERE: dict[str, str] = {
     "LEASE_LABEL": "sbxkit.policy",
     "Limits": "sbxkit.spec",
     "MiB": "sbxkit.spec",
+    "KiB": "sbxkit.units",
+    "GiB": "sbxkit.units",
+    "parse_duration": "sbxkit.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
     "OutputGrant": "sbxkit.broker",
@@ -174,12 +190,15 @@ __all__ = [
     "ArchiveError",
     "Backend",
     "BindMount",
+    "CallbackTls",
     "CapacityExhausted",
     "CheckedSpec",
     "CleanupError",
+    "ClusterUnavailable",
     "Conflict",
     "ContainerMismatch",
     "Deadlines",
+    "Denial",
     "DockerBackend",
     "Engine",
     "EngineConnectionError",
@@ -187,6 +206,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineTimeout",
     "EngineUnavailable",
+    "GiB",
     "GpuRequest",
     "GrantError",
     "GrantResult",
@@ -198,9 +218,13 @@ __all__ = [
     "Job",
     "JobError",
     "JobResult",
+    "KiB",
     "Limits",
     "MiB",
+    "Network",
+    "NetworkUnavailable",
     "NeverFits",
+    "NodeRefusal",
     "NotFound",
     "OutputGrant",
     "Owner",
@@ -210,11 +234,13 @@ __all__ = [
     "PoolUnavailable",
     "PooledBackend",
     "PtySession",
+    "RayCluster",
     "Receipt",
     "RunResult",
     "Sandbox",
     "SandboxExit",
     "SandboxExpired",
+    "SandboxFileNotFound",
     "SandboxSpec",
     "SandboxUnusable",
     "SbxError",
@@ -239,6 +265,7 @@ __all__ = [
     "open_pty",
     "open_sandbox",
     "open_stdio_worker",
+    "parse_duration",
     "parse_size",
     "run",
     "run_many",

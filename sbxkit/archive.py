@@ -19,6 +19,7 @@ Rules, the same in both directions:
 
 from __future__ import annotations
 
+import errno
 import io
 import tarfile
 import unicodedata
@@ -44,6 +45,22 @@ class ArchiveError(SbxError):
         super().__init__(f"file transfer refused: {member!r}: {reason}")
         self.member = member
         self.reason = reason
+
+
+class SandboxFileNotFound(ArchiveError, FileNotFoundError):
+    """``get_files`` named a file that is not in the sandbox. An ``ArchiveError`` (so an
+    ``SbxError``) and a ``FileNotFoundError``: ``member`` and ``filename`` are the path as
+    given, ``path`` where it was looked for."""
+
+    def __init__(self, member: str, path: str) -> None:
+        ArchiveError.__init__(self, member, f"no such file in the sandbox ({path})")
+        self.errno = errno.ENOENT
+        self.strerror = "No such file in the sandbox"
+        self.filename = member
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"no such file in the sandbox: {self.member!r} ({self.path})"
 
 
 def stream_cap(max_bytes: int, max_files: int) -> int:

@@ -40,14 +40,22 @@ def ascii_float(text: str) -> float:
     return float(text)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -17,6 +17,7 @@ from sbxkit.engine.client import Waiter
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError
+from sbxkit.network.audit import Denial
 from sbxkit.outcome import Verdict
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
@@ -47,8 +48,9 @@ class Ran:
     run_s: float
     evidence: Evidence = "daemon"
 
-    def result(self, box: OwnedContainer) -> RunResult:
-        """The run's result, after the ``owned_container`` block ended (removal timed)."""
+    def result(self, box: OwnedContainer, denials: tuple[Denial, ...] = ()) -> RunResult:
+        """The run's result, after the ``owned_container`` block ended (removal timed);
+        ``denials`` are what its governed network refused."""
         timings = PhaseTimings(
             queued_s=box.queued_s,
             create_s=box.create_s,
@@ -68,6 +70,7 @@ class Ran:
             oom_evidence=self.verdict.oom_evidence,
             kill_evidence=self.verdict.kill_evidence,
             evidence=self.evidence,
+            denials=denials,
         )
 
 

@@ -1,18 +1,21 @@
 """``sbxkit demo``: run a handful of hostile payloads and show each limit holding.
 
 Each check is one real sandbox on the local engine. The demo exits 0 only if every limit held
-and every container is gone afterwards.
+and every container it created is gone afterwards. Its sandboxes carry a label of this demo
+run (``sbxkit.demo=<token>``), and only those are counted: on a shared daemon, other users'
+sandboxes and the user's own parked ``--pool`` containers carry the lease label too, and are
+none of the demo's business.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 import msgspec
 import trio
 
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.policy import LEASE_LABEL
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import Limits, MiB, SandboxSpec
@@ -97,6 +100,9 @@ CHECKS = [
     ),
 ]
 
+DEMO_LABEL = "sbxkit.demo"
+"""Every sandbox of one demo run carries ``DEMO_LABEL=<that run's token>``."""
+
 BASE = {"cpus": 0.5, "memory_bytes": 64 * MiB, "pids": 64, "output_bytes": MiB, "timeout_s": 20.0}
 
 
@@ -113,12 +119,17 @@ def _total(result: RunResult) -> float:
 
 
 @plain_async  # Ctrl-C or a run's error leaves the nursery as itself, not as a group
-async def _run_all(engine: Engine, image: str) -> list[tuple[Check, RunResult]]:
+async def _run_all(engine: Engine, image: str, token: str) -> list[tuple[Check, RunResult]]:
     results: list[tuple[Check, RunResult] | None] = [None] * len(CHECKS)
 
     async def one(index: int, check: Check) -> None:
         limits = Limits(**{**BASE, **check.limits})  # type: ignore[arg-type]
-        spec = SandboxSpec(image=image, command=["sh", "-c", check.script], limits=limits)
+        spec = SandboxSpec(
+            image=image,
+            command=["sh", "-c", check.script],
+            limits=limits,
+            labels={DEMO_LABEL: token},
+        )
         results[index] = (check, await run(spec, check.stdin, engine=engine))
 
     limiter = trio.CapacityLimiter(2)
@@ -139,7 +150,8 @@ async def _demo(image: str, socket_path: str | None) -> int:
             f"sbxkit demo: {len(CHECKS)} hostile payloads in {image} on {engine.socket_path} "
             f"(API {engine.api_version})\n"
         )
-        outcomes = await _run_all(engine, image)
+        token = secrets.token_hex(8)
+        outcomes = await _run_all(engine, image, token)
         width = max(len(c.title) for c in CHECKS)
         failures = 0
         for check, result in outcomes:
@@ -150,8 +162,8 @@ async def _demo(image: str, socket_path: str | None) -> int:
                 f"  {mark}  {check.title:<{width}}  expected {check.expect:<34} "
                 f"got {_describe(result)}  [{_total(result):.2f} s]"
             )
-        leftovers = await engine.container_list(label=LEASE_LABEL)
-        print(f"\n  containers left behind: {len(leftovers)}")
+        leftovers = await engine.container_list(label=f"{DEMO_LABEL}={token}")
+        print(f"\n  containers this demo left behind: {len(leftovers)}")
         ok = failures == 0 and not leftovers
         print("  every limit held." if ok else f"  {failures} check(s) failed.")
         return 0 if ok else 1

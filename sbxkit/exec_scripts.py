@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sbxkit.policy import SCRATCH_PATH
 
-__all__ = ["EXEC_FILE", "GET_SCRIPT", "KILL_SCRIPT", "PUT_SCRIPT", "RUN_SCRIPT"]
+__all__ = ["EXEC_FILE", "GET_SCRIPT", "KILL_SCRIPT", "MISSING_STATUS", "PUT_SCRIPT", "RUN_SCRIPT"]
 
 EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
 """Prefix of each exec's group-id record (``.pid``)."""
@@ -17,10 +17,13 @@ EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
 RUN_SCRIPT = (
     f"f={EXEC_FILE}$1; shift; "
     "setsid sh -c '"
-    'echo $$ >"$0.pid" || { echo "sbxkit: cannot record the process group in $0.pid" >&2; '
-    "exit 126; }; "
+    'echo $$ >"$1.pid" || { echo "sbxkit: cannot record the process group of $2 in '
+    + SCRATCH_PATH
+    + ' (is it full?)" >&2; exit 126; }; '
+    "shift; "
+    'command -v "$1" >/dev/null || { echo "sbxkit: $1: command not found" >&2; exit 127; }; '
     'exec "$@"'
-    '\' "$f" "$@"; '
+    '\' sbxkit "$f" "$@"; '
     "s=$?; "
     'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
     'case "$p" in ""|*[!0-9]*) ;; *) kill -0 -$p 2>/dev/null && exit $s;; esac; '
@@ -30,11 +33,13 @@ RUN_SCRIPT = (
 """The exec wrapper. ``$1`` is the exec's token, the rest is the command. The outer ``sh`` is
 the exec's main process and forks ``setsid``, which (not being a group leader) makes the inner
 ``sh`` the leader of a new session and group without forking; the inner ``sh`` records its pid
-(= the group id) and becomes the command. The outer ``sh`` returns the command's status and
-removes the record — unless the group outlived its leader (background children): then the
-record stays, so a timeout that comes while they hold the exec's output open still finds and
-kills them. Nothing the wrapper reads can stop the command: a file in the scratch space is the
-payload's to write, and an earlier exec's process could forge it."""
+(= the group id) and becomes the command. The inner ``sh`` is named ``sbxkit`` (its ``$0``, the
+name its errors carry), and a command it cannot find is said as ``sbxkit: CMD: command not
+found`` (127, as a shell says it) — never with the record's path. The outer ``sh`` returns the
+command's status and removes the record — unless the group outlived its leader (background
+children): then the record stays, so a timeout that comes while they hold the exec's output
+open still finds and kills them. Nothing the wrapper reads can stop the command: a file in the
+scratch space is the payload's to write, and an earlier exec's process could forge it."""
 
 KILL_SCRIPT = (
     f"f={EXEC_FILE}$1; "
@@ -74,13 +79,21 @@ PUT_SCRIPT = (
 """``$1`` the file root, ``$2`` the destination, the rest every directory on the way to it and
 every directory and file the archive names, relative to the root: none may be a link already
 (``mkdir -p`` and tar would write through it)."""
+MISSING_STATUS = 3
+"""``GET_SCRIPT``'s exit status for a file that is not there (its name on stderr); tar's own
+are 1 and 2."""
 GET_SCRIPT = (
     _OUT
     + _ROOT
-    + 'for p in "$@"; do a=$(cd "${p%/*}" 2>/dev/null && pwd -P) || continue; '
-    + 'case "$a/" in "${r%/}"/*) ;; *) _out;; esac; done; '
+    + '_no() { printf "%s\\n" "$p" >&2; exit 3; }; '
+    + 'for p in "$@"; do a=$(cd "${p%/*}" 2>/dev/null && pwd -P) || { '
+    + '[ -e "${p%/*}" ] || _no; continue; }; '
+    + 'case "$a/" in "${r%/}"/*) ;; *) _out;; esac; '
+    + '[ -e "$p" ] || [ -L "$p" ] || _no; done; '
     + 'exec tar -c -f - "$@"'
 )
 """``$1`` the file root, the rest the files (``./``-relative): each one's directory must resolve
 under the root (tar follows links on the way; a link at the end it archives as a link, which
-the parser refuses)."""
+the parser refuses). A file that is not there — or whose directory is not — ends it with
+``MISSING_STATUS`` and its name, checked after its directory is known to be under the root
+(so nothing is said about places outside it)."""

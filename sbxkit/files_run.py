@@ -51,6 +51,7 @@ async def run_with_files(
             max_output=spec.limits.output_bytes,
             workdir=spec.workdir,
         )
+        result = msgspec.structs.replace(result, denials=await sandbox.denials())
         if before is None or result.status == "killed":
             return result
         after = await sandbox.usage()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import msgspec
 import trio
@@ -107,6 +108,14 @@ class JobResult(msgspec.Struct, frozen=True, kw_only=True):
     queued_s: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
+    node: str | None = None
+    """On a cluster (``cluster=``): the name of the node the attempt ran on; None locally."""
+    attempt: int = 1
+    """On a cluster: which attempt of the job this is (a lost attempt is retried)."""
+    lost: bool = False
+    """On a cluster: the attempt's node (or its agent) was lost mid-run and the job goes to
+    another attempt. Only ``on_result`` hears about lost attempts; ``run_many`` returns each
+    job's final result."""
 
     @property
     def ok(self) -> bool:
@@ -218,6 +227,23 @@ JobRunner = Callable[[int, Job, Backend], Awaitable[RunResult]]
 """Runs job ``index`` once: cold on the given backend, or claimed from a pool."""
 
 
+class ClusterRunner(Protocol):
+    """Where ``run_many(cluster=...)`` sends a batch: ``sbxkit.RayCluster`` (sbxkit/cluster/),
+    which runs each job on a node of its cluster through that node's own supervisor."""
+
+    async def run_jobs(
+        self,
+        jobs: Sequence[Job],
+        needs: Sequence[Need],
+        *,
+        parallel: int,
+        on_result: ResultCallback | None,
+        on_start: StartCallback | None,
+        settings: Settings | None,
+        capacity_wait_s: float,
+    ) -> list[JobResult]: ...
+
+
 def _error_of(exc: BaseException) -> JobError:
     container_id = getattr(exc, "container_id", None)
     lease = getattr(exc, "lease", None)
@@ -317,6 +343,7 @@ async def run_many(
     on_start: StartCallback | None = None,
     backend: Backend | None = None,
     pool: Pool | PoolPerShape | None = None,
+    cluster: ClusterRunner | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
@@ -332,6 +359,9 @@ async def run_many(
     the batch for the batch, sized for the jobs still to start, never more than ``parallel``
     parked in all (docs/pool.md); a ``Pool`` you opened (``sbxkit.open_pool``) serves its one
     shape. A removal of a parked container that failed is raised when the batch ends.
+    ``cluster`` (``sbxkit.RayCluster``) runs the batch on a Ray cluster instead, each job on a
+    node whose own supervisor admits and removes it (docs/cluster.md); ``parallel`` then bounds
+    the jobs in flight across the cluster, and the local engine options do not apply.
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
     ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
@@ -355,6 +385,16 @@ async def run_many(
         if job.id in seen:
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index
+    if cluster is not None:
+        _refuse_beside_cluster(
+            engine=engine,
+            owner_factory=owner_factory,
+            socket_path=socket_path,
+            backend=backend,
+            pool=pool,
+            host_memory_bytes=host_memory_bytes,
+            host_cpus=host_cpus,
+        )
     admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
     if isinstance(pool, PoolPerShape):
         pool.check()
@@ -365,6 +405,16 @@ async def run_many(
     needs = [need_of(job.spec) for job in job_list]
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
+    if cluster is not None:
+        return await cluster.run_jobs(
+            job_list,
+            needs,
+            parallel=parallel,
+            on_result=on_result,
+            on_start=on_start,
+            settings=settings,
+            capacity_wait_s=capacity_wait_s,
+        )
 
     async def dispatch(backend_for_job: Callable[[], Backend]) -> list[JobResult]:
         async with _job_runner(pool, backend_for_job, job_list, parallel) as runner:
@@ -393,6 +443,18 @@ async def run_many(
             return DockerBackend(engine=eng, owner=owner, settings=settings, wait_for_removal=True)
 
         return await dispatch(backend_for_job)
+
+
+def _refuse_beside_cluster(**options: object) -> None:
+    """A cluster batch runs on each node's own engine and supervisor: the local options have
+    nothing to apply to."""
+    given = sorted(name for name, value in options.items() if value is not None)
+    if given:
+        raise SpecError(
+            "cluster",
+            f"runs each job on a node's own engine and supervisor; {', '.join(given)} "
+            "cannot be given with it",
+        )
 
 
 async def _dispatch(

@@ -27,10 +27,13 @@ from sbxkit.errors import (
     SbxError,
 )
 from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit.network.audit import Denial
+from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.outcome import Verdict, judge_exit
-from sbxkit.owner import Owner
+from sbxkit.owner import GoverningOwner, Owner
 from sbxkit.plan import Plan
 from sbxkit.result import Status, Stream
+from sbxkit.spec import parse_user
 from sbxkit.verify import check_created
 
 KILL_BUDGET_S = 10.0
@@ -103,9 +106,36 @@ class OwnedContainer:
         self._owner = owner
 
     async def start(self) -> None:
-        """Start the container and tell the owner (its launch slot goes to the next)."""
+        """Start the container and tell the owner (its launch slot goes to the next); then,
+        for a governed network, have the owner put its listeners in place — before anything
+        is written to the payload's stdin, which is what releases a gated or parked payload
+        (sbxkit/network/gate.py, sbxkit/pool.py)."""
         await self.engine.container_start(self.container_id)
         await self._owner.started(self.lease)
+        await self.govern()
+
+    @property
+    def governed(self) -> bool:
+        """The owner runs listeners for this sandbox (its payload waits for them)."""
+        return self.plan.network is not None and self.plan.network.needs_governor
+
+    async def govern(self) -> None:
+        """The seam between a started container and its payload: the owner's listeners."""
+        terms = self.plan.network
+        if terms is None or not terms.needs_governor:
+            return
+        if not isinstance(self._owner, GoverningOwner):
+            raise NetworkUnavailable(
+                f"the owner {type(self._owner).__name__} cannot govern a network"
+            )
+        user = parse_user(self.plan.body.user or self.spec.user)
+        await self._owner.govern(self.lease, self.container_id, terms, user)
+
+    async def denials(self) -> tuple[Denial, ...]:
+        """What the sandbox's governed network refused so far (empty when it has none)."""
+        if not self.governed or not isinstance(self._owner, GoverningOwner):
+            return ()
+        return await self._owner.denials(self.lease)
 
     @property
     def timeout_s(self) -> float:
@@ -161,8 +191,9 @@ async def owned_container(
     if plan.io_dir is not None:  # the kernel path's FIFOs: the bind's source must exist
         make_io_dir(Path(plan.io_dir).parent, plan.lease, *sandbox_ids(plan.body.user))
     try:
+        extra = {"network": plan.network} if plan.network is not None else {}
         container_id = await owner.create(
-            plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+            plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
         )
         inspected = await engine.container_inspect(container_id)
         check_created(

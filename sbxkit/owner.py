@@ -14,7 +14,7 @@ queue per daemon socket and trio run, shared by every ``InProcessOwner`` of that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import trio
 
@@ -23,6 +23,9 @@ from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits
 from sbxkit.kernel.scripts import io_root
+from sbxkit.network.audit import Denial
+from sbxkit.network.governor import Governor
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.ownership import Removal, remove_until_gone
 from sbxkit.supervisor.journal import default_state_dir
 
@@ -38,9 +41,19 @@ class Owner(Protocol):
         ...
 
     async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
     ) -> str:
         """Create the stopped container; return its immutable id.
+
+        ``network`` (given only for a governed sandbox) is what the owner will govern once the
+        container started (``GoverningOwner.govern``); the supervisor re-checks the body
+        against it.
 
         ``lifetime_s`` is the backstop: an owner that can act on its own (the supervisor)
         removes the container once that long has passed since registration, whatever the
@@ -79,6 +92,23 @@ class Owner(Protocol):
         Returns only once the daemon confirmed removal or that it is gone; raises CleanupError
         otherwise. Must be called from a shielded scope.
         """
+        ...
+
+
+@runtime_checkable
+class GoverningOwner(Protocol):
+    """An owner that can govern a sandbox's network (docs/network.md): it runs the sandbox's
+    listeners for as long as it owns the lease, so they die with it."""
+
+    async def govern(
+        self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
+    ) -> None:
+        """Put the lease's listeners in place (the container started; its payload not yet).
+        Raises ``NetworkUnavailable`` when they cannot be: the payload must not run."""
+        ...
+
+    async def denials(self, lease: str) -> tuple[Denial, ...]:
+        """What the lease's governed network refused so far."""
         ...
 
 
@@ -161,6 +191,32 @@ def need_of_body(body: ContainerCreate) -> Need:
     )
 
 
+_GOVERNORS: trio.lowlevel.RunVar[trio.Nursery] = trio.lowlevel.RunVar("sbxkit_governors")
+
+
+async def governor_nursery() -> trio.Nursery:
+    """Where this trio run's in-process governors serve: a nursery in a system task, so a
+    lease's listeners outlive the task that asked for them (a pool's park, a session's block)
+    and end with the run at the latest."""
+    try:
+        return _GOVERNORS.get()
+    except LookupError:
+        pass
+    ready: list[trio.Nursery] = []
+    opened = trio.Event()
+
+    async def host() -> None:
+        async with trio.open_nursery() as nursery:
+            ready.append(nursery)
+            opened.set()
+            await trio.sleep_forever()
+
+    trio.lowlevel.spawn_system_task(host, name="sbxkit governors")
+    await opened.wait()
+    _GOVERNORS.set(ready[0])
+    return ready[0]
+
+
 class InProcessOwner:
     """Owns containers from the calling process; does not survive the caller being killed."""
 
@@ -171,9 +227,30 @@ class InProcessOwner:
         self._remove_budget_s = remove_budget_s
         self._queued: dict[str, float] = {}
         self._gate: InProcessAdmission | None = None
+        self._governors: dict[str, Governor] = {}
+
+    async def govern(
+        self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
+    ) -> None:
+        """Run the lease's governor in this process (its listeners are this process's)."""
+        governor = Governor(lease, terms, user=user)
+        nursery = await governor_nursery()
+        await nursery.start(governor.run, self._engine, container_id)
+        self._governors[lease] = governor
+
+    async def denials(self, lease: str) -> tuple[Denial, ...]:
+        await trio.lowlevel.checkpoint()
+        governor = self._governors.get(lease)
+        return () if governor is None else governor.denied()[0]
 
     async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
     ) -> str:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
         # timeout alone. A cancel that arrives while waiting for admission is honoured: nothing
@@ -205,6 +282,9 @@ class InProcessOwner:
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)
+        governor = self._governors.pop(lease, None)
+        if governor is not None:
+            governor.close()  # its listeners go with the lease
         removal = Removal()
         with trio.CancelScope(shield=True):
             with trio.move_on_after(self._remove_budget_s) as budget:

@@ -28,6 +28,8 @@ from sbxkit.errors import ImageError, NotFound, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.scripts import kernel_io
 from sbxkit.mounts import ExpectedMount, ResolvedMounts
+from sbxkit.network.planning import plan_network
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.policy import container_name, hardened_body
 from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts
 from sbxkit.settings import Settings
@@ -70,6 +72,8 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     mounts: ResolvedMounts
     daemon: DaemonPlan
     podman: bool = False
+    network: NetworkTerms | None = None
+    """What the lease's owner governs (sbxkit/network/): None when nothing is."""
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``Config.Env``): what its containers start with."""
     image_id: str = ""
@@ -90,6 +94,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     lifetime_s: float
     """The owner's backstop: the time limit plus ``LIFETIME_MARGIN_S``."""
     podman: bool = False
+    network: NetworkTerms | None = None
+    """The governed network's terms, carried out by the owner once the container started."""
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``DaemonFacts.image_env``)."""
     image_id: str = ""
@@ -124,6 +130,9 @@ def effective_settings(settings: Settings | None) -> Settings:
         if evidence not in ("auto", "daemon"):
             raise SpecError("SBXKIT_EVIDENCE", f"must be auto or daemon, got {evidence!r}")
         settings = msgspec.structs.replace(settings, evidence=evidence)
+    audit_log = os.environ.get("SBXKIT_NETWORK_AUDIT_LOG", "").strip()
+    if settings.network_audit_log is None and audit_log:
+        settings = msgspec.structs.replace(settings, network_audit_log=audit_log)
     if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
         labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
         settings = msgspec.structs.replace(settings, labels=labels)
@@ -181,12 +190,14 @@ async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCurs
     image_id, image_env = await check_image(engine, checked.spec.image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
+    network = await plan_network(engine, checked.spec, checked.settings)
     return DaemonFacts(
         mounts=mounts,
         daemon=daemon,
         podman=engine.is_podman,
         image_env=image_env,
         image_id=image_id,
+        network=network,
     )
 
 
@@ -212,6 +223,7 @@ def build_plan(
         resolved=facts.mounts,
         gpu_devices=facts.daemon.gpu_devices,
         podman=facts.podman,
+        network=facts.network,
     )
     if body_overrides:
         body = msgspec.structs.replace(body, **dict(body_overrides))
@@ -235,6 +247,7 @@ def build_plan(
         output_bytes=output_bytes,
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
         podman=facts.podman,
+        network=facts.network,
         image_env=facts.image_env,
         image_id=facts.image_id,
         io_dir=io_dir,

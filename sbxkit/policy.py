@@ -23,7 +23,22 @@ from sbxkit.engine.models import (
 from sbxkit.errors import SpecError
 from sbxkit.gpu import device_request
 from sbxkit.mounts import ResolvedMounts
-from sbxkit.rules import HOST_GATEWAY_ALIAS, merge_env, runtime_env, runtime_name
+from sbxkit.network.terms import (
+    MANAGED_ALIASES,
+    TLS_TMPFS,
+    NetworkTerms,
+    network_env,
+    network_mode,
+    owned_keys,
+    spec_owned_keys,
+)
+from sbxkit.rules import (
+    HOST_GATEWAY_ALIAS,
+    RUNTIME_ENV_KEYS,
+    merge_env,
+    runtime_env,
+    runtime_name,
+)
 from sbxkit.settings import Settings
 from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, spec_labels, validate_spec
 
@@ -108,10 +123,37 @@ def _env_list(env: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in sorted(env.items())]
 
 
-def container_env(spec: SandboxSpec, lease: str) -> dict[str, str]:
-    """The spec's environment with the runtime's keys (``SBXKIT_LEASE``, ``SBXKIT_SANDBOX``)
-    written last, so no user or profile value can impersonate another lease."""
-    return merge_env(spec.env, runtime=runtime_env(lease))
+def container_env(
+    spec: SandboxSpec, lease: str, network: NetworkTerms | None = None
+) -> dict[str, str]:
+    """The spec's environment with the runtime's keys (``SBXKIT_LEASE``, ``SBXKIT_SANDBOX``,
+    and a governed network's: the proxy variables, ``SBXKIT_ENDPOINT``, the TLS paths)
+    written last, so no user or profile value can impersonate another lease or route around
+    the proxy."""
+    runtime = {**runtime_env(lease), **network_env(network)}
+    return merge_env(spec.env, runtime=runtime, owned=owned_keys(network))
+
+
+def claim_env(spec: SandboxSpec) -> dict[str, str]:
+    """The spec's environment as a pool's claim line exports it: without the keys the runtime
+    owns (the lease's, a governed network's), which the parked container's body already holds
+    and no spec may override."""
+    owned = spec_owned_keys(spec.network) | set(RUNTIME_ENV_KEYS)
+    return {key: value for key, value in spec.env.items() if key not in owned}
+
+
+def named_callback(network: NetworkTerms | None) -> bool:
+    """A governed (``none``) sandbox whose callback is reached by name: Docker must give it its
+    own ``/etc/hosts`` (``NetworkDisabled=false``; still only loopback under ``none``), which
+    the governor extends with that name before the payload runs."""
+    return network is not None and network.mode == "none" and network.callback is not None
+
+
+def managed_hosts(network: NetworkTerms) -> list[str]:
+    """``ExtraHosts`` of the managed network: the reference's host aliases, on the bridge's
+    gateway (native Linux) or Docker's ``host-gateway`` (Docker Desktop and its kin)."""
+    target = network.gateway or "host-gateway"
+    return [f"{alias}:{target}" for alias in MANAGED_ALIASES]
 
 
 def _gpu_ids(spec: SandboxSpec, gpu_devices: Sequence[str] | None) -> list[str] | None:
@@ -139,6 +181,7 @@ class BodyInputs(TypedDict, total=False):
     resolved: ResolvedMounts | None
     gpu_devices: Sequence[str] | None
     podman: bool
+    network: NetworkTerms | None
 
 
 def build_create_body(
@@ -158,6 +201,7 @@ def hardened_body(
     resolved: ResolvedMounts | None = None,
     gpu_devices: Sequence[str] | None = None,
     podman: bool = False,
+    network: NetworkTerms | None = None,
 ) -> ContainerCreate:
     """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
@@ -166,15 +210,29 @@ def hardened_body(
     arguments). Docker treats a present-but-empty Entrypoint as "none", so the command runs
     exactly as given, under tini (``Init=True``).
 
-    ``network="bridge"`` (allowed outside production only) is the one switch that opens the
-    network: ``NetworkMode=bridge``, ``NetworkDisabled=false`` and a ``host.docker.internal``
-    alias for the host gateway. ``gpu_devices`` are CDI ids the I/O shell resolved against the
-    daemon (required when ``spec.gpus`` is a count). ``podman`` adapts the body to a Podman
-    API service: scratch tmpfs without ``uid``/``gid`` and explicit ``nofile``/``nproc``.
+    ``network="bridge"`` (allowed outside production only) opens the network:
+    ``NetworkMode=bridge``, ``NetworkDisabled=false`` and a ``host.docker.internal`` alias for
+    the host gateway; ``managed`` joins sbxkit's managed bridge (``network`` carries its name
+    and gateway) with the reference's host aliases. A governed network (``network`` terms with
+    mode none) stays ``NetworkMode=none`` and adds only its owned variables (and a tiny
+    root-owned tmpfs for a client TLS bundle). ``gpu_devices`` are CDI ids the I/O shell
+    resolved against the daemon (required when ``spec.gpus`` is a count). ``podman`` adapts
+    the body to a Podman API service: scratch tmpfs without ``uid``/``gid`` and explicit
+    ``nofile``/``nproc``.
     """
     _check_lease(lease)
     resolved = resolved or ResolvedMounts()
-    bridge = spec.network == "bridge"
+    mode = network_mode(spec.network)
+    bridge = mode == "bridge"
+    managed = network if mode == "managed" else None
+    if mode == "managed" and (managed is None or managed.network_name is None):
+        raise SpecError("network", "the managed network is resolved before the body is built")
+    routed = bridge or managed is not None
+    network_mode_value = "bridge" if bridge else "none"
+    extra_hosts = [HOST_GATEWAY_ALIAS] if bridge else None
+    if managed is not None:
+        assert managed.network_name is not None
+        network_mode_value, extra_hosts = managed.network_name, managed_hosts(managed)
     gpu_ids = _gpu_ids(spec, gpu_devices)
     limits = spec.limits
     cpus = _required(limits.cpus, "limits.cpus")
@@ -197,14 +255,15 @@ def hardened_body(
         security_opt=["no-new-privileges"],
         restart_policy=RestartPolicy(name="no"),
         log_config=LogConfig(type="none"),
-        network_mode="bridge" if bridge else "none",
-        extra_hosts=[HOST_GATEWAY_ALIAS] if bridge else None,
+        network_mode=network_mode_value,
+        extra_hosts=extra_hosts,
         init=True,
         privileged=False,
         auto_remove=False,
         tmpfs={
             SCRATCH_PATH: scratch_options(spec, podman=podman),
             **(PODMAN_SEALED_TMPFS if podman else {}),
+            **(TLS_TMPFS if network is not None and network.tls is not None else {}),
             **resolved.tmpfs,
         },
         binds=list(resolved.binds) or None,
@@ -216,7 +275,7 @@ def hardened_body(
         image=spec.image,
         cmd=list(spec.command),
         entrypoint=[],
-        env=_env_list(container_env(spec, lease)),
+        env=_env_list(container_env(spec, lease, network)),
         user=spec.user,
         working_dir=spec.workdir,
         labels={**spec_labels(spec), **(settings.labels if settings else {}), LEASE_LABEL: lease},
@@ -226,7 +285,7 @@ def hardened_body(
         open_stdin=True,
         stdin_once=True,
         tty=False,
-        network_disabled=not bridge,
+        network_disabled=not routed and not named_callback(network),
         healthcheck=HealthConfig(test=["NONE"]),
         host_config=host_config,
     )

@@ -6,7 +6,7 @@
     image = "sbxkit-test/python:latest"
     user = "1000:1000"
     runtime = "gvisor"            # the daemon's runsc; any name must be registered in /info
-    network = "none"              # or "bridge" outside production
+    network_audit_log = "/var/log/sbxkit/egress.jsonl"   # governed decisions, one line each
     workdir = "/work"
     extra_flags = ["--label=team=ml"]
     enable_bind_mounts = true     # operator switches: off unless the profile says so
@@ -20,13 +20,18 @@
 
     [sandbox.docker.limits]
     cpus = 1
-    memory = "256m"               # sizes: "256m", "1g", "512KiB" or a byte count
+    memory = "256m"               # sizes: "256m", "1.5g", "512KiB" or a byte count
     pids = 128
     max_output = "1m"
-    timeout = 30
+    timeout = 30                  # durations: seconds, or "500ms", "30s", "5m", "1h"
     fsize = "64m"
     scratch = "64m"
     shm = "64m"                   # /dev/shm
+
+    [sandbox.docker.network]      # or network = "none" | "bridge" | "managed" (routed:
+                                  # refused in production); a table is governed egress
+    allow = ["pypi.org:443", "*.pythonhosted.org:443"]
+    callback = "http://localhost:8080"
 
     [[sandbox.docker.mounts]]
     type = "bind"                 # bind | volume | tmpfs, fields as in sbxkit.mounts
@@ -36,6 +41,9 @@
     [sandbox.docker.supervisor]
     binary = "/usr/local/bin/sbxkit-supervisor"   # what the client launches (SBXKIT_SUPERVISOR)
     state_dir = "/var/lib/sbxkit/leases"         # absolute
+
+    [mcp]                         # sbxkit mcp: what models may have (sbxkit/mcp/options.py)
+    images = ["sbxkit-test/python:latest"]
 
 The microVM runtime (docs/adr-sbx.md) is opt-in; ``[sandbox.docker]`` still carries the
 spec's defaults (limits, env, workdir), and what a microVM cannot honour is refused here::
@@ -81,7 +89,9 @@ from sbxkit.bounded_read import read_bounded
 from sbxkit.call_checks import check_pool_options
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
+from sbxkit.mcp.options import McpOptions, validate_mcp_options
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.network.terms import Network
 from sbxkit.predicates import has_control
 from sbxkit.rules import check_env, check_network, merge_labels, parse_extra_flags
 from sbxkit.settings import Settings
@@ -89,7 +99,6 @@ from sbxkit.spec import (
     Limits,
     SandboxSpec,
     check_limit,
-    parse_size,
     parse_user,
     spec_error_from,
     validate_image,
@@ -98,6 +107,7 @@ from sbxkit.spec import (
     validate_workdir,
 )
 from sbxkit.textcheck import check_utf8
+from sbxkit.units import parse_duration, parse_size
 
 ROOT = "sandbox.docker"
 SBX_ROOT = "sandbox.sbx"
@@ -106,7 +116,8 @@ MAX_PROFILE_BYTES = 1024 * 1024
 
 
 class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """``[sandbox.docker.limits]``: CLI-style names; sizes as strings ("256m") or byte counts."""
+    """``[sandbox.docker.limits]``: CLI-style names; sizes as strings ("256m") or byte counts,
+    the timeout in seconds or as a string ("5m", read before decoding: ``read_durations``)."""
 
     cpus: float | None = None
     memory: int | str | None = None
@@ -140,7 +151,10 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     image: str | None = None
     user: str | None = None
     runtime: str | None = None
-    network: str | None = None
+    network: str | Network | None = None
+    """A mode, or ``[sandbox.docker.network]``: a governed network (docs/network.md)."""
+    network_audit_log: str | None = None
+    """Where the governed network's decisions go (one JSON line each; absolute)."""
     workdir: str | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
@@ -176,10 +190,12 @@ class SandboxSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, f
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     sandbox: SandboxSection
+    mcp: McpOptions | None = None
+    """``[mcp]``: what ``sbxkit mcp`` lets models have (docs/mcp.md)."""
 
 
 # Profile limit name → (Limits field, is a size).
-_LIMITS: dict[str, tuple[str, bool]] = {
+LIMIT_FIELDS: dict[str, tuple[str, bool]] = {
     "cpus": ("cpus", False),
     "memory": ("memory_bytes", True),
     "pids": ("pids", False),
@@ -200,14 +216,15 @@ def _under(prefix: str) -> Iterator[None]:
         raise SpecError(f"{prefix}.{error.field}", error.rule) from None
 
 
-def profile_limits(limits: ProfileLimits) -> dict[str, Any]:
-    """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path."""
+def profile_limits(limits: ProfileLimits, where_root: str = f"{ROOT}.limits") -> dict[str, Any]:
+    """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path
+    (``where_root``: the table they came from, e.g. a tool call's ``limits``)."""
     values: dict[str, Any] = {}
-    for name, (field, is_size) in _LIMITS.items():
+    for name, (field, is_size) in LIMIT_FIELDS.items():
         raw = getattr(limits, name)
         if raw is None:
             continue
-        where = f"{ROOT}.limits.{name}"
+        where = f"{where_root}.{name}"
         value = parse_size(raw, where) if is_size and isinstance(raw, str) else raw
         check_limit(field, value, where)
         values[field] = value
@@ -252,11 +269,14 @@ def validate_profile(profile: Profile) -> None:
             state_dir=docker.supervisor.state_dir,
         )
     profile_limits(docker.limits)
+    _check_absolute(f"{ROOT}.network_audit_log", docker.network_audit_log)
     _check_absolute(f"{ROOT}.supervisor.binary", docker.supervisor.binary)
     _check_absolute(f"{ROOT}.supervisor.state_dir", docker.supervisor.state_dir)
     if docker.pool is not None:
         pool = docker.pool
         check_pool_options(pool.size, pool.idle_ttl, pool.max_timeout, f"{ROOT}.pool")
+    if profile.mcp is not None:
+        validate_mcp_options(profile.mcp)
     _validate_sandbox_runtime(profile)
 
 
@@ -271,7 +291,7 @@ def _validate_sandbox_runtime(profile: Profile) -> None:
     docker = section.docker
     with _under(ROOT):
         check_sandbox_fields(
-            network=docker.network,
+            network=docker.network if not isinstance(docker.network, Network) else "governed",
             user=docker.user,
             runtime=docker.runtime,
             mounts=docker.mounts,
@@ -318,8 +338,29 @@ def decode_profile(text: str | bytes, source: str = "profile") -> Profile:
     return profile_from_dict(data)
 
 
+DURATIONS = (("limits", "timeout"), ("pool", "idle_ttl"), ("pool", "max_timeout"))
+"""``[sandbox.docker]`` keys that are durations: seconds, or ``"5m"``, ``"500ms"`` (units.py)."""
+
+
+def read_durations(data: object) -> object:
+    """``data`` with each duration of ``DURATIONS`` given as a string read into seconds (under
+    its TOML path in an error); anything else is left for the profile's decoding to judge."""
+    sandbox = data.get("sandbox") if isinstance(data, dict) else None
+    docker = sandbox.get("docker") if isinstance(sandbox, dict) else None
+    if not (isinstance(data, dict) and isinstance(sandbox, dict) and isinstance(docker, dict)):
+        return data
+    tables = {**docker}
+    for table, key in DURATIONS:
+        section = tables.get(table)
+        if isinstance(section, dict) and isinstance(section.get(key), str):
+            seconds = parse_duration(section[key], f"{ROOT}.{table}.{key}")
+            tables[table] = {**section, key: seconds}
+    return {**data, "sandbox": {**sandbox, "docker": tables}}
+
+
 def profile_from_dict(data: object) -> Profile:
     """Convert decoded TOML data to a validated Profile; every refusal is a SpecError."""
+    data = read_durations(data)
     try:
         profile = msgspec.convert(data, Profile)
     except msgspec.ValidationError as error:
@@ -385,6 +426,7 @@ def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
         supervisor_state_dir=docker.supervisor.state_dir,
         supervisor_command=supervisor_command(docker.supervisor),
         evidence=docker.evidence,
+        network_audit_log=docker.network_audit_log,
     )
     return settings, docker.supervisor
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from sbxkit.network.audit import Denial
+
 Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
 Stream = Literal["stdout", "stderr"]
 Evidence = Literal["kernel", "daemon"]
@@ -66,6 +68,9 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     evidence: Evidence = "daemon"
     """What decided the exit (``Evidence``): ``kernel`` where the host can tell, else
     ``daemon`` (a signal exit is always judged on the daemon's evidence)."""
+    denials: tuple[Denial, ...] = ()
+    """What a governed network refused during the run (docs/network.md): each destination and
+    the rule; the first 100 (the operator's audit log has every decision)."""
 
     @property
     def ok(self) -> bool:
@@ -91,4 +96,5 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "timings": msgspec.structs.asdict(result.timings),
         "pooled": result.pooled,
         "evidence": result.evidence,
+        "denials": [msgspec.structs.asdict(denial) for denial in result.denials],
     }

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from sbxkit.errors import SpecError
+from sbxkit.network.terms import Network, check_network_spec, network_mode
 from sbxkit.predicates import has_control
 from sbxkit.settings import EnvKind, parse_environment
 from sbxkit.textcheck import check_utf8
@@ -204,43 +205,49 @@ def merge_labels(
 
 # --- networking --------------------------------------------------------------------------------
 
-NETWORKS = ("none", "bridge")
+NETWORKS = ("none", "bridge", "managed")
 HOST_GATEWAY_ALIAS = "host.docker.internal:host-gateway"
 """The bridge's route back to the host, named the way Docker Desktop and Linux both resolve."""
 
 
 def check_network(network: object, environment: bytes | str | None) -> None:
-    """Refuse networking the policy forbids; parse ``SBXKIT_ENV`` only when bridge is asked.
+    """Refuse networking the policy forbids; parse ``SBXKIT_ENV`` only when a routed network
+    (``bridge``, ``managed``) is asked for.
 
-    ``environment`` is the raw ``SBXKIT_ENV`` (bytes, as ``os.environb`` holds it). An unknown
-    or non-UTF-8 value is an error only here, where it decides something: a typo must not turn
-    production into development.
+    ``network`` is a mode (``none``, ``bridge``, ``managed``) or a governed-network table
+    (``sbxkit.network.terms.Network``), checked by its own rules. ``environment`` is the raw
+    ``SBXKIT_ENV`` (bytes, as ``os.environb`` holds it). An unknown or non-UTF-8 value is an
+    error only here, where it decides something: a typo must not turn production into
+    development.
     """
-    if network == "none":
-        return
-    if network == "bridge":
-        try:
-            kind: EnvKind = parse_environment(environment)
-        except SpecError as error:
-            raise SpecError(
-                error.field, f"{error.rule} (it decides whether network='bridge' is allowed)"
-            ) from None
-        if kind == "production":
+    if isinstance(network, Network):
+        check_network_spec(network)
+    elif network not in NETWORKS:
+        if not isinstance(network, str):
+            raise SpecError("network", "must be 'none', 'bridge', 'managed' or a table")
+        if network == "host":
+            raise SpecError("network", "host networking is refused: it shares the host's network")
+        if network.startswith("container:"):
             raise SpecError(
                 "network",
-                "bridge networking is refused in production (SBXKIT_ENV) for every worker "
-                "kind; use 'none' and governed tools for outbound requests",
+                "container:* is refused: it shares another container's network namespace",
             )
+        raise SpecError("network", f"must be 'none', 'bridge' or 'managed', got {network!r}")
+    mode = network_mode(network)
+    if mode == "none":
         return
-    if not isinstance(network, str):
-        raise SpecError("network", "must be 'none' or 'bridge'")
-    if network == "host":
-        raise SpecError("network", "host networking is refused: it shares the host's network")
-    if network.startswith("container:"):
+    try:
+        kind: EnvKind = parse_environment(environment)
+    except SpecError as error:
         raise SpecError(
-            "network", "container:* is refused: it shares another container's network namespace"
+            error.field, f"{error.rule} (it decides whether network={mode!r} is allowed)"
+        ) from None
+    if kind == "production":
+        raise SpecError(
+            "network",
+            f"{mode} networking is refused in production (SBXKIT_ENV) for every worker kind: "
+            "it routes out of the sandbox; use 'none' with network.allow for governed egress",
         )
-    raise SpecError("network", f"must be 'none' or 'bridge', got {network!r}")
 
 
 # --- environment ownership ----------------------------------------------------------------------
@@ -316,16 +323,24 @@ RUNTIME_ENV_RESERVE = env_size(runtime_env("x" * MAX_LEASE_LENGTH))
 
 
 def merge_env(
-    *layers: Mapping[str, str], runtime: Mapping[str, str], field: str = "env"
+    *layers: Mapping[str, str],
+    runtime: Mapping[str, str],
+    field: str = "env",
+    owned: Iterable[str] = (),
 ) -> dict[str, str]:
     """Layers in order (profile/template, then spec), then the runtime's keys, which win.
 
-    Every layer is checked, so a malformed key cannot hide in a layer that a later one
-    overwrites; the merged result must fit ``ENV_SIZE_LIMIT``.
+    ``owned`` keys are the runtime's even where it sets no value (a governed network's proxy
+    variables, the callback's): a layer's value for one is dropped. Every layer is checked, so
+    a malformed key cannot hide in a layer that a later one overwrites; the merged result must
+    fit ``ENV_SIZE_LIMIT``.
     """
     merged: dict[str, str] = {}
-    for layer in (*layers, runtime):
+    for layer in layers:
         merged.update(check_env(dict(layer), field))
+    for key in owned:
+        merged.pop(key, None)
+    merged.update(check_env(dict(runtime), field))
     check_env_size(merged, field)
     return merged
 
@@ -365,20 +380,30 @@ no message): with 16 it cannot start, with 64 a shell with five background child
 and with 128 an idle-looking session died under CPU load; 256 held in the same load."""
 
 
-def check_runtime_fit(runtime: str | None, network: str, pids: int | None) -> None:
+def check_runtime_fit(runtime: str | None, network: object, pids: int | None) -> None:
     """Refuse what a runtime cannot honour as asked, by name, before any container exists.
 
     runsc is registered with ``--network=none`` (without it a ``none`` container cannot start
-    under Docker 20.10), so a bridge container under it would silently get no network; and its
-    pids ceiling counts gVisor's own threads, so a small ceiling means a sandbox that dies.
+    under Docker 20.10), so a routed container under it would silently get no network, and a
+    governed network's listeners — bound in the sandbox's namespace on the host — are not on
+    the loopback of gVisor's own network stack; and its pids ceiling counts gVisor's own
+    threads, so a small ceiling means a sandbox that dies.
     """
     if runtime_name(runtime) != GVISOR_RUNTIME:
         return
-    if network == "bridge":
+    mode = network_mode(network)
+    if mode in ("bridge", "managed"):
         raise SpecError(
             "network",
-            "bridge is refused under gVisor (runsc): the runtime is registered with "
-            "--network=none, so the sandbox would get no network; use runc or crun for bridge",
+            f"{mode} is refused under gVisor (runsc): the runtime is registered with "
+            f"--network=none, so the sandbox would get no network; use runc or crun for {mode}",
+        )
+    if isinstance(network, Network) and (network.allow or network.callback is not None):
+        raise SpecError(
+            "network",
+            "a governed network is refused under gVisor (runsc): its listeners are bound in the "
+            "sandbox's namespace on the host, which gVisor's own network stack does not use; "
+            "use runc or crun",
         )
     if pids is not None and pids < GVISOR_MIN_PIDS:
         raise SpecError(

@@ -47,6 +47,7 @@ from sbxkit.archive import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
     ArchiveError,
+    SandboxFileNotFound,
     build_tar,
     check_root,
     confine,
@@ -69,7 +70,9 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
-from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, PUT_SCRIPT, RUN_SCRIPT
+from sbxkit.exec_scripts import GET_SCRIPT, KILL_SCRIPT, MISSING_STATUS, PUT_SCRIPT, RUN_SCRIPT
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import spec_owned_keys
 from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit.output import OutputCapture
 from sbxkit.owned import (
@@ -153,6 +156,10 @@ class Sandbox(OwnedView):
     def spec(self) -> SandboxSpec:
         return self._box.spec
 
+    async def denials(self) -> tuple[Denial, ...]:
+        """What the sandbox's governed network refused so far (docs/network.md)."""
+        return await self._box.denials()
+
     # -- exec ---------------------------------------------------------------------------------
 
     async def exec(
@@ -182,7 +189,8 @@ class Sandbox(OwnedView):
         validate_workdir(workdir, "workdir")
         env_list: list[str] | None = None
         if env:
-            merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env")
+            owned = spec_owned_keys(self.spec.network)  # the container's values stand
+            merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env", owned=owned)
             env_list = [f"{key}={value}" for key, value in sorted(merged.items())]
         return await self._run(command, stdin, timeout, max_output, workdir, env_list)
 
@@ -290,10 +298,34 @@ class Sandbox(OwnedView):
     async def _end_group(self, token: str, stream: HijackedStream | None) -> None:
         """Kill the exec's process group from inside (shielded by the caller, time-bounded).
 
-        If the killer cannot run (e.g. the pids limit is exhausted by the very group it should
-        end), the container is killed instead: the guarantee holds and the sandbox is marked
-        unusable. A container that is already gone has no processes left to kill.
+        The exec's own stream is read and discarded all the while: left unread, a command that
+        was still writing in bulk (``yes``, ``cat`` of a large file) fills the socket, dockerd's
+        copy of that exec's output blocks, and with it the daemon's handling of the container's
+        exits, so the killer's own stream never closes (issue 27.5: 20 s, then the container was
+        killed). If the killer cannot run (e.g. the pids limit is exhausted by the very group it
+        should end), the container is killed instead: the guarantee holds and the sandbox is
+        marked unusable. A container that is already gone has no processes left to kill.
         """
+        drained = trio.Event()
+        async with trio.open_nursery() as nursery:
+            if stream is not None:
+                nursery.start_soon(_discard_until_eof, stream, drained)
+            else:
+                drained.set()
+            problem = await self._kill_group(token)
+            if problem is not None:
+                self._unusable = f"an exec's process group could not be killed ({problem}); " + (
+                    "the container was killed instead"
+                )
+                # If even this fails, removal on close still ends everything.
+                with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
+                    await self._box.kill()
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await drained.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _kill_group(self, token: str) -> str | None:
+        """Run the killer, retrying within ``KILL_BUDGET_S``; what went wrong, or None."""
         problem: str | None = None
         with trio.move_on_after(KILL_BUDGET_S) as budget:
             for attempt in range(KILL_ATTEMPTS):
@@ -310,17 +342,7 @@ class Sandbox(OwnedView):
                     await trio.sleep(0.05 * (attempt + 1))
         if budget.cancelled_caught and problem is None:
             problem = f"the killer did not finish within {KILL_BUDGET_S:g} s"
-        if problem is not None:
-            self._unusable = f"an exec's process group could not be killed ({problem}); " + (
-                "the container was killed instead"
-            )
-            # If even this fails, removal on close still ends everything.
-            with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
-                await self._box.kill()
-        if stream is not None:
-            with trio.move_on_after(DRAIN_GRACE_S), contextlib.suppress(SbxError):
-                while await stream.receive_some():
-                    pass
+        return problem
 
     async def _run_killer(self, token: str) -> None:
         engine = self._box.engine
@@ -436,10 +458,21 @@ class Sandbox(OwnedView):
         )
         if result.status == "output_exceeded" and result.overflowed == "stdout":
             raise ArchiveError("*", f"more than {max_bytes} bytes of file content")
+        _check_missing(result, wanted, self.files_root)
         _check_transfer(result, self.files_root, "reading")
         found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
         expect_exactly(found, wanted.values())
         return {path: found[clean] for path, clean in wanted.items()}
+
+
+def _check_missing(result: RunResult, wanted: Mapping[str, str], root: str) -> None:
+    """``GET_SCRIPT`` said a file is not there: ``SandboxFileNotFound`` naming it as given."""
+    if result.status != "exited" or result.exit_code != MISSING_STATUS:
+        return
+    said = result.stderr.decode("utf-8", "replace").splitlines()
+    for path, clean in wanted.items():
+        if said and said[0] == "./" + clean:
+            raise SandboxFileNotFound(path, f"{root.rstrip('/')}/{clean}")
 
 
 def _check_transfer(result: RunResult, where: str, doing: str) -> None:
@@ -484,6 +517,16 @@ async def _pump(
     return ended, overflowed
 
 
+async def _discard_until_eof(stream: HijackedStream, drained: trio.Event) -> None:
+    """Read and drop an ended exec's output until its stream closes (or an error ends it)."""
+    try:
+        with contextlib.suppress(SbxError):
+            while await stream.receive_some():
+                pass
+    finally:
+        drained.set()
+
+
 def keepalive_command(timeout_s: float) -> list[str]:
     """``sleep`` a little longer than the session may last (the owner removes it first)."""
     return ["sleep", str(math.ceil(timeout_s) + KEEPALIVE_MARGIN_S)]
@@ -526,4 +569,5 @@ async def open_sandbox(
         finally:
             sandbox._unusable = "the sandbox was closed"
         if scope.cancelled_caught:
-            raise SandboxExpired(box.lease, box.container_id, box.timeout_s)
+            # from None: the deadline's trio.Cancelled is how, not what; it is no cause to show
+            raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None

@@ -75,6 +75,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     where the host can give it (a pidfd and FIFO EOF) and the daemon's elsewhere; ``daemon``
     always waits for the daemon's answer. The environment's ``SBXKIT_EVIDENCE`` when unset
     here."""
+    network_audit_log: str | None = None
+    """Where a governed network's decisions go, one JSON line each (an absolute path the
+    lease's owner appends to; the environment's ``SBXKIT_NETWORK_AUDIT_LOG`` when None). None
+    and unset: nowhere but each run's ``RunResult.denials``."""
     environment: bytes | None = None
     """The raw ``SBXKIT_ENV`` bytes (``os.environb``), read once by the I/O shell
     (``sbxkit.plan.effective_settings``) and parsed only where a rule depends on it (see the

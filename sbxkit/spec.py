@@ -18,6 +18,7 @@ from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.image_ref import image_reference_problem
 from sbxkit.mounts import Mount, validate_mounts
+from sbxkit.network.terms import Network
 from sbxkit.predicates import has_control
 from sbxkit.rules import (
     LEASE_LABEL,
@@ -31,12 +32,16 @@ from sbxkit.rules import (
 )
 from sbxkit.settings import Settings
 from sbxkit.textcheck import check_utf8
+from sbxkit.units import GiB, KiB, MiB, parse_size
 
 __all__ = [
     "LEASE_LABEL",
+    "GiB",
     "GpuRequest",
+    "KiB",
     "Limits",
     "MiB",
+    "Network",
     "SandboxSpec",
     "parse_size",
     "parse_user",
@@ -44,8 +49,6 @@ __all__ = [
     "validate_command",
     "validate_spec",
 ]
-
-MiB = 1024 * 1024
 
 INT64_MAX = 2**63 - 1
 """Docker stores byte counts as int64; larger values overflow in the daemon."""
@@ -100,24 +103,6 @@ _ROOT = "root users are refused"
 
 _USER_RE = re.compile(r"([0-9]+):([0-9]+)")
 _RUNTIME_RE = re.compile(r"[A-Za-z0-9._-]+")
-_SIZE_RE = re.compile(r"([0-9]+)([a-z]*)")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "kib": 1024,
-    "m": MiB,
-    "mb": MiB,
-    "mib": MiB,
-    "g": 1024 * MiB,
-    "gb": 1024 * MiB,
-    "gib": 1024 * MiB,
-}
-"""Binary units, as Docker's own CLI reads them: ``64mb`` is 64 MiB there (``docker run
---memory 64mb``), so it is here too."""
-_MAX_SIZE_DIGITS = 19
-"""INT64_MAX has 19 digits; longer inputs are refused before int() sees them."""
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -166,9 +151,12 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     runtime's and overwrite any value here. Nothing comes from the host unless put here."""
     user: str = "65534:65534"
     workdir: str | None = None
-    network: str = "none"
-    """``none`` (default) or ``bridge``. Bridge is unrestricted egress, not destination
-    authorisation, and is refused when ``SBXKIT_ENV`` says production."""
+    network: str | Network = "none"
+    """``none`` (default), ``bridge``, ``managed``, or a governed network
+    (``Network(allow=[...], callback=...)``: still ``none``, with an allow-list proxy and a
+    callback endpoint on the sandbox's own loopback; docs/network.md). Bridge is unrestricted
+    egress, not destination authorisation; bridge and managed are refused when ``SBXKIT_ENV``
+    says production."""
     runtime: str | None = None
     """An OCI runtime registered in the daemon (``gvisor`` means ``runsc``); None is runc."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
@@ -245,39 +233,6 @@ def parse_user(user: str, field: str = "user") -> tuple[int, int]:
             raise SpecError(field, f"ids must be in 1..{MAX_ID} (runc's range)")
         ids.append(number)
     return ids[0], ids[1]
-
-
-def parse_size(text: str, field: str) -> int:
-    """Parse a byte size such as "256m", "64MB", "1g", "512KiB" or "1024" (bytes).
-
-    Every unit is binary, as in Docker's CLI (``mb`` is MiB there too). Fractions and
-    exponents are refused rather than rounded: a rounded limit is not the one the user wrote.
-    """
-    if not isinstance(text, str):
-        raise SpecError(field, "size must be a string such as '256m'")
-    cleaned = text.strip().lower()
-    if not cleaned:
-        raise SpecError(field, "size is empty")
-    if cleaned.startswith("-"):
-        raise SpecError(field, f"negative sizes are refused: {text!r}")
-    match = _SIZE_RE.fullmatch(cleaned)
-    if match is None:
-        raise SpecError(
-            field,
-            f"not a size: {text!r} (use whole numbers with b, k, m, g, kb, mb, gb, kib, mib "
-            "or gib)",
-        )
-    digits, unit = match.groups()
-    if unit not in _SIZE_UNITS:
-        raise SpecError(
-            field, f"unknown unit {unit!r} in {text!r} (use k, m, g, kb, mb, gb, kib, mib, gib)"
-        )
-    if len(digits.lstrip("0")) > _MAX_SIZE_DIGITS:
-        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
-    size = int(digits) * _SIZE_UNITS[unit]
-    if size > INT64_MAX:
-        raise SpecError(field, f"size {text!r} exceeds {INT64_MAX} bytes")
-    return size
 
 
 # --- validation --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import trio
 
 from sbxkit.errors import SpecError
 
-__all__ = ["STDIN_CHUNK", "FileStdin", "StdinSource"]
+__all__ = ["STDIN_CHUNK", "FileStdin", "Prefixed", "StdinSource"]
 
 STDIN_CHUNK = 64 * 1024
 
@@ -87,3 +87,29 @@ class FileStdin(trio.abc.ReceiveStream):
         else:
             await trio.lowlevel.checkpoint()
         self._fd = None
+
+
+class Prefixed(trio.abc.ReceiveStream):
+    """``prefix``, then the run's own stdin (bytes or a stream), closed with it: what releases
+    a parked shell (a pool's claim line) or a gated one (a governed network's newline)."""
+
+    def __init__(self, prefix: bytes, stdin: StdinSource | None) -> None:
+        self._pending = prefix + (stdin if isinstance(stdin, bytes) else b"")
+        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._pending:
+            size = max_bytes or len(self._pending)
+            chunk, self._pending = self._pending[:size], self._pending[size:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        if self._rest is None:
+            await trio.lowlevel.checkpoint()
+            return b""
+        return await self._rest.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        if self._rest is not None:
+            await self._rest.aclose()
+        else:
+            await trio.lowlevel.checkpoint()

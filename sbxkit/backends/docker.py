@@ -29,6 +29,8 @@ from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.host import kernel_path_reason, shellless_images
 from sbxkit.kernel.run import NotAlive, run_on_fifos
+from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
+from sbxkit.network.terms import Network
 from sbxkit.owned import OwnedContainer, owned_container
 from sbxkit.owner import Owner
 from sbxkit.plan import (
@@ -49,7 +51,7 @@ from sbxkit.supervisor import admin
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
 from sbxkit.supervisor.wire import Recover
 
-__all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend"]
+__all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend", "governed"]
 
 KILLED_BY_SBXKIT = ("timed_out", "output_exceeded")
 
@@ -109,8 +111,13 @@ class DockerBackend:
 
     def check(self, spec: SandboxSpec | CheckedSpec, consumer: Consumer) -> CheckedSpec:
         """Docker serves every consumer; the spec is validated once (``own`` and ``run_once``
-        take the result without validating it again)."""
-        return check_spec(spec, self.settings)
+        take the result without validating it again). A governed network is refused for PTYs
+        and stdio workers, whose payload starts with the container, before its listeners."""
+        checked = check_spec(spec, self.settings)
+        refuse_ungovernable(checked.spec, consumer)
+        if governed(checked.spec):
+            gate_command(list(checked.spec.command))  # refuses what the gate cannot exec
+        return checked
 
     @asynccontextmanager
     async def own(
@@ -128,6 +135,7 @@ class DockerBackend:
         Bad input raises ``SpecError`` before the daemon is contacted.
         """
         checked = check_spec(spec, self.settings, command=command)
+        refuse_ungovernable(checked.spec, consumer)
         async with engine_or_open(self.engine, self.socket_path) as engine:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
             owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
@@ -154,9 +162,13 @@ class DockerBackend:
         Where the host can tell (``sbxkit.kernel``), the run's stdio are host FIFOs and its
         exit the kernel's word: the result returns at the payload's exit, and — with the
         supervisor as owner, unless ``wait_for_removal`` — the removal goes on under it (the
-        lease closes only once the daemon confirmed it). Elsewhere, the daemon's path."""
+        lease closes only once the daemon confirmed it). Elsewhere, the daemon's path.
+
+        Under a governed network the command starts only once the owner's listeners are in
+        place — on the kernel path behind its own go line, on the daemon's behind a gate
+        (sbxkit/network/gate.py) — and the result carries what the network refused."""
         check_stdin(stdin, streams=True)
-        checked = check_spec(spec, self.settings)
+        checked = self.check(spec, "run")
         async with engine_or_open(self.engine, self.socket_path) as engine:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
             if await kernel_path_reason(engine, checked, facts) is None:
@@ -177,24 +189,29 @@ class DockerBackend:
     ) -> RunResult:
         owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
         fifo_root = owner.fifo_root if fifo_io else None
+        gated = governed(checked.spec) and not fifo_io  # the kernel path waits for its go line
+        if gated:
+            command = gate_command(list(checked.spec.command))
+            checked = check_spec(checked, self.settings, command=command)
+            stdin = Prefixed(GATE_LINE, stdin)
         plan = build_plan(checked, facts, lease=new_lease_id(), fifo_root=fifo_root)
         async with owned_container(plan, engine, owner) as box:
             if not fifo_io:
                 ran = await run_attached(box, stdin, on_output)
             else:
                 ran = await run_on_fifos(box, stdin, on_output)
-                # The payload exited: its PID namespace is gone, nothing of it runs. The owner
-                # removes the container; we return now. A timeout or an overflow still has a
-                # live payload until the removal's kill: that one is waited for.
-                # So is a container that holds a named volume of the caller's (in use until
-                # the container is gone).
-                if not (
-                    self.wait_for_removal
-                    or ran.verdict.status in KILLED_BY_SBXKIT
-                    or any(mount.type == "volume" for mount in plan.expected_mounts)
-                ):
-                    await owner.release(plan.lease)
-        return ran.result(box)
+            denials = await box.denials()
+            # The payload exited: its PID namespace is gone, nothing of it runs. The owner
+            # removes the container; we return now. A timeout or an overflow still has a
+            # live payload until the removal's kill: that one is waited for. So is a container
+            # that holds a named volume of the caller's (in use until it is gone).
+            if fifo_io and not (
+                self.wait_for_removal
+                or ran.verdict.status in KILLED_BY_SBXKIT
+                or any(mount.type == "volume" for mount in plan.expected_mounts)
+            ):
+                await owner.release(plan.lease)
+        return ran.result(box, denials)
 
     async def reconcile_orphans(self) -> list[str]:
         """One supervisor recovery pass now (the report's lines); ``[]`` for an own owner, or
@@ -213,6 +230,24 @@ class DockerBackend:
             stack, self._opened = self._opened, None
             self.engine = None
             await stack.aclose()
+
+
+def governed(spec: SandboxSpec) -> bool:
+    """The spec asks for listeners its owner must put in place before the payload runs."""
+    network = spec.network
+    return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
+
+
+def refuse_ungovernable(spec: SandboxSpec, consumer: Consumer) -> None:
+    """A PTY's or a stdio worker's payload starts with its container, before a governed
+    network's listeners could exist: refused, naming the network."""
+    if consumer in ("pty", "stdio") and governed(spec):
+        raise SpecError(
+            "network",
+            f"a governed network (allow, callback) is not served for {consumer} sandboxes: "
+            "their payload starts with the container, before its listeners exist; use a "
+            "one-shot run or a session",
+        )
 
 
 class DockerOptions(TypedDict, total=False):

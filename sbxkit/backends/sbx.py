@@ -149,7 +149,7 @@ def check_sbx_spec(spec: SandboxSpec) -> None:
     labels = spec.labels if isinstance(spec.labels, dict) else {}
     flags = spec.extra_flags if isinstance(spec.extra_flags, list) else []
     check_sandbox_fields(
-        network=spec.network,
+        network=spec.network if isinstance(spec.network, str) else "governed",
         user=spec.user,
         runtime=spec.runtime,
         mounts=mounts,

@@ -2,7 +2,7 @@
 
 - ``common``: exit statuses, errors at the boundary, the one signal→cancel bridge;
 - ``flags``: the one flag table and ``IMAGE -- CMD`` positional of run, shell and batch;
-- ``run_command``, ``shell``, ``batch`` (+ ``jobs``), ``admin`` (supervisor, leases, demo);
+- ``run_command``, ``shell``, ``batch`` (+ ``jobs``), ``admin`` (supervisor, leases, pools, demo);
 - ``main``: the parser, and ``main()`` (the ``sbxkit`` console script).
 """
 

@@ -1,4 +1,4 @@
-"""``sbxkit supervisor``, ``sbxkit leases`` and ``sbxkit demo``."""
+"""``sbxkit supervisor``, ``sbxkit leases``, ``sbxkit pools`` and ``sbxkit demo``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,34 @@ def cmd_leases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pools(args: argparse.Namespace) -> int:
+    """``pools list`` shows the supervisor's held pools; ``pools end SHAPE|--all`` ends them
+    (their parked containers removed before it returns; claimed ones run on)."""
+    from sbxkit.supervisor import admin
+    from sbxkit.supervisor.journal import default_state_dir
+
+    state_dir = args.state_dir or default_state_dir()
+    if args.pools_action == "list":
+        held = admin.list_pools(state_dir)
+        print("\n".join(admin.format_pools(held.pools)) if held.pools else "no pools are held")
+        return 0
+    if (args.shape is None) == (not args.all):
+        raise SpecError("SHAPE", "name one pool's shape (as `sbxkit pools list` shows it) or --all")
+    shape = args.shape.strip().lower() if args.shape is not None else None
+    if shape is not None and not (shape and all(c in "0123456789abcdef" for c in shape)):
+        raise SpecError(
+            "SHAPE", f"a shape is hex digits, as `sbxkit pools list` shows, not {shape!r}"
+        )
+    ended = admin.end_pools(state_dir, shape)
+    if ended.problem is not None:
+        raise SpecError("SHAPE", ended.problem)
+    for pool in ended.pools:
+        print(f"ended pool {pool.shape[:12]} ({pool.image}): {pool.parked} parked removed")
+    if not ended.pools:
+        print("no pools are held")
+    return 0
+
+
 def add_admin_parsers(sub: Any) -> None:
     from sbxkit.supervisor.config import build_parser as supervisor_parser
 
@@ -74,6 +102,24 @@ def add_admin_parsers(sub: Any) -> None:
     p_retire.add_argument("lease")
     p_retire.add_argument("--confirm", action="store_true")
     p_leases.set_defaults(handler=cmd_leases)
+
+    p_pools = sub.add_parser(
+        "pools",
+        help="list or end the pools of parked containers the supervisor holds (sbxkit run --pool)",
+    )
+    p_pools.add_argument(
+        "--state-dir", type=Path, help="default: $SBXKIT_STATE_DIR or ~/.sbxkit/leases"
+    )
+    pools_sub = p_pools.add_subparsers(dest="pools_action", required=True)
+    pools_sub.add_parser("list", help="one line per held pool: its shape, size, parked, claimed")
+    p_end = pools_sub.add_parser(
+        "end",
+        help="end one shape's pool (every caller of that shape shares it) or all: parked "
+        "containers are removed now, claimed ones run on",
+    )
+    p_end.add_argument("shape", nargs="?", metavar="SHAPE", help="a shape as `list` shows it")
+    p_end.add_argument("--all", action="store_true", help="end every held pool")
+    p_pools.set_defaults(handler=cmd_pools)
 
     p_demo = sub.add_parser("demo", help="show the hardened defaults and limits holding")
     p_demo.add_argument("--image", default="sbxkit-test/busybox:latest")

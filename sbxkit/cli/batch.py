@@ -36,6 +36,12 @@ SIGINT/SIGTERM cancel the batch: every sandbox in flight is removed by its own r
 command exits with 128 + the signal number; jobs that did not finish have no line, and RESULTS
 holds only complete lines.
 
+Cluster: ``--ray ADDRESS`` runs the batch on a Ray cluster, each job on a node's own engine and
+supervisor (docs/cluster.md). Its lines add ``node`` and ``attempt``; an attempt whose node was
+lost mid-run gets a line of its own with the status ``lost`` (the job is retried elsewhere up
+to ``--retries`` times, and a resume runs it: a ``lost`` line does not make a job done). A node
+refused when it joins is named on stderr; with no node accepted the exit status is 69.
+
 Exit status: 0 when every job ran (whatever the payloads did: read ``status`` and
 ``exit_code``); 1 when some job could not run and has an ``error`` line instead (the line stays,
 so a resume does not retry it: ``--retry-errors`` does, replacing the line); 2 for bad input
@@ -59,7 +65,7 @@ from typing import Any, NoReturn
 import msgspec
 import trio
 
-from sbxkit.argtypes import ascii_float, positive_int
+from sbxkit.argtypes import ascii_float, non_negative_int, positive_int
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.bounded_read import read_bounded
@@ -76,11 +82,13 @@ from sbxkit.cli.results import (
     prepare_results,
     scan_results,
 )
+from sbxkit.cluster import NodeRefusal, RayCluster
+from sbxkit.cluster.options import DEFAULT_RETRIES
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobId, JobResult, run_many
 from sbxkit.plan import check_spec
 from sbxkit.pool.shapes import PoolPerShape
-from sbxkit.profile import PoolOptions, Profile, load_profile
+from sbxkit.profile import PoolOptions, Profile, load_profile, sandbox_options
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
 from sbxkit.unwrap import plain_async
@@ -107,9 +115,23 @@ EXIT_JOB_ERRORS = 1
 EXIT_REFUSED = 2
 EXIT_CLEANUP_FAILED = 74
 DEFAULT_PARALLEL = 4
+CLUSTER_PARALLEL = 1_000_000
+"""``--ray`` without ``--parallel``: no cap of the batch's own (the nodes' resources bound it)."""
 MAX_JOBS_BYTES = 256 * 1024 * 1024
 """Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
+DESCRIPTION = (
+    "Run a JSONL file of jobs in parallel, one result line per job appended to RESULTS; ids "
+    "already there are skipped, so the same command resumes."
+)
+EPILOG = (
+    "exit status: 0 every job ran (whatever its payload did: read each line's status and "
+    "exit_code); 1 some job could not run (its line is an error; --retry-errors re-runs it); "
+    "2 refused input, before anything runs; 69 engine unavailable (with --ray: no node of the "
+    "cluster can run the batch); 74 a sandbox's removal "
+    "failed; 128+N interrupted by signal N"
+)
+"""``--help``'s own words: the module doc is reStructuredText, not terminal text."""
 
 
 class JobsFileError(SpecError):
@@ -232,9 +254,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parallel",
         type=positive_int,
-        default=DEFAULT_PARALLEL,
+        default=None,
         metavar="N",
-        help=f"at most N sandboxes at once (default {DEFAULT_PARALLEL})",
+        help=f"at most N sandboxes at once (default {DEFAULT_PARALLEL}; with --ray: as many "
+        "as the accepted nodes advertise)",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the batch on the Ray cluster whose head is at ADDRESS (HOST:PORT), each job "
+        "on a node's own engine and supervisor (docs/cluster.md; needs sbxkit[ray])",
+    )
+    parser.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
+        help=f"with --ray: retry a job whose node was lost mid-run up to N times on another "
+        f"(default {DEFAULT_RETRIES}); every attempt gets a line",
     )
     parser.add_argument(
         "--pool",
@@ -269,7 +306,8 @@ def add_batch_parser(
     parser = subparsers.add_parser(
         "batch",
         help="run a JSONL file of jobs in parallel, one result line per job (resumable)",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=DESCRIPTION,
+        epilog=EPILOG,
     )
     configure(parser)
     parser.set_defaults(handler=cmd_batch)
@@ -300,16 +338,19 @@ async def run_batch(
     parallel: int,
     memory_budget: int | None,
     cpu_budget: float | None,
-    backend: Backend,
+    backend: Backend | None,
     pool_options: PoolOptions | None = None,
+    cluster: RayCluster | None = None,
+    settings: Settings | None = None,
 ) -> None:
     """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
     the batch (every run removes its container first) and raise Interrupted. ``pool_options``
     pre-start containers of each shape of the batch to claim, ``size`` per shape at most and
-    ``parallel`` in all (docs/pool.md)."""
+    ``parallel`` in all (docs/pool.md). ``cluster`` runs them on a Ray cluster instead (every
+    attempt gets a line, docs/cluster.md)."""
 
     def on_result(done: JobResult) -> None:
-        writer.append(encode_result(done))
+        writer.append(encode_result(done, cluster=cluster is not None))
         progress.record(done)
 
     async def tick() -> None:
@@ -326,6 +367,17 @@ async def run_batch(
         )
 
     async def work() -> None:
+        if cluster is not None:
+            await run_many(
+                jobs,
+                parallel=parallel,
+                on_result=on_result,
+                on_start=progress.start,
+                settings=settings,
+                cluster=cluster,
+            )
+            return
+        assert backend is not None
         async with open_backend(backend):
             await run_many(
                 jobs,
@@ -349,11 +401,45 @@ def batch_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions
     return PoolOptions(size=args.parallel) if args.pool else None
 
 
+def refuse_beside_ray(args: argparse.Namespace, profile: Profile | None) -> None:
+    """``--ray`` runs every job on a node's own engine and supervisor: the local flags have
+    nothing to apply to (refused before anything runs, exit 2)."""
+    local = {
+        "--pool": args.pool or (profile is not None and profile.sandbox.docker.pool is not None),
+        "--socket": args.socket is not None,
+        "--memory-budget": args.memory_budget is not None,
+        "--cpu-budget": args.cpu_budget is not None,
+    }
+    given = [flag for flag, present in local.items() if present]
+    if given:
+        raise SpecError(
+            "--ray", f"runs each job on a node's own engine; {', '.join(given)} cannot be given"
+        )
+    if profile is not None and sandbox_options(profile) is not None:
+        raise SpecError("--ray", "runs Docker sandboxes on the nodes, not the sbx runtime")
+
+
+def batch_cluster(args: argparse.Namespace, lost: Mapping[JobId, int]) -> RayCluster | None:
+    """``--ray``'s cluster: refused nodes said on stderr, the attempt count resumed."""
+    if args.ray is None:
+        return None
+
+    def on_refused(refusal: NodeRefusal) -> None:
+        print(f"sbxkit batch: {refusal}", file=sys.stderr)
+
+    return RayCluster(args.ray, retries=args.retries, on_refused=on_refused, previous_attempts=lost)
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     check_out_path(args.out, {"JOBS": args.jobs, "--profile": args.profile})
     profile = load_profile(args.profile) if args.profile is not None else None
     defaults, settings = defaults_from_args(args, profile)
-    backend = cli_backend(profile, socket_path=args.socket, settings=settings)
+    if args.ray is not None:
+        refuse_beside_ray(args, profile)
+        backend: Backend | None = None
+    else:
+        args.parallel = args.parallel or DEFAULT_PARALLEL
+        backend = cli_backend(profile, socket_path=args.socket, settings=settings)
     jobs = load_jobs(args.jobs, settings, defaults)
     memory_budget, cpu_budget = _budgets(args)
     scan = prepare_results(args.out)  # refuses a file that is not ours before any change
@@ -384,11 +470,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 pending,
                 writer,
                 progress,
-                parallel=args.parallel,
+                parallel=args.parallel or CLUSTER_PARALLEL,
                 memory_budget=memory_budget,
                 cpu_budget=cpu_budget,
                 backend=backend,
-                pool_options=batch_pool(args, profile),
+                pool_options=batch_pool(args, profile) if args.ray is None else None,
+                cluster=batch_cluster(args, scan.lost),
+                settings=settings,
             )
         )
     except (Interrupted, KeyboardInterrupt) as exc:
@@ -410,8 +498,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
     progress.finish()
     print(
         f"sbxkit batch: {progress.ran} jobs ran in {format_clock(progress.elapsed_s)} "
-        f"({skipped} already done): {progress.failed} failed, {progress.errors} errors; "
-        f"results in {args.out}",
+        f"({skipped} already done): {progress.failed} failed, {progress.errors} errors"
+        + (f", {progress.lost} attempts lost and retried" if progress.lost else "")
+        + f"; results in {args.out}",
         file=sys.stderr,
     )
     if progress.cleanup_errors:
@@ -427,7 +516,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m sbxkit.cli.batch`` (the same as ``sbxkit batch``)."""
     parser = argparse.ArgumentParser(
-        prog="sbxkit batch", description=(__doc__ or "").split("\n\n")[0]
+        allow_abbrev=False, prog="sbxkit batch", description=DESCRIPTION, epilog=EPILOG
     )
     configure(parser)
     exit_with(cmd_batch, parser.parse_args(argv))

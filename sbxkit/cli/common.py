@@ -14,7 +14,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 import trio
@@ -62,6 +62,7 @@ class JsonResult(msgspec.Struct, kw_only=True):
     timings: dict[str, float]
     pooled: bool
     evidence: str
+    denials: list[dict[str, object]]
 
 
 def to_json(result: RunResult) -> bytes:
@@ -139,9 +140,16 @@ async def cancel_on_signals(
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error under ``--json`` is also one JSON object on stdout."""
+    """argparse, but a usage error under ``--json`` is also one JSON object on stdout, and no
+    flag may be abbreviated (``--mem 64m`` is an unknown flag, not ``--memory``): a prefix
+    that works today would change meaning when a flag is added. Subcommands are Parsers too.
+    """
 
     json_errors = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if Parser.json_errors:

@@ -12,22 +12,26 @@ from typing import Any
 import msgspec
 
 from sbxkit.argtypes import ascii_float, ascii_int
+from sbxkit.cli.common import subcommand_parser
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
+from sbxkit.network.terms import CallbackTls, Network
 from sbxkit.profile import Profile, apply_profile
-from sbxkit.spec import Limits, SandboxSpec, check_limit, parse_size
+from sbxkit.spec import Limits, SandboxSpec, check_limit
+from sbxkit.units import parse_duration, parse_size
 
 LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("cpus", "--cpus", "cpus", "float"),
     ("memory", "--memory", "memory_bytes", "size"),
     ("pids", "--pids", "pids", "int"),
     ("max_output", "--max-output", "output_bytes", "size"),
-    ("timeout", "--timeout", "timeout_s", "float"),
+    ("timeout", "--timeout", "timeout_s", "duration"),
     ("fsize", "--fsize", "fsize_bytes", "size"),
     ("scratch", "--scratch", "scratch_bytes", "size"),
     ("shm", "--shm", "shm_bytes", "size"),
 )
-"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes use parse_size."""
+"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes and durations
+are read by ``sbxkit/units.py``."""
 
 DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
 
@@ -74,10 +78,37 @@ def _gpus(text: str) -> GpuRequest:
     return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
 
 
+def _network(args: argparse.Namespace, base: str | Network) -> str | Network | None:
+    """The governed network ``--allow``, ``--callback`` and ``--tls-*`` describe over the
+    profile's (each given flag replaces that part of it), or None when none was given."""
+    allow = getattr(args, "allow", None) or []
+    callback = getattr(args, "callback", None)
+    tls = {name: getattr(args, f"tls_{name}", None) for name in ("ca", "cert", "key")}
+    if not allow and callback is None and not any(tls.values()):
+        return None
+    mode = getattr(args, "network", None) or (base if isinstance(base, str) else base.mode)
+    if mode not in ("none", "managed"):
+        raise SpecError("--allow", f"a governed network needs --network none, not {mode}")
+    network = base if isinstance(base, Network) else Network(mode="none")
+    changes: dict[str, Any] = {"mode": mode}
+    if allow:
+        changes["allow"] = list(allow)
+    if callback is not None:
+        changes["callback"] = callback
+    if any(tls.values()):
+        if tls["ca"] is None:
+            raise SpecError("--tls-ca", "the client TLS bundle starts with its CA (--tls-ca)")
+        changes["tls"] = CallbackTls(ca=tls["ca"], cert=tls["cert"], key=tls["key"])
+    return msgspec.structs.replace(network, **changes)
+
+
 def limit_value(text: str, flag: str, kind: str) -> int | float:
-    """A limit flag's value: sizes as ``parse_size`` reads them, numbers as Python does."""
+    """A limit flag's value: sizes and durations as ``sbxkit/units.py`` reads them (``1.5g``,
+    ``5m``), other numbers of ASCII digits."""
     if kind == "size":
         return parse_size(text, flag)
+    if kind == "duration":
+        return parse_duration(text, flag)
     if kind == "int":
         return int(_number(text, flag, int))
     return _number(text, flag, float)
@@ -136,6 +167,9 @@ def spec_from_args(
             overrides[dest] = getattr(args, dest)
     if getattr(args, "gpus", None) is not None:
         overrides["gpus"] = _gpus(args.gpus)
+    network = _network(args, overrides.get("network", base.network))
+    if network is not None:
+        overrides["network"] = network
     return msgspec.structs.replace(base, **overrides)
 
 
@@ -143,8 +177,11 @@ class ImageAndCommand(argparse.Action):
     """``IMAGE [-- CMD...]``, or ``-- CMD...`` alone with ``--profile`` naming the image.
 
     Everything after IMAGE belongs to the command, a leading ``--`` included: ``spec_from_args``
-    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options all
-    precede this positional (it swallows everything), so ``--profile`` is known when this runs.
+    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options
+    precede this positional (it swallows everything), so ``--profile`` is known when this runs
+    — except flags between IMAGE and a later ``--`` (``IMAGE --json -- echo hi``): they are
+    recorded in ``flags_after_image`` for ``parse_with_flags_after_image`` to read as flags.
+    Without a ``--``, a command whose first word is a flag is refused, not run.
     """
 
     def __call__(
@@ -155,6 +192,7 @@ class ImageAndCommand(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         rest = [str(v) for v in values or []]
+        namespace.image_and_command = list(rest)
         image: str | None = None
         if rest and rest[0] != "--":
             image, rest = rest[0], rest[1:]
@@ -162,8 +200,41 @@ class ImageAndCommand(argparse.Action):
             raise argparse.ArgumentError(
                 self, "IMAGE is required (or --profile FILE whose profile names an image)"
             )
+        namespace.flags_after_image = []
+        if rest and rest[0].startswith("-") and rest[0] != "--":
+            if "--" not in rest:
+                raise argparse.ArgumentError(
+                    self,
+                    f"{rest[0]} after IMAGE would be the command: put sbxkit's flags before "
+                    "IMAGE (or before a --), and the command after --",
+                )
+            namespace.flags_after_image = rest[: rest.index("--")]
         namespace.image = image
         namespace.command = rest
+
+
+def parse_with_flags_after_image(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser.parse_known_args(argv)``, reading the flags between IMAGE and ``--`` as flags:
+    ``IMAGE --json -- echo hi`` parses as ``--json IMAGE -- echo hi``. A word there that is
+    neither a flag nor a flag's value is a usage error naming it (exit 2); an unknown flag is
+    left in the unknown list for the caller's usage error, as anywhere else."""
+    args, unknown = parser.parse_known_args(argv)
+    moved: list[str] = getattr(args, "flags_after_image", [])
+    if not moved:
+        return args, unknown
+    tail: list[str] = args.image_and_command
+    image, after = tail[0], tail[len(moved) + 2 :]
+    reordered = [*argv[: len(argv) - len(tail)], *moved, image, "--", *after]
+    args, unknown = parser.parse_known_args(reordered)
+    if args.image != image and not unknown:  # an unknown flag took it: that is the error
+        stray = next((word for word in moved if word == args.image), args.image)
+        subcommand_parser(parser, getattr(args, "action", "")).error(
+            f"between IMAGE and --, {stray!r} is neither a flag nor a flag's value "
+            "(the command goes after --)"
+        )
+    return args, unknown
 
 
 def add_sandbox_flags(
@@ -178,10 +249,14 @@ def add_sandbox_flags(
     """The flags ``run`` and ``shell`` share (a command adds its own after these)."""
     parser.add_argument("--profile", metavar="FILE", help=profile_help)
     parser.add_argument("--cpus", help=f"CPU quota (default: {defaults['cpus']})")
-    parser.add_argument("--memory", help=f"memory ceiling, no swap (default: {defaults['memory']})")
+    parser.add_argument(
+        "--memory", help=f"memory ceiling, no swap: 64m, 1.5g (default: {defaults['memory']})"
+    )
     parser.add_argument("--pids", help=f"process count ceiling (default: {defaults['pids']})")
     parser.add_argument("--max-output", help=f"{output_help} (default: {defaults['max_output']})")
-    parser.add_argument("--timeout", help=f"{timeout_help} (default: {defaults['timeout']})")
+    parser.add_argument(
+        "--timeout", help=f"{timeout_help}: 30, 0.5, 500ms, 5m, 1h (default: {defaults['timeout']})"
+    )
     parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
     parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
     parser.add_argument("--shm", help="size of the /dev/shm tmpfs (default: 64m)")
@@ -194,5 +269,22 @@ def add_sandbox_flags(
     )
     parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
     parser.add_argument("--workdir", help="absolute working directory")
-    parser.add_argument("--network", choices=["none", "bridge"], help=network_help)
+    parser.add_argument("--network", choices=["none", "bridge", "managed"], help=network_help)
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="governed egress: the sandbox reaches HOST through sbxkit's proxy on its own "
+        "loopback (repeatable; *.DOMAIN, an address; no port means 80 and 443; "
+        "docs/network.md)",
+    )
+    parser.add_argument(
+        "--callback",
+        metavar="URL",
+        help="http(s)://HOST:PORT on the host, reached from inside as $SBXKIT_ENDPOINT",
+    )
+    parser.add_argument("--tls-ca", metavar="FILE", help="an https callback's CA (client bundle)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
+    parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")

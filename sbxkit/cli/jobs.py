@@ -6,7 +6,8 @@ file rewrite ``--retry-errors`` needs:
 - ``normalize_limits``: a job's ``limits`` may use ``Limits``' names (``memory_bytes``,
   ``output_bytes``, ``timeout_s``, …) or the names of ``sbxkit run``'s flags and profiles
   (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``, ``shm``); sizes may be strings
-  such as ``"64m"`` or ``"512MB"``, read as ``sbxkit run`` reads them.
+  such as ``"64m"`` or ``"1.5g"``, the time limit such as ``"5m"`` or ``"500ms"``, read as
+  ``sbxkit run`` reads them (sbxkit/units.py).
 - ``with_defaults``: a job line over the batch's defaults (``--profile`` and flags): a field the
   line gives wins, and ``limits``, ``env`` and ``labels`` merge key by key.
 - ``without_error_lines``: RESULTS without the ``error`` lines of the given ids, so
@@ -35,7 +36,8 @@ from sbxkit.profile import (
     sandbox_options,
 )
 from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, parse_size
+from sbxkit.spec import SandboxSpec
+from sbxkit.units import parse_duration, parse_size
 
 LIMIT_ALIASES = {
     "memory": "memory_bytes",
@@ -70,6 +72,8 @@ def normalize_limits(limits: object, where: str = "limits") -> object:
             raise SpecError(f"{where}.{key}", f"given twice (also as {name!r})")
         if name in SIZE_FIELDS and isinstance(value, str):
             value = parse_size(value, f"{where}.{key}")
+        elif name == "timeout_s" and isinstance(value, str):
+            value = parse_duration(value, f"{where}.{key}")
         normalized[name] = value
     return normalized
 

@@ -9,7 +9,10 @@ from typing import NoReturn, cast
 
 from sbxkit.cli.admin import add_admin_parsers
 from sbxkit.cli.batch import add_batch_parser
+from sbxkit.cli.cluster import add_cluster_parser
 from sbxkit.cli.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
+from sbxkit.cli.flags import parse_with_flags_after_image
+from sbxkit.cli.mcp import add_mcp_parser
 from sbxkit.cli.run_command import add_run_parser
 from sbxkit.cli.shell import add_shell_parser
 
@@ -38,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_parsers(sub)
     add_batch_parser(sub)
     add_shell_parser(sub)
+    add_cluster_parser(sub)
+    add_mcp_parser(sub)
     return parser
 
 
@@ -61,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     options = argv[: argv.index("--")] if "--" in argv else argv
     Parser.json_errors = "--json" in options
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parse_with_flags_after_image(parser, argv)
     if unknown:  # a typo in a subcommand's flag: that subcommand's usage, not the top level's
         subcommand_parser(parser, args.action).error("unrecognized arguments: " + " ".join(unknown))
     exit_with(args.handler, args)

@@ -80,6 +80,8 @@ class Progress:
         self.failed = 0
         self.errors = 0
         self.cleanup_errors = 0
+        self.lost = 0
+        """Cluster attempts lost with their node and retried (not done)."""
         self.stream = stream
         self.enabled = stream.isatty() if enabled is None else enabled
         self._clock = clock
@@ -90,6 +92,11 @@ class Progress:
         self.running += 1
 
     def record(self, done: JobResult) -> None:
+        if done.lost:  # the job goes on with another attempt
+            self.lost += 1
+            self.running = max(self.running - 1, 0)
+            self.draw()
+            return
         self.done += 1
         self.ran += 1
         self.running = max(self.running - 1, 0)

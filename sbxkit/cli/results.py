@@ -57,25 +57,33 @@ class ResultLine(msgspec.Struct, kw_only=True):
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     pooled: bool = False
     evidence: str | None = None
+    denials: list[dict[str, Any]] = msgspec.field(default_factory=list)
     error: JobError | None = None
+    node: str | msgspec.UnsetType | None = msgspec.UNSET
+    """Cluster batches only (``--ray``): the node the attempt ran on, and which attempt it was
+    (absent from local lines, which stay as they were)."""
+    attempt: int | msgspec.UnsetType = msgspec.UNSET
 
 
 _ENCODER = msgspec.json.Encoder()
 
 
-def result_line(done: JobResult) -> ResultLine:
+def result_line(done: JobResult, *, cluster: bool = False) -> ResultLine:
+    """``cluster``: the line says which node and attempt (a lost attempt is a ``lost`` line)."""
     timings = {"queued_s": done.queued_s}
+    placed: dict[str, object] = {"node": done.node, "attempt": done.attempt} if cluster else {}
     result = done.result
     if result is None:
         assert done.error is not None
         timings["elapsed_s"] = done.elapsed_s
         return ResultLine(
             id=done.id,
-            status="error",
+            status="lost" if done.lost else "error",
             container_id=done.error.container_id,
             lease=done.error.lease,
             timings=timings,
             error=done.error,
+            **placed,  # type: ignore[arg-type]
         )
     fields = json_fields(result)
     fields["timings"] = {
@@ -83,15 +91,26 @@ def result_line(done: JobResult) -> ResultLine:
         **msgspec.structs.asdict(result.timings),
         "elapsed_s": done.elapsed_s,
     }
-    return ResultLine(id=done.id, **fields)  # type: ignore[arg-type]
+    return ResultLine(id=done.id, **fields, **placed)  # type: ignore[arg-type]
 
 
-def encode_result(done: JobResult) -> bytes:
+def encode_result(done: JobResult, *, cluster: bool = False) -> bytes:
     """The complete line for one job, newline included (JSON escapes any newline inside)."""
-    return _ENCODER.encode(result_line(done)) + b"\n"
+    return _ENCODER.encode(result_line(done, cluster=cluster)) + b"\n"
 
 
-RESULT_STATUSES = ("exited", "timed_out", "output_exceeded", "oom_killed", "killed", "error")
+RESULT_STATUSES = (
+    "exited",
+    "timed_out",
+    "output_exceeded",
+    "oom_killed",
+    "killed",
+    "error",
+    "lost",
+)
+LOST = "lost"
+"""A cluster batch's attempt whose node was lost mid-run: recorded, but the job is not done
+(it was retried, or a resume runs it)."""
 
 
 class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -115,6 +134,9 @@ class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     kill_evidence: str | None = None
     usage: dict[str, Any] | None = None
     pooled: bool = False
+    node: str | None = None
+    attempt: int = 1
+    denials: list[dict[str, Any]] | None = None
     evidence: str | None = None
 
 
@@ -157,6 +179,9 @@ class ResultsScan(msgspec.Struct, frozen=True):
     """The last record is complete but lost its newline: add one before appending."""
     moved_to: str | None = None
     """Where ``prepare_results`` moved a torn last line aside (None: there was none)."""
+    lost: dict[JobId, int] = msgspec.field(default_factory=dict)
+    """Each id's ``lost`` lines (cluster attempts whose node was lost): they do not make the
+    job done; a resumed cluster batch numbers its next attempt after them."""
 
 
 def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
@@ -169,6 +194,7 @@ def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
     """
     done: set[JobId] = set()
     errors: set[JobId] = set()
+    lost: dict[JobId, int] = {}
     offset = 0
     for number, raw in enumerate(lines, start=1):
         complete = raw.endswith(b"\n")
@@ -188,14 +214,17 @@ def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
                     "the last line is incomplete and is not a line sbxkit writes; the file is "
                     "left as it is",
                 ) from None
-            return ResultsScan(done, errors, offset, needs_newline=False)  # our torn line
-        done.add(seen.id)
+            return ResultsScan(done, errors, offset, needs_newline=False, lost=lost)  # torn
+        if seen.status == LOST:
+            lost[seen.id] = lost.get(seen.id, 0) + 1
+        else:
+            done.add(seen.id)
         if seen.status == "error":
             errors.add(seen.id)
         offset += len(raw)
         if not complete:
-            return ResultsScan(done, errors, offset, needs_newline=True)
-    return ResultsScan(done, errors, offset, needs_newline=False)
+            return ResultsScan(done, errors, offset, needs_newline=True, lost=lost)
+    return ResultsScan(done, errors, offset, needs_newline=False, lost=lost)
 
 
 def scan_results(data: bytes, source: str = "results") -> ResultsScan:

@@ -155,8 +155,9 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         profile_help="TOML profile ([sandbox.docker]) supplying defaults; flags override it; "
         '[sandbox] runtime = "sandbox" runs the command in an sbx microVM instead',
         output_help="bytes kept per stream; one more is 'output exceeded'",
-        timeout_help="elapsed-time limit in seconds",
-        network_help="none (default) or bridge: unrestricted egress, refused in production",
+        timeout_help="elapsed-time limit",
+        network_help="none (default; --allow and --callback govern its egress), or bridge or "
+        "managed: routed, refused in production",
     )
     parser.add_argument(
         "--stdin",

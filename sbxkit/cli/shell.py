@@ -31,7 +31,12 @@ import trio
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
-from sbxkit.cli.flags import ImageAndCommand, add_sandbox_flags, spec_from_args
+from sbxkit.cli.flags import (
+    ImageAndCommand,
+    add_sandbox_flags,
+    parse_with_flags_after_image,
+    spec_from_args,
+)
 from sbxkit.errors import SbxError
 from sbxkit.plan import CheckedSpec
 from sbxkit.profile import Profile, load_profile, profile_settings
@@ -65,7 +70,7 @@ def add_shell_arguments(parser: argparse.ArgumentParser) -> None:
         SHELL_DEFAULTS,
         profile_help="TOML profile ([sandbox.docker]); flags override it",
         output_help="terminal output bytes for the whole session; one more ends it",
-        timeout_help="the session's time limit in seconds",
+        timeout_help="the session's time limit",
         network_help="none (default) or bridge",
     )
     parser.add_argument(
@@ -285,10 +290,15 @@ def cmd_shell(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m sbxkit.shell [options] IMAGE [-- CMD]``: the subcommand, standalone."""
     parser = argparse.ArgumentParser(
-        prog="sbxkit shell", description="An interactive shell in a fresh hardened sandbox."
+        allow_abbrev=False,
+        prog="sbxkit shell",
+        description="An interactive shell in a fresh hardened sandbox.",
     )
     add_shell_arguments(parser)
-    exit_with(cmd_shell, parser.parse_args(argv))
+    args, unknown = parse_with_flags_after_image(parser, sys.argv[1:] if argv is None else argv)
+    if unknown:
+        parser.error("unrecognized arguments: " + " ".join(unknown))
+    exit_with(cmd_shell, args)
 
 
 if __name__ == "__main__":

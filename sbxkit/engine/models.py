@@ -193,6 +193,8 @@ class ContainerInspect(Reply):
     config: ContainerConfigReply = msgspec.field(default_factory=ContainerConfigReply)
     host_config: HostConfigReply = msgspec.field(default_factory=HostConfigReply)
     mounts: list[MountPoint] | None = None
+    hosts_path: str = ""
+    """The daemon's own file bind-mounted at the container's ``/etc/hosts``."""
 
 
 class ContainerSummary(Reply):
@@ -264,8 +266,9 @@ class InfoReply(Reply):
     mem_total: int = 0
     cdi_spec_dirs: list[str] | None = msgspec.field(default=None, name="CDISpecDirs")
     discovered_devices: list[DiscoveredDevice] | None = None
-    kernel_version: str = ""
+    name: str = ""
     operating_system: str = ""
+    kernel_version: str = ""
     security_options: list[str] | None = None
 
 

@@ -30,7 +30,7 @@ import trio
 
 from sbxkit.attached import OutputCallback
 from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner
+from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
 from sbxkit.call_checks import check_pool_options, check_stdin
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import SbxError, SpecError
@@ -49,6 +49,7 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
+from sbxkit.policy import claim_env
 from sbxkit.pool.line import claim_line
 from sbxkit.pool.shape import parked_spec
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
@@ -134,7 +135,7 @@ class PooledBackend(DockerBackend):
         self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
     ) -> RunResult | None:
         spec, pool = checked.spec, self.pool
-        line = claim_line(list(spec.command), dict(spec.env))
+        line = claim_line(list(spec.command), claim_env(spec))
         timeout_s = spec.limits.timeout_s
         assert timeout_s is not None  # checked
         if line is None or timeout_s > pool.max_timeout_s or spec.gpus is not None:
@@ -142,7 +143,7 @@ class PooledBackend(DockerBackend):
         t_asked = trio.current_time()
         async with self._claiming(checked) as claiming:
             image_env = claiming.facts.image_env
-            line = claim_line(list(spec.command), dict(spec.env), image_env=image_env)
+            line = claim_line(list(spec.command), claim_env(spec), image_env=image_env)
             if line is None:
                 return None
             reply = await claiming.owner.claim(claiming.claim)
@@ -202,7 +203,7 @@ class PooledBackend(DockerBackend):
             fifo_root = owner.fifo_root if fifo_io else None
             plan = build_plan(parked, facts, lease=new_lease_id(), fifo_root=fifo_root)
             template = owner.register_for(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
             )
             mounts = list(plan.expected_mounts)
             timeout_s = checked.spec.limits.timeout_s
@@ -371,6 +372,7 @@ async def _run_on_claimed(
                 line, stdin, limits.output_bytes, limits.timeout_s, on_output, judge
             )
             run_s = clock() - t_claim
+        denials = await owner.denials(lease) if governed(checked.spec) else ()
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal
@@ -401,4 +403,5 @@ async def _run_on_claimed(
         kill_evidence=ran.verdict.kill_evidence,
         pooled=True,
         evidence=ran.evidence,
+        denials=denials,
     )

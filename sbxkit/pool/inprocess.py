@@ -312,6 +312,7 @@ async def _claim(
     try:
         ran = await slot.transport.run(line, stdin, output_bytes, timeout_s, on_output, box.judge)
         run_s = clock() - t_claim
+        denials = await box.denials()  # its governed network's, before the lease ends
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):
@@ -327,7 +328,7 @@ async def _claim(
         start_s=0.0,
         run_s=run_s,
         evidence=ran.evidence,
-    ).result(box)
+    ).result(box, denials)
     return msgspec.structs.replace(
         result,
         pooled=True,

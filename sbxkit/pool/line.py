@@ -29,6 +29,7 @@ import shlex
 from collections.abc import Mapping
 
 from sbxkit.kernel.scripts import SHELL_OWN_KEYS, shell_carries
+from sbxkit.policy import claim_env
 from sbxkit.spec import SandboxSpec
 
 __all__ = [
@@ -115,4 +116,4 @@ def claim_line_within(
     timeout_s = spec.limits.timeout_s
     if timeout_s is None or timeout_s > max_timeout_s:
         return None
-    return claim_line(list(spec.command), dict(spec.env), image_env=image_env)
+    return claim_line(list(spec.command), claim_env(spec), image_env=image_env)

@@ -25,34 +25,9 @@ from sbxkit.kernel.run import Judge, kernel_verdict
 from sbxkit.kernel.supervise import Exited, KernelIO, supervise_kernel
 from sbxkit.outcome import Verdict
 from sbxkit.result import Evidence
-from sbxkit.stdin import StdinSource
+from sbxkit.stdin import Prefixed, StdinSource
 
-__all__ = ["AttachTransport", "ClaimTransport", "Claimed", "FifoTransport", "LineFirst"]
-
-
-class LineFirst(trio.abc.ReceiveStream):
-    """The claim line, then the run's own stdin (bytes or a stream), closed with it."""
-
-    def __init__(self, line: bytes, stdin: StdinSource | None) -> None:
-        self._pending = line + (stdin if isinstance(stdin, bytes) else b"")
-        self._rest = stdin if isinstance(stdin, trio.abc.ReceiveStream) else None
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._pending:
-            size = max_bytes or len(self._pending)
-            chunk, self._pending = self._pending[:size], self._pending[size:]
-            await trio.lowlevel.checkpoint()
-            return chunk
-        if self._rest is None:
-            await trio.lowlevel.checkpoint()
-            return b""
-        return await self._rest.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        if self._rest is not None:
-            await self._rest.aclose()
-        else:
-            await trio.lowlevel.checkpoint()
+__all__ = ["AttachTransport", "ClaimTransport", "Claimed", "FifoTransport"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +71,7 @@ class AttachTransport:
         on_output: OutputCallback | None,
         judge: Judge,
     ) -> Claimed:
-        stream = LineFirst(line, stdin)
+        stream = Prefixed(line, stdin)  # the claim line, then the run's own stdin
         outcome = await supervise(
             self.attach, self.waiter, stream, output_bytes, timeout_s, on_output
         )

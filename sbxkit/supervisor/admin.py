@@ -1,4 +1,5 @@
-"""Operator commands: ``sbxkit leases list | recover | retire LEASE --confirm``."""
+"""Operator commands: ``sbxkit leases list | recover | retire LEASE --confirm`` and
+``sbxkit pools list | end SHAPE | end --all``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ from pathlib import Path
 import trio
 
 from sbxkit.supervisor.client import SupervisorError, connect_supervisor, receive_reply
-from sbxkit.supervisor.journal import StateDir, check_state_dir
+from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir
 from sbxkit.supervisor.records import LeaseRecord, StorageError
-from sbxkit.supervisor.wire import Recover, Refused, Report, Retire
+from sbxkit.supervisor.wire import (
+    EndPools,
+    HeldPoolState,
+    ListPools,
+    Pools,
+    Recover,
+    Refused,
+    Report,
+    Retire,
+)
 
 
 def read_journal(state_dir: Path) -> tuple[list[LeaseRecord], list[str]]:
@@ -40,6 +50,13 @@ def format_records(records: list[LeaseRecord]) -> list[str]:
 
 async def request(state_dir: Path, message: Recover | Retire) -> Report:
     """Send an operator request to the state dir's supervisor (launched if absent)."""
+    reply = await _ask(state_dir, message)
+    if not isinstance(reply, Report):
+        raise SupervisorError(f"unexpected {type(reply).__name__}")
+    return reply
+
+
+async def _ask(state_dir: Path, message: Recover | Retire | ListPools | EndPools) -> object:
     session = await connect_supervisor(state_dir)
     try:
         await session.send(message)
@@ -48,9 +65,41 @@ async def request(state_dir: Path, message: Recover | Retire) -> Report:
         await session.aclose()
     if isinstance(reply, Refused):
         raise SupervisorError(reply.reason, code=reply.code)
-    if not isinstance(reply, Report):
+    return reply
+
+
+async def pools_request(state_dir: Path, message: ListPools | EndPools) -> Pools:
+    """``ListPools`` or ``EndPools`` to the state dir's supervisor. With no supervisor
+    listening there, no pool is held, and none is launched only to say so."""
+    if not (state_dir / SOCKET_NAME).exists():
+        return Pools(pools=[])
+    reply = await _ask(state_dir, message)
+    if not isinstance(reply, Pools):
         raise SupervisorError(f"unexpected {type(reply).__name__}")
     return reply
+
+
+def list_pools(state_dir: Path) -> Pools:
+    return trio.run(pools_request, state_dir, ListPools())
+
+
+def end_pools(state_dir: Path, shape: str | None) -> Pools:
+    return trio.run(pools_request, state_dir, EndPools(shape=shape))
+
+
+def format_pools(pools: list[HeldPoolState]) -> list[str]:
+    """A table: one line per pool, its shape key shortened as ``end`` accepts it."""
+    lines = [
+        f"{'SHAPE':<12}  {'SIZE':>4}  {'PARKED':>6}  {'STARTING':>8}  {'CLAIMED':>7}  "
+        f"{'IDLE':>11}  IMAGE"
+    ]
+    for p in pools:
+        idle = f"{p.idle_s:.0f}/{p.idle_ttl_s:g}s"
+        lines.append(
+            f"{p.shape[:12]:<12}  {p.size:>4}  {p.parked:>6}  {p.starting:>8}  {p.claimed:>7}  "
+            f"{idle:>11}  {p.image}" + (f"  (last park failed: {p.problem})" if p.problem else "")
+        )
+    return lines
 
 
 def recover(state_dir: Path) -> Report:

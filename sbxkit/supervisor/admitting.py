@@ -1,5 +1,7 @@
 """Admission in the supervisor: check a registration, wait in the fair FIFO queue (nothing is
-journaled while waiting), take a launch slot, journal the lease and start its task.
+journaled while waiting), take a launch slot, journal the lease and start its task. The state
+directory is audited afresh at every admission; a caller waiting for capacity or a launch slot
+hears ``Queued`` at least every second, and the admission deadline bounds both waits.
 
 The rules are ``sbxkit/admission.py``'s; docs/operations.md, "Capacity and admission".
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Literal
 
 import msgspec
 import trio
@@ -22,6 +25,7 @@ from sbxkit.admission import (
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
 from sbxkit.kernel.fifos import io_dir_problem
+from sbxkit.network.planning import managed_gateway_problem
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
@@ -41,7 +45,6 @@ from sbxkit.supervisor.recheck import (
     volume_backing_problem,
 )
 from sbxkit.supervisor.records import LeaseRecord, StorageError
-from sbxkit.supervisor.statedir import check_state_path
 from sbxkit.supervisor.wire import (
     Closed,
     Queued,
@@ -114,6 +117,7 @@ class Admitting(Leases):
                 environment=self.environment,
                 resolve=os.path.realpath,
                 io_dir_problem=io_dir_problem,
+                network=register.network,
             )
         )
         return None if refusal is None else ("policy", refusal.field, refusal.reason)
@@ -139,6 +143,19 @@ class Admitting(Leases):
                 return Refused(code="policy", reason=reason, field=field)
         return None
 
+    async def _managed_refusal(self, engine: Engine, register: Register) -> Refused | None:
+        """A managed network's gateway must be the daemon's bridge's (the forwarder binds it)."""
+        network = register.network
+        if network is None or network.mode != "managed":
+            return None
+        try:
+            problem = await managed_gateway_problem(engine, network)
+        except SbxError as exc:
+            problem = f"cannot inspect the managed network: {exc}"
+        if problem is None:
+            return None
+        return Refused(code="policy", reason=problem, field="network.gateway")
+
     def _hard_bound_problem(self) -> str | None:
         cap = self.config.capacity
         if len(self.records) >= cap.max_records:
@@ -160,19 +177,24 @@ class Admitting(Leases):
         if self.launch_slots is None:
             self.launch_slots = trio.Semaphore(launch_bound(cap, info.ncpu))
 
-    async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
-        try:  # a chmod or a swapped path since the start is noticed here, before admitting
-            await trio.to_thread.run_sync(check_state_path, self.state.path)
+    async def _storage_problem(self) -> str | None:
+        """What in the state directory blocks new execution now, or None. Audited afresh at
+        every admission and before every park (docs/operations.md): a chmod, a swapped path, a
+        foreign file or a malformed record added while the supervisor runs blocks the next one,
+        and one an operator removed stops blocking. A failed journal write stays (sticky)."""
+        try:
+            problems = await trio.to_thread.run_sync(self.state.audit, self.records)
         except (StorageError, OSError) as exc:
-            await self._refuse(peer, "storage", f"unsafe supervisor state blocks execution: {exc}")
-            return None
-        if self.storage_errors:
-            await self._refuse(
-                peer,
-                "storage",
-                "unsafe or malformed supervisor state blocks "
-                "new execution: " + "; ".join(self.storage_errors),
-            )
+            return f"unsafe supervisor state blocks execution: {exc}"
+        found = [str(problem) for problem in problems] + self.storage_errors
+        if found:
+            return "unsafe or malformed supervisor state blocks new execution: " + "; ".join(found)
+        return None
+
+    async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
+        storage = await self._storage_problem()
+        if storage is not None:
+            await self._refuse(peer, "storage", storage)
             return None
         problem = self._request_problem(register)
         if problem:
@@ -190,6 +212,8 @@ class Admitting(Leases):
             await self._refuse(peer, "request", f"engine unavailable: {exc}")
             return None
         refused = await self._volumes_refusal(engine, register)
+        if refused is None:
+            refused = await self._managed_refusal(engine, register)
         if refused is not None:
             await peer.send(refused)
             log(f"lease {register.lease}: refused {refused.field}: {refused.reason}")
@@ -210,9 +234,20 @@ class Admitting(Leases):
         assert self.launch_slots is not None
         slot = LaunchSlot(self.launch_slots)
         try:
-            if not await self._wait_for_launch_slot(slot, intent):
+            waited = await self._wait_for_launch_slot(peer, register.lease, slot, intent)
+            if waited != "held":
                 self._release(register.lease)
-                await peer.send(Closed(lease=register.lease))
+                if waited == "left":
+                    await peer.send(Closed(lease=register.lease))
+                else:
+                    timeout = self.config.capacity.admission_timeout_s
+                    await self._refuse(
+                        peer,
+                        "admission_timeout",
+                        f"waited {timeout:g} s for a launch slot (creates and starts in flight "
+                        "are bounded; each lease holds its slot at most "
+                        f"{self.config.capacity.max_startup_deadline_s:g} s); nothing was created",
+                    )
                 return None
             return await self._register(peer, register, intent, engine, slot)
         except BaseException:
@@ -271,19 +306,38 @@ class Admitting(Leases):
         )
         return False
 
-    async def _wait_for_launch_slot(self, slot: LaunchSlot, intent: Intent) -> bool:
-        """Creates and starts in flight are bounded; waiting here is queueing too."""
+    async def _wait_for_launch_slot(
+        self, peer: Peer, lease: str, slot: LaunchSlot, intent: Intent
+    ) -> Literal["held", "left", "timeout"]:
+        """Creates and starts in flight are bounded; waiting here is queueing too: after a
+        second without a slot the caller hears ``Queued`` (``ahead``: the leases waiting for a
+        slot before it) at least every second, and the admission deadline bounds the wait.
+        Slots are handed on in arrival order (trio's semaphore is FIFO)."""
         acquired = trio.Event()
 
         async def acquire() -> None:
             await slot.acquire()
             acquired.set()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(acquire)
-            await first_of(acquired, intent.stop)
-            nursery.cancel_scope.cancel()
-        return slot.held and not intent.stop.is_set()
+        self.slot_waiters.append(lease)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(acquire)
+                with trio.move_on_after(self.config.capacity.admission_timeout_s):
+                    while True:
+                        with trio.move_on_after(QUEUED_HEARTBEAT_S):
+                            await first_of(acquired, intent.stop)
+                        if acquired.is_set() or intent.stop.is_set():
+                            break
+                        ahead = self.slot_waiters.index(lease)
+                        await peer.send(Queued(lease=lease, ahead=ahead))
+                nursery.cancel_scope.cancel()
+        finally:
+            self.slot_waiters.remove(lease)
+        if intent.stop.is_set():
+            slot.release()
+            return "left"
+        return "held" if slot.held else "timeout"
 
     async def _register(
         self, peer: Peer, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
@@ -317,8 +371,10 @@ class Admitting(Leases):
             register.body,
             peer,
             intent,
-            now + register.startup_deadline_s,
+            # The supervisor's cap, not the caller's wish, bounds how long a slot is held.
+            now + min(register.startup_deadline_s, self.config.capacity.max_startup_deadline_s),
             now + register.lifetime_deadline_s,
+            network=register.network,
         )
         # Live and counted before the first await: the reaper must never take a lease that is
         # being admitted for an orphan.

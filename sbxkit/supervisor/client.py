@@ -25,6 +25,9 @@ from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.kernel.scripts import io_root
+from sbxkit.network.audit import Denial
+from sbxkit.network.netns import NetworkUnavailable
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.environment import supervisor_environment
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
@@ -39,13 +42,17 @@ from sbxkit.supervisor.statedir import (
 )
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    AskDenials,
     Claim,
     Claimed,
     Close,
     Closed,
     Created,
+    Denials,
     Expiring,
     Failed,
+    Govern,
+    Governed,
     Hello,
     Message,
     Orphaned,
@@ -338,6 +345,10 @@ class SupervisedOwner:
         self._sessions: dict[str, _Session] = {}
         self._queued: dict[str, float] = {}
         self._claimed_fds: dict[str, list[int]] = {}
+        self._ended: dict[str, ServerMessage] = {}
+        self._expiring: dict[str, str] = {}
+        """A lease's Closed or Orphaned read while waiting for another answer (its close
+        reads it here instead of waiting for a second one)."""
 
     async def connect(self, first: Message | None = None) -> _Session:
         return await connect_supervisor(self.state_dir, first, command=self.supervisor_command)
@@ -345,9 +356,16 @@ class SupervisedOwner:
     # -- the owner seam -------------------------------------------------------------------------
 
     def register_for(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
     ) -> Register:
-        """The Register asking for ``body``'s container under ``lease``."""
+        """The Register asking for ``body``'s container under ``lease`` (and ``network``, a
+        governed network the supervisor carries out once asked)."""
         host = body.host_config
         if host is None or host.memory is None or host.nano_cpus is None:
             raise SupervisorError("the create body must bound memory and CPU", lease=lease)
@@ -359,7 +377,48 @@ class SupervisedOwner:
             reservation=Reservation(memory_bytes=host.memory, nano_cpus=host.nano_cpus),
             startup_deadline_s=self.startup_deadline_s,
             lifetime_deadline_s=lifetime_s,
+            network=network,
         )
+
+    async def _answer(self, lease: str, kind: type[Governed] | type[Denials]) -> Governed | Denials:
+        """The supervisor's answer of ``kind`` on the lease's connection; a lease that ended
+        meanwhile (Closed, Orphaned) is kept for its close and raised as unusable."""
+        session = self._sessions.get(lease)
+        if session is None:
+            raise NetworkUnavailable("the lease has no connection to its supervisor")
+        while True:
+            reply = await receive_reply(session, kind.__name__.lower())
+            if isinstance(reply, kind):
+                return reply
+            if isinstance(reply, Closed | Orphaned):
+                self._ended[lease] = reply
+                raise NetworkUnavailable(f"the lease ended: {type(reply).__name__}")
+            if isinstance(reply, Expiring):
+                self._expiring[lease] = reply.reason  # for ended_by_owner
+            # a late Created/Failed of a create already answered: keep reading
+
+    async def govern(
+        self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
+    ) -> None:
+        """Have the supervisor put the lease's listeners in place (registered with its
+        ``network``); they are the supervisor's and end with the lease."""
+        session = self._sessions.get(lease)
+        if session is None:
+            raise NetworkUnavailable("the lease has no connection to its supervisor")
+        await session.send(Govern(lease=lease))
+        reply = await self._answer(lease, Governed)
+        assert isinstance(reply, Governed)
+        if reply.problem is not None:
+            raise NetworkUnavailable(reply.problem)
+
+    async def denials(self, lease: str) -> tuple[Denial, ...]:
+        session = self._sessions.get(lease)
+        if session is None:
+            return ()
+        await session.send(AskDenials(lease=lease))
+        reply = await self._answer(lease, Denials)
+        assert isinstance(reply, Denials)
+        return tuple(reply.denials)
 
     async def claim(self, claim: Claim) -> Claimed | Unclaimed:
         """Take a parked container of the claim's shape from the supervisor's pool (starting
@@ -392,9 +451,15 @@ class SupervisedOwner:
         raise SupervisorError(f"unexpected {type(reply).__name__} after a claim")
 
     async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
     ) -> str:
-        register = self.register_for(lease, name, body, lifetime_s=lifetime_s)
+        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
         self._sessions[lease] = session
@@ -445,6 +510,8 @@ class SupervisedOwner:
         any other message is left for ``remove``."""
         session = self._sessions.get(lease)
         await trio.lowlevel.checkpoint()
+        if lease in self._expiring:  # read while a governed network's answer was awaited
+            return self._expiring.pop(lease)
         if session is None or not session.has_input():
             return None
         with trio.move_on_after(REPLY_TIMEOUT_S):
@@ -491,6 +558,11 @@ class SupervisedOwner:
             "the connection to the supervisor was lost before cleanup was acknowledged; "
             "durable recovery is required (the supervisor's restart recovery removes it)"
         )
+        ended = self._ended.pop(lease, None)
+        if isinstance(ended, Closed):
+            return
+        if isinstance(ended, Orphaned):
+            raise CleanupError(lease, container_id, ended.reason)
         # The send may fail if the supervisor already ended the lease; its verdict is buffered.
         with contextlib.suppress(SupervisorConnectionLost):
             await session.send(Close(lease=lease))

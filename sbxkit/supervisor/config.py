@@ -13,10 +13,16 @@ from pathlib import Path
 import msgspec
 
 from sbxkit.argtypes import positive_float, positive_int
+from sbxkit.errors import SpecError
+from sbxkit.units import parse_duration, parse_size
 
 ADMISSION_TIMEOUT_S = 3600.0
 """How long a request may wait for capacity by default: a batch of thousands at any sane
 parallelism waits far less; a request that waits an hour is stuck behind something."""
+MAX_STARTUP_DEADLINE_S = 60.0
+"""The longest startup deadline a caller gets, whatever it asks: how long one lease may hold a
+launch slot without saying it started (the client asks 30 s; a create and a start take well
+under a second here). A client asking more cannot keep every slot from the others."""
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +35,7 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     cpu_budget_nano: int | None = None  # admission; None: CPU quotas do not limit admission
     max_launching: int | None = None  # creates + starts in flight; None: twice the daemon's NCPU
     admission_timeout_s: float = ADMISSION_TIMEOUT_S
+    max_startup_deadline_s: float = MAX_STARTUP_DEADLINE_S
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,10 +59,34 @@ def launch_bound(capacity: Capacity, ncpu: int) -> int:
     return max(2, 2 * ncpu)
 
 
+def size_bytes(text: str) -> int:
+    """A size flag (``8g``, ``512MiB``, bytes when bare), read as every sbxkit size is."""
+    try:
+        value = parse_size(text, "size")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def duration_s(text: str) -> float:
+    """A duration flag (``10``, ``500ms``, ``5m``), read as every sbxkit duration is."""
+    try:
+        value = parse_duration(text, "duration")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+    if not (value > 0 and value != float("inf")):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be a finite duration > 0, got {text!r}")
+    return value
+
+
 def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     defaults = Capacity()
     parser = argparse.ArgumentParser(
-        prog=prog, description="Own sandbox creation and cleanup through a durable lease journal."
+        allow_abbrev=False,
+        prog=prog,
+        description="Own sandbox creation and cleanup through a durable lease journal.",
     )
     parser.add_argument(
         "--state-dir",
@@ -67,12 +98,18 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--idle-exit",
-        type=float,
+        type=duration_s,
         default=10.0,
-        metavar="SECONDS",
-        help="exit after this long idle and record-free (default: 10)",
+        metavar="DURATION",
+        help="exit after this long idle and record-free: 10, 500ms, 5m (default: 10 s)",
     )
-    parser.add_argument("--reaper-interval", type=float, default=2.0, metavar="SECONDS")
+    parser.add_argument(
+        "--reaper-interval",
+        type=duration_s,
+        default=2.0,
+        metavar="DURATION",
+        help="how often records no live lease owns are checked (default: 2 s)",
+    )
     parser.add_argument(
         "--docker-socket",
         metavar="PATH",
@@ -107,11 +144,11 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory-budget",
-        type=positive_int,
+        type=size_bytes,
         default=None,
-        metavar="BYTES",
-        help="memory the sandboxes may reserve at once (default: the daemon's MemTotal less "
-        "the larger of 1 GiB and 10%%)",
+        metavar="SIZE",
+        help="memory the sandboxes may reserve at once: 8g, bytes when bare (default: the "
+        "daemon's MemTotal less the larger of 1 GiB and 10%%)",
     )
     parser.add_argument(
         "--cpu-budget",
@@ -129,10 +166,18 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--admission-timeout",
-        type=positive_float,
+        type=duration_s,
         default=ADMISSION_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g})",
+        metavar="DURATION",
+        help=f"how long a request may wait for capacity (default: {ADMISSION_TIMEOUT_S:g} s)",
+    )
+    parser.add_argument(
+        "--max-startup-deadline",
+        type=duration_s,
+        default=MAX_STARTUP_DEADLINE_S,
+        metavar="DURATION",
+        help="the longest a lease may hold a launch slot before its caller says it started; a "
+        f"longer startup deadline asked for is cut to this (default: {MAX_STARTUP_DEADLINE_S:g} s)",
     )
     return parser
 
@@ -154,10 +199,18 @@ def config_from_args(args: argparse.Namespace) -> Config:
             cpu_budget_nano=cpu_budget,
             max_launching=args.max_launching,
             admission_timeout_s=args.admission_timeout,
+            max_startup_deadline_s=args.max_startup_deadline,
         ),
         docker_socket=args.docker_socket,
         engine_sockets=tuple(args.engine_socket),
     )
 
 
-__all__ = ["ADMISSION_TIMEOUT_S", "Capacity", "Config", "build_parser", "config_from_args"]
+__all__ = [
+    "ADMISSION_TIMEOUT_S",
+    "MAX_STARTUP_DEADLINE_S",
+    "Capacity",
+    "Config",
+    "build_parser",
+    "config_from_args",
+]

@@ -46,7 +46,8 @@ class ServiceCore:
         self.records: dict[str, LeaseRecord] = {}
         self.live: dict[str, LiveLease] = {}
         self.engines: dict[str, Engine] = {}
-        self.storage_errors: list[str] = []
+        self.storage_errors: list[str] = []  # journal writes that failed: sticky until restart
+        self.slot_waiters: list[str] = []  # leases waiting for a launch slot, in arrival order
         self.connections = 0
         self.wake_reaper = trio.Event()
         self.uncertain_changed = trio.Event()

@@ -16,6 +16,8 @@ SOURCES = (
     "supervisor/service.py",
     "supervisor/client.py",
     "engine/models.py",
+    "network/terms.py",  # NetworkTerms and Denial travel in Register and Denials
+    "network/audit.py",
 )
 
 

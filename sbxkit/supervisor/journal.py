@@ -18,7 +18,7 @@ import fcntl
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import TypeVar
 
@@ -143,6 +143,33 @@ class StateDir:
         if path.name != record_filename(record.lease):
             raise StorageError(str(path), f"holds lease {record.lease}; the name disagrees")
         return record
+
+    def audit(self, known: Container[str]) -> list[StorageError]:
+        """Every problem of the directory as it is now, for a running supervisor: the path above
+        and at it (raised), each odd entry, and each record file whose lease the supervisor does
+        not hold — unreadable or malformed, or well-formed but not written by this instance
+        (restart the supervisor to recover it). ``known`` is read live: a record is in it before
+        its file is written and leaves it after its file is deleted. Temp files are the
+        journal's own writes in flight here, not problems."""
+        check_state_path(self.path)
+        problems, _in_flight = scan_entries(self.path)
+        for path in self.record_paths():
+            if path.name[: -len(RECORD_SUFFIX)] in known:
+                continue
+            try:
+                record = self.read_record(path)
+            except StorageError as exc:
+                if os.path.lexists(path):  # else deleted while we looked: not a problem
+                    problems.append(exc)
+                continue
+            problems.append(
+                StorageError(
+                    str(path),
+                    f"holds lease {record.lease}, which this supervisor did not write while "
+                    "running; restart it to recover the lease, or remove the file",
+                )
+            )
+        return problems
 
     def load_records(self) -> list[LeaseRecord]:
         return [self.read_record(path) for path in self.record_paths()]

@@ -22,6 +22,8 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, SbxError
 from sbxkit.kernel.supervise import Exited, KernelIO
 from sbxkit.result import Evidence
+from sbxkit.network.governor import Governor
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
@@ -137,8 +139,12 @@ class LiveLease:
         intent: Intent,
         startup_deadline: float,
         lifetime_deadline: float,
+        network: NetworkTerms | None = None,
     ) -> None:
         self.record = record
+        self.network = network
+        """The governed network the lease registered (its governor runs once asked)."""
+        self.governor: Governor | None = None
         self.body = body
         self.peer: Replies = peer
         self.intent = intent
@@ -159,6 +165,11 @@ class LiveLease:
 
     def request_stop(self, reason: str) -> None:
         self.intent.request_stop(reason)
+
+    def close_governor(self) -> None:
+        """Stop serving the lease's listeners (egress ends with the lease)."""
+        if self.governor is not None:
+            self.governor.close()
 
 
 async def first_of(*events: trio.Event) -> None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
+from sbxkit.errors import SbxError, SpecError
+from sbxkit.network.governor import Governor
+from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.ownership import carries_lease
+from sbxkit.spec import parse_user
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.core import ServiceCore
 from sbxkit.supervisor.lease import (
@@ -45,6 +48,7 @@ class Leases(ServiceCore):
                 # Said before the removal's kill, so the caller judges that exit as sbxkit's.
                 reason = "the supervisor's lifetime deadline for the lease passed"
                 await live.peer.send(Expiring(lease=lease, reason=reason))
+            live.close_governor()
             await self._remove_live(live, engine, container_id)
         except (SbxError, OSError) as exc:
             # The record (if any) stays in the journal; the reaper owns it from here.
@@ -52,6 +56,7 @@ class Leases(ServiceCore):
             self.wake_reaper.set()
             await live.peer.send(Orphaned(lease=lease, reason=f"supervisor error: {exc}"))
         finally:
+            live.close_governor()
             slot.release()
             self.live.pop(lease, None)
             live.finished.set()
@@ -61,6 +66,31 @@ class Leases(ServiceCore):
                 self._pump()
                 self.uncertain_changed.set()
                 self.wake_reaper.set()
+
+    async def _govern(self, lease: str) -> str | None:
+        """Put a live lease's listeners in place (its container started, its payload waits);
+        why not, or None. The governor serves in the service's nursery until the lease ends."""
+        live = self.live.get(lease)
+        if live is None or live.record.container_id is None:
+            return "the lease has no started container"
+        if live.network is None or not live.network.needs_governor:
+            return "the lease registered no governed network"
+        if live.governor is not None:
+            return None
+        try:
+            user = parse_user(live.body.user or "")
+            engine = await self.engine_for(live.record.engine_socket)
+            governor = Governor(lease, live.network, user=user)
+            await self.nursery.start(governor.run, engine, live.record.container_id)
+        except (SbxError, OSError) as exc:
+            log(f"lease {lease}: governed network refused: {exc}")
+            if isinstance(exc, NetworkUnavailable):
+                return exc.reason
+            return str(exc.rule if isinstance(exc, SpecError) else exc)
+        live.governor = governor
+        if live.stop.is_set():
+            governor.close()  # ended meanwhile: nothing to serve
+        return None
 
     async def _hand_on_launch_slot(self, live: LiveLease, slot: LaunchSlot) -> None:
         """The daemon's launch work ends when the caller has started the container (or gives

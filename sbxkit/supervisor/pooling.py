@@ -55,7 +55,16 @@ from sbxkit.supervisor.templates import (
     shape_key,
     template_problem,
 )
-from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms, Refused, Register, Unclaimed
+from sbxkit.supervisor.wire import (
+    Claim,
+    Claimed,
+    HeldPoolState,
+    Pools,
+    PoolTerms,
+    Refused,
+    Register,
+    Unclaimed,
+)
 from sbxkit.verify import check_created
 
 MAX_SHAPES = 16
@@ -251,7 +260,7 @@ class Pooling(Admitting):
             name=f"sbxkit-{lease}",
             body=body_for_lease(template.body, template.lease, lease),
         )
-        problem = self._request_problem(register)
+        problem = self._request_problem(register) or await self._storage_problem()
         if problem is not None:
             return problem
         outcome: str | LiveLease = "not parked"
@@ -280,6 +289,8 @@ class Pooling(Admitting):
         except SbxError as exc:
             return f"engine unavailable: {exc}"
         refused = await self._volumes_refusal(engine, register)
+        if refused is None:
+            refused = await self._managed_refusal(engine, register)
         if refused is not None:
             return f"refused {refused.field}: {refused.reason}"
         need = Need(register.reservation.memory_bytes, register.reservation.nano_cpus)
@@ -363,12 +374,20 @@ class Pooling(Admitting):
                 ),
                 podman=engine.is_podman,
             )
-            if io_dir is None:
+
+            async def start() -> None:
                 await engine.container_start(container_id)
+                # A governed network's listeners are in place before the container is parked:
+                # a claim hands over a sandbox whose payload finds them there.
+                governed = live.network is not None and live.network.needs_governor
+                problem = await self._govern(live.record.lease) if governed else None
+                if problem is not None:
+                    raise SbxError(f"governed network: {problem}")
+
+            if io_dir is None:
+                await start()
             else:
-                started = await start_on_fifos(
-                    engine, container_id, io_dir, lambda: engine.container_start(container_id)
-                )
+                started = await start_on_fifos(engine, container_id, io_dir, start)
                 live.parked_io = ParkedIO(*started)
                 await started[0].stdin.send_all(GO_LINE)  # the parked shell reads its claim now
         except (SbxError, NotAlive, OSError) as exc:
@@ -393,6 +412,40 @@ class Pooling(Admitting):
                 pool.parked.remove(live)
             live.request_stop("parked unclaimed for the pool's idle limit")
             pool.wanted.set()
+
+    # -- the operator's requests (sbxkit pools list / end) -----------------------------------------
+
+    def held_pools(self, shape: str | None = None) -> list[HeldPoolState]:
+        """The pools held (those whose shape key starts with ``shape``), oldest claim first."""
+        now = trio.current_time()
+        chosen = [p for p in self.pools.values() if shape is None or p.key.startswith(shape)]
+        return [
+            HeldPoolState(
+                shape=pool.key,
+                image=pool.claim.template.body.image,
+                size=pool.terms.size,
+                parked=len(pool.parked),
+                starting=pool.parking.starting,
+                claimed=pool.in_use - len(pool.parked),
+                idle_s=now - pool.last_claim,
+                idle_ttl_s=pool.terms.idle_ttl_s,
+                problem=pool.error,
+            )
+            for pool in sorted(chosen, key=lambda pool: pool.last_claim)
+        ]
+
+    async def end_pools(self, shape: str | None) -> Pools:
+        """End the pool whose shape key starts with ``shape`` (exactly one must), or all."""
+        ending = self.held_pools(shape)
+        if shape is not None and len(ending) != 1:
+            problem = "no held pool" if not ending else f"{len(ending)} held pools"
+            return Pools(pools=ending, problem=f"{problem} has a shape starting with {shape!r}")
+        for state in ending:
+            pool = self.pools.get(state.shape)
+            if pool is not None:
+                log(f"pool {pool.key[:12]}: ended by an operator")
+                await self._end_pool(pool)
+        return Pools(pools=ending)
 
     # -- giving capacity back ----------------------------------------------------------------------
 

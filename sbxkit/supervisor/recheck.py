@@ -35,12 +35,16 @@ from sbxkit.errors import SbxError, SpecError
 from sbxkit.gpu import GpuRequest, validate_gpu_request
 from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root
 from sbxkit.mounts import check_host_path, check_target
+from sbxkit.network.allow import parse_allow_list
+from sbxkit.network.terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
 from sbxkit.policy import (
     LEASE_LABEL,
     NO_MESSAGE_QUEUES,
     PODMAN_SEALED_TMPFS,
     PODMAN_ULIMITS,
     SCRATCH_PATH,
+    managed_hosts,
+    named_callback,
 )
 from sbxkit.rules import HOST_GATEWAY_ALIAS, check_network
 from sbxkit.spec import parse_user
@@ -117,13 +121,16 @@ def recheck_body(
     environment: bytes | None,
     resolve: Resolve | None = None,
     io_dir_problem: IoDirProblem | None = None,
+    network: NetworkTerms | None = None,
 ) -> BodyRefusal | None:
     """None when ``body`` is one policy can produce for ``lease``; else the first refusal.
 
     ``state_dir`` is the supervisor's own (no bind may overlap it); ``environment`` the raw
-    ``SBXKIT_ENV`` the supervisor started with (bridge is refused in production);
-    ``resolve`` canonicalises bind sources on the host (links are followed and re-judged);
-    ``io_dir_problem`` looks at a kernel path FIFO directory on the host.
+    ``SBXKIT_ENV`` the supervisor started with (bridge and managed are refused in
+    production); ``resolve`` canonicalises bind sources on the host (links are followed and
+    re-judged); ``io_dir_problem`` looks at a kernel path FIFO directory on the host;
+    ``network`` the governed network the lease registered, which the body's network fields
+    and owned variables must match exactly.
     """
     try:
         _check_config(body, lease)
@@ -132,8 +139,9 @@ def recheck_body(
             raise _refuse("HostConfig", "absent: no limits and no hardening")
         _check_hardening(host)
         _check_limits(host)
-        _check_network(body, host, environment)
-        _check_tmpfs(host.tmpfs)
+        _check_network(body, host, environment, network)
+        _check_owned_env(body, network)
+        _check_tmpfs(host.tmpfs, tls=network is not None and network.tls is not None)
         binds = _check_io_bind(host.binds or [], body, lease, state_dir, io_dir_problem)
         _check_binds(binds, state_dir, resolve)
         _check_mounts(host.mounts or [])
@@ -229,15 +237,65 @@ def _check_limits(host: HostConfig) -> None:
             raise _refuse("HostConfig.Ulimits", f"must set {required} exactly once")
 
 
-def _check_network(body: ContainerCreate, host: HostConfig, environment: bytes | None) -> None:
+def _check_terms(network: NetworkTerms) -> None:
+    if network.mode not in ("none", "managed"):
+        raise _refuse("network.mode", "must be none or managed")
+    try:
+        parse_allow_list(network.allow, "network.allow")
+    except SpecError as error:
+        raise _refuse(error.field, error.rule) from None
+    if network.mode == "managed" and network.allow:
+        raise _refuse("network.allow", "a managed network routes; it takes no allow-list")
+    if network.audit_log is not None and not network.audit_log.startswith("/"):
+        raise _refuse("network.audit_log", "must be an absolute path")
+    if network.mode == "none" and (network.gateway or network.network_name):
+        raise _refuse("network.gateway", "only the managed network has a gateway")
+
+
+def _check_network(
+    body: ContainerCreate,
+    host: HostConfig,
+    environment: bytes | None,
+    network: NetworkTerms | None,
+) -> None:
     mode = host.network_mode
+    managed = network is not None and network.mode == "managed"
+    if network is not None:
+        _check_terms(network)
+    if managed:
+        assert network is not None
+        _spec_rule("HostConfig.NetworkMode", check_network, "managed", environment)
+        if mode != network.network_name:
+            raise _refuse("HostConfig.NetworkMode", "must be the managed network's name")
+        if body.network_disabled is not False:
+            raise _refuse("Config.NetworkDisabled", "must be false for the managed network")
+        if host.extra_hosts != managed_hosts(network):
+            raise _refuse("HostConfig.ExtraHosts", "only the managed network's host aliases")
+        return
     _spec_rule("HostConfig.NetworkMode", check_network, mode, environment)
     bridge = mode == "bridge"
-    if body.network_disabled is not (not bridge):
-        raise _refuse("Config.NetworkDisabled", f"must be {str(not bridge).lower()} for {mode}")
+    if network is not None and bridge:
+        raise _refuse("HostConfig.NetworkMode", "a governed network is NetworkMode none")
+    disabled = not bridge and not named_callback(network)
+    if body.network_disabled is not disabled:
+        raise _refuse("Config.NetworkDisabled", f"must be {str(disabled).lower()} for {mode}")
     extra = host.extra_hosts
     if extra is not None and not (bridge and extra == [HOST_GATEWAY_ALIAS]):
         raise _refuse("HostConfig.ExtraHosts", f"only [{HOST_GATEWAY_ALIAS!r}] under bridge")
+
+
+def _check_owned_env(body: ContainerCreate, network: NetworkTerms | None) -> None:
+    """The owned variables are exactly sbxkit's for the registered network (and absent when
+    it set none): a body cannot point the proxy variables elsewhere."""
+    wanted = network_env(network)
+    owned = owned_keys(network)
+    found: dict[str, str] = {}
+    for item in body.env or []:
+        key, _, value = item.partition("=")
+        if key in owned:
+            found[key] = value
+    if found != wanted:
+        raise _refuse("Config.Env", "the governed network's variables are not sbxkit's")
 
 
 _TMPFS_FLAGS = frozenset({"rw", "ro", "nosuid", "nodev", "noexec", "exec"})
@@ -245,12 +303,16 @@ _TMPFS_NUMBERS = {"size": re.compile(r"[1-9][0-9]{0,18}"), "uid": re.compile(r"[
 _TMPFS_NUMBERS |= {"gid": _TMPFS_NUMBERS["uid"], "mode": re.compile(r"[0-7]{1,4}")}
 
 
-def _check_tmpfs(tmpfs: dict[str, str] | None) -> None:
+def _check_tmpfs(tmpfs: dict[str, str] | None, *, tls: bool = False) -> None:
     tmpfs = tmpfs or {}
     if SCRATCH_PATH not in tmpfs:
         raise _refuse("HostConfig.Tmpfs", f"must mount the bounded scratch at {SCRATCH_PATH}")
     for target, options in tmpfs.items():
         field = f"HostConfig.Tmpfs[{target}]"
+        if tls and target in TLS_TMPFS:
+            if options != TLS_TMPFS[target]:
+                raise _refuse(field, f"must be {TLS_TMPFS[target]!r} (the TLS bundle's)")
+            continue
         if target in PODMAN_SEALED_TMPFS:
             if options != PODMAN_SEALED_TMPFS[target]:
                 raise _refuse(field, f"must be {PODMAN_SEALED_TMPFS[target]!r} (sealed)")

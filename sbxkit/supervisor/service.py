@@ -51,10 +51,17 @@ from sbxkit.supervisor.recovery import Recovery
 from sbxkit.supervisor.statedir import STARTUP_REFUSAL
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    AskDenials,
     Claim,
     Close,
+    Denials,
+    EndPools,
+    Govern,
+    Governed,
     Hello,
+    ListPools,
     Message,
+    Pools,
     Recover,
     Register,
     Report,
@@ -125,6 +132,12 @@ class Service(Pooling, Recovery):
         if isinstance(register, Retire):
             await self._retire(peer, register.lease)
             return
+        if isinstance(register, ListPools):
+            await peer.send(Pools(pools=self.held_pools()))
+            return
+        if isinstance(register, EndPools):
+            await peer.send(await self.end_pools(register.shape))
+            return
         if isinstance(register, Claim):
             claimed = await self._claim(peer, register)
             if claimed is not None:
@@ -152,7 +165,8 @@ class Service(Pooling, Recovery):
                 nursery.cancel_scope.cancel()
 
     async def _read_intent(self, peer: Peer, lease: str, intent: Intent) -> None:
-        """Relay the caller's messages after Register: Started, then Close (or EOF)."""
+        """Relay the caller's messages after Register: Started (and, for a governed network,
+        Govern and AskDenials, answered here), then Close (or EOF)."""
         try:
             while True:
                 message = await peer.receive()
@@ -162,6 +176,13 @@ class Service(Pooling, Recovery):
                 if isinstance(message, Started) and message.lease == lease:
                     intent.started.set()
                     intent.nudge.set()
+                elif isinstance(message, Govern) and message.lease == lease:
+                    await peer.send(Governed(lease=lease, problem=await self._govern(lease)))
+                elif isinstance(message, AskDenials) and message.lease == lease:
+                    live = self.live.get(lease)
+                    governor = live.governor if live is not None else None
+                    kept, dropped = governor.denied() if governor is not None else ((), 0)
+                    await peer.send(Denials(lease=lease, denials=list(kept), dropped=dropped))
                 elif isinstance(message, Close) and message.lease == lease:
                     intent.request_stop("caller closed")
                     return
@@ -222,14 +243,14 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
         log(f"removed stale private files: {', '.join(stale)}")
     journal = Journal(state)
     service = Service(config, state, journal)
+    # Odd entries and unreadable records block new execution until removed: every admission
+    # audits the directory afresh (StateDir.audit), so they are only logged here.
     for problem in odd:
-        service.storage_errors.append(str(problem))
         log(f"blocking new execution: {problem}")
     for path in await trio.to_thread.run_sync(state.record_paths):
         try:
             record = await trio.to_thread.run_sync(state.read_record, path)
         except StorageError as exc:
-            service.storage_errors.append(str(exc))
             log(f"blocking new execution: {exc}")
             continue
         service.records[record.lease] = record

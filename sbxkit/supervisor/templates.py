@@ -110,6 +110,7 @@ def shape_key(claim: Claim) -> str:
         template.reservation,
         template.startup_deadline_s,
         template.lifetime_deadline_s,
+        template.network,  # the proxy's address is the same for every allow-list
         sorted(
             mounts_for_lease(claim.expected_mounts, template.lease, PLACEHOLDER_LEASE),
             key=lambda m: (m.type, m.source, m.destination, m.rw),

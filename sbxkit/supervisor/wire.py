@@ -17,6 +17,15 @@ One connection carries one lease:
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
 
+A lease with a governed network (docs/network.md) carries its terms in ``Register.network``;
+once the caller started the container it asks the supervisor to put the listeners in place
+before the payload runs, and asks for the denials before it closes:
+
+    Govern                           ─►     (the governor enters the sandbox, binds, serves)
+                                     ◄─     Governed(problem=None) | Governed(problem)
+    AskDenials                       ─►
+                                     ◄─     Denials(denials, dropped)
+
 A connection may instead claim a parked container of a pool the supervisor holds (issue 13,
 docs/pool.md):
 
@@ -25,6 +34,9 @@ docs/pool.md):
                                      ◄─     Claimed(lease, name, container_id) | Unclaimed
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
+
+An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
+(answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
 
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
@@ -43,8 +55,10 @@ import msgspec
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import NetworkTerms
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
@@ -82,6 +96,8 @@ class Register(Message, tag="register"):
     reservation: Reservation
     startup_deadline_s: float
     lifetime_deadline_s: float
+    network: NetworkTerms | None = None
+    """A governed network: what the supervisor's governor carries out once asked (Govern)."""
 
 
 class Started(Message, tag="started"):
@@ -91,6 +107,16 @@ class Started(Message, tag="started"):
 
 
 class Close(Message, tag="close"):
+    lease: str
+
+
+class Govern(Message, tag="govern"):
+    """The container started and its payload waits: put the lease's listeners in place."""
+
+    lease: str
+
+
+class AskDenials(Message, tag="ask_denials"):
     lease: str
 
 
@@ -134,6 +160,18 @@ class Retire(Message, tag="retire"):
     """Operator: delete an uncertain tombstone whose container was never observed."""
 
     lease: str
+
+
+class ListPools(Message, tag="list_pools"):
+    """Operator: the pools this supervisor holds (instead of Register); answered ``Pools``."""
+
+
+class EndPools(Message, tag="end_pools"):
+    """Operator: end held pools now (instead of Register): the one whose shape key starts with
+    ``shape``, or every one (``shape`` None). Answered ``Pools`` (the pools ended) once their
+    parked containers are removed; a claimed container runs on for its caller."""
+
+    shape: str | None = None
 
 
 # -- supervisor → client -----------------------------------------------------------------------
@@ -205,6 +243,23 @@ class Unclaimed(Message, tag="unclaimed"):
     """Why the shape's last park failed (a missing image, a full host ...), if it did."""
 
 
+class Governed(Message, tag="governed"):
+    """The answer to Govern: ``problem`` None once the listeners are in place; else why they
+    are not (the payload must not run)."""
+
+    lease: str
+    problem: str | None = None
+
+
+class Denials(Message, tag="denials"):
+    """The answer to AskDenials: the first denials of the lease's governed network, and how
+    many more were only counted."""
+
+    lease: str
+    denials: list[Denial]
+    dropped: int = 0
+
+
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
@@ -240,7 +295,44 @@ class Report(Message, tag="report"):
     remaining: int
 
 
-ClientMessage = Hello | Register | Claim | Started | Close | Recover | Retire
+class HeldPoolState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One held pool as an operator sees it."""
+
+    shape: str
+    """The shape key (32 hex digits): callers whose parked containers would be the same but
+    for their lease share it (docs/pool.md)."""
+    image: str
+    size: int
+    parked: int
+    starting: int
+    claimed: int
+    """Claimed and still running for their callers (ending the pool leaves them be)."""
+    idle_s: float
+    """Seconds since the pool's last claim; it ends by itself after ``idle_ttl_s``."""
+    idle_ttl_s: float
+    problem: str | None = None
+
+
+class Pools(Message, tag="pools"):
+    """Answer to ListPools (the pools held) or EndPools (the pools ended), or why not."""
+
+    pools: list[HeldPoolState]
+    problem: str | None = None
+
+
+ClientMessage = (
+    Hello
+    | Register
+    | Claim
+    | Started
+    | Close
+    | Govern
+    | AskDenials
+    | Recover
+    | Retire
+    | ListPools
+    | EndPools
+)
 ServerMessage = (
     Welcome
     | Refused
@@ -249,11 +341,14 @@ ServerMessage = (
     | Created
     | Claimed
     | Unclaimed
+    | Governed
+    | Denials
     | Expiring
     | Failed
     | Closed
     | Orphaned
     | Report
+    | Pools
 )
 
 _encoder = msgspec.json.Encoder()

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from sbxkit.engine.client import Engine, open_engine
+from tests.engine import engines
+from tests.engine.engines import CELL_FILES, EngineFacts
 from tests.engine.oneshot_paths import (  # noqa: F401 - a fixture: the one-shot paths
     oneshot,
     oneshot_paths,
@@ -27,6 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "conformance: runs once per OCI runtime (tests/engine/runtimes.py)"
     )
     config.addinivalue_line("markers", "podman: the Podman cell's own checks (./dev test)")
+    config.addinivalue_line(
+        "markers", "engine_cell: also runs in the Docker 26.1 cell (tests/engine/engines.py)"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -60,6 +65,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
             if "runtime" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.conformance)
+            if item.path.name in CELL_FILES:
+                item.add_marker(pytest.mark.engine_cell)
 
 
 @pytest.fixture
@@ -103,6 +110,12 @@ def no_leftovers(witness: Witness) -> Iterator[None]:
 async def engine(witness: Witness) -> AsyncIterator[Engine]:
     async with open_engine(witness.socket_path) as eng:
         yield eng
+
+
+@pytest.fixture(scope="session")
+def engine_facts(witness: Witness) -> EngineFacts:
+    """What to expect of this engine where Docker versions differ (tests/engine/engines.py)."""
+    return engines.engine_facts(witness)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import requests
 from sbxkit.result import RunResult
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.engine.runtimes import min_pids
-from tests.witness import Witness
+from tests.witness import RUN_LABEL, THIS_RUN, Witness
 
 BASE_LIMITS: dict[str, Any] = {
     "cpus": 0.5,
@@ -204,11 +204,12 @@ def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]
         for c in witness.containers()
         if marker in (c.get("Command") or "")
         or marker in " ".join((c.get("Labels") or {}).values())
-        or (c.get("State") == "running" and _runs_marker(witness, c["Id"], marker))
+        or (c.get("State") == "running" and runs_marker(witness, c["Id"], marker))
     ]
 
 
-def _runs_marker(witness: Witness, container_id: str, marker: str) -> bool:
+def runs_marker(witness: Witness, container_id: str, marker: str) -> bool:
+    """A process of the container carries ``marker`` in its command line (False: it stopped)."""
     try:
         rows = witness.get(f"/containers/{container_id}/top")["Processes"] or []
     except Exception:  # stopped or removed between the listing and this call
@@ -354,3 +355,14 @@ def still_parked(container_id: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def creates_during(witness: Witness, since: float) -> list[dict[str, object]]:
+    """Container creates this test run's label saw since ``since``."""
+    return witness.events(
+        since,
+        time.time() + 0.5,
+        type=["container"],
+        event=["create"],
+        label=[f"{RUN_LABEL}={THIS_RUN}"],
+    )

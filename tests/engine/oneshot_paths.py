@@ -8,7 +8,8 @@ Each runs on both evidence paths: as the host allows (the kernel's: FIFOs and a 
 CI machine) and forced onto the daemon's (``-daemon``, ``SBXKIT_EVIDENCE=daemon``). On the
 kernel's, an exit by itself of a test image must have been decided by the kernel — a silent
 fall-back to the daemon's path fails the test. gVisor has no kernel path (its init is its own
-kernel's), and ``SBXKIT_TEST_EVIDENCE=daemon`` (the Podman cell) keeps the daemon's only."""
+kernel's); ``SBXKIT_TEST_EVIDENCE=daemon`` (the Podman cell) keeps the daemon's only,
+``SBXKIT_TEST_EVIDENCE=kernel`` (the Docker 26.1 cell) the product's default only."""
 
 from __future__ import annotations
 
@@ -138,9 +139,14 @@ PATHS: dict[str, OneShot] = {
 
 
 def oneshot_paths(runtime: str | None) -> list[str]:
-    """The one-shot paths a test runs on under ``runtime`` (see the module docstring)."""
-    if is_gvisor(runtime) or os.environ.get("SBXKIT_TEST_EVIDENCE") == "daemon":
+    """The one-shot paths a test runs on under ``runtime`` (see the module docstring);
+    ``SBXKIT_TEST_EVIDENCE=daemon`` or ``kernel`` keeps one evidence path (a cell of another
+    engine)."""
+    only = os.environ.get("SBXKIT_TEST_EVIDENCE", "")
+    if is_gvisor(runtime) or only == "daemon":
         return [name for name in PATHS if name.endswith("-daemon")]
+    if only == "kernel":
+        return [name for name in PATHS if not name.endswith("-daemon")]
     return list(PATHS)
 
 

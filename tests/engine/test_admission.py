@@ -18,14 +18,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NeverFits, SpecError
+from sbxkit.plan import new_lease_id
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import MiB
@@ -34,12 +38,14 @@ from sbxkit.supervisor.client import (
     CapacityExhausted,
     SupervisedOwner,
 )
+from sbxkit.supervisor.wire import Close, Closed, Created, Registered, Welcome
 from tests.engine.helpers import spec, unique, wait_until
+from tests.engine.test_supervisor import RawClient, hello, register_for
 from tests.supervision import (
     SupervisorProcess,
     running_supervisor,
 )
-from tests.witness import Witness
+from tests.witness import SOCKET, Witness
 
 ONE_SLOT = ("--memory-budget", str(100 * MiB))  # one 64 MiB sandbox fits, two do not
 
@@ -197,6 +203,72 @@ async def test_a_passed_admission_deadline_is_its_own_error(
             assert created_names(witness, since) == []
             assert len(lease_files(state_dir)) == 1  # only the holder's: nothing journaled
             holder.release()
+
+
+# -- launch slots: a client that never says it started --------------------------------------------
+
+
+@contextmanager
+def slot_hog(socket_path: Path, image: str) -> Iterator[RawClient]:
+    """A raw client that takes a launch slot with a startup deadline of 1e7 s and never sends
+    ``Started`` (issue 27.4); closing it ends its lease."""
+    hog = RawClient(socket_path, timeout=30)
+    lease = new_lease_id()
+    try:
+        hog.send(hello())
+        assert isinstance(hog.receive(), Welcome)
+        register = register_for(lease, image, "true", SOCKET)
+        hog.send(msgspec.structs.replace(register, startup_deadline_s=1e7))
+        assert isinstance(hog.receive(), Registered)
+        assert isinstance(hog.receive(), Created)
+        yield hog
+    finally:
+        # Removed before the supervisor stops (a SIGTERMed supervisor keeps the record).
+        hog.send(Close(lease=lease))
+        assert any(isinstance(m, Closed) for m in hog.drain())
+        hog.close()
+
+
+@contextmanager
+def the_one_slot_held(state_dir: Path, image: str, *flags: str) -> Iterator[None]:
+    """A supervisor with one launch slot, which a slot hog holds."""
+    with (
+        running_supervisor(state_dir, "--persistent", "--max-launching", "1", *flags) as sup,
+        slot_hog(sup.socket_path, image),
+    ):
+        yield
+
+
+async def test_a_client_that_never_starts_holds_its_launch_slot_only_up_to_the_cap(
+    engine: Engine, state_dir: Path, busybox: str
+) -> None:
+    """Its slot is the only one; the next run hears Queued and runs once the supervisor's cap
+    (3 s here) has passed, not the 1e7 s the hog asked for."""
+    heard: list[int] = []
+    owner = owner_for(engine, state_dir, on_queued=lambda ahead, _waited: heard.append(ahead))
+    with the_one_slot_held(state_dir, busybox, "--max-startup-deadline", "3"):
+        started = time.monotonic()
+        result = await run(spec(busybox, "echo mine"), engine=engine, owner=owner)
+        waited = time.monotonic() - started
+    assert result.stdout == b"mine\n", result
+    assert heard, "the waiting run heard no Queued"
+    assert heard[0] == 0  # first in line for the slot
+    assert 1.5 <= waited < 20.0, f"waited {waited:.1f} s"  # the cap, with a loaded machine's margin
+
+
+async def test_a_run_waiting_for_a_launch_slot_times_out_cleanly(
+    engine: Engine, witness: Witness, state_dir: Path, busybox: str
+) -> None:
+    heard: list[int] = []
+    owner = owner_for(engine, state_dir, on_queued=lambda ahead, _waited: heard.append(ahead))
+    with the_one_slot_held(state_dir, busybox, "--admission-timeout", "2"):
+        since = time.time()
+        with pytest.raises(AdmissionTimeout) as caught:
+            await run(spec(busybox, "echo no"), engine=engine, owner=owner)
+        assert "waited 2 s for a launch slot" in str(caught.value)
+        assert created_names(witness, since) == []
+        assert len(lease_files(state_dir)) == 1  # only the hog's: nothing journaled
+    assert heard
 
 
 # -- never fits: refused at once ------------------------------------------------------------------

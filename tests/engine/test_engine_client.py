@@ -25,6 +25,7 @@ from sbxkit.errors import EngineProtocolError, EngineTimeout, NotFound
 from sbxkit.plan import new_lease_id
 from sbxkit.policy import build_create_body, container_name
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from tests.engine.engines import EngineFacts
 from tests.witness import LEASE_LABEL, Witness
 
 HEAD_END = b"\r\n\r\n"
@@ -121,21 +122,27 @@ async def running_proxy(witness: Witness, tmp_path: Path) -> AsyncIterator[Proxy
 # -- the daemon as it is ------------------------------------------------------------------------
 
 
-async def test_open_engine_negotiates_1_41(witness: Witness) -> None:
+@pytest.mark.engine_cell
+async def test_open_engine_negotiates_the_daemons_api_version(
+    witness: Witness, engine_facts: EngineFacts
+) -> None:
     async with open_engine(witness.socket_path) as engine:
-        assert engine.api_version == "1.41"
+        assert engine.api_version == engine_facts.api_version  # 1.41 on 20.10, 1.45 on 26.1
         assert engine.socket_path == witness.socket_path
-        assert engine.ping_result.api_version == "1.41"
+        assert engine.ping_result.api_version == engine_facts.api_version
         assert not engine.ping_result.is_podman
         assert engine.ping_result.os_type == "linux"
 
 
-async def test_version_and_info_decode(engine: Engine, witness: Witness) -> None:
+@pytest.mark.engine_cell
+async def test_version_and_info_decode(
+    engine: Engine, witness: Witness, engine_facts: EngineFacts
+) -> None:
     version = await engine.version()
     expected = witness.get("/version")
-    assert version.api_version == expected["ApiVersion"] == "1.41"
+    assert version.api_version == expected["ApiVersion"] == engine_facts.api_version
     assert version.version == expected["Version"]
-    assert version.version.startswith("20.10")
+    assert version.version.startswith(engine_facts.server_version_prefix)
     assert version.min_api_version == expected["MinAPIVersion"]
     assert version.os == "linux"
     info = await engine.info()
@@ -145,8 +152,12 @@ async def test_version_and_info_decode(engine: Engine, witness: Witness) -> None
     assert info.server_version == version.version
     assert info.ncpu >= 1
     assert info.mem_total > 0
+    assert info.cdi_spec_dirs == engine_facts.cdi_spec_dirs  # absent on 20.10, [] on 26.1
+    for alias in engine_facts.runc_aliases:
+        assert info.runtimes[alias].path == info.runtimes["runc"].path
 
 
+@pytest.mark.engine_cell
 async def test_missing_image_is_not_found_with_context(engine: Engine, witness: Witness) -> None:
     image = "sbxkit-test/definitely-not-here:never"
     assert not witness.image_exists(image)
@@ -155,7 +166,7 @@ async def test_missing_image_is_not_found_with_context(engine: Engine, witness: 
     error = caught.value
     assert error.method == "GET"
     # The path parameter travels percent-encoded whole (api_path): the path as sent.
-    assert error.path == f"/v1.41/images/{urllib.parse.quote(image, safe='')}/json"
+    assert error.path == f"/v{engine.api_version}/images/{urllib.parse.quote(image, safe='')}/json"
     assert error.status == 404
     assert "No such image" in error.message
     assert image in error.message
@@ -211,13 +222,15 @@ async def test_list_filters_by_label(engine: Engine, witness: Witness, busybox: 
 # -- connection pool, through the proxy -------------------------------------------------------
 
 
-async def test_pooled_connection_is_reused(witness: Witness, tmp_path: Path) -> None:
+async def test_pooled_connection_is_reused(
+    witness: Witness, tmp_path: Path, engine_facts: EngineFacts
+) -> None:
     async with running_proxy(witness, tmp_path) as proxy, open_engine(proxy.path) as engine:
         before = proxy.accepted  # the ping used its own connection
         fds_before = len(os.listdir("/proc/self/fd"))
         for _ in range(50):
             version = await engine.version()
-            assert version.api_version == "1.41"
+            assert version.api_version == engine_facts.api_version
         opened = proxy.accepted - before
         assert opened == 1, f"50 sequential calls opened {opened} connections"
         # Our own process did not accumulate sockets either (a leak would show 50 more).
@@ -225,7 +238,7 @@ async def test_pooled_connection_is_reused(witness: Witness, tmp_path: Path) -> 
 
 
 async def test_idle_connection_closed_by_peer_is_not_reused(
-    witness: Witness, tmp_path: Path
+    witness: Witness, tmp_path: Path, engine_facts: EngineFacts
 ) -> None:
     async with running_proxy(witness, tmp_path) as proxy, open_engine(proxy.path) as engine:
         await engine.version()
@@ -233,14 +246,16 @@ async def test_idle_connection_closed_by_peer_is_not_reused(
         await proxy.drop_all()  # the pooled connection is now closed on the far side
         assert proxy._live == {}
         version = await engine.version()  # must not be sent into the dead socket
-        assert version.api_version == "1.41"
+        assert version.api_version == engine_facts.api_version
         assert proxy.accepted == pooled + 1
         # And the fresh connection is pooled in turn.
         await engine.version()
         assert proxy.accepted == pooled + 1
 
 
-async def test_stalled_daemon_raises_engine_timeout(witness: Witness, tmp_path: Path) -> None:
+async def test_stalled_daemon_raises_engine_timeout(
+    witness: Witness, tmp_path: Path, engine_facts: EngineFacts
+) -> None:
     deadlines = Deadlines(ping=5.0, inspect=0.5)
     async with (
         running_proxy(witness, tmp_path) as proxy,
@@ -254,14 +269,15 @@ async def test_stalled_daemon_raises_engine_timeout(witness: Witness, tmp_path: 
         assert 0.45 <= elapsed < 3.0
         error = caught.value
         assert error.method == "GET"
-        assert error.path == "/v1.41/images/sbxkit-test%2Fbusybox%3Alatest/json"
+        path = f"/v{engine_facts.api_version}/images/sbxkit-test%2Fbusybox%3Alatest/json"
+        assert error.path == path
         assert error.seconds == 0.5
-        assert "GET /v1.41/images/sbxkit-test%2Fbusybox%3Alatest/json" in str(error)
+        assert f"GET {path}" in str(error)
         assert "0.5 s" in str(error)
         # The stalled connection was not pooled: once the daemon answers again, calls work.
         proxy.stall = False
         await proxy.drop_all()
-        assert (await engine.version()).api_version == "1.41"
+        assert (await engine.version()).api_version == engine_facts.api_version
 
 
 # -- attach hijack ----------------------------------------------------------------------------

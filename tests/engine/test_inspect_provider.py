@@ -8,11 +8,12 @@ strict xfails (they must keep failing), with the reason docs/inspect.md gives.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from inspect_ai.util import SandboxEnvironment
+from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - Inspect's checks, collected here
 
@@ -71,3 +72,19 @@ def test_the_entry_point_registers_the_provider_as_sbxkit() -> None:
 
     ensure_entry_points()
     assert registry_find_sandboxenv("sbxkit") is SbxkitSandboxEnvironment
+
+
+async def test_reading_an_endless_file_is_an_output_limit_and_the_sandbox_lives_on(
+    sandbox_env: SandboxEnvironment,
+) -> None:
+    """An agent that `cat`s something huge gets OutputLimitExceededError at once, and its
+    sample keeps its sandbox (issue 27.5: after 20 s the container was killed, and every later
+    call raised SandboxUnavailableError)."""
+    started = time.monotonic()
+    with pytest.raises(OutputLimitExceededError):
+        await sandbox_env.read_file("/dev/zero", text=False)
+    assert time.monotonic() - started < 5.0
+    result = await sandbox_env.exec(["echo", "alive"])
+    assert (result.returncode, result.stdout) == (0, "alive\n")
+    await sandbox_env.write_file("after.txt", "still here")
+    assert await sandbox_env.read_file("after.txt") == "still here"

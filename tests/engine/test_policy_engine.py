@@ -10,7 +10,7 @@ What the daemon did is observed through the independent witness, never through s
   ``WitnessingOwner`` wraps the real supervisor owner and inspects the created id before the
   runner starts it) or while the payload sleeps.
 
-This daemon (Docker 20.10, API 1.41) has no CDI support and runs with ``--bridge=none``, so GPU
+The daemons here (Docker 20.10 and 26.1) have no CDI support and run with ``--bridge=none``, so GPU
 and bridge requests are checked for refusal here; their bodies are covered by unit tests.
 """
 
@@ -235,6 +235,7 @@ async def test_an_unknown_runtime_creates_nothing(
     [GpuRequest(count=1), GpuRequest(devices=["nvidia.com/gpu=0"])],
     ids=["count", "devices"],
 )
+@pytest.mark.engine_cell
 async def test_a_gpu_request_is_refused_on_a_daemon_without_cdi(
     engine: Engine, witness: Witness, busybox: str, gpus: GpuRequest
 ) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.witness import RUN_LABEL, THIS_RUN, Witness
+from tests.engine.helpers import creates_during
+from tests.witness import Witness
 
 SMALL = ["--cpus", "0.5", "--memory", "64m", "--pids", "32", "--timeout", "20"]
 
@@ -22,17 +23,6 @@ def sbxkit(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
     argv = [sys.executable.encode(), b"-m", b"sbxkit", *map(os.fsencode, args)]
     return subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False
-    )
-
-
-def creates_during(witness: Witness, since: float) -> list[dict[str, object]]:
-    """Container creates this test run's label saw since ``since``."""
-    return witness.events(
-        since,
-        time.time() + 0.5,
-        type=["container"],
-        event=["create"],
-        label=[f"{RUN_LABEL}={THIS_RUN}"],
     )
 
 

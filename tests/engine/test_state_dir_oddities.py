@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from sbxkit.plan import new_lease_id
 from sbxkit.runner import run
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.journal import check_state_dir
+from sbxkit.supervisor.records import LeaseRecord, encode_record
 from sbxkit.supervisor.statedir import MAX_SOCKET_PATH
 from sbxkit.supervisor.wire import Refused, Welcome
 from tests.engine.helpers import spec
@@ -177,6 +179,64 @@ async def test_a_chmod_while_running_is_noticed_before_the_next_admission(
         os.chmod(state_dir, 0o700)  # fixed: execution resumes without a restart
         third = await run(spec(busybox, "echo three"), engine=engine, owner=owner)
         assert third.stdout == b"three\n"
+    await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize("oddity", ["foreign-file", "malformed-record", "unknown-record"])
+async def test_an_entry_added_while_running_blocks_the_next_admission_until_removed(
+    engine: Engine, busybox: str, state_dir: Path, oddity: str
+) -> None:
+    """Issue 27.9: the directory is audited at every admission, not only at start."""
+    with running_supervisor(state_dir, "--engine-socket", SOCKET, "--persistent"):
+        owner = SupervisedOwner(engine, state_dir=state_dir)
+        first = await run(spec(busybox, "echo one"), engine=engine, owner=owner)
+        assert first.stdout == b"one\n"  # the positive control
+
+        lease = new_lease_id()
+        odd = state_dir / ("notes.txt" if oddity == "foreign-file" else f"{lease}.lease")
+        content = "not a record" if oddity != "unknown-record" else unknown_record(lease)
+        odd.write_text(content)
+        os.chmod(odd, 0o600)
+        with pytest.raises(SbxError) as caught:
+            await run(spec(busybox, "echo two"), engine=engine, owner=owner)
+        assert str(odd) in str(caught.value)
+
+        odd.unlink()  # removed: execution resumes without a restart
+        third = await run(spec(busybox, "echo three"), engine=engine, owner=owner)
+        assert third.stdout == b"three\n"
+    await trio.lowlevel.checkpoint()
+
+
+def unknown_record(lease: str) -> str:
+    """A well-formed record of a lease no running supervisor wrote."""
+    record = LeaseRecord(
+        lease=lease,
+        name=f"sbxkit-{lease}",
+        state="creating",
+        engine_socket=SOCKET,
+        registered_at=time.time(),
+        lifetime_deadline=time.time() + 60,
+        memory_bytes=64 * 1024 * 1024,
+        nano_cpus=10**9,
+    )
+    return encode_record(record).decode()
+
+
+async def test_an_oddity_found_at_start_stops_blocking_once_removed(
+    engine: Engine, busybox: str, state_dir: Path
+) -> None:
+    """Issue 27.9: the start's verdict was kept until the supervisor exited."""
+    odd, problem = odd_temp_dir(state_dir)
+    with running_supervisor(state_dir, "--engine-socket", SOCKET, "--persistent"):
+        owner = SupervisedOwner(engine, state_dir=state_dir)
+        with pytest.raises(SbxError) as caught:
+            await run(spec(busybox, "echo one"), engine=engine, owner=owner)
+        assert str(odd) in str(caught.value)
+        assert problem in str(caught.value)
+
+        odd.rmdir()
+        after = await run(spec(busybox, "echo two"), engine=engine, owner=owner)
+        assert after.stdout == b"two\n"
     await trio.lowlevel.checkpoint()
 
 

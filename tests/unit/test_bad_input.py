@@ -347,3 +347,11 @@ def test_daemon_paths_never_reach_a_message() -> None:
     assert scrub_daemon_paths("Cannot mkdir: /etc/passwd is not a directory") == (
         "Cannot mkdir: /etc/passwd is not a directory"
     )
+    # Docker 26, a volume subpath the volume lacks (tests/engine/test_mounts.py shows it live).
+    data = "/var/lib/docker/volumes/my_vol.1/_data"
+    missing = f"cannot access path {data}/missing: lstat {data}/missing: no such file or directory"
+    assert scrub_daemon_paths(missing) == (
+        "cannot access path volume my_vol.1/missing: "
+        "lstat volume my_vol.1/missing: no such file or directory"
+    )
+    assert scrub_daemon_paths(f"mount {data}: x") == "mount volume my_vol.1: x"

@@ -171,12 +171,12 @@ def test_sizes_use_parse_size(flag: str, text: str, field: str, value: int) -> N
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["--memory", "1.5g"], "--memory"),
+        (["--memory", "1.5x"], "--memory"),
         (["--memory", "10"], "--memory"),  # 10 bytes: below Docker's minimum
         (["--max-output", "0b"], "--max-output"),
         (["--memory", "-1"], "--memory"),
         (["--max-output", "lots"], "--max-output"),
-        (["--scratch", "1t"], "--scratch"),
+        (["--scratch", "1.5t"], "--scratch"),  # over 1 TiB
         (["--cpus", "two"], "--cpus"),
         (["--pids", "1.5"], "--pids"),
         (["--pids", "many"], "--pids"),
@@ -259,10 +259,14 @@ def test_leading_double_dash_is_stripped_from_the_namespace() -> None:
     assert spec_from_args(args).command == ["echo", "hi"]
 
 
-def test_flags_after_the_image_are_not_options() -> None:
-    spec = spec_of(IMAGE, "--memory", "1g")
-    assert spec.command == ["--memory", "1g"]
-    assert spec.limits.memory_bytes == 256 * MiB
+def test_a_flag_after_the_image_without_a_separator_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Never run as the payload (issue 25; tests/unit/test_flag_placement.py for the rest)."""
+    with pytest.raises(SystemExit) as caught:
+        spec_of(IMAGE, "--memory", "1g")
+    assert caught.value.code == 2
+    assert "--memory after IMAGE would be the command" in capsys.readouterr().err
 
 
 def test_missing_image_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -387,6 +391,7 @@ JSON_KEYS = {
     "timings",
     "pooled",
     "evidence",
+    "denials",
 }
 
 

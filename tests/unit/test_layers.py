@@ -36,6 +36,22 @@ PURE = [
     "pool/sizing.py",
     "pool/line.py",
     "pool/shape.py",
+    "argtypes.py",
+    "units.py",
+    "mcp/options.py",
+    "mcp/arguments.py",
+    "mcp/policy.py",
+    "mcp/quotas.py",
+    "mcp/shapes.py",
+    "mcp/schemas.py",
+    "network/names.py",
+    "network/allow.py",
+    "network/addresses.py",
+    "network/terms.py",
+    "network/request.py",
+    "network/clienthello.py",
+    "network/audit.py",
+    "network/refusals.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 

@@ -236,7 +236,7 @@ def test_missing_tables_and_fields_are_named(text: str, field: str) -> None:
         (
             "[sandbox.docker]\nnetwork = 'default'",
             "sandbox.docker.network",
-            "must be 'none' or 'bridge'",
+            "must be 'none', 'bridge'",
         ),
         ("[sandbox.docker]\nworkdir = 'rel'", "sandbox.docker.workdir", "absolute"),
         ("[sandbox.docker.env]\n'A=B' = 'v'", "sandbox.docker.env['A=B']", "'='"),
@@ -257,7 +257,8 @@ def test_missing_tables_and_fields_are_named(text: str, field: str) -> None:
             "networking is selected with network",
         ),
         ("[sandbox.docker.limits]\nmemory = '0'", "sandbox.docker.limits.memory", "must be > 0"),
-        ("[sandbox.docker.limits]\nmemory = '1tb'", "sandbox.docker.limits.memory", "unknown unit"),
+        ("[sandbox.docker.limits]\nmemory = '1xb'", "sandbox.docker.limits.memory", "unknown unit"),
+        ("[sandbox.docker.limits]\nmemory = '2t'", "sandbox.docker.limits.memory", "must be <="),
         (
             "[sandbox.docker.limits]\nmemory = 1024",
             "sandbox.docker.limits.memory",

@@ -301,8 +301,8 @@ def test_a_bad_sbxkit_env_is_an_error_only_when_bridge_is_requested(
     [
         ("host", "host networking is refused"),
         ("container:db", "container:* is refused"),
-        ("default", "must be 'none' or 'bridge'"),
-        (None, "must be 'none' or 'bridge'"),
+        ("default", "must be 'none', 'bridge' or 'managed'"),
+        (None, "must be 'none', 'bridge', 'managed' or a table"),
     ],
 )
 def test_host_container_and_unknown_networks_are_refused_everywhere(

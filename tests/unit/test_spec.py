@@ -274,13 +274,13 @@ def test_env_values_may_hold_anything_but_nul() -> None:
             "container:x",
             "container:* is refused: it shares another container's network namespace",
         ),
-        ("default", "must be 'none' or 'bridge', got 'default'"),
-        ("", "must be 'none' or 'bridge', got ''"),
-        ("NONE", "must be 'none' or 'bridge', got 'NONE'"),
-        ("Bridge", "must be 'none' or 'bridge', got 'Bridge'"),
+        ("default", "must be 'none', 'bridge' or 'managed', got 'default'"),
+        ("", "must be 'none', 'bridge' or 'managed', got ''"),
+        ("NONE", "must be 'none', 'bridge' or 'managed', got 'NONE'"),
+        ("Bridge", "must be 'none', 'bridge' or 'managed', got 'Bridge'"),
     ],
 )
-def test_only_network_none_or_bridge_is_accepted(network: str, rule: str) -> None:
+def test_only_network_none_bridge_or_managed_is_accepted(network: str, rule: str) -> None:
     error = refused(good_spec(network=network))
     assert error.field == "network"
     assert error.rule == rule
@@ -442,6 +442,18 @@ def test_spec_from_dict_returns_or_raises_spec_error(data: dict[str, Any]) -> No
         ("1gb", 1024 * MiB),
         (" 8m ", 8 * MiB),
         ("007", 7),
+        # Issue 25: what Docker's RAMInBytes accepts — fractions (truncated to whole bytes),
+        # t and p, one space before the unit.
+        ("1.5g", 1536 * MiB),
+        ("0.5m", 512 * 1024),
+        ("0.1k", 102),  # 102.4 bytes, truncated as Docker truncates
+        ("1.5", 1),
+        (".5k", 512),
+        ("12 m", 12 * MiB),
+        ("1t", 1024 * 1024 * MiB),
+        ("1tb", 1024 * 1024 * MiB),
+        ("1TiB", 1024 * 1024 * MiB),
+        ("1p", 1024**5),
     ],
 )
 def test_parse_size_accepts(text: str, expected: int) -> None:
@@ -455,13 +467,15 @@ def test_parse_size_accepts(text: str, expected: int) -> None:
         "   ",
         "-1",
         "-1m",
-        "1.5",
-        "1.5g",
         "1e6",
+        "1e3k",  # Docker's ParseFloat takes exponents by accident; sbxkit does not
         "m",
-        "12 m",
-        "1t",
-        "1tb",
+        "12  m",
+        "1kk",
+        "1bb",
+        "1ki",
+        "1kbytes",
+        "1.5.3g",
         "ten",
         "0x10",
         "\u0663",  # ARABIC-INDIC DIGIT THREE: isdigit() but not a byte count

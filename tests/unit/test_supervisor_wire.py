@@ -21,21 +21,31 @@ from hypothesis import strategies as st
 from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
+from sbxkit.network.audit import Denial
+from sbxkit.network.terms import CallbackTerms, NetworkTerms, TlsBundle
 from sbxkit.supervisor.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
+    AskDenials,
     Claim,
     Claimed,
     ClientMessage,
     Close,
     Closed,
     Created,
+    Denials,
+    EndPools,
     Expiring,
     Failed,
     FrameReader,
+    Govern,
+    Governed,
+    HeldPoolState,
     Hello,
+    ListPools,
     Message,
     Orphaned,
+    Pools,
     PoolTerms,
     Queued,
     Recover,
@@ -62,8 +72,12 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Claim,
     Started,
     Close,
+    Govern,
+    AskDenials,
     Recover,
     Retire,
+    ListPools,
+    EndPools,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -73,11 +87,14 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Created,
     Claimed,
     Unclaimed,
+    Governed,
+    Denials,
     Expiring,
     Failed,
     Closed,
     Orphaned,
     Report,
+    Pools,
 )
 ALL_TAGS = (
     "hello",
@@ -87,6 +104,10 @@ ALL_TAGS = (
     "unclaimed",
     "started",
     "close",
+    "govern",
+    "ask_denials",
+    "governed",
+    "denials",
     "recover",
     "retire",
     "welcome",
@@ -99,6 +120,9 @@ ALL_TAGS = (
     "closed",
     "orphaned",
     "report",
+    "list_pools",
+    "end_pools",
+    "pools",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -140,6 +164,23 @@ registers = st.builds(
     reservation=st.builds(Reservation, memory_bytes=int64, nano_cpus=int64),
     startup_deadline_s=finite,
     lifetime_deadline_s=finite,
+    network=st.none()
+    | st.builds(
+        NetworkTerms,
+        mode=st.sampled_from(["none", "managed"]),
+        allow=st.lists(texts, max_size=3),
+        callback=st.none()
+        | st.builds(
+            CallbackTerms,
+            scheme=st.sampled_from(["http", "https"]),
+            host=texts,
+            port=int64,
+            is_ip=st.booleans(),
+        ),
+        tls=st.none()
+        | st.builds(TlsBundle, ca=st.binary(max_size=40), key=st.none() | st.binary(max_size=9)),
+        audit_log=st.none() | texts,
+    ),
 )
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
@@ -163,8 +204,12 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     ),
     st.builds(Started, lease=texts),
     st.builds(Close, lease=texts),
+    st.builds(Govern, lease=texts),
+    st.builds(AskDenials, lease=texts),
     st.just(Recover()),
     st.builds(Retire, lease=texts),
+    st.just(ListPools()),
+    st.builds(EndPools, shape=st.none() | texts),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -179,11 +224,37 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Created, lease=texts, container_id=texts),
     st.builds(Claimed, lease=texts, name=texts, container_id=texts),
     st.builds(Unclaimed, reason=texts, parked=int64, problem=st.none() | texts),
+    st.builds(Governed, lease=texts, problem=st.none() | texts),
+    st.builds(
+        Denials,
+        lease=texts,
+        denials=st.lists(st.builds(Denial, destination=texts, reason=texts), max_size=3),
+        dropped=int64,
+    ),
     st.builds(Expiring, lease=texts, reason=texts),
     st.builds(Failed, lease=texts, reason=texts),
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),
     st.builds(Report, lines=st.lists(texts, max_size=4), remaining=int64),
+    st.builds(
+        Pools,
+        pools=st.lists(
+            st.builds(
+                HeldPoolState,
+                shape=texts,
+                image=texts,
+                size=int64,
+                parked=int64,
+                starting=int64,
+                claimed=int64,
+                idle_s=finite,
+                idle_ttl_s=finite,
+                problem=st.none() | texts,
+            ),
+            max_size=2,
+        ),
+        problem=st.none() | texts,
+    ),
 )
 
 

@@ -1,0 +1,181 @@
+"""Tool arguments: decoded into structs and checked before anything is created (pure).
+
+A model's arguments are untrusted input like a jobs file's lines: unknown keys are refused by
+name, every type is checked by msgspec, and the rules a spec obeys apply with the argument's
+own path in the error (``limits.memory``, ``files['../x']``, ``env['A B']``). What the
+operator's profile caps (images, limits, sizes) is ``sbxkit.mcp.policy``'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from sbxkit.archive import ArchiveError, confine, relative_name
+from sbxkit.errors import SpecError
+from sbxkit.profile import ProfileLimits
+from sbxkit.rules import check_env
+from sbxkit.spec import spec_error_from, validate_command, validate_workdir
+from sbxkit.textcheck import check_utf8
+
+FILES_ROOT = "/tmp"
+"""Where files go and are read from: the sandbox's scratch tmpfs, its one writable place
+besides ``/dev/shm`` (the root filesystem is read-only)."""
+MAX_RUN_FILES = 100
+SANDBOX_ID_RE = re.compile(r"sbx-[0-9a-f]{24}")
+
+Encoding = Literal["utf-8", "base64"]
+
+
+class Args(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Every tool's arguments: unknown keys are refused, naming them."""
+
+
+class RunArgs(Args):
+    command: list[str]
+    stdin: str | None = None
+    files: dict[str, str] | None = None
+    image: str | None = None
+    limits: ProfileLimits | None = None
+    env: dict[str, str] | None = None
+
+
+class OpenArgs(Args):
+    image: str | None = None
+    limits: ProfileLimits | None = None
+    lifetime: float | None = None
+    env: dict[str, str] | None = None
+
+
+class SandboxArgs(Args):
+    sandbox_id: str
+
+
+class ExecArgs(SandboxArgs):
+    command: list[str]
+    stdin: str | None = None
+    timeout: float | None = None
+    max_output: int | str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class WriteFileArgs(SandboxArgs):
+    path: str
+    content: str
+    encoding: Encoding = "utf-8"
+
+
+class ReadFileArgs(SandboxArgs):
+    path: str
+    encoding: Encoding = "utf-8"
+
+
+class CloseArgs(SandboxArgs):
+    pass
+
+
+class ListArgs(Args):
+    pass
+
+
+ARGS: dict[str, type[Args]] = {
+    "run": RunArgs,
+    "sandbox_open": OpenArgs,
+    "sandbox_exec": ExecArgs,
+    "sandbox_write_file": WriteFileArgs,
+    "sandbox_read_file": ReadFileArgs,
+    "sandbox_close": CloseArgs,
+    "sandbox_list": ListArgs,
+}
+"""Tool name → its arguments (``sbxkit.mcp.schemas`` describes the same fields)."""
+
+A = TypeVar("A", bound=Args)
+
+
+def decode_args(arguments: dict[str, Any] | None, kind: type[A]) -> A:
+    """``arguments`` as ``kind``, checked: every refusal is a ``SpecError`` naming the
+    argument (``limits.cpus``) and the rule."""
+    try:
+        args = msgspec.convert(arguments or {}, kind)
+    except msgspec.ValidationError as error:
+        raise _named(spec_error_from(error)) from None
+    check_utf8(args)  # a JSON string can carry a lone surrogate (\ud800)
+    if isinstance(args, RunArgs | ExecArgs):
+        check_command(args.command)
+    if isinstance(args, SandboxArgs):
+        check_sandbox_id(args.sandbox_id)
+    if isinstance(args, ExecArgs):
+        validate_workdir(args.cwd, "cwd")
+    if isinstance(args, RunArgs | OpenArgs | ExecArgs) and args.env is not None:
+        check_env(args.env, "env")
+    return args
+
+
+def _named(error: SpecError) -> SpecError:
+    """msgspec names the whole arguments object ``spec`` when no field is at fault."""
+    return SpecError("arguments", error.rule) if error.field == "spec" else error
+
+
+def check_command(command: list[str]) -> None:
+    """The argv rules of a spec's ``command`` (non-empty, no NUL, a program name)."""
+    validate_command(command)
+
+
+def check_sandbox_id(sandbox_id: str) -> None:
+    if SANDBOX_ID_RE.fullmatch(sandbox_id) is None:
+        raise SpecError(
+            "sandbox_id", "is not a sandbox id (sandbox_open returns one, e.g. sbx-0123…)"
+        )
+
+
+def text_bytes(text: str, field: str, limit: int) -> bytes:
+    """UTF-8 text as bytes, at most ``limit`` of them."""
+    data = text.encode("utf-8")
+    if len(data) > limit:
+        raise SpecError(field, f"is {len(data)} bytes; at most {limit} (mcp.max_file_bytes)")
+    return data
+
+
+def content_bytes(content: str, encoding: Encoding, limit: int) -> bytes:
+    """A file's content as sent: UTF-8 text, or base64 for bytes that are not text."""
+    if encoding == "utf-8":
+        return text_bytes(content, "content", limit)
+    try:
+        data = base64.b64decode(content.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        raise SpecError("content", "is not valid base64 (encoding is 'base64')") from None
+    if len(data) > limit:
+        raise SpecError("content", f"is {len(data)} bytes; at most {limit} (mcp.max_file_bytes)")
+    return data
+
+
+def file_path(path: str, field: str = "path") -> str:
+    """A path under ``/tmp`` (relative to it, or absolute inside it), as a relative name."""
+    try:
+        return confine(path, FILES_ROOT)
+    except ArchiveError as error:
+        raise SpecError(field, f"{error.reason} (files live under {FILES_ROOT})") from None
+
+
+def run_files(files: dict[str, str], limit: int) -> dict[str, bytes]:
+    """A run's files: relative names under ``/tmp``, UTF-8 text, ``limit`` bytes together."""
+    if len(files) > MAX_RUN_FILES:
+        raise SpecError("files", f"{len(files)} files; at most {MAX_RUN_FILES}")
+    encoded: dict[str, bytes] = {}
+    total = 0
+    for name, text in files.items():
+        where = f"files[{name!r}]"
+        try:
+            relative_name(name)
+        except ArchiveError as error:
+            raise SpecError(where, f"{error.reason} (names are relative to {FILES_ROOT})") from None
+        encoded[name] = data = text.encode("utf-8")
+        total += len(data)
+        if total > limit:
+            raise SpecError("files", f"more than {limit} bytes together (mcp.max_file_bytes)")
+    return encoded

@@ -1,0 +1,242 @@
+"""The MCP server: the official SDK's low-level ``Server`` with sbxkit's seven tools.
+
+Each call is decoded and checked (``sbxkit.mcp.arguments``/``policy``) before the hub creates
+anything; every sbxkit error becomes a tool error (``isError`` with the error's type, field,
+rule and message), so a model can read what to change, and the server keeps serving. An
+unexpected exception is logged and answered the same way: a tool call never ends the server.
+
+Where the hub runs. The SDK is built on anyio. Over stdio it runs on trio, in the same event
+loop as sbxkit (``TrioCalls``). Streamable HTTP is served by uvicorn, which runs on asyncio
+only, so there the hub lives in a trio thread and every call crosses through a
+``sbxkit.portal.Portal`` (``PortalCalls``, as ``sbxkit.aio`` does): cancelling the asyncio
+side cancels the sbxkit call and waits for its cleanup.
+
+Cancellation and progress. An MCP cancellation (``notifications/cancelled``, or a closed
+HTTP response stream) cancels the handler's scope; sbxkit removes the sandbox of a ``run``
+(or kills an exec's process group) inside that scope, shielded, before the handler ends.
+Commands, and sandboxes being opened (which may wait for admission), report progress every
+``PROGRESS_INTERVAL_S`` when the client asked for it (a ``progressToken``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib import metadata
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import mcp_types as types
+import trio
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+
+from sbxkit.errors import SbxError
+from sbxkit.mcp.arguments import ARGS, Args, decode_args
+from sbxkit.mcp.hub import Hub
+from sbxkit.mcp.policy import McpPolicy
+from sbxkit.mcp.schemas import tool_definitions
+from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields
+from sbxkit.portal import Portal
+
+T = TypeVar("T")
+Ctx = ServerRequestContext[Any, Any]
+logger = logging.getLogger("sbxkit.mcp")
+
+SERVER_NAME = "sbxkit"
+PROGRESS_INTERVAL_S = 1.0
+STDIO_CLIENT = "stdio"
+"""Over stdio the server has one client: the process that launched it."""
+HTTP_CLIENT = "http"
+"""Streamable HTTP requests without a session (the 2026-07-28 protocol) share one client."""
+SESSION_HEADER = "mcp-session-id"
+INSTRUCTIONS = (
+    "Tools that run commands in hardened, disposable Linux sandboxes. Use run for one "
+    "command; sandbox_open and then sandbox_write_file, sandbox_exec and sandbox_read_file "
+    "for several steps that share files, and sandbox_close when done. A failing command is a "
+    "result (read status and exit_code); a tool error means the call itself was refused, and "
+    "its message names the argument and the rule."
+)
+
+
+class Calls(Protocol):
+    """How the server reaches the hub's trio code, and keeps the hub running."""
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+
+    def hosting(self, hub: Hub) -> AbstractAsyncContextManager[None]: ...
+
+
+class TrioCalls:
+    """The server runs on trio: call the hub directly, hold it in a nursery."""
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await fn(*args)
+
+    @asynccontextmanager
+    async def hosting(self, hub: Hub) -> AsyncIterator[None]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.serve)
+            await hub.started.wait()
+            try:
+                yield
+            finally:
+                await hub.close()
+
+
+class PortalCalls:
+    """The server runs on asyncio (uvicorn): the hub lives in a portal's trio thread."""
+
+    def __init__(self) -> None:
+        self.portal = Portal()
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await self.portal.acall(fn, *args)
+
+    @asynccontextmanager
+    async def hosting(self, hub: Hub) -> AsyncIterator[None]:
+        self.portal.start()
+        self.portal.submit(hub.serve)
+        try:
+            await self.call(hub.started.wait)
+            yield
+        finally:
+            await self.call(hub.close)
+            await anyio.to_thread.run_sync(self.portal.close)
+
+
+def client_key(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Whose sandboxes a call may see: the stdio peer, an HTTP session, or the sessionless
+    HTTP client (see docs/mcp.md, "Clients and lifetimes")."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return STDIO_CLIENT
+    session = headers.get(SESSION_HEADER)
+    return session_client(session) if session else HTTP_CLIENT
+
+
+def session_client(session_id: str) -> str:
+    """The client of an HTTP session (``Mcp-Session-Id``, the 2025-11-25 protocol)."""
+    return f"http-session:{session_id}"
+
+
+def ok_result(structured: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(structured))],
+        structured_content=structured,
+        is_error=False,
+    )
+
+
+def error_result(error: SbxError) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=str(error))],
+        structured_content=error_fields(error),
+        is_error=True,
+    )
+
+
+async def with_progress(
+    ctx: ServerRequestContext[Any, Any], work: Callable[[], Awaitable[T]], doing: str = "running"
+) -> T:
+    """``await work()``, reporting progress every ``PROGRESS_INTERVAL_S`` meanwhile (a no-op
+    for a client that sent no progress token): how long it has been ``doing`` it. Errors leave
+    plainly, not in a group."""
+    outcome: list[T] = []
+    error: list[Exception] = []
+
+    async def tick() -> None:
+        started = anyio.current_time()
+        while True:
+            await anyio.sleep(PROGRESS_INTERVAL_S)
+            elapsed = anyio.current_time() - started
+            await ctx.session.report_progress(elapsed, None, f"{doing} for {elapsed:.0f} s")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(tick)
+        try:
+            outcome.append(await work())
+        except Exception as exc:
+            error.append(exc)
+        group.cancel_scope.cancel()
+    if error:
+        raise error[0]
+    return outcome[0]
+
+
+SHAPES: dict[str, tuple[Callable[[Any], dict[str, Any]] | None, str | None]] = {
+    "run": (command_result, "running"),
+    "sandbox_open": (sandbox_fields, "opening"),
+    "sandbox_exec": (command_result, "running"),
+    "sandbox_write_file": (None, None),
+    "sandbox_read_file": (None, None),
+    "sandbox_close": (None, None),
+    "sandbox_list": (None, None),
+}
+"""Tool → how the hub's answer becomes JSON (None: it already is), and what progress says
+while it runs (None: no progress; it is quick)."""
+
+
+async def call_hub(
+    ctx: Ctx, hub: Hub, calls: Calls, name: str, client: str, args: Args
+) -> dict[str, Any]:
+    """The hub's method of the tool's name, reporting progress for the slow ones."""
+    method = getattr(hub, name)
+    shape, doing = SHAPES[name]
+
+    async def work() -> Any:
+        return await calls.call(method, client, args)
+
+    answer = await (work() if doing is None else with_progress(ctx, work, doing))
+    return answer if shape is None else shape(answer)
+
+
+def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
+    """The SDK server: its lifespan holds the hub (every sandbox removed when it ends)."""
+    tools = [types.Tool.model_validate(definition) for definition in tool_definitions(policy)]
+    assert list(SHAPES) == [tool.name for tool in tools], "a tool without its shape"
+
+    async def list_tools(
+        ctx: ServerRequestContext[None, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[None, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        kind = ARGS.get(params.name)
+        if kind is None:
+            raise MCPError(
+                code=types.INVALID_PARAMS,
+                message=f"unknown tool {params.name!r}; this server has {', '.join(ARGS)}",
+            )
+        try:
+            args = decode_args(params.arguments, kind)
+            return ok_result(await call_hub(ctx, hub, calls, params.name, client_key(ctx), args))
+        except SbxError as exc:
+            return error_result(exc)
+        except Exception as exc:  # a bug must not end the server: say so, keep serving
+            logger.exception("tool %s failed", params.name)
+            return error_result(SbxError(f"internal error in {params.name}: {exc!r}"))
+
+    def lifespan(_: Server[None]) -> AbstractAsyncContextManager[None]:
+        return calls.hosting(hub)
+
+    return Server(
+        SERVER_NAME,
+        version=_version(),
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _version() -> str:
+    try:
+        return metadata.version("sbxkit")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,288 @@
+"""Entering a started sandbox from the host: listeners on its loopback, files it reads.
+
+The thin I/O shell under the governor (design.md §7a). A sandbox with ``NetworkMode: none``
+has a network namespace of its own holding only loopback. A host process with
+``CAP_SYS_ADMIN`` opens a pidfd of the sandbox's init, calls ``setns(pidfd, CLONE_NEWNET)`` in
+a *fresh* thread (Python 3.11 has no ``os.setns``: ``ctypes``), binds and listens, and the
+thread ends: the sockets stay in the sandbox's namespace, the rest of the process never
+leaves its own. The thread is never a pooled worker, so a failed switch back cannot leak into
+other work. The same pidfd guards every other step: the process is checked to be the
+container's (its cgroup names the container, its network namespace is not ours) and still
+alive after each path under ``/proc/PID`` was opened, so a reused pid is never entered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import signal
+import socket
+import stat
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import trio
+
+from sbxkit.engine.client import Engine
+from sbxkit.errors import SbxError
+from sbxkit.network.terms import TLS_MOUNT, TlsBundle
+
+__all__ = [
+    "NetworkUnavailable",
+    "SandboxProcess",
+    "add_hosts_entries",
+    "bind_in_sandbox",
+    "can_enter_namespaces",
+    "open_sandbox_process",
+    "write_tls_bundle",
+]
+
+CLONE_NEWNET = 0x40000000
+CAP_SYS_ADMIN = 21
+LISTEN_BACKLOG = 128
+_T = TypeVar("_T")
+
+
+class NetworkUnavailable(SbxError):
+    """The governed network could not be put in place for a sandbox (its payload never ran)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"governed network: {reason}")
+        self.reason = reason
+
+
+def can_enter_namespaces(status_text: str | None = None) -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (``CapEff`` in ``/proc/self/status``)."""
+    if status_text is None:
+        try:
+            with open("/proc/self/status", encoding="ascii") as handle:
+                status_text = handle.read()
+        except OSError:
+            return False
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    return False
+
+
+class SandboxProcess:
+    """The sandbox's init, held by a pidfd for as long as the governor enters it."""
+
+    def __init__(self, pid: int, pidfd: int, hosts_path: str) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.hosts_path = hosts_path
+
+    def alive(self) -> bool:
+        try:
+            signal.pidfd_send_signal(self.pidfd, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
+
+
+def _namespace_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def process_problem(container_id: str, cgroup_text: str, netns: int, own_netns: int) -> str | None:
+    """Why a host pid is not the started sandbox's init (pure; the caller read the files)."""
+    if container_id not in cgroup_text:
+        return (
+            "its process is not in the container's cgroup here: the daemon does not share "
+            "this host's kernel and pid space (a remote or VM-backed daemon)"
+        )
+    if netns == own_netns:
+        return "its process shares this host's network namespace"
+    return None
+
+
+async def open_sandbox_process(engine: Engine, container_id: str) -> SandboxProcess:
+    """A pidfd of the running sandbox's init, checked to be that container's."""
+    info = await engine.container_inspect(container_id)
+    if not info.state.running or info.state.pid <= 0:
+        raise NetworkUnavailable(f"the sandbox is {info.state.status}, not running")
+    pid = info.state.pid
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot open the sandbox's process {pid}: {exc}") from exc
+    process = SandboxProcess(pid, pidfd, info.hosts_path)
+    try:
+        again = await engine.container_inspect(container_id)
+        if not again.state.running or again.state.pid != pid:
+            raise NetworkUnavailable("the sandbox's process changed while it was being entered")
+
+        def read_identity() -> tuple[str, int, int]:
+            with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+            return (
+                text,
+                _namespace_inode(f"/proc/{pid}/ns/net"),
+                _namespace_inode("/proc/self/ns/net"),
+            )
+
+        try:
+            cgroup, netns, own = await trio.to_thread.run_sync(read_identity)
+        except OSError as exc:
+            raise NetworkUnavailable(f"cannot read the sandbox's process {pid}: {exc}") from exc
+        problem = process_problem(container_id, cgroup, netns, own)
+        if problem is None and not process.alive():
+            problem = "the sandbox's process ended while it was being entered"
+        if problem is not None:
+            raise NetworkUnavailable(problem)
+    except BaseException:
+        process.close()
+        raise
+    return process
+
+
+def _libc_setns() -> Callable[[int, int], int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    setns: Callable[[int, int], int] = libc.setns
+    return setns
+
+
+def _in_fresh_thread(work: Callable[[], _T]) -> _T:
+    """Run ``work`` in a thread of its own that ends with it (never a pooled worker)."""
+    result: list[_T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="sbxkit-setns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def _bind_all(pidfd: int, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+    setns = _libc_setns()
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    sockets: list[socket.socket] = []
+    try:
+        if setns(pidfd, CLONE_NEWNET) != 0:
+            code = ctypes.get_errno()
+            raise NetworkUnavailable(
+                f"cannot enter the sandbox's network namespace: {os.strerror(code)}"
+                + (" (needs CAP_SYS_ADMIN on this host)" if code == errno.EPERM else "")
+            )
+        try:
+            for host, port in addresses:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                listener = socket.socket(family, socket.SOCK_STREAM)
+                sockets.append(listener)
+                listener.bind((host, port))
+                listener.listen(LISTEN_BACKLOG)
+                listener.setblocking(False)
+        finally:
+            setns(own, CLONE_NEWNET)  # this thread ends next either way
+    except BaseException:
+        for listener in sockets:
+            listener.close()
+        raise
+    finally:
+        os.close(own)
+    return sockets
+
+
+async def bind_in_sandbox(
+    process: SandboxProcess, addresses: Sequence[tuple[str, int]]
+) -> list[socket.socket]:
+    """Listening sockets in the sandbox's network namespace, one per ``(host, port)``."""
+    try:
+        sockets = await trio.to_thread.run_sync(
+            _in_fresh_thread, lambda: _bind_all(process.pidfd, addresses)
+        )
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot listen inside the sandbox: {exc}") from exc
+    if not process.alive():
+        for listener in sockets:
+            listener.close()
+        raise NetworkUnavailable("the sandbox's process ended while its listeners were bound")
+    return sockets
+
+
+async def add_hosts_entries(process: SandboxProcess, names: Sequence[str]) -> None:
+    """Map ``names`` to 127.0.0.1 in the sandbox's ``/etc/hosts``: the daemon's own file for
+    the container (bind-mounted read-only into it; ``ExtraHosts`` is not written under
+    ``NetworkMode: none``), appended in place before the payload runs."""
+    if not names:
+        return
+    if not process.hosts_path.startswith("/"):
+        raise NetworkUnavailable("the daemon reports no hosts file for the sandbox")
+    lines = "".join(f"127.0.0.1\t{name}\n" for name in names).encode("ascii")
+
+    def append() -> None:
+        fd = os.open(process.hosts_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NetworkUnavailable("the sandbox's hosts file is not a regular file")
+            os.write(fd, lines)
+        finally:
+            os.close(fd)
+
+    try:
+        await trio.to_thread.run_sync(append)
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot name the callback in the sandbox: {exc}") from exc
+
+
+_FILE_MODES = (("ca", "ca.pem", 0o444), ("cert", "cert.pem", 0o444), ("key", "key.pem", 0o400))
+
+
+def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
+    """Into the sandbox's own ``TLS_MOUNT`` tmpfs, component by component without following a
+    link (the image could hold one), checked to be a mount of its own."""
+    nofollow = os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+    root = os.open(f"/proc/{process.pid}/root", os.O_DIRECTORY | os.O_CLOEXEC)
+    opened = [root]
+    try:
+        if not process.alive():  # the pid was not reused before its root was opened
+            raise NetworkUnavailable("the sandbox's process ended before its files were written")
+        directory = root
+        for part in TLS_MOUNT.strip("/").split("/"):
+            directory = os.open(part, nofollow, dir_fd=directory)
+            opened.append(directory)
+        if os.fstat(directory).st_dev == os.fstat(root).st_dev:
+            raise NetworkUnavailable(f"{TLS_MOUNT} in the sandbox is not sbxkit's tmpfs")
+        os.mkdir("tls", 0o755, dir_fd=directory)
+        tls = os.open("tls", nofollow, dir_fd=directory)
+        opened.append(tls)
+        for attribute, name, mode in _FILE_MODES:
+            data = getattr(bundle, attribute)
+            if data is None:
+                continue
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=tls)
+            try:
+                os.write(fd, data)
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in reversed(opened):
+            os.close(fd)
+
+
+async def write_tls_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
+    """The client TLS bundle as the sandbox user's files: the key readable by that user
+    alone (0400), the certificates by anyone (0444), in a directory only root may change."""
+    try:
+        await trio.to_thread.run_sync(_write_bundle, process, bundle, uid, gid)
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot put the TLS bundle in the sandbox: {exc}") from exc

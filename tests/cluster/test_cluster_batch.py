@@ -1,0 +1,383 @@
+"""Batches across a real Ray cluster: placement over both nodes, a node lost mid-batch, the
+driver's Ctrl-C, nodes refused when they join — each node's daemon witnessed on its own.
+
+Every driver runs as its own process inside the cluster's namespace (``sbxkit batch --ray``, or
+a script calling ``run_many(cluster=...)``), as a user's would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.cluster import ADDRESS, NODE_RESOURCES, REPO, LocalCluster
+from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
+
+LIMITS = {"cpus": 0.25, "memory": "64m", "pids": 32, "max_output": "1m", "timeout": 120}
+BATCH_TIMEOUT_S = 240
+SLOTS = int(NODE_RESOURCES["sbxkit_sandboxes"])
+
+
+def write_jobs(path: Path, count: int, command: str, image: str = PYTHON) -> None:
+    lines = [
+        {"id": f"j{i}", "image": image, "command": ["sh", "-c", command], "limits": LIMITS}
+        for i in range(count)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def batch_argv(cluster: LocalCluster, jobs: Path, out: Path, *flags: str) -> list[str]:
+    return cluster.in_ns(
+        [
+            *(sys.executable, "-m", "sbxkit", "batch", str(jobs), "--out", str(out)),
+            *("--ray", ADDRESS, "--no-progress", *flags),
+        ]
+    )
+
+
+def run_batch(
+    cluster: LocalCluster, jobs: Path, out: Path, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        batch_argv(cluster, jobs, out, *flags),
+        cwd=REPO,
+        env=cluster.driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=BATCH_TIMEOUT_S,
+    )
+
+
+def lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def ended_once_each(
+    out: Path, count: int, *, lost_on: str, lost_count: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every job has exactly one final line (exited, ``done``); ``lost_count`` attempts were
+    lost on node ``lost_on`` (attempt 1) and their jobs ended with attempt 2. Returns the lost
+    lines and the final lines of their jobs."""
+    results = lines(out)
+    final = [r for r in results if r["status"] != "lost"]
+    lost = [r for r in results if r["status"] == "lost"]
+    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(count))
+    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in final), final
+    assert len(lost) == lost_count, (lost, lost_count)  # every attempt the node was running
+    assert all(r["node"] == lost_on and r["attempt"] == 1 for r in lost), lost
+    assert all(r["error"]["type"] == "NodeLost" for r in lost), lost
+    lost_ids = {r["id"] for r in lost}
+    retried = [r for r in final if r["id"] in lost_ids]
+    assert all(r["attempt"] == 2 for r in retried), retried
+    return lost, retried
+
+
+def running(witness: Witness) -> int:
+    return sum(1 for c in witness.sbxkit_containers() if c.get("State") == "running")
+
+
+def wait_for(check: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def creates(witness: Witness, since: float) -> int:
+    """Containers of this test run created on the daemon since ``since`` (its own events)."""
+    events = witness.events(
+        since, time.time(), type=["container"], event=["create"], label=[f"{RUN_LABEL}={THIS_RUN}"]
+    )
+    return len(events)
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_ray_listens_on_loopback_only(cluster: LocalCluster) -> None:
+    listeners = cluster.listeners()
+    assert any(":6379 " in f"{entry} " for entry in listeners), listeners  # the test can fail
+    outside = [
+        entry
+        for entry in listeners
+        if entry.split()[0].rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:") != "127.0.0.1"
+    ]
+    assert outside == [], f"listening beyond loopback: {outside}"
+
+
+def test_a_batch_spreads_over_both_nodes_and_resumes(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 12, 'sleep 1; echo "ran $HOSTNAME"')
+    since = time.time()
+    done = run_batch(cluster, jobs, out)
+    assert done.returncode == 0, done.stderr
+    results = lines(out)
+    assert sorted(r["id"] for r in results) == sorted(f"j{i}" for i in range(12))
+    assert all(r["status"] == "exited" and r["exit_code"] == 0 for r in results), results
+    assert all(r["stdout"].startswith("ran ") and r["attempt"] == 1 for r in results)
+    placed = Counter(r["node"] for r in results)
+    assert set(placed) == {"raya", "rayb"}, placed
+    # Each daemon saw exactly the containers the results place on it.
+    assert {name: creates(w, since) for name, w in node_witnesses.items()} == dict(placed)
+
+    before = out.read_bytes()
+    again = run_batch(cluster, jobs, out)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do: all 12 jobs have a line" in again.stderr
+    assert out.read_bytes() == before
+
+
+def test_run_many_with_a_cluster(cluster: LocalCluster) -> None:
+    script = f"""
+import json, trio, sbxkit
+spec = sbxkit.SandboxSpec(image={PYTHON!r}, command=["cat"], limits=sbxkit.Limits(
+    cpus=0.25, memory_bytes=64 * sbxkit.MiB, pids=32, output_bytes=sbxkit.MiB, timeout_s=60))
+jobs = [sbxkit.Job(id=i, spec=spec, stdin=f"payload {{i}}".encode()) for i in range(4)]
+heard = []
+async def main():
+    return await sbxkit.run_many(
+        jobs, parallel=8, cluster=sbxkit.RayCluster({ADDRESS!r}, nodes=["rayb"]),
+        on_result=heard.append)
+results = trio.run(main)
+print(json.dumps([[r.id, r.node, r.result.stdout.decode(), r.lost] for r in results]
+                 + [len(heard)]))
+"""
+    done = subprocess.run(
+        cluster.in_ns([sys.executable, "-c", script]),
+        cwd=REPO,
+        env=cluster.driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=BATCH_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    *results, heard = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r[0] for r in results] == [0, 1, 2, 3]  # input order
+    assert [r[2] for r in results] == [f"payload {i}" for i in range(4)]  # output through Ray
+    assert all(r[1] == "rayb" and r[3] is False for r in results)  # nodes=["rayb"] only
+    assert heard == 4
+
+
+def test_a_node_lost_mid_batch_ends_every_job_once(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        rayb = node_witnesses["rayb"]
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
+        on_rayb = len(rayb.sbxkit_containers())
+        supervisor = _supervisor_of(cluster.root / "state-rayb")
+        assert supervisor is not None, "no supervisor serves rayb's state dir"
+        raylet = cluster.nodes["rayb"].raylet_pid
+        assert os.getsid(supervisor) != os.getsid(raylet)  # not in the raylet's session
+        assert os.getpgid(supervisor) != os.getpgid(raylet)
+        cluster.kill_raylet("rayb")
+        # rayb's supervisor outlives the raylet and removes what rayb's agent held.
+        left = rayb.wait_until_no_sbxkit_containers(seconds=60.0)
+        assert left == [], f"rayb's containers outlived its raylet: {left}"
+        os.kill(supervisor, 0)  # the one that removed them is still there
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        _interrupt(driver)
+    assert driver.returncode == 0, stderr
+    lost, retried = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
+    assert all(r["node"] == "raya" for r in retried), retried  # rayb is gone
+    assert all("NodeDiedError" in r["error"]["message"] for r in lost), lost
+    assert f"{len(lost)} attempts lost and retried" in stderr
+
+    again = run_batch(cluster, jobs, out)  # the results file resumes: nothing left to run
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do: all 8 jobs have a line" in again.stderr
+    cluster.stop_node("rayb")
+    cluster.start_node("rayb")  # back for the next tests (its supervisor recovers at join)
+
+
+def test_an_agent_killed_mid_batch_ends_every_job_once(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        rayb = node_witnesses["rayb"]
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
+        on_rayb = len(rayb.sbxkit_containers())
+        agent = _agent_of(rayb.socket_path)
+        assert agent is not None, "no sbxkit agent serves rayb's daemon"
+        os.kill(agent, signal.SIGKILL)
+        left = rayb.wait_until_no_sbxkit_containers(seconds=60.0)  # its supervisor's doing
+        assert left == [], f"the killed agent's containers stayed: {left}"
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        _interrupt(driver)
+    assert driver.returncode == 0, stderr
+    lost, _ = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
+    assert all("agent of node rayb died" in r["error"]["message"] for r in lost), lost
+
+
+def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    """Ray's processes and the supervisor die together (the host's power, a pod deleted):
+    nothing is left to remove rayb's containers until the node comes back, when its agent's
+    join starts the supervisor, whose recovery removes them from its journal."""
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 12; echo done")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        rayb = node_witnesses["rayb"]
+        wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
+        supervisor = _supervisor_of(cluster.root / "state-rayb")
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)  # first: it would remove them once the agent died
+        cluster.kill_node("rayb")
+        time.sleep(3)
+        stranded = rayb.sbxkit_containers()
+        assert stranded, "the test can fail: nothing was left behind on rayb"
+        cluster.start_node("rayb")  # same daemon, same state dir: a new node id
+        left = rayb.wait_until_no_sbxkit_containers(seconds=90.0)
+        assert left == [], f"rayb's recovery at restart left: {left}"
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        _interrupt(driver)
+    assert driver.returncode == 0, stderr
+    final = [r for r in lines(out) if r["status"] != "lost"]
+    assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))
+    assert all(r["status"] == "exited" for r in final), final
+
+
+def test_ctrl_c_of_the_driver_removes_everything_in_flight(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, 8, "sleep 100")
+    driver = _start_batch(cluster, jobs, out)
+    try:
+        wait_for(
+            lambda: all(running(w) >= 2 for w in node_witnesses.values()),
+            120,
+            "jobs running on both nodes",
+        )
+        driver.send_signal(signal.SIGINT)
+        _, stderr = driver.communicate(timeout=90)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)
+    assert driver.returncode == 128 + signal.SIGINT, stderr
+    assert "every sandbox in flight was removed" in stderr
+    for name, witness in node_witnesses.items():  # already gone, not merely later
+        assert witness.sbxkit_containers() == [], name
+    assert all(r["status"] != "lost" for r in lines(out)) if out.exists() else True
+
+
+def test_nodes_are_refused_by_name_when_they_join(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    only_a = f"sbxkit-test/cluster-only-a:{THIS_RUN}"
+    differs = f"sbxkit-test/cluster-differs:{THIS_RUN}"
+    raya, rayb = node_witnesses["raya"], node_witnesses["rayb"]
+    _tag(raya, PYTHON, only_a)
+    _tag(raya, PYTHON, differs)
+    _tag(rayb, "sbxkit-test/busybox:latest", differs)  # same name, other content
+    cluster.start_node("rayc", socket=str(tmp_path / "no-daemon.sock"))
+    try:
+        jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+        write_jobs(jobs, 4, "echo ok", image=only_a)
+        done = run_batch(cluster, jobs, out)
+        assert done.returncode == 0, done.stderr
+        assert "node rayc (" in done.stderr
+        assert "refused: no Docker engine" in done.stderr
+        assert "node rayb (" in done.stderr
+        assert f"image {only_a!r} is missing" in done.stderr
+        assert {r["node"] for r in lines(out)} == {"raya"}
+
+        jobs2, out2 = tmp_path / "jobs2.jsonl", tmp_path / "results2.jsonl"
+        write_jobs(jobs2, 2, "echo ok", image=differs)
+        refused = run_batch(cluster, jobs2, out2)
+        assert refused.returncode == 69, refused.stderr
+        for name in ("raya", "rayb"):
+            assert f"node {name} (" in refused.stderr
+        assert f"image {differs!r} differs between the nodes" in refused.stderr
+        assert not out2.exists() or out2.read_text() == ""
+    finally:
+        cluster.stop_node("rayc")
+        _untag(raya, only_a)
+        _untag(raya, differs)
+        _untag(rayb, differs)
+
+
+def _host(listener: str) -> str:
+    """``[::ffff:127.0.0.1]:6379 users:...`` → ``127.0.0.1``."""
+    return listener.split()[0].rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:")
+
+
+def _tag(witness: Witness, image: str, as_name: str) -> None:
+    repo, _, tag = as_name.rpartition(":")
+    response = witness.session.post(
+        f"{witness.base}/images/{image}/tag", params={"repo": repo, "tag": tag}, timeout=30
+    )
+    response.raise_for_status()
+
+
+def _untag(witness: Witness, name: str) -> None:
+    witness.session.delete(f"{witness.base}/images/{name}", params={"noprune": "1"}, timeout=30)
+
+
+def _start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        batch_argv(cluster, jobs, out),
+        cwd=REPO,
+        env=cluster.driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _interrupt(driver: subprocess.Popen[str]) -> None:
+    """A driver a failed assertion left running: Ctrl-C it (it removes what it runs)."""
+    if driver.poll() is None:
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=90)
+
+
+def _agent_of(socket_path: str) -> int | None:
+    """The pid of the sbxkit agent (a Ray worker) whose node is bound to ``socket_path``."""
+    wanted = f"DOCKER_HOST=unix://{socket_path}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"NodeAgent" not in (entry / "cmdline").read_bytes():
+                continue
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def _supervisor_of(state_dir: Path) -> int | None:
+    """The pid of the supervisor serving ``state_dir`` (read from /proc), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sbxkit.supervisor" in argv and str(state_dir).encode() in argv:
+            return int(entry.name)
+    return None

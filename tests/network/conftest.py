@@ -1,0 +1,194 @@
+"""The network tier: real sandboxes on a daemon inside a network namespace with no route out.
+
+Run by scripts/network-tier (``./dev test`` does), which makes the namespace, starts the daemon
+in it and runs this directory under ``ip netns exec``. Outside it these tests FAIL, never skip:
+a machine where they cannot run has not proven governed networking.
+
+Every test ends with nothing left behind, checked independently of the code under test:
+no container (tests/witness.py), no network but the daemon's own (and none sbxkit made that
+the test did not remove), no setns thread, and no socket of another namespace still open in
+the process that owned the lease (this one, or the supervisor): a listener bound inside a
+sandbox that outlived it would be exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sbxkit.backends.docker import DockerBackend
+from sbxkit.engine.client import Engine, open_engine
+from sbxkit.owner import InProcessOwner
+from sbxkit.settings import Settings
+from tests.network.servers import DnsWitness, Servers, running_servers
+from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.witness import BUSYBOX, PYTHON, Witness
+
+TIER = os.environ.get("SBXKIT_NETWORK_TIER")
+DAEMON_NETWORKS = {"host", "none"}
+"""What a dockerd started with --bridge=none has before anyone creates a network."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tier() -> str:
+    """The tier's namespace: named by scripts/network-tier, with no route out (proven here too)."""
+    if not TIER:
+        pytest.fail(
+            "tests/network runs inside scripts/network-tier (./dev test runs it): it needs the "
+            "tier's network namespace and daemon; it never skips",
+            pytrace=False,
+        )
+    route = subprocess.run(["ip", "route", "get", "1.1.1.1"], capture_output=True, check=False)
+    if route.returncode == 0:
+        pytest.fail(f"this namespace routes to 1.1.1.1: {route.stdout!r}", pytrace=False)
+    if os.stat("/proc/self/ns/net").st_ino != os.stat(f"/run/netns/{TIER}").st_ino:
+        pytest.fail(f"this process is not in the tier's namespace {TIER}", pytrace=False)
+    return TIER
+
+
+@pytest.fixture(scope="session")
+def witness(tier: str) -> Witness:
+    w = Witness()
+    if not w.ping():
+        pytest.fail(f"no daemon answers on {w.socket_path} inside {tier}", pytrace=False)
+    for image in (BUSYBOX, PYTHON):
+        if not w.image_exists(image):
+            pytest.fail(f"test image {image} is missing in the tier's daemon", pytrace=False)
+    return w
+
+
+@pytest.fixture(scope="session")
+def servers(tier: str) -> Iterator[Servers]:
+    with (
+        tempfile.TemporaryDirectory(prefix="sbxnet-") as directory,
+        running_servers(Path(directory)) as running,
+    ):
+        yield running
+
+
+@pytest.fixture(scope="session")
+def dns(tier: str) -> Iterator[DnsWitness]:
+    witness = DnsWitness()
+    yield witness
+    witness.close()
+
+
+@pytest.fixture(scope="session")
+def supervisor(tier: str) -> Iterator[SupervisorProcess]:
+    """One supervisor for the tier's supervised tests (its pid is what the socket check reads)."""
+    state_dir = private_state_dir()
+    with running_supervisor(state_dir, "--idle-exit", "600") as process:
+        yield process
+
+
+_SOCKET = re.compile(r"socket:\[(\d+)\]")
+_NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "unix", "raw", "raw6", "netlink", "packet")
+
+
+def foreign_sockets(pid: int) -> set[int]:
+    """Socket inodes ``pid`` holds that its own network namespace does not list: sockets of
+    another namespace (a sandbox's listener still open after the sandbox)."""
+    held: set[int] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for entry in fd_dir.iterdir():
+        try:
+            match = _SOCKET.fullmatch(os.readlink(entry))
+        except OSError:
+            continue
+        if match:
+            held.add(int(match.group(1)))
+    own: set[int] = set()
+    for table in _NET_TABLES:
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        column = {"unix": 6, "packet": 8}.get(table, 9)
+        for line in lines:
+            fields = line.split()
+            if len(fields) > column and fields[column].isdigit():
+                own.add(int(fields[column]))
+    return held - own
+
+
+def sbxkit_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("sbxkit-setns")]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(
+    witness: Witness, servers: Servers, dns: DnsWitness, supervisor: SupervisorProcess
+) -> Iterator[None]:
+    before = witness.sbxkit_containers()
+    if before:
+        pytest.fail(f"sbxkit containers exist before the test: {[c['Id'][:12] for c in before]}")
+    servers.clear()
+    dns.clear()
+    pids = (os.getpid(), supervisor.proc.pid)
+    yield
+    problems: list[str] = []
+    left = witness.wait_until_no_sbxkit_containers(seconds=10.0)
+    if left:
+        for container in left:
+            witness.remove(container["Id"])
+        problems.append(f"leaked containers: {[c['Id'][:12] for c in left]}")
+    networks = {n["Name"] for n in witness.get("/networks")} - DAEMON_NETWORKS
+    if networks:
+        problems.append(f"networks left: {sorted(networks)}")
+    if sbxkit_threads():
+        problems.append(f"threads left: {sbxkit_threads()}")
+    for pid in pids:
+        leaked = _settled(lambda pid=pid: foreign_sockets(pid))
+        if leaked:
+            problems.append(f"process {pid} still holds sockets of another namespace: {leaked}")
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+def _settled(probe: Any, seconds: float = 5.0) -> Any:
+    """The probe's answer once it is empty, or its last answer after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = probe()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+@pytest.fixture
+async def engine(witness: Witness) -> AsyncIterator[Engine]:
+    async with open_engine(witness.socket_path) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["supervised", "in_process"])
+async def backend(
+    request: pytest.FixtureRequest, engine: Engine, supervisor: SupervisorProcess
+) -> DockerBackend:
+    """The lease's owner, and so the proxy's home: the supervisor, or this process."""
+    if request.param == "supervised":
+        settings = Settings(supervisor_state_dir=str(supervisor.state_dir))
+        return DockerBackend(engine=engine, settings=settings, recover_at_open=False)
+    return DockerBackend(engine=engine, owner=InProcessOwner(engine))
+
+
+def supervised(supervisor: SupervisorProcess, engine: Engine, **settings: Any) -> DockerBackend:
+    return DockerBackend(
+        engine=engine,
+        settings=Settings(supervisor_state_dir=str(supervisor.state_dir), **settings),
+        recover_at_open=False,
+    )

@@ -1,0 +1,136 @@
+"""``sbxkit mcp`` at the command line, before any sandbox: the SDK stays out of everything but
+the server itself, a missing extra is said plainly, bad input is refused by name (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SDK = ("mcp", "mcp_types", "anyio", "uvicorn", "starlette", "pydantic")
+PROFILE = """
+[sandbox.docker]
+image = "sbxkit-test/busybox:latest"
+
+[sandbox.docker.limits]
+cpus = 1
+memory = "64m"
+pids = 32
+max_output = "64k"
+timeout = 10
+"""
+RECORD_SDK_IMPORTS = f"""
+import importlib.abc, sys
+
+asked = set()
+
+class Recorder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {SDK!r}:
+            asked.add(name.split(".")[0])
+        return None
+
+sys.meta_path.insert(0, Recorder())
+"""
+BLOCK_SDK = """
+import importlib.abc, sys
+
+class NoSdk(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"mcp", "mcp_types"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoSdk())
+from sbxkit.cli import main
+main(sys.argv[1:])
+"""
+
+
+def python(
+    code: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def sbxkit_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return python("from sbxkit.cli import main; import sys; main(sys.argv[1:])", *args, env=env)
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> Path:
+    path = tmp_path / "profile.toml"
+    path.write_text(PROFILE)
+    return path
+
+
+def test_only_the_server_imports_the_sdk() -> None:
+    """Whether the SDK is installed or not: nothing but the server even asks for it."""
+    code = RECORD_SDK_IMPORTS + (
+        "import sbxkit, sbxkit.cli.main, sbxkit.profile, sbxkit.mcp.policy, "
+        "sbxkit.mcp.schemas, sbxkit.mcp.hub\n"
+        "print(' '.join(sorted(asked)))\n"
+        "try:\n    import sbxkit.mcp.server\nexcept ImportError:\n    pass\n"
+        "print(' '.join(sorted(asked)))\n"
+    )
+    before, after = python(code).stdout.split("\n")[:2]
+    assert before == ""
+    assert after.split()  # the test can fail: the server does ask for the SDK
+
+
+def test_a_missing_extra_says_how_to_install_it(profile: Path) -> None:
+    done = python(BLOCK_SDK, "mcp", "--profile", str(profile))
+    assert done.returncode == 2, done.stderr
+    assert "needs the MCP SDK" in done.stderr
+    assert "pip install 'sbxkit[mcp]'" in done.stderr
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:8765", "192.168.1.10:80", "localhost:8765"])
+def test_http_refuses_a_non_loopback_address_by_name(profile: Path, address: str) -> None:
+    done = sbxkit_cli("mcp", "--profile", str(profile), "--http", address)
+    assert done.returncode == 2, done.stderr
+    host = address.rpartition(":")[0]
+    assert "--http: " in done.stderr
+    assert host in done.stderr
+    assert "loopback" in done.stderr
+
+
+def test_a_bad_mcp_table_is_refused_by_path(profile: Path) -> None:
+    profile.write_text(PROFILE + "\n[mcp]\nmax_sandbox = 3\n")
+    done = sbxkit_cli("mcp", "--profile", str(profile))
+    assert done.returncode == 2, done.stderr
+    assert "mcp.max_sandbox: unknown field" in done.stderr
+
+
+def test_a_profile_without_a_ceiling_is_refused_by_path(profile: Path) -> None:
+    profile.write_text(PROFILE.replace("pids = 32\n", ""))
+    done = sbxkit_cli("mcp", "--profile", str(profile))
+    assert done.returncode == 2, done.stderr
+    assert "sandbox.docker.limits.pids: mandatory for sbxkit mcp" in done.stderr
+
+
+def test_production_refuses_a_bridge_profile_at_start(profile: Path) -> None:
+    bridge = PROFILE.replace("[sandbox.docker]\n", '[sandbox.docker]\nnetwork = "bridge"\n')
+    profile.write_text(bridge)
+    env = {**os.environ, "SBXKIT_ENV": "production"}
+    done = sbxkit_cli("mcp", "--profile", str(profile), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "network: " in done.stderr
+    assert "production" in done.stderr
+
+
+def test_the_profile_is_required() -> None:
+    done = sbxkit_cli("mcp")
+    assert done.returncode == 2
+    assert "--profile" in done.stderr

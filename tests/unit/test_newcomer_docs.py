@@ -1,0 +1,39 @@
+"""What the README and the help say, held against the code (issue 25, item 7): the ``--json``
+keys, ``sbxkit batch``'s exit statuses, and help texts free of reStructuredText markup. The
+code blocks themselves run in tests/unit/test_doc_blocks.py and tests/engine/test_docs.py."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from sbxkit.cli import build_parser
+from sbxkit.cli.batch import EPILOG, EXIT_CLEANUP_FAILED, EXIT_JOB_ERRORS, EXIT_OK
+from sbxkit.cli.common import JsonResult
+from tests.unit.test_flag_placement import every_parser
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_the_readme_lists_every_json_key() -> None:
+    sentence = README[README.index("`--json` prints one object:") :].split("\nOn an error")[0]
+    listed = re.findall(r"`([a-z_]+)`", sentence)
+    assert listed == list(JsonResult.__struct_fields__)
+
+
+def test_the_readme_says_batchs_exit_statuses() -> None:
+    said = README[README.index("`sbxkit batch` exits") :].split("\n\n")[0]
+    assert f"exits {EXIT_OK} when every job ran" in said
+    assert f"{EXIT_JOB_ERRORS} when some job could not run" in said
+    assert f"{EXIT_CLEANUP_FAILED} when a sandbox's removal failed" in said
+    assert f"{EXIT_JOB_ERRORS} some job could not run" in EPILOG  # and so does --help
+
+
+@pytest.mark.parametrize("parser", list(every_parser(build_parser())), ids=lambda p: p.prog)
+def test_help_is_terminal_text_not_rst(parser: argparse.ArgumentParser) -> None:
+    text = parser.format_help()
+    assert "``" not in text
+    assert ":func:" not in text
