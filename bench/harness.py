@@ -45,6 +45,9 @@ class Contender:
     label: str
     description: str
     once: Callable[[], Awaitable[StepTimings]]
+    before: Callable[[], Awaitable[None]] | None = None
+    """Untimed, before each ``once``: e.g. wait until a removal the previous run left to its
+    owner is done, so it does not load the daemon under the next contender."""
     totals_s: list[float] = field(default_factory=list)
     steps_s: dict[str, list[float]] = field(default_factory=dict)
 
@@ -75,6 +78,8 @@ async def run_interleaved(
     once in the given order. Wall time is taken around the awaited call (perf_counter)."""
     for round_no in range(-warmup, rounds):
         for contender in contenders:
+            if contender.before is not None:
+                await contender.before()
             t0 = time.perf_counter()
             try:
                 steps = await contender.once()

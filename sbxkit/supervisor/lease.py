@@ -21,9 +21,9 @@ import trio
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import Conflict, EngineError, SbxError
 from sbxkit.kernel.supervise import Exited, KernelIO
-from sbxkit.result import Evidence
 from sbxkit.network.governor import Governor
 from sbxkit.network.terms import NetworkTerms
+from sbxkit.result import Evidence
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
