@@ -144,6 +144,23 @@ async def _run_all(engine: Engine, image: str, token: str) -> list[tuple[Check, 
     return [r for r in results if r is not None]
 
 
+REMOVAL_WAIT_S = 30.0
+"""How long the demo waits for its sandboxes' removals (a run returns at its payload's exit on
+the kernel's path; its container's removal goes on under its owner) before counting them."""
+
+
+async def _left_behind(engine: Engine, token: str) -> list[object]:
+    """The demo's containers still there once their removals had time to finish."""
+    label = f"{DEMO_LABEL}={token}"
+    with trio.move_on_after(REMOVAL_WAIT_S):
+        while True:
+            left = await engine.container_list(label=label)
+            if not left:
+                return []
+            await trio.sleep(0.05)
+    return list(await engine.container_list(label=label))
+
+
 async def _demo(image: str, socket_path: str | None) -> int:
     async with open_engine(socket_path) as engine:
         print(
@@ -162,7 +179,7 @@ async def _demo(image: str, socket_path: str | None) -> int:
                 f"  {mark}  {check.title:<{width}}  expected {check.expect:<34} "
                 f"got {_describe(result)}  [{_total(result):.2f} s]"
             )
-        leftovers = await engine.container_list(label=f"{DEMO_LABEL}={token}")
+        leftovers = await _left_behind(engine, token)
         print(f"\n  containers this demo left behind: {len(leftovers)}")
         ok = failures == 0 and not leftovers
         print("  every limit held." if ok else f"  {failures} check(s) failed.")

@@ -23,8 +23,10 @@ REAP_POLL_S = 0.0002
 """How often the reaped status is asked for once the pidfd is readable (the shim reaps within
 about a millisecond here)."""
 REAP_LIMIT_S = 5.0
-REMOVAL_SIGNAL_S = 2.0
-"""The longest wait for a removed memory cgroup's last eventfd signal."""
+REMOVAL_SIGNAL_S = 0.25
+"""The longest wait for a removed memory cgroup's last eventfd signal. If it came before the
+exit was read (the usual case when the cgroup is already gone) it never comes again, and the
+daemon, whose exit path has run by then, notes a child's OOM instead."""
 
 
 class InitUnverified(Exception):

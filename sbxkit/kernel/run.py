@@ -111,7 +111,8 @@ async def kernel_verdict(
 ) -> tuple[Verdict, int | None, Evidence]:
     """The verdict of a run on the kernel path: an exit by itself (≤ 128) on the kernel's
     word alone — with a child's OOM kill noted from the sandbox's memory cgroup, read on the
-    host — and a signal exit on the daemon's evidence once the daemon has seen the exit."""
+    host, or from the daemon's records when the cgroup was gone before the host could tell —
+    and a signal exit on the daemon's evidence once the daemon has seen the exit."""
     if outcome.status != "exited":
         return Verdict(status=outcome.status), None, evidence
     code = outcome.exit_code
@@ -126,14 +127,22 @@ async def kernel_verdict(
             )
             return Verdict(status="exited", oom_evidence=note), code, "kernel"
         # The cgroup was gone before it was read: whether a child was OOM-killed is the
-        # daemon's to tell; the exit code stands either way.
+        # daemon's to tell. The status and the code stay the kernel's: the daemon only notes.
+        await _daemon_saw_exit(engine, container_id)
+        return await judge(code), code, "kernel"
+    await _daemon_saw_exit(engine, container_id)
+    return await judge(code), code, "daemon"  # the status the signal exit had, as ever
+
+
+async def _daemon_saw_exit(engine: Engine, container_id: str) -> None:
+    """Wait (bounded) until the daemon has seen the exit: its ``OOMKilled`` and events are
+    its own once it did."""
     with trio.move_on_after(DAEMON_EVIDENCE_S), contextlib.suppress(SbxError):
         waiter = await engine.container_wait(container_id, "not-running")
         try:
-            await waiter.result()  # OOMKilled and the events are the daemon's once it saw it
+            await waiter.result()
         finally:
             await waiter.aclose()
-    return await judge(code), code, "daemon"  # the status the signal exit had, as ever
 
 
 async def run_on_fifos(

@@ -152,8 +152,10 @@ def tool_error(result: mcp_types.CallToolResult) -> dict[str, Any]:
     return error
 
 
-def children(pid: int, needle: str) -> list[int]:
-    """Host processes whose parent is ``pid`` and whose command line contains ``needle``."""
+def mcp_servers(pid: int) -> list[int]:
+    """``sbxkit mcp`` processes whose parent is ``pid`` (not the supervisors earlier tests of
+    the same process started, whose command lines name sbxkit too)."""
+    needle = b"\0-m\0sbxkit\0mcp\0"
     found: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -164,7 +166,7 @@ def children(pid: int, needle: str) -> list[int]:
         except OSError:
             continue
         parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if parent == pid and needle.encode() in cmdline:
+        if parent == pid and needle in b"\0" + cmdline:
             found.append(int(entry))
     return found
 

@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sbxkit
 from sbxkit.engine.client import Engine
+from sbxkit.kernel.init import OomWatch
 from tests.engine.helpers import spec
 from tests.engine.oneshot_paths import OneShot
 from tests.engine.test_cli import one_json_object, run_cli
@@ -32,6 +35,28 @@ async def test_a_child_oom_while_the_payload_exits_5_is_exit_5(
     assert result.oom_evidence is not None
     assert "a process in the sandbox was OOM-killed" in result.oom_evidence
     assert "exited 5 by itself" in result.oom_evidence
+
+
+async def test_a_child_oom_the_host_could_not_count_is_the_daemons_note_on_the_kernels_exit(
+    engine: Engine, python_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox's memory cgroup gone before the host read it (a loaded host: the daemon's
+    exit path removed it first): the exit stays the kernel's, the child's OOM is the daemon's
+    note — not a fall back to the daemon's evidence for the whole result."""
+
+    async def cannot_tell(self: OomWatch) -> None:
+        return None
+
+    monkeypatch.setattr(OomWatch, "kills", cannot_tell)
+    result = await sbxkit.run(
+        spec(python_image, CHILD_OOM, memory_bytes=64 * sbxkit.MiB), engine=engine
+    )
+    assert result.stdout == b"child=137\n"
+    assert (result.status, result.exit_code, result.evidence) == ("exited", 5, "kernel"), result
+    note = result.oom_evidence
+    assert note is not None, result
+    assert "exited 5 by itself" in note
+    assert "memory cgroup counted" not in note  # the daemon's record, not the host's count
 
 
 def test_the_cli_exits_with_the_payloads_own_code_after_a_child_oom(

@@ -27,8 +27,8 @@ from tests.engine.mcp_support import (
     CELLS,
     ERA_CELLS,
     HttpServer,
-    children,
     connect,
+    mcp_servers,
     server_argv,
     structured,
     tool_error,
@@ -468,7 +468,7 @@ def sigkill(client: subprocess.Popen[bytes]) -> None:
 def test_killing_the_client_removes_everything(profile: Path, witness: Witness) -> None:
     client = start_client(witness, "-m", "sbxkit", "mcp", "--profile", str(profile))
     try:
-        servers = children(client.pid, "sbxkit")
+        servers = mcp_servers(client.pid)
         assert len(servers) == 1
         sigkill(client)
     finally:
@@ -583,7 +583,7 @@ async def test_killing_the_server_removes_everything(
 
                     nursery.start_soon(run)
                     assert await wait_for(lambda: len(witness.sbxkit_containers()) == 2, 30)
-                    servers = children(os.getpid(), "sbxkit")
+                    servers = mcp_servers(os.getpid())
                     assert len(servers) == 1, servers
                     os.kill(servers[0], signal.SIGKILL)
                     assert await wait_for(lambda: witness.sbxkit_containers() == [], 20)
