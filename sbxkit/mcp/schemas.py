@@ -41,9 +41,17 @@ EVIDENCE = {
     "description": "What decided an oom_killed or killed status (the daemon's OOMKilled flag "
     "or oom event; its record of a kill sbxkit did not send). timed_out and output_exceeded "
     "are the sandbox's own limits and need none. An exit status of 137 alone proves nothing.",
-    "properties": {"oom": NULLABLE_STRING, "kill": NULLABLE_STRING},
-    # LEAD: the kernel-or-daemon field of RunResult goes here too (sbxkit/mcp/shapes.py).
-    "required": ["oom", "kill"],
+    "properties": {
+        "oom": NULLABLE_STRING,
+        "kill": NULLABLE_STRING,
+        "witness": {
+            "type": "string",
+            "enum": ["kernel", "daemon"],
+            "description": "who witnessed the exit: the kernel (the sandbox init's pidfd, read "
+            "on the host) or the daemon (its wait and records); never the payload",
+        },
+    },
+    "required": ["oom", "kill", "witness"],
 }
 
 COMMAND_RESULT = {

@@ -37,12 +37,12 @@ def evidence(result: RunResult) -> dict[str, Any]:
     """Which evidence decided the status. ``oom``: what made it ``oom_killed`` (the daemon's
     ``OOMKilled`` flag or its ``oom`` event), or on an ``exited`` result that a child was
     OOM-killed; ``kill``: the daemon's record of a kill sbxkit did not send. ``timed_out``
-    and ``output_exceeded`` are sbxkit's own kills and need none."""
+    and ``output_exceeded`` are sbxkit's own kills and need none. ``witness``: who saw the
+    exit, ``kernel`` or ``daemon`` (``RunResult.evidence``)."""
     return {
         "oom": result.oom_evidence,
         "kill": result.kill_evidence,
-        # LEAD: the field saying whether the kernel or the daemon decided (being added to
-        # RunResult) goes here, and beside "oom" and "kill" in schemas.EVIDENCE.
+        "witness": result.evidence,
     }
 
 

@@ -112,9 +112,11 @@ async def test_a_one_shot_run(cell: str, profile: Path, tmp_path: Path, witness:
         assert result["stderr"] == "to stderr\n"
         assert (result["stdout_bytes"], result["stderr_bytes"]) == (len(stdout), 10)
         assert result["overflowed"] is None
-        assert result["evidence"] == {"oom": None, "kill": None}
+        # A run with files is a short session: its exec's exit is the daemon's to witness.
+        assert result["evidence"] == {"oom": None, "kill": None, "witness": "daemon"}
         busybox = structured(await call(client, "run", command=["id", "-u"], image=BUSYBOX))
         assert busybox["stdout"] == "65534\n"
+        assert busybox["evidence"]["witness"] == "kernel"  # a one-shot run: the init's pidfd
     assert witness.sbxkit_containers() == []
 
 
