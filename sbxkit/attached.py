@@ -22,7 +22,7 @@ from sbxkit.outcome import Verdict
 from sbxkit.output import OutputCapture, stream_name
 from sbxkit.owned import OwnedContainer, attached
 from sbxkit.result import Evidence, PhaseTimings, RunResult, Status, Stream
-from sbxkit.stdin import STDIN_CHUNK, StdinSource
+from sbxkit.stdin import StdinSource, write_stdin
 from sbxkit.unwrap import plain_async
 
 __all__ = ["Outcome", "OutputCallback", "Ran", "feed_stdin", "run_attached"]
@@ -168,14 +168,7 @@ async def feed_stdin(stream: HijackedStream, stdin: StdinSource | None) -> None:
     that stopped reading (or already exited) closes the pipe: that is its business, not an
     error."""
     try:
-        if isinstance(stdin, trio.abc.ReceiveStream):
-            async with stdin:
-                while chunk := await stdin.receive_some(STDIN_CHUNK):
-                    await stream.send_all(chunk)
-        elif stdin:
-            view = memoryview(stdin)
-            for offset in range(0, len(view), STDIN_CHUNK):
-                await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
+        await write_stdin(stream.send_all, stdin)
         await stream.send_eof()
     except EngineConnectionError:
         pass

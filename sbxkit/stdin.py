@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from sbxkit.errors import SpecError
 
-__all__ = ["STDIN_CHUNK", "FileStdin", "Prefixed", "StdinSource"]
+__all__ = ["STDIN_CHUNK", "FileStdin", "Prefixed", "StdinSource", "write_stdin"]
 
 STDIN_CHUNK = 64 * 1024
 
@@ -113,3 +114,18 @@ class Prefixed(trio.abc.ReceiveStream):
             await self._rest.aclose()
         else:
             await trio.lowlevel.checkpoint()
+
+
+async def write_stdin(
+    send_all: Callable[[bytes | bytearray], Awaitable[None]], stdin: StdinSource | None
+) -> None:
+    """Write ``stdin`` through ``send_all``: a stream a chunk at a time, each read once the
+    last was taken (back-pressure), and closed at the end; bytes in chunks of the same size."""
+    if isinstance(stdin, trio.abc.ReceiveStream):
+        async with stdin:
+            while chunk := await stdin.receive_some(STDIN_CHUNK):
+                await send_all(chunk)
+    elif stdin:
+        view = memoryview(stdin)
+        for offset in range(0, len(view), STDIN_CHUNK):
+            await send_all(bytes(view[offset : offset + STDIN_CHUNK]))

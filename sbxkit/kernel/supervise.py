@@ -22,7 +22,7 @@ from sbxkit.kernel.fifos import HostEnds
 from sbxkit.kernel.init import ContainerInit
 from sbxkit.kernel.scripts import SYNC_BYTE
 from sbxkit.output import OutputCapture
-from sbxkit.stdin import STDIN_CHUNK, StdinSource
+from sbxkit.stdin import StdinSource, write_stdin
 from sbxkit.unwrap import plain_async
 
 __all__ = ["Exited", "KernelIO", "NotAlive", "supervise_kernel"]
@@ -98,14 +98,7 @@ async def _feed(stream: trio.lowlevel.FdStream, line: bytes, stdin: StdinSource 
     writer) is the payload's EOF. A payload that stopped reading is its own business."""
     try:
         await stream.send_all(line)
-        if isinstance(stdin, trio.abc.ReceiveStream):
-            async with stdin:
-                while chunk := await stdin.receive_some(STDIN_CHUNK):
-                    await stream.send_all(chunk)
-        elif stdin:
-            view = memoryview(stdin)
-            for offset in range(0, len(view), STDIN_CHUNK):
-                await stream.send_all(bytes(view[offset : offset + STDIN_CHUNK]))
+        await write_stdin(stream.send_all, stdin)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     await stream.aclose()
