@@ -23,6 +23,7 @@ def cli_backend(
     settings: Settings | None,
     on_queued: QueueObserver | None = None,
     pool: PoolOptions | None = None,
+    wait_for_removal: bool = False,
 ) -> Backend:
     """The profile's ``[sandbox] runtime``: ``"sandbox"`` is the sbx runner (docs/adr-sbx.md),
     anything else the Docker backend on ``socket_path`` (``--socket``); with ``pool``, one
@@ -30,6 +31,8 @@ def cli_backend(
 
     The Docker backend asks the supervisor for no extra recovery pass: it recovers at its own
     start and in its reaper loop, and a CLI command should not pay for one more.
+    ``wait_for_removal``: a run returns only once its container is confirmed gone
+    (``DockerBackend``), not at the payload's exit.
     """
     options = sandbox_options(profile) if profile is not None else None
     if options is None and pool is not None:
@@ -47,6 +50,7 @@ def cli_backend(
             settings=settings,
             on_queued=on_queued,
             recover_at_open=False,
+            wait_for_removal=wait_for_removal,
         )
     from sbxkit.backends.sbx import SbxBackend, SbxConfig  # loaded only when a profile selects it
 

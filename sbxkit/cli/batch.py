@@ -439,7 +439,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
         backend: Backend | None = None
     else:
         args.parallel = args.parallel or DEFAULT_PARALLEL
-        backend = cli_backend(profile, socket_path=args.socket, settings=settings)
+        # --parallel bounds the containers that exist, as run_many's own backend does; and a
+        # batch that printed its summary has left nothing behind, not even for a moment.
+        backend = cli_backend(
+            profile, socket_path=args.socket, settings=settings, wait_for_removal=True
+        )
     jobs = load_jobs(args.jobs, settings, defaults)
     memory_budget, cpu_budget = _budgets(args)
     scan = prepare_results(args.out)  # refuses a file that is not ours before any change
