@@ -24,16 +24,6 @@ from tests.supervision import private_state_dir
 from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "conformance: runs once per OCI runtime (tests/engine/runtimes.py)"
-    )
-    config.addinivalue_line("markers", "podman: the Podman cell's own checks (./dev test)")
-    config.addinivalue_line(
-        "markers", "engine_cell: also runs in the Docker 26.1 cell (tests/engine/engines.py)"
-    )
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test that takes ``runtime`` runs once per runtime cell (the conformance subset); one
     that takes ``oneshot`` once per one-shot path that runtime has (``oneshot_paths``)."""
