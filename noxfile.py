@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 
 import nox
 
@@ -22,39 +25,27 @@ PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on Docker 20.10 (provisions the engine first), the network tier in a
-    namespace of its own (docs/network.md), the Docker 26.1 cell, then the Podman cell: the
-    conformance subset on rootful Podman and the rootless refusal (docs/backends.md)."""
+    namespace of its own (docs/network.md), the Docker 26.1 cell and the Podman cell: the
+    conformance subset on rootful Podman and the rootless refusal (docs/backends.md).
+
+    The two cells run on daemons of their own, beside the main suite (one after the other, in
+    the background; their output follows the suite's): CI's 30 minutes hold on two cores."""
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
     session.install("-e", ".[test,inspect,ray,mcp]")
-    # 5: posargs that select only the network tier leave nothing here
-    selected = [0, 5] if session.posargs else [0]
-    session.run(
-        "pytest",
-        "-m",
-        "not podman",
-        f"--ignore={NETWORK_TESTS}",
-        *session.posargs,
-        env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
-        success_codes=selected,
-    )
-    _network_tier(session)
-    # The Docker 26.1 cell (docs/backends.md): the conformance subset under runc, crun and runsc,
-    # plus the pool and session files and the tests that show where the engines differ.
+    cells = _Cells(session)
+    # The Docker 26.1 cell: the conformance subset under runc, crun and runsc, plus the pool and
+    # session files and the tests that show where the engines differ.
     docker26 = _provision(session, ENGINE26_UP, {})
-    session.run(
-        "pytest",
-        "-m",
+    cells.add(
+        "Docker 26.1",
         "conformance or engine_cell",
-        f"--ignore={NETWORK_TESTS}",
-        *session.posargs,
-        env={
+        {
             "SBXKIT_TEST_SOCKET": docker26,
             "DOCKER_HOST": f"unix://{docker26}",
             # Both evidence paths are proven on 20.10; this cell keeps the product's default.
             "SBXKIT_TEST_EVIDENCE": "kernel",
         },
-        success_codes=[0, 5],
     )
     rootful = _podman_up(session, {})
     # The rootless service takes its own defaults, whatever the rootful one was given.
@@ -67,23 +58,87 @@ def tests(session: nox.Session) -> None:
             "SBXKIT_PODMAN_RUNROOT": "",
         },
     )
-    env = {
-        "SBXKIT_TEST_SOCKET": rootful,
-        "DOCKER_HOST": f"unix://{rootful}",
-        "SBXKIT_TEST_RUNTIMES": "default",
-        "SBXKIT_TEST_EVIDENCE": "daemon",  # Podman has no kernel path (docs/security.md)
-        "SBXKIT_TEST_PODMAN_ROOTLESS_SOCKET": rootless,
-    }
-    # 5: the posargs selected nothing of the cell (e.g. ./dev test tests/unit).
-    session.run(
-        "pytest",
-        "-m",
+    cells.add(
+        "Podman",
         "conformance or podman",
-        f"--ignore={NETWORK_TESTS}",
-        *session.posargs,
-        env=env,
-        success_codes=[0, 5],
+        {
+            "SBXKIT_TEST_SOCKET": rootful,
+            "DOCKER_HOST": f"unix://{rootful}",
+            "SBXKIT_TEST_RUNTIMES": "default",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # Podman has no kernel path (docs/security.md)
+            "SBXKIT_TEST_PODMAN_ROOTLESS_SOCKET": rootless,
+        },
     )
+    cells.start()
+    try:
+        # 5: posargs that select only the network tier leave nothing here
+        selected = [0, 5] if session.posargs else [0]
+        session.run(
+            "pytest",
+            "-m",
+            "not podman",
+            f"--ignore={NETWORK_TESTS}",
+            *session.posargs,
+            env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
+            success_codes=selected,
+        )
+        _network_tier(session)
+    finally:
+        cells.finish()
+
+
+class _Cells:
+    """The engine cells' pytest runs, one after another in a background thread, each into its
+    own log; ``finish`` waits for them, prints each log and fails the session if one failed
+    (5, nothing selected, is fine: posargs may select other tests)."""
+
+    def __init__(self, session: nox.Session) -> None:
+        self.session = session
+        self.runs: list[tuple[str, list[str], dict[str, str], str]] = []
+        self.codes: dict[str, int] = {}
+        self.thread: threading.Thread | None = None
+
+    def add(self, name: str, marks: str, env: dict[str, str]) -> None:
+        argv = [
+            f"{self.session.bin}/pytest",
+            "-m",
+            marks,
+            f"--ignore={NETWORK_TESTS}",
+            *self.session.posargs,
+        ]
+        log = os.path.join(self.session.create_tmp(), f"cell-{len(self.runs)}.log")
+        self.runs.append((name, argv, env, log))
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run_all, daemon=True)
+        self.thread.start()
+
+    def _run_all(self) -> None:
+        for name, argv, env, log in self.runs:
+            with open(log, "wb") as out:
+                path = f"{self.session.bin}{os.pathsep}{os.environ.get('PATH', '')}"
+                done = subprocess.run(
+                    argv,
+                    env={**os.environ, "PATH": path, **env},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            self.codes[name] = done.returncode
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        failed = []
+        for name, _, _, log in self.runs:
+            code = self.codes.get(name)
+            print(f"\n===== the {name} cell (exit status {code}) =====", flush=True)
+            with open(log, encoding="utf-8", errors="replace") as text:
+                sys.stdout.write(text.read())
+            sys.stdout.flush()
+            if code not in (0, 5):
+                failed.append(f"{name}: {code}")
+        if failed:
+            self.session.error(f"engine cells failed: {', '.join(failed)}")
 
 
 def _network_tier(session: nox.Session) -> None:
