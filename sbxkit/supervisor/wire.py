@@ -57,8 +57,8 @@ from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 from sbxkit.network.audit import Denial
 from sbxkit.network.terms import NetworkTerms
+from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
 
-PROTOCOL_VERSION = 5
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
