@@ -39,9 +39,13 @@ def caller_environ_bytes(key: str) -> bytes | None:
 
 @contextmanager
 def judged_under(environ: Mapping[str, str]) -> Iterator[None]:
-    """Judge the runs of this task (and the tasks it starts) under ``environ``."""
-    token = _CALLER.set(dict(environ))
+    """Judge the runs of this task (and the tasks it starts) under ``environ``. A task started
+    meanwhile keeps a copy of this context (a pool's keeper may live for minutes): the values
+    are emptied when the block ends, so none of the caller's outlives its run."""
+    given = dict(environ)
+    token = _CALLER.set(given)
     try:
         yield
     finally:
+        given.clear()
         _CALLER.reset(token)

@@ -18,7 +18,7 @@ else:
 
 __all__ = ["PROTOCOL_VERSION", "SOURCES", "implementation_fingerprint"]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped with every change to the messages (``wire.py``) or their meaning."""
 
 # The sources that define supervision behaviour: a helper built from other revisions of these
@@ -33,6 +33,8 @@ SOURCES = (
     "engine/models.py",
     "network/terms.py",  # NetworkTerms and Denial travel in Register and Denials
     "network/audit.py",
+    "handoff/client.py",  # the command line's side of Run, RunStarted, RunEnded ...
+    "handoff/serve.py",
 )
 
 
