@@ -18,14 +18,13 @@ command, whether it was handed off or why not (docs/operations.md).
 
 from __future__ import annotations
 
-import array
+import _socket  # socket.py would build its enums: a few ms per process, for nothing here
 import binascii
 import contextlib
 import json
 import os
 import select
 import signal
-import socket
 import stat
 import struct
 import sys
@@ -39,7 +38,7 @@ from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_finge
 
 TYPE_CHECKING = False  # typing is not loaded here: a process per job pays for every import
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
     from typing import Any, NoReturn
 
 __all__ = [
@@ -56,7 +55,7 @@ __all__ = [
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024  # wire.MAX_FRAME
 RECEIVE_CHUNK = 64 * 1024
-FD_SIZE = array.array("i").itemsize
+_FD = struct.Struct("i")
 MAX_FDS = 4
 HANDSHAKE_S = 10.0
 OFF = ("0", "off", "no", "false")
@@ -127,8 +126,11 @@ def _handoff(argv: Sequence[str], signals: _Signals) -> int:
         raise Declined(f"the state directory {state_dir!r} is not absolute")
     source, owned = _stdin_source(scan)
     try:
-        with _connect(os.path.join(state_dir, SOCKET_NAME)) as channel:
+        channel = _connect(os.path.join(state_dir, SOCKET_NAME))
+        try:
             return _converse(channel, argv, scan, state_dir, source, signals)
+        finally:
+            channel.close()
     finally:
         if owned and source is not None:
             os.close(source)
@@ -183,7 +185,7 @@ class _Channel:
     """Frames to and from the supervisor (a 4-byte length, then JSON); descriptors that ride
     with a frame (``SCM_RIGHTS``) are kept in ``fds``."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
         self.fds: list[int] = []
@@ -234,14 +236,14 @@ class _Channel:
     def _read(self) -> None:
         try:
             data, ancillary, _flags, _ = self.sock.recvmsg(
-                RECEIVE_CHUNK, socket.CMSG_SPACE(MAX_FDS * FD_SIZE)
+                RECEIVE_CHUNK, _socket.CMSG_SPACE(MAX_FDS * _FD.size)
             )
         except OSError as exc:
             raise Lost(str(exc)) from None
         for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % FD_SIZE
-                self.fds.extend(array.array("i", payload[:usable]))
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % _FD.size
+                self.fds.extend(fd for (fd,) in _FD.iter_unpack(payload[:usable]))
         if not data:
             raise Lost("the supervisor closed the connection")
         self.buffer += data
@@ -252,14 +254,17 @@ class _Channel:
 
     def close(self) -> None:
         for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            _close(fd)
         self.fds.clear()
         self.sock.close()
 
 
-@contextlib.contextmanager
-def _connect(path: str) -> Iterator[_Channel]:
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _connect(path: str) -> _Channel:
     """The supervisor's socket, if it is ours and a process of ours listens on it."""
     try:
         info = os.lstat(path)
@@ -267,21 +272,17 @@ def _connect(path: str) -> Iterator[_Channel]:
         raise Declined("no supervisor runs for the state directory") from None
     if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
         raise Declined(f"{path} is not a socket of uid {os.geteuid()}")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         sock.close()
         raise Declined("the supervisor's socket does not answer") from None
     if struct.unpack("3i", creds)[1] != os.geteuid():
         sock.close()
         raise Declined("the supervisor's socket is another account's")
-    channel = _Channel(sock)
-    try:
-        yield channel
-    finally:
-        channel.close()
+    return _Channel(sock)
 
 
 # -- the conversation -------------------------------------------------------------------------

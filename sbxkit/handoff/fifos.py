@@ -103,8 +103,7 @@ class _Feed:
 
     def _next(self) -> None:
         """The pending bytes went out: read more, or close the FIFO (the payload's EOF)."""
-        with contextlib.suppress(KeyError):
-            self.poller.unregister(self.ends.stdin)
+        _unregister(self.poller, self.ends.stdin)
         if self.source is None:
             self.stop()
             return
@@ -118,9 +117,13 @@ class _Feed:
         self.done = True
         for fd in (self.ends.stdin, self.source):
             if fd is not None:
-                with contextlib.suppress(KeyError):
-                    self.poller.unregister(fd)
+                _unregister(self.poller, fd)
         self.ends.close(self.ends.stdin)
+
+
+def _unregister(poller: select.poll, fd: int) -> None:
+    with contextlib.suppress(KeyError):
+        poller.unregister(fd)
 
 
 def watch(

@@ -4,7 +4,6 @@ loads nothing else)."""
 
 from __future__ import annotations
 
-import functools
 import os
 
 TYPE_CHECKING = False  # typing is not loaded here
@@ -38,13 +37,19 @@ SOURCES = (
 )
 
 
-@functools.cache
+_COMPUTED: list[str] = []
+
+
 def implementation_fingerprint() -> str:
-    """sha256 (truncated to 128 bits) over ``SOURCES``; the same tree gives the same value."""
+    """sha256 (truncated to 128 bits) over ``SOURCES``; the same tree gives the same value
+    (computed once per process)."""
+    if _COMPUTED:
+        return _COMPUTED[0]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = sha256()
     for relative in SOURCES:
         digest.update(relative.encode() + b"\0")
         with open(os.path.join(root, relative), "rb") as source:
             digest.update(source.read())
-    return digest.hexdigest()[:32]
+    _COMPUTED.append(digest.hexdigest()[:32])
+    return _COMPUTED[0]
