@@ -15,6 +15,7 @@ measured run.
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import secrets
@@ -29,7 +30,7 @@ from typing import Any
 
 import trio
 
-from bench.harness import Contender, StepTimings
+from bench.harness import SBXKIT_SOURCE, Contender, StepTimings
 from bench.rawapi import RawEngine
 from bench.suite import BENCH_LABEL
 from sbxkit.supervisor.admin import pools_request
@@ -71,6 +72,13 @@ class CliBench:
         self.docker = docker
 
     # -- the supervisor ---------------------------------------------------------------------
+
+    @staticmethod
+    def compile_bytecode() -> None:
+        """Write sbxkit's bytecode now, untimed: an installed package has it (pip compiles at
+        install), and a process started with PYTHONDONTWRITEBYTECODE would otherwise compile
+        every module it loads, every time."""
+        compileall.compile_dir(str(SBXKIT_SOURCE), quiet=1)
 
     def start_supervisor(self) -> None:
         """``sbxkit.supervisor --persistent`` on the private state directory, with the
