@@ -95,8 +95,8 @@ def _trace(line: str) -> None:
     """One line for ``SBXKIT_HANDOFF_TRACE`` (how a command was run), if it names a file."""
     path = os.environ.get("SBXKIT_HANDOFF_TRACE", "")
     if path:
-        with open(path, "a", encoding="utf-8") as trace:
-            trace.write(line + "\n")
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as trace:
+            trace.write(line + "\n")  # a diagnostic: a trace that cannot be written is not
 
 
 def handoff(argv: Sequence[str]) -> int | None:
