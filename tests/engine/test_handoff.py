@@ -8,6 +8,7 @@ command line killed mid-run leaves no container, no lease record and no FIFO dir
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -243,3 +244,44 @@ def test_a_command_line_killed_mid_run_leaves_nothing(
         proc.wait(10)
     assert wait_until(lambda: handed.witness.containers(label=f"{LABEL}={label}") == [], 20)
     assert wait_until(lambda: handed.leftovers() == [], 10), handed.leftovers()
+
+
+def test_a_run_that_waited_for_capacity_reports_its_timeout_as_the_full_path_does(
+    witness: Witness, busybox: str
+) -> None:
+    """Once a handed-off run has waited in the queue, the supervisor's refusal is reported
+    by the command line itself (the full path would wait again): the same words, the same
+    exit status (75), and the --json error object."""
+    state_dir = private_state_dir()
+    flags = ["--socket", witness.socket_path, "--json", busybox, "--"]
+    budget = ("--memory-budget", str(100 * 2**20), "--admission-timeout", "1")
+    try:
+        with running_supervisor(state_dir, "--persistent", *budget) as supervisor:
+            handed = Handed(supervisor, witness)
+            holder = subprocess.Popen(
+                handed.argv(*flags, "sleep", "60"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=handed.env(),
+            )
+            try:
+                assert wait_until(lambda: bool(list(state_dir.glob("*.lease"))), 30)
+                waited = {
+                    path: handed.run(*flags, "echo", "never", **env)
+                    for path, env in (("handed", {}), ("full", {"SBXKIT_HANDOFF": "off"}))
+                }
+            finally:
+                holder.send_signal(signal.SIGTERM)
+                holder.wait(30)
+        paths = handed.trace.read_text().splitlines()
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+    # Each command traces its path as it ends: the two waiting runs, then the holder.
+    assert paths == ["handed off", "full path: SBXKIT_HANDOFF is off", "handed off"]
+    handed_run, full_run = waited["handed"], waited["full"]
+    assert (handed_run.returncode, full_run.returncode) == (75, 75), handed_run.stderr
+    assert b"waited 1 s for capacity" in handed_run.stderr
+    assert handed_run.stderr == full_run.stderr
+    assert handed_run.stdout == full_run.stdout
+    assert json.loads(handed_run.stdout)["error"]["type"] == "AdmissionTimeout"
