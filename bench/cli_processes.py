@@ -136,8 +136,8 @@ class CliBench:
         flags = ["--network", "none", "--cpus", CPUS, "--memory", MEMORY, "--pids-limit", PIDS]
         return [self.docker, "run", "--rm", *flags, *self.label(contender), self.image]
 
-    async def sbxkit_once(self, argv: list[str], *, pooled: bool) -> None:
-        """One ``sbxkit run … echo MARKER``: exit 0, the marker back, claimed when ``pooled``."""
+    async def _echo(self, argv: list[str]) -> tuple[subprocess.CompletedProcess[bytes], str]:
+        """``argv echo MARKER`` as a process, and the marker."""
         marker = secrets.token_hex(8)
         done = await trio.run_process(
             [*argv, "echo", marker],
@@ -146,6 +146,11 @@ class CliBench:
             env=self.env,
             check=False,
         )
+        return done, marker
+
+    async def sbxkit_once(self, argv: list[str], *, pooled: bool) -> None:
+        """One ``sbxkit run … echo MARKER``: exit 0, the marker back, claimed when ``pooled``."""
+        done, marker = await self._echo(argv)
         if done.returncode != 0:
             raise RuntimeError(f"sbxkit run exited {done.returncode}: {done.stderr!r}")
         doc: dict[str, Any] = json.loads(done.stdout)
@@ -154,14 +159,7 @@ class CliBench:
         self.pending.add(doc["container_id"])
 
     async def docker_once(self, argv: list[str]) -> None:
-        marker = secrets.token_hex(8)
-        done = await trio.run_process(
-            [*argv, "echo", marker],
-            capture_stdout=True,
-            capture_stderr=True,
-            env=self.env,
-            check=False,
-        )
+        done, marker = await self._echo(argv)
         if done.returncode != 0 or done.stdout != (marker + "\n").encode():
             raise RuntimeError(f"docker run exited {done.returncode}: {done.stderr!r}")
 

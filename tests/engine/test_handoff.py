@@ -58,6 +58,16 @@ class Handed:
             check=False,
         )
 
+    def start(self, *flags: str) -> subprocess.Popen[bytes]:
+        """``sbxkit run SMALL flags`` in the background, its output discarded."""
+        return subprocess.Popen(
+            self.argv(*flags),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env(),
+        )
+
     def last_path(self) -> str:
         return self.trace.read_text().splitlines()[-1]
 
@@ -222,13 +232,7 @@ def test_a_command_line_killed_mid_run_leaves_nothing(
 ) -> None:
     label = unique("killed")
     flags = ["--socket", handed.witness.socket_path, "--label", f"{LABEL}={label}", busybox, "--"]
-    proc = subprocess.Popen(
-        handed.argv(*flags, "sleep", "60"),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=handed.env(),
-    )
+    proc = handed.start(*flags, "sleep", "60")
     try:
         assert wait_until(
             lambda: any(
@@ -258,13 +262,7 @@ def test_a_run_that_waited_for_capacity_reports_its_timeout_as_the_full_path_doe
     try:
         with running_supervisor(state_dir, "--persistent", *budget) as supervisor:
             handed = Handed(supervisor, witness)
-            holder = subprocess.Popen(
-                handed.argv(*flags, "sleep", "60"),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=handed.env(),
-            )
+            holder = handed.start(*flags, "sleep", "60")
             try:
                 assert wait_until(lambda: bool(list(state_dir.glob("*.lease"))), 30)
                 waited = {
