@@ -16,7 +16,10 @@ The curated public surface. Everything else is importable but undocumented and m
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # not ``typing``'s: ``python -m sbxkit`` and the CLI's hand-off skip it
+if TYPE_CHECKING:
+    from typing import Any
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking

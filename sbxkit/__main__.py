@@ -1,3 +1,3 @@
-from sbxkit.cli import main
+from sbxkit.handoff.client import main  # `sbxkit run` handed to the supervisor, else the CLI
 
 main()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import msgspec
 import trio
 
+from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.result import RunResult
 from sbxkit.runner import run
@@ -130,7 +131,10 @@ async def _run_all(engine: Engine, image: str, token: str) -> list[tuple[Check, 
             limits=limits,
             labels={DEMO_LABEL: token},
         )
-        results[index] = (check, await run(spec, check.stdin, engine=engine))
+        # Waits for each removal: a run on the kernel path returns at the payload's exit, and
+        # the count of containers left behind below must not catch one being removed.
+        backend = DockerBackend(engine=engine, wait_for_removal=True)
+        results[index] = (check, await run(spec, check.stdin, backend=backend))
 
     limiter = trio.CapacityLimiter(2)
 

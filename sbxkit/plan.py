@@ -13,7 +13,6 @@ grants, the harness) takes a ``Plan`` or a ``CheckedSpec`` and never validates a
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import msgspec
 from sbxkit.call_checks import check_spec_type
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
+from sbxkit.environment import caller_environ, caller_environ_bytes
 from sbxkit.errors import ImageError, NotFound, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.scripts import kernel_io
@@ -114,27 +114,30 @@ def effective_settings(settings: Settings | None) -> Settings:
     overlap it, whichever supervisor owns the sandbox), the raw ``SBXKIT_ENV`` and
     ``SBXKIT_LABELS``.
 
-    This is the one place ``SBXKIT_ENV`` is read, as bytes: the pure rules parse it only when
-    a decision depends on it (bridge networking), so a bad value breaks only what it governs.
+    The variables are this process's, or the caller's of a run handed to the supervisor
+    (``sbxkit/environment.py``). This is the one place ``SBXKIT_ENV`` is read, as bytes: the
+    pure rules parse it only when a decision depends on it (bridge networking), so a bad value
+    breaks only what it governs.
     """
     settings = settings or Settings()
     if settings.supervisor_state_dir is None:
         state_dir = str(default_state_dir())
         settings = msgspec.structs.replace(settings, supervisor_state_dir=state_dir)
+    environ = caller_environ()  # os.environ, or the caller's a handed-off run was sent with
     if settings.environment is None:
-        raw = os.environb.get(b"SBXKIT_ENV")
+        raw = caller_environ_bytes("SBXKIT_ENV")
         if raw is not None:
             settings = msgspec.structs.replace(settings, environment=raw)
-    evidence = os.environ.get("SBXKIT_EVIDENCE", "").strip().lower()
+    evidence = environ.get("SBXKIT_EVIDENCE", "").strip().lower()
     if settings.evidence == "auto" and evidence:
         if evidence not in ("auto", "daemon"):
             raise SpecError("SBXKIT_EVIDENCE", f"must be auto or daemon, got {evidence!r}")
         settings = msgspec.structs.replace(settings, evidence=evidence)
-    audit_log = os.environ.get("SBXKIT_NETWORK_AUDIT_LOG", "").strip()
+    audit_log = environ.get("SBXKIT_NETWORK_AUDIT_LOG", "").strip()
     if settings.network_audit_log is None and audit_log:
         settings = msgspec.structs.replace(settings, network_audit_log=audit_log)
-    if not settings.labels and os.environ.get("SBXKIT_LABELS", "").strip():
-        labels = parse_label_list(os.environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
+    if not settings.labels and environ.get("SBXKIT_LABELS", "").strip():
+        labels = parse_label_list(environ["SBXKIT_LABELS"], "SBXKIT_LABELS")
         settings = msgspec.structs.replace(settings, labels=labels)
     return settings
 

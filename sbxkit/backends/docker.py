@@ -29,6 +29,7 @@ from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.host import kernel_path_reason, shellless_images
 from sbxkit.kernel.run import NotAlive, run_on_fifos
+from sbxkit.kernel.supervise import KernelSupervise, supervise_kernel
 from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
 from sbxkit.network.terms import Network
 from sbxkit.owned import OwnedContainer, owned_container
@@ -96,6 +97,10 @@ class DockerBackend:
         self.wait_for_removal = wait_for_removal
         """Return a run on the kernel path only once its container is confirmed removed (as
         on the daemon's path), not at the payload's exit."""
+        self.kernel_supervise: KernelSupervise = supervise_kernel
+        """Who watches a one-shot run on the kernel path (stdin, output, the time limit, the
+        exit): this process; a run ``sbxkit run`` handed to the supervisor is watched by the
+        command line, which gets the sandbox's ends (``sbxkit.handoff``)."""
         self._opened: contextlib.AsyncExitStack | None = None
 
     async def preflight(self) -> None:
@@ -199,7 +204,7 @@ class DockerBackend:
             if not fifo_io:
                 ran = await run_attached(box, stdin, on_output)
             else:
-                ran = await run_on_fifos(box, stdin, on_output)
+                ran = await run_on_fifos(box, stdin, on_output, self.kernel_supervise)
             denials = await box.denials()
             # The payload exited: its PID namespace is gone, nothing of it runs. The owner
             # removes the container; we return now. A timeout or an overflow still has a

@@ -16,6 +16,11 @@ from sbxkit.settings import Settings
 from sbxkit.supervisor.client import QueueObserver
 
 
+def held_pool(pool: PoolOptions) -> HeldPool:
+    """``--pool N`` (or a profile's ``[sandbox.docker.pool]``) as the supervisor's pool terms."""
+    return HeldPool(size=pool.size, idle_ttl_s=pool.idle_ttl, max_timeout_s=pool.max_timeout)
+
+
 def cli_backend(
     profile: Profile | None,
     *,
@@ -36,9 +41,8 @@ def cli_backend(
     """
     options = sandbox_options(profile) if profile is not None else None
     if options is None and pool is not None:
-        held = HeldPool(size=pool.size, idle_ttl_s=pool.idle_ttl, max_timeout_s=pool.max_timeout)
         return PooledBackend(
-            pool=held,
+            pool=held_pool(pool),
             socket_path=socket_path,
             settings=settings,
             on_queued=on_queued,

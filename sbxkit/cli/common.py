@@ -159,10 +159,15 @@ class Parser(argparse.ArgumentParser):
 
 def print_json_error(kind: str, message: str, field: str | None, code: int) -> None:
     """``--json``'s answer on an error: one object, ``error`` set, on stdout."""
+    sys.stdout.write(json_error(kind, message, field, code) + "\n")
+    sys.stdout.flush()
+
+
+def json_error(kind: str, message: str, field: str | None, code: int) -> str:
+    """``--json``'s error object (``print_json_error``; a handed-off run's ``RunError``)."""
     message, field = _printable(message), None if field is None else _printable(field)
     doc = {"error": {"type": kind, "message": message, "field": field}, "exit_status": code}
-    sys.stdout.write(msgspec.json.encode(doc).decode() + "\n")
-    sys.stdout.flush()
+    return msgspec.json.encode(doc).decode()
 
 
 def _printable(text: str) -> str:

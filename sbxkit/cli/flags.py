@@ -5,7 +5,6 @@ positional."""
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ import msgspec
 
 from sbxkit.argtypes import ascii_float, ascii_int
 from sbxkit.cli.common import subcommand_parser
+from sbxkit.environment import caller_environ
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
 from sbxkit.network.terms import CallbackTls, Network
@@ -47,12 +47,13 @@ def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
 def _env(pairs: Sequence[str]) -> dict[str, str]:
     """``K=V`` sets a value; a bare ``K`` passes the host's value, by name only."""
     env: dict[str, str] = {}
+    host = caller_environ()  # this process's, or a handed-off run's caller's (sbxkit.handoff)
     for item in pairs:
         key, eq, value = item.partition("=")
         if not eq:
-            if key not in os.environ:
+            if key not in host:
                 raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
-            value = os.environ[key]
+            value = host[key]
         env[key] = value
     return env
 

@@ -17,6 +17,7 @@ from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import cancel_on_signals, exit_code_for, to_json
 from sbxkit.cli.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SpecError
+from sbxkit.handoff.notice import WaitingNotice
 from sbxkit.plan import CheckedSpec
 from sbxkit.profile import PoolOptions, Profile, load_profile, profile_settings
 from sbxkit.result import RunResult
@@ -82,22 +83,6 @@ async def run_interruptibly(
     return await cancel_on_signals(once)
 
 
-class WaitingNotice:
-    """Says on a terminal that the run waits for capacity, once it has waited a second, and
-    again whenever its place in the queue changes."""
-
-    AFTER_S = 1.0
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.told: int | None = None
-
-    def __call__(self, ahead: int, waited_s: float) -> None:
-        if waited_s >= self.AFTER_S and ahead != self.told:
-            self.told = ahead
-            print(f"sbxkit: waiting for capacity: {ahead} ahead", file=self.stream, flush=True)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile) if args.profile is not None else None
     spec = spec_from_args(args, profile)
@@ -118,11 +103,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
-        if result.status != "exited":
-            detail = f" ({result.overflowed})" if result.overflowed else ""
-            print(f"sbxkit: {result.status.replace('_', ' ')}{detail}", file=sys.stderr)
+        notice = status_notice(result)
+        if notice is not None:
+            print(notice, file=sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
+
+
+def status_notice(result: RunResult) -> str | None:
+    """What ``sbxkit run`` says on stderr after the payload's own, when it did not simply
+    exit: ``sbxkit: timed out``, ``sbxkit: output exceeded (stdout)`` ..."""
+    if result.status == "exited":
+        return None
+    detail = f" ({result.overflowed})" if result.overflowed else ""
+    return f"sbxkit: {result.status.replace('_', ' ')}{detail}"
 
 
 def run_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions | None:

@@ -25,7 +25,13 @@ from sbxkit.errors import SbxError
 from sbxkit.kernel.fifos import open_host_ends
 from sbxkit.kernel.init import ContainerInit, InitUnverified
 from sbxkit.kernel.scripts import GO_LINE
-from sbxkit.kernel.supervise import Exited, KernelIO, NotAlive, supervise_kernel
+from sbxkit.kernel.supervise import (
+    Exited,
+    KernelIO,
+    KernelSupervise,
+    NotAlive,
+    supervise_kernel,
+)
 from sbxkit.outcome import SIGNAL_EXIT_BASE, Verdict
 from sbxkit.owned import OwnedContainer
 from sbxkit.result import Evidence
@@ -146,15 +152,19 @@ async def _daemon_saw_exit(engine: Engine, container_id: str) -> None:
 
 
 async def run_on_fifos(
-    box: OwnedContainer, stdin: StdinSource | None, on_output: OutputCallback | None = None
+    box: OwnedContainer,
+    stdin: StdinSource | None,
+    on_output: OutputCallback | None = None,
+    supervise: KernelSupervise = supervise_kernel,
 ) -> Ran:
     """Run the box's command once on the kernel path; the time limit starts once the shell
-    said it runs (the payload starts at the go line). ``NotAlive``: it never ran."""
+    said it runs (the payload starts at the go line). ``NotAlive``: it never ran.
+    ``supervise`` watches the run (this process, unless the run was handed off)."""
     clock = trio.current_time
     t_start = clock()
     async with started_on_fifos(box) as (io, exited, evidence):
         t_run = clock()
-        outcome = await supervise_kernel(
+        outcome = await supervise(
             io, exited, GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output
         )
         run_s = clock() - t_run

@@ -25,7 +25,7 @@ from sbxkit.output import OutputCapture
 from sbxkit.stdin import StdinSource, write_stdin
 from sbxkit.unwrap import plain_async
 
-__all__ = ["Exited", "KernelIO", "NotAlive", "supervise_kernel"]
+__all__ = ["Exited", "KernelIO", "KernelSupervise", "NotAlive", "supervise_kernel"]
 
 Exited = Callable[[], Awaitable[int]]
 """Waits for the sandbox's init to exit; its status as Docker spells it."""
@@ -144,3 +144,12 @@ async def supervise_kernel(
     if timer.cancelled_caught and outcome.status == "exited" and outcome.exit_code is None:
         outcome.status = "timed_out"
     return outcome
+
+
+KernelSupervise = Callable[
+    [KernelIO, Exited, bytes, StdinSource | None, int, float, OutputCallback | None],
+    Awaitable[Outcome],
+]
+"""Who watches a run on the kernel path once its sandbox waits for ``line``: this process
+(``supervise_kernel``), or — for ``sbxkit run`` handed to the supervisor — the command line,
+which gets the FIFO ends and the init's pidfd (``sbxkit.handoff``)."""

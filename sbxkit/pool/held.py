@@ -37,7 +37,7 @@ from sbxkit.errors import SbxError, SpecError
 from sbxkit.kernel.fifos import HostEnds
 from sbxkit.kernel.host import kernel_path_reason
 from sbxkit.kernel.init import ContainerInit
-from sbxkit.kernel.supervise import Exited, KernelIO
+from sbxkit.kernel.supervise import Exited, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.owned import OwnedContainer
 from sbxkit.plan import (
@@ -159,6 +159,7 @@ class PooledBackend(DockerBackend):
                 on_output,
                 t_asked,
                 pool,
+                self.kernel_supervise,
             )
 
     async def warm(self, spec: SandboxSpec | CheckedSpec, *, wait_s: float = 30.0) -> int:
@@ -308,11 +309,15 @@ async def _hand_over(engine: Engine, owner: SupervisedOwner, claimed: Claimed, l
 
 @asynccontextmanager
 async def claimed_transport(
-    engine: Engine, owner: SupervisedOwner, claimed: Claimed
+    engine: Engine,
+    owner: SupervisedOwner,
+    claimed: Claimed,
+    supervise: KernelSupervise = supervise_kernel,
 ) -> AsyncIterator[ClaimTransport]:
     """The claimed container's transport: its FIFO ends (and init) as they came with the
     claim, or — on the daemon's path — an attach and a ``wait`` registered now (it is parked:
-    nothing has happened yet). Closed when the block ends."""
+    nothing has happened yet). Closed when the block ends. ``supervise`` watches a run on the
+    FIFOs (this process, unless the run was handed off)."""
     container_id = claimed.container_id
     transport: ClaimTransport
     fds = owner.claimed_fds(claimed.lease)
@@ -328,7 +333,7 @@ async def claimed_transport(
             async def exited() -> int:
                 return (await waiter.result()).status_code
 
-        transport = FifoTransport(io, exited, claimed.evidence, engine, container_id)
+        transport = FifoTransport(io, exited, claimed.evidence, engine, container_id, supervise)
     else:
         attach = await engine.container_attach(container_id, stdin=True)
         try:
@@ -352,6 +357,7 @@ async def _run_on_claimed(
     on_output: OutputCallback | None,
     t_asked: float,
     pool: HeldPool,
+    supervise: KernelSupervise,
 ) -> RunResult:
     """Write the claim line and stdin, supervise, judge — on the claim's own transport; then
     hand the lease back (Close) however it ended."""
@@ -366,7 +372,7 @@ async def _run_on_claimed(
         )
 
     try:
-        async with claimed_transport(engine, owner, claimed) as transport:
+        async with claimed_transport(engine, owner, claimed, supervise) as transport:
             t_claim = clock()
             ran = await transport.run(
                 line, stdin, limits.output_bytes, limits.timeout_s, on_output, judge

@@ -13,14 +13,14 @@ Either way the claim line is the same (``line.py``), and so are the caps, the ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sbxkit.attached import Outcome, OutputCallback, supervise
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.kernel.run import Judge, kernel_verdict
-from sbxkit.kernel.supervise import Exited, KernelIO, supervise_kernel
+from sbxkit.kernel.supervise import Exited, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit.outcome import Verdict
 from sbxkit.result import Evidence
 from sbxkit.stdin import Prefixed, StdinSource
@@ -93,6 +93,8 @@ class FifoTransport:
     evidence: Evidence
     engine: Engine
     container_id: str
+    supervise: KernelSupervise = field(default=supervise_kernel)
+    """Who watches the run (this process, unless the run was handed off: sbxkit.handoff)."""
 
     async def run(
         self,
@@ -103,7 +105,7 @@ class FifoTransport:
         on_output: OutputCallback | None,
         judge: Judge,
     ) -> Claimed:
-        outcome = await supervise_kernel(
+        outcome = await self.supervise(
             self.io, self.exited, line, stdin, output_bytes, timeout_s, on_output
         )
         verdict, code, evidence = await kernel_verdict(

@@ -29,10 +29,10 @@ from sbxkit.network.planning import managed_gateway_problem
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
+    Caller,
     Intent,
     LaunchSlot,
     LiveLease,
-    Peer,
     Replies,
     first_of,
     log,
@@ -83,7 +83,9 @@ class Admitting(Leases):
             return "lease id already in use"
         return None
 
-    async def _recheck(self, peer: Peer, register: Register) -> tuple[RefusalCode, str, str] | None:
+    async def _recheck(
+        self, peer: Caller, register: Register
+    ) -> tuple[RefusalCode, str, str] | None:
         """The second line of defence: the socket the caller names, then the body's invariants
         (recheck.py); (code, field, reason) of the first refusal."""
         refusal = self._socket_refusal(register)
@@ -191,7 +193,7 @@ class Admitting(Leases):
             return "unsafe or malformed supervisor state blocks new execution: " + "; ".join(found)
         return None
 
-    async def _admit(self, peer: Peer, register: Register, intent: Intent) -> LiveLease | None:
+    async def _admit(self, peer: Caller, register: Register, intent: Intent) -> LiveLease | None:
         storage = await self._storage_problem()
         if storage is not None:
             await self._refuse(peer, "storage", storage)
@@ -257,7 +259,9 @@ class Admitting(Leases):
     def _make_room(self, need: Need) -> None:
         """A request must wait: let idle holders of capacity go (``pooling.py``)."""
 
-    async def _wait_for_admission(self, peer: Peer, lease: str, need: Need, intent: Intent) -> bool:
+    async def _wait_for_admission(
+        self, peer: Caller, lease: str, need: Need, intent: Intent
+    ) -> bool:
         """Wait in the FIFO until admitted (True), or until the caller leaves or the admission
         deadline passes (False; answered). Nothing is journaled for a waiting request."""
         self.admission.enqueue(lease, need)
@@ -307,7 +311,7 @@ class Admitting(Leases):
         return False
 
     async def _wait_for_launch_slot(
-        self, peer: Peer, lease: str, slot: LaunchSlot, intent: Intent
+        self, peer: Caller, lease: str, slot: LaunchSlot, intent: Intent
     ) -> Literal["held", "left", "timeout"]:
         """Creates and starts in flight are bounded; waiting here is queueing too: after a
         second without a slot the caller hears ``Queued`` (``ahead``: the leases waiting for a
@@ -340,7 +344,7 @@ class Admitting(Leases):
         return "held" if slot.held else "timeout"
 
     async def _register(
-        self, peer: Peer, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
+        self, peer: Caller, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
     ) -> LiveLease | None:
         """Journal the admitted lease (fsync'd) before anything reaches the daemon."""
         live = await self._journal_lease(register, peer, intent)

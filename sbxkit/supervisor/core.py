@@ -24,9 +24,9 @@ from sbxkit.supervisor.config import Config
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import Journal, StateDir
 from sbxkit.supervisor.lease import (
+    Caller,
     Intent,
     LiveLease,
-    Peer,
 )
 from sbxkit.supervisor.recheck import allowed_engine_sockets
 from sbxkit.supervisor.records import LeaseRecord
@@ -76,7 +76,7 @@ class ServiceCore:
             engine = self.engines[socket_path] = await connect(socket_path)
         return engine
 
-    async def _refuse(self, peer: Peer, code: str, reason: str) -> None:
+    async def _refuse(self, peer: Caller, code: str, reason: str) -> None:
         await peer.send(Refused(code=code, reason=reason))  # type: ignore[arg-type]
 
     def _pump(self) -> None:

@@ -1,10 +1,24 @@
-"""The implementation fingerprint exchanged in the supervisor handshake."""
+"""What the supervisor handshake exchanges: the protocol version and the implementation
+fingerprint (standard library only: ``sbxkit run``'s hand-off sends them from a process that
+loads nothing else)."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from pathlib import Path
+import os
+
+TYPE_CHECKING = False  # typing is not loaded here
+if TYPE_CHECKING:
+    from hashlib import sha256
+else:
+    try:  # the built-in sha256: no OpenSSL to load in a process that lives for one run
+        from _sha256 import sha256
+    except ImportError:  # pragma: no cover - built elsewhere (3.12: _sha2)
+        from hashlib import sha256
+
+__all__ = ["PROTOCOL_VERSION", "SOURCES", "implementation_fingerprint"]
+
+PROTOCOL_VERSION = 6
+"""Bumped with every change to the messages (``wire.py``) or their meaning."""
 
 # The sources that define supervision behaviour: a helper built from other revisions of these
 # is refused, so an upgrade cannot silently mix two lease protocols.
@@ -18,15 +32,24 @@ SOURCES = (
     "engine/models.py",
     "network/terms.py",  # NetworkTerms and Denial travel in Register and Denials
     "network/audit.py",
+    "handoff/client.py",  # the command line's side of Run, RunStarted, RunEnded ...
+    "handoff/serve.py",
 )
 
 
-@functools.cache
+_COMPUTED: list[str] = []
+
+
 def implementation_fingerprint() -> str:
-    """sha256 (truncated to 128 bits) over ``SOURCES``; the same tree gives the same value."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
+    """sha256 (truncated to 128 bits) over ``SOURCES``; the same tree gives the same value
+    (computed once per process)."""
+    if _COMPUTED:
+        return _COMPUTED[0]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = sha256()
     for relative in SOURCES:
         digest.update(relative.encode() + b"\0")
-        digest.update((root / relative).read_bytes())
-    return digest.hexdigest()[:32]
+        with open(os.path.join(root, relative), "rb") as source:
+            digest.update(source.read())
+    _COMPUTED.append(digest.hexdigest()[:32])
+    return _COMPUTED[0]

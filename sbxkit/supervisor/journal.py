@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import trio
 
+from sbxkit.supervisor.address import state_dir_text
 from sbxkit.supervisor.records import (
     RECORD_SUFFIX,
     LeaseRecord,
@@ -45,10 +46,9 @@ T = TypeVar("T")
 
 
 def default_state_dir() -> Path:
-    configured = os.environ.get("SBXKIT_STATE_DIR", "").strip()
-    if configured:
-        return Path(configured)
-    return Path.home() / ".sbxkit" / "leases"
+    """``SBXKIT_STATE_DIR``, else ``~/.sbxkit/leases`` (``address.py``: the hand-off finds its
+    supervisor by the same rule)."""
+    return Path(state_dir_text())
 
 
 def check_state_dir(path: Path, *, create: bool) -> Path:

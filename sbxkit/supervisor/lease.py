@@ -88,6 +88,14 @@ class Replies(Protocol):
     async def send(self, message: Message) -> None: ...
 
 
+class Caller(Replies, Protocol):
+    """Who asked for a lease's admission: a client connection (``Peer``), or — for a run
+    handed to this supervisor (sbxkit/handoff) — this process itself. ``last_payload`` is the
+    raw request as it came (the re-check reads fields the struct would drop)."""
+
+    last_payload: bytes
+
+
 class NoPeer:
     """A parked pool container has no caller yet: its answers go nowhere until a claim."""
 

@@ -113,32 +113,47 @@ class Pooling(Admitting):
 
     async def _claim(self, peer: Peer, claim: Claim) -> LiveLease | None:
         """Answer a Claim: the claimed lease (now the peer's), or None (answered otherwise)."""
+        taken = await self._take(claim, peer.last_payload)
+        if not isinstance(taken, LiveLease):
+            await peer.send(taken)
+            return None
+        live = taken
+        live.peer = peer
+        claimed, fds = claimed_message(live)
+        if fds:  # the kernel path: its ends go to the claimer, never its output or exit
+            await peer.send_with_fds(claimed, fds)
+        else:
+            await peer.send(claimed)
+        live.claimed.set()  # parking ends: this supervisor's copies of the ends are closed
+        return live
+
+    async def _take(self, claim: Claim, payload: bytes | None) -> LiveLease | Refused | Unclaimed:
+        """Take a parked container of the claim's shape (its new lifetime set); else the answer
+        that says why not. The caller hands the lease over and sets ``live.claimed``: a Claim's
+        connection (``_claim``), or a run handed to this supervisor (sbxkit/handoff).
+        ``payload``: the raw Claim as it came (its template's body is checked for fields
+        sbxkit's policy never sets); None for a Claim this process made itself."""
         problem = template_problem(claim)
-        if problem is None:
-            problem = _unknown_template_field(peer.last_payload)
+        if problem is None and payload is not None:
+            problem = _unknown_template_field(payload)
         if problem is not None:
-            await peer.send(Refused(code="request", reason=problem, field="template"))
-            return None
+            return Refused(code="request", reason=problem, field="template")
         if self.stopping:
-            await peer.send(Unclaimed(reason="the supervisor is stopping"))
-            return None
+            return Unclaimed(reason="the supervisor is stopping")
         key = shape_key(claim)
         pool = self.pools.get(key)
         now = trio.current_time()
         if pool is None and claim.mode == "end":
-            await peer.send(Unclaimed(reason="no pool of this shape is held"))
-            return None
+            return Unclaimed(reason="no pool of this shape is held")
         if pool is None:
             if len(self.pools) >= MAX_SHAPES:
-                await peer.send(Unclaimed(reason=f"{MAX_SHAPES} pools are held already"))
-                return None
+                return Unclaimed(reason=f"{MAX_SHAPES} pools are held already")
             pool = self.pools[key] = ShapePool(key, claim, now)
             self.nursery.start_soon(self._keep_pool, pool)
             log(f"pool {key[:12]}: started (size {claim.terms.size})")
         if claim.mode == "end":
             await self._end_pool(pool)
-            await peer.send(Unclaimed(reason="the pool ended; its parked containers are removed"))
-            return None
+            return Unclaimed(reason="the pool ended; its parked containers are removed")
         pool.claim, pool.last_claim = claim, now  # the latest terms hold
         self._fill(pool)  # a new pool's first parks start now: this claim may wait for one
         pool.wanted.set()
@@ -147,9 +162,7 @@ class Pooling(Admitting):
             live = await pool.parking.take_or_wait(lambda: pool.ended or pool.error is not None)
         if live is None:
             reason = "nothing parked of this shape yet; the pool is filling"
-            await peer.send(Unclaimed(reason=reason, parked=len(pool.parked), problem=pool.error))
-            return None
-        live.peer = peer
+            return Unclaimed(reason=reason, parked=len(pool.parked), problem=pool.error)
         # However long it was parked, the claimed run keeps the lifetime its claim implies.
         lifetime_s = claimed_lifetime(claim)
         live.lifetime_deadline = trio.current_time() + lifetime_s
@@ -158,17 +171,6 @@ class Pooling(Admitting):
         )
         self.records[live.record.lease] = live.record
         self.nursery.start_soon(self._journal_later, live.record)  # off the claim's path
-        container_id = live.record.container_id or ""
-        claimed = Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
-        if live.parked_io is None:
-            await peer.send(claimed)
-        else:  # the kernel path: its ends go to the claimer, never its output or exit
-            fds = live.parked_io.fds()
-            claimed = msgspec.structs.replace(
-                claimed, fds=len(fds), evidence=live.parked_io.evidence
-            )
-            await peer.send_with_fds(claimed, fds)
-        live.claimed.set()  # parking ends: this supervisor's copies of the ends are closed
         return live
 
     async def _journal_later(self, record: LeaseRecord) -> None:
@@ -493,6 +495,18 @@ class Pooling(Admitting):
     async def _recheck_body(self, register: Register) -> tuple[str, str] | None:
         refusal = await self._recheck_register(register)
         return None if refusal is None else (refusal[1], refusal[2])
+
+
+def claimed_message(live: LiveLease) -> tuple[Claimed, list[int]]:
+    """The ``Claimed`` a taken lease is handed over with, and the ends that ride with it (the
+    kernel path's: stdin, stdout, stderr, the init's pidfd when held; [] on the daemon's)."""
+    container_id = live.record.container_id or ""
+    claimed = Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
+    if live.parked_io is None:
+        return claimed, []
+    fds = live.parked_io.fds()
+    claimed = msgspec.structs.replace(claimed, fds=len(fds), evidence=live.parked_io.evidence)
+    return claimed, fds
 
 
 def _unknown_template_field(payload: bytes) -> str | None:

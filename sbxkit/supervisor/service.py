@@ -24,6 +24,7 @@ worker thread), one handler per connection, one lease task per live lease, ``_re
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -66,6 +67,7 @@ from sbxkit.supervisor.wire import (
     Register,
     Report,
     Retire,
+    Run,
     Started,
     Welcome,
     WireError,
@@ -137,6 +139,11 @@ class Service(Pooling, Recovery):
             return
         if isinstance(register, EndPools):
             await peer.send(await self.end_pools(register.shape))
+            return
+        if isinstance(register, Run):
+            from sbxkit.handoff.serve import serve_run  # the CLI's parser: see _load_handoff
+
+            await serve_run(self, peer, register)
             return
         if isinstance(register, Claim):
             claimed = await self._claim(peer, register)
@@ -284,6 +291,7 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             if not config.persistent:
                 nursery.start_soon(service._idle_exit, nursery.cancel_scope)
             nursery.start_soon(service._stop_on_signal, nursery.cancel_scope)
+            nursery.start_soon(_load_handoff)
             await trio.serve_listeners(service.handle, [trio.SocketListener(listener)])
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -292,6 +300,13 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             with trio.CancelScope(shield=True):
                 await engine.aclose()
     return 0
+
+
+async def _load_handoff() -> None:
+    """Load what serves ``sbxkit run``'s hand-off (the CLI's parser, the planning) in a worker
+    thread once the socket listens: the first run handed off does not wait for the imports,
+    and nothing else here is held up by them on the event loop."""
+    await trio.to_thread.run_sync(importlib.import_module, "sbxkit.handoff.serve")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,10 +14,10 @@ import stat
 from pathlib import Path
 from typing import Literal
 
+from sbxkit.supervisor.address import SOCKET_NAME
 from sbxkit.supervisor.records import RECORD_SUFFIX, StorageError
 
 LOCK_NAME = "supervisor.lock"
-SOCKET_NAME = "supervisor.sock"
 LOG_NAME = "supervisor.log"
 TEMP_PREFIX = ".tmp-"
 

@@ -35,6 +35,21 @@ docs/pool.md):
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
 
+``sbxkit run`` may hand its whole run to the supervisor (sbxkit/handoff, docs/operations.md):
+the supervisor parses its argv with the CLI's own parser, plans, claims or creates, starts
+the sandbox on its FIFOs, and hands the command line the FIFO ends and the init's pidfd;
+the command line feeds stdin and reads output itself, and asks for the verdict:
+
+    Hello, Run(argv, state_dir, env, …) ─►
+                                     ◄─     Queued …  (while it waits for capacity)
+                                     ◄─     RunDeclined (nothing ran: the full path runs it)
+                                          | RunError (an error to print as it is)
+                                          | RunStarted(line, caps, …) + the ends (SCM_RIGHTS)
+    RunEnded(status, byte counts)    ─►     (the verdict; removal, waited for when sbxkit
+                                     ◄─      killed the payload)  RunReport | RunError
+    RunCancel(signal)                ─►     (at any point: removal first)
+                                     ◄─     RunInterrupted | RunError
+
 An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
 (answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
 
@@ -57,8 +72,8 @@ from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 from sbxkit.network.audit import Denial
 from sbxkit.network.terms import NetworkTerms
+from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
 
-PROTOCOL_VERSION = 5
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
@@ -150,6 +165,38 @@ class Claim(Message, tag="claim"):
     """The claimed run's own lifetime (its time limit and the margin), counted from the claim,
     at most the template's; None: the template's. However long the container was parked, the
     claimed run keeps the lifetime its own claim implies."""
+
+
+class Run(Message, tag="run"):
+    """``sbxkit run`` handed to the supervisor (instead of Register; sbxkit/handoff).
+
+    ``argv`` is the command line after ``sbxkit`` (it starts with ``run``), parsed here by the
+    CLI's own parser. ``env`` holds the caller's variables the run is judged under (those the
+    planning reads, those ``--env NAME`` names, those that find the daemon); ``state_dir`` is
+    where the caller found this supervisor. ``json`` and ``stdin`` are what the caller's quick
+    scan of argv found: the run is declined unless the parse agrees."""
+
+    argv: list[str]
+    state_dir: str
+    env: dict[str, str]
+    json: bool
+    stdin: str | None = None
+
+
+class RunEnded(Message, tag="run_ended"):
+    """The handed-off run's payload ended, as the command line saw it on its FIFOs and the
+    init's pidfd (or its time limit or an output cap ended it): judge it."""
+
+    status: Literal["exited", "timed_out", "output_exceeded"]
+    stdout_bytes: int
+    stderr_bytes: int
+    overflowed: Literal["stdout", "stderr"] | None = None
+
+
+class RunCancel(Message, tag="run_cancel"):
+    """The command line got ``signal`` (SIGINT, SIGTERM): remove the sandbox, then answer."""
+
+    signal: int
 
 
 class Recover(Message, tag="recover"):
@@ -260,6 +307,55 @@ class Denials(Message, tag="denials"):
     dropped: int = 0
 
 
+class RunDeclined(Message, tag="run_declined"):
+    """The handed-off run is not served here (an option the hand-off does not take, a refusal,
+    the daemon's path ...): nothing of its payload ran; the command line runs it itself."""
+
+    reason: str
+
+
+class RunStarted(Message, tag="run_started"):
+    """The sandbox waits for ``line`` on its stdin (the go line, or a pool's claim line):
+    its ends ride with this message (``SCM_RIGHTS``: stdin, stdout, stderr, the init's pidfd).
+    The command line writes ``line`` then its stdin, keeps ``output_bytes`` per stream, ends
+    the run after ``timeout_s``, and drains output at most ``drain_s`` after the exit. Should
+    this supervisor be gone before the verdict, it prints ``lost_stderr`` (and ``lost_json``
+    under ``--json``) and exits ``lost_status``."""
+
+    lease: str
+    line: bytes
+    output_bytes: int
+    timeout_s: float
+    drain_s: float
+    fds: int
+    lost_status: int
+    lost_stderr: str
+    lost_json: str | None = None
+
+
+class RunReport(Message, tag="run_report"):
+    """The handed-off run's result: the exit status, the ``--json`` document (its ``stdout``
+    and ``stderr`` empty: the command line puts its own output there), and the line said after
+    the payload's stderr (``sbxkit: timed out``), if any."""
+
+    exit_status: int
+    json: str | None = None
+    notice: str | None = None
+
+
+class RunError(Message, tag="run_error"):
+    """The handed-off run failed as ``sbxkit run`` reports failures: ``stderr`` to print,
+    ``json`` (under ``--json``) to print on stdout, and the exit status."""
+
+    exit_status: int
+    stderr: str
+    json: str | None = None
+
+
+class RunInterrupted(Message, tag="run_interrupted"):
+    """The answer to RunCancel: the sandbox is removed (or was never created)."""
+
+
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
@@ -332,6 +428,9 @@ ClientMessage = (
     | Retire
     | ListPools
     | EndPools
+    | Run
+    | RunEnded
+    | RunCancel
 )
 ServerMessage = (
     Welcome
@@ -349,6 +448,11 @@ ServerMessage = (
     | Orphaned
     | Report
     | Pools
+    | RunDeclined
+    | RunStarted
+    | RunReport
+    | RunError
+    | RunInterrupted
 )
 
 _encoder = msgspec.json.Encoder()

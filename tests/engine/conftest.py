@@ -14,6 +14,10 @@ import pytest
 
 from sbxkit.engine.client import Engine, open_engine
 from tests.engine import engines
+from tests.engine.cli_paths import (  # noqa: F401 - fixtures: the paths of `sbxkit run`
+    cli_handoff,
+    cli_path,
+)
 from tests.engine.engines import CELL_FILES, EngineFacts
 from tests.engine.oneshot_paths import (  # noqa: F401 - a fixture: the one-shot paths
     oneshot,

@@ -39,6 +39,7 @@ from sbxkit.supervisor.client import (
     SupervisedOwner,
 )
 from sbxkit.supervisor.wire import Close, Closed, Created, Registered, Welcome
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import spec, unique, wait_until
 from tests.engine.test_supervisor import RawClient, hello, register_for
 from tests.supervision import (
@@ -315,7 +316,7 @@ def cli(*args: str, state_dir: Path | None = None) -> subprocess.Popen[bytes]:
 
 
 def test_32_concurrent_cli_runs_with_default_limits_all_succeed(
-    witness: Witness, busybox: str
+    witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
     procs = [
         cli("run", "--json", "--socket", witness.socket_path, busybox, "--", "echo", f"job-{i}")
@@ -329,7 +330,10 @@ def test_32_concurrent_cli_runs_with_default_limits_all_succeed(
         assert doc["stdout"] == f"job-{i}\n"
 
 
-def test_an_impossible_cli_request_exits_2_naming_the_flag(witness: Witness, busybox: str) -> None:
+def test_an_impossible_cli_request_exits_2_naming_the_flag(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
+    cli_path.falls_back("NeverFits")  # the full path reproduces the refusal
     since = time.time()
     proc = cli("run", "--memory", "64g", "--socket", witness.socket_path, busybox, "--", "true")
     _, err = proc.communicate(timeout=60)
@@ -339,7 +343,7 @@ def test_an_impossible_cli_request_exits_2_naming_the_flag(witness: Witness, bus
 
 
 def test_a_queued_caller_sigkilled_while_waiting_leaves_no_container_and_no_record(
-    witness: Witness, state_dir: Path, busybox: str
+    witness: Witness, state_dir: Path, busybox: str, cli_handoff: CliPath
 ) -> None:
     with running_supervisor(state_dir, "--persistent", *ONE_SLOT) as sup:
         holder = cli(

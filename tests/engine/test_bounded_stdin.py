@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.engine.cli_paths import CliPath
 from tests.witness import Witness
 
 LIMITS = ["--cpus", "0.5", "--memory", "64m", "--pids", "64", "--max-output", "1m"]
@@ -52,7 +53,7 @@ def command(*argv: str) -> str:
 
 
 def test_a_large_file_is_streamed_not_read_whole(
-    witness: Witness, busybox: str, tmp_path: Path
+    witness: Witness, busybox: str, tmp_path: Path, cli_path: CliPath
 ) -> None:
     big = tmp_path / "big.bin"
     with big.open("wb") as handle:
@@ -65,7 +66,9 @@ def test_a_large_file_is_streamed_not_read_whole(
     assert peak < PEAK_RSS_CEILING_KIB, f"peak RSS {peak} KiB"
 
 
-def test_an_endless_stdin_ends_with_the_time_limit(witness: Witness, busybox: str) -> None:
+def test_an_endless_stdin_ends_with_the_time_limit(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
     started = time.monotonic()
     status, _, err, peak = run_measured(
         witness,
@@ -83,7 +86,7 @@ def test_an_endless_stdin_ends_with_the_time_limit(witness: Witness, busybox: st
 
 
 def test_a_payload_that_stops_reading_an_endless_stdin_exits(
-    witness: Witness, busybox: str
+    witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
     status, out, err, _ = run_measured(
         witness,
@@ -99,8 +102,9 @@ def test_a_payload_that_stops_reading_an_endless_stdin_exits(
 
 
 def test_a_fifo_without_a_writer_waits_only_the_time_limit(
-    witness: Witness, busybox: str, tmp_path: Path
+    witness: Witness, busybox: str, tmp_path: Path, cli_path: CliPath
 ) -> None:
+    cli_path.falls_back("neither a regular file nor a device")  # the full path streams FIFOs
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     started = time.monotonic()
@@ -111,7 +115,10 @@ def test_a_fifo_without_a_writer_waits_only_the_time_limit(
     assert time.monotonic() - started < 30
 
 
-def test_a_fifo_with_a_writer_is_streamed(witness: Witness, busybox: str, tmp_path: Path) -> None:
+def test_a_fifo_with_a_writer_is_streamed(
+    witness: Witness, busybox: str, tmp_path: Path, cli_path: CliPath
+) -> None:
+    cli_path.falls_back("neither a regular file nor a device")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     writer = subprocess.Popen(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import (
     actions,
     container_exists,
@@ -142,8 +143,11 @@ def _without_shapeless(options: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @pytest.fixture(params=["cold", "held"])
-def cli_run(request: pytest.FixtureRequest, witness: Witness) -> Iterator[CliRun]:
-    """``run_cli`` cold, then claiming from the supervisor's pool (issue 13)."""
+def cli_run(
+    request: pytest.FixtureRequest, witness: Witness, cli_path: CliPath
+) -> Iterator[CliRun]:
+    """``run_cli`` cold, then claiming from the supervisor's pool (issue 13); each on the
+    handed path and on the full path (``cli_path``, issue 21)."""
     if request.param == "cold":
         yield run_cli
         return
@@ -229,8 +233,9 @@ def test_cli_oom_exits_137(cli_run: CliRun, witness: Witness, busybox: str) -> N
     [(("--memory", "0"), "--memory"), (("--user", "0:0"), "user")],
 )
 def test_cli_refused_input_exits_2_naming_the_field_and_creates_nothing(
-    witness: Witness, private_tag: str, flags: tuple[str, ...], field: str
+    witness: Witness, private_tag: str, flags: tuple[str, ...], field: str, cli_path: CliPath
 ) -> None:
+    cli_path.falls_back("SpecError")  # the full path reproduces the refusal
     marker = unique("refused")
     since = time.time()
     refused = run_cli(witness, private_tag, "echo", marker, options=flags)
@@ -250,7 +255,8 @@ def test_cli_refused_input_exits_2_naming_the_field_and_creates_nothing(
     assert "create" in actions(accepted_events)
 
 
-def test_cli_missing_image_exits_2(witness: Witness) -> None:
+def test_cli_missing_image_exits_2(witness: Witness, cli_path: CliPath) -> None:
+    cli_path.falls_back("ImageError")
     reference = f"sbxkit-test/missing:{unique('cli-absent')}"
     proc = run_cli(witness, reference, "true")
 
@@ -260,7 +266,8 @@ def test_cli_missing_image_exits_2(witness: Witness) -> None:
     assert not witness.image_exists(reference)
 
 
-def test_cli_engine_unavailable_exits_69(busybox: str) -> None:
+def test_cli_engine_unavailable_exits_69(busybox: str, cli_path: CliPath) -> None:
+    cli_path.falls_back("is not a daemon socket this supervisor was started for")
     proc = sbxkit("run", *SMALL, "--socket", "/nonexistent.sock", busybox, "--", "true")
 
     assert proc.returncode == 69, proc.stderr

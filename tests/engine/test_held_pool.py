@@ -37,6 +37,7 @@ from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB, SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import parked_command, spec, still_parked, unique, wait_until
 from tests.supervision import running_supervisor
 from tests.witness import Witness
@@ -99,7 +100,7 @@ def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_successive_cli_runs_claim_what_an_earlier_run_had_parked(
-    witness: Witness, state_dir: Path, busybox: str
+    witness: Witness, state_dir: Path, busybox: str, cli_handoff: CliPath
 ) -> None:
     label = unique("held")
     flags = ["run", "--json", "--pool", "1", "--label", f"{label}=1", busybox, "--"]
@@ -205,7 +206,7 @@ async def test_a_waiting_caller_takes_the_capacity_parked_containers_hold(
 
 
 def test_a_claimer_killed_mid_run_leaves_nothing(
-    witness: Witness, state_dir: Path, busybox: str
+    witness: Witness, state_dir: Path, busybox: str, cli_handoff: CliPath
 ) -> None:
     label = unique("held")
     flags = ["run", "--pool", "1", "--label", f"{label}=1", busybox, "--"]

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import BASE_LIMITS, unique, wait_until
 from tests.witness import Witness
 
@@ -65,7 +66,7 @@ def test_ctrl_c_in_trio_run_of_sbxkit_run_is_a_plain_keyboard_interrupt_after_re
 
 
 def test_a_repeated_ctrl_c_on_sbxkit_run_exits_130_quietly_after_cleanup(
-    witness: Witness, busybox: str
+    witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
     label = unique("ki")
     proc = subprocess.Popen(

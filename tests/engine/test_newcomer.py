@@ -15,6 +15,7 @@ import sbxkit.blocking
 from sbxkit.archive import ArchiveError, SandboxFileNotFound
 from sbxkit.session import SandboxExpired, open_sandbox
 from sbxkit.spec import SandboxSpec
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import container_exists, spec
 from tests.engine.test_cli import SMALL
 from tests.engine.test_cli import sbxkit as sbxkit_cli
@@ -51,7 +52,7 @@ def test_the_demo_counts_only_the_sandboxes_it_created(witness: Witness, busybox
 
 
 def test_flags_between_the_image_and_the_separator_are_flags(
-    witness: Witness, busybox: str
+    witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
     proc = sbxkit_cli(
         "run", *SMALL, "--socket", witness.socket_path, busybox, "--json", "--", "echo", "hi"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import delete_image, tag_image, unique
 from tests.engine.test_batch_cli import TEST_LABEL, batch, result_lines, write_jobs
 from tests.engine.test_cli import run_cli, sbxkit
@@ -13,8 +14,9 @@ from tests.witness import Witness
 
 
 def test_piped_stdin_without_the_flag_is_refused_before_any_container(
-    witness: Witness, busybox: str
+    witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
+    cli_path.falls_back("stdin is a pipe or a file and --stdin is not given")
     label = unique("stdin")
     proc = run_cli(
         witness, busybox, "cat", options=("--label", f"{TEST_LABEL}={label}"), stdin=b"data"
@@ -25,13 +27,18 @@ def test_piped_stdin_without_the_flag_is_refused_before_any_container(
     assert witness.containers(label=f"{TEST_LABEL}={label}") == []
 
 
-def test_stdin_none_ignores_a_piped_stdin(witness: Witness, busybox: str) -> None:
+def test_stdin_none_ignores_a_piped_stdin(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
     proc = run_cli(witness, busybox, "sh", "-c", "wc -c", options=("--stdin", "none"), stdin=b"x")
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.strip() == b"0"
 
 
-def test_json_prints_an_error_object_for_a_missing_image(witness: Witness) -> None:
+def test_json_prints_an_error_object_for_a_missing_image(
+    witness: Witness, cli_path: CliPath
+) -> None:
+    cli_path.falls_back("ImageError")
     proc = sbxkit(
         "run", "--json", "--socket", witness.socket_path, "sbxkit-test/absent:1", "--", "true"
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import container_exists, runs_marker, unique, wait_until
 from tests.engine.test_held_pool import cli, parked
 from tests.supervision import running_supervisor
@@ -39,7 +40,7 @@ def start_pool(state_dir: Path, image: str, label: str, size: int) -> None:
 
 
 def test_pools_are_listed_and_ended_one_shape_or_all(
-    witness: Witness, state_dir: Path, busybox: str, python_image: str
+    witness: Witness, state_dir: Path, busybox: str, python_image: str, cli_handoff: CliPath
 ) -> None:
     small, large = unique("pool-a"), unique("pool-b")
     with running_supervisor(state_dir, "--persistent") as sup:
@@ -94,7 +95,7 @@ def test_with_no_supervisor_no_pool_is_held_and_none_is_launched(state_dir: Path
 
 
 def test_ending_a_pool_leaves_its_claimed_run_alone(
-    witness: Witness, state_dir: Path, busybox: str
+    witness: Witness, state_dir: Path, busybox: str, cli_handoff: CliPath
 ) -> None:
     label = unique("pool-claimed")
     with running_supervisor(state_dir, "--persistent") as sup:

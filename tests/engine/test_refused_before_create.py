@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import creates_during
 from tests.witness import Witness
 
@@ -40,8 +41,9 @@ IMAGES = ["HIDDEN/busybox:1", "busybox:", "a@b@c", "hidden//busybox:1"]
 
 @pytest.mark.parametrize(("flags", "says"), CASES, ids=lambda c: repr(c)[:40])
 def test_flag_refused_before_any_container(
-    witness: Witness, busybox: str, flags: list[str | bytes], says: bytes
+    witness: Witness, busybox: str, flags: list[str | bytes], says: bytes, cli_path: CliPath
 ) -> None:
+    cli_path.falls_back("SpecError", "not UTF-8")  # the full path reproduces the refusal
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, *flags, busybox, "true")
     assert done.returncode == 2, done.stderr
@@ -51,7 +53,10 @@ def test_flag_refused_before_any_container(
 
 
 @pytest.mark.parametrize("image", IMAGES)
-def test_image_refused_before_any_container(witness: Witness, image: str) -> None:
+def test_image_refused_before_any_container(
+    witness: Witness, image: str, cli_path: CliPath
+) -> None:
+    cli_path.falls_back("SpecError")
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, image, "true")
     assert done.returncode == 2, done.stderr
@@ -59,7 +64,10 @@ def test_image_refused_before_any_container(witness: Witness, image: str) -> Non
     assert creates_during(witness, since) == []
 
 
-def test_non_utf8_argv_refused_before_any_container(witness: Witness, busybox: str) -> None:
+def test_non_utf8_argv_refused_before_any_container(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
+    cli_path.falls_back("not UTF-8")
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, busybox, "echo", b"\xff")
     assert done.returncode == 2, done.stderr
@@ -67,7 +75,9 @@ def test_non_utf8_argv_refused_before_any_container(witness: Witness, busybox: s
     assert creates_during(witness, since) == []
 
 
-def test_the_event_query_sees_a_valid_runs_create(witness: Witness, busybox: str) -> None:
+def test_the_event_query_sees_a_valid_runs_create(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, busybox, "true")
     assert done.returncode == 0, done.stderr

@@ -630,7 +630,7 @@ def test_an_empty_workdir_is_still_refused_not_ignored(
 def test_the_waiting_notice_speaks_after_a_second_and_when_the_place_changes() -> None:
     import io
 
-    from sbxkit.cli.run_command import WaitingNotice
+    from sbxkit.handoff.notice import WaitingNotice
 
     stream = io.StringIO()
     notice = WaitingNotice(stream)

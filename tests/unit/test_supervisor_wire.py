@@ -56,6 +56,14 @@ from sbxkit.supervisor.wire import (
     Report,
     Reservation,
     Retire,
+    Run,
+    RunCancel,
+    RunDeclined,
+    RunEnded,
+    RunError,
+    RunInterrupted,
+    RunReport,
+    RunStarted,
     ServerMessage,
     Started,
     Unclaimed,
@@ -78,6 +86,9 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Retire,
     ListPools,
     EndPools,
+    Run,
+    RunEnded,
+    RunCancel,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -95,6 +106,11 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Orphaned,
     Report,
     Pools,
+    RunDeclined,
+    RunStarted,
+    RunReport,
+    RunError,
+    RunInterrupted,
 )
 ALL_TAGS = (
     "hello",
@@ -123,6 +139,14 @@ ALL_TAGS = (
     "list_pools",
     "end_pools",
     "pools",
+    "run",
+    "run_ended",
+    "run_cancel",
+    "run_declined",
+    "run_started",
+    "run_report",
+    "run_error",
+    "run_interrupted",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -210,6 +234,22 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Retire, lease=texts),
     st.just(ListPools()),
     st.builds(EndPools, shape=st.none() | texts),
+    st.builds(
+        Run,
+        argv=st.lists(texts, max_size=4),
+        state_dir=texts,
+        env=st.dictionaries(texts, texts, max_size=3),
+        json=st.booleans(),
+        stdin=st.none() | texts,
+    ),
+    st.builds(
+        RunEnded,
+        status=st.sampled_from(["exited", "timed_out", "output_exceeded"]),
+        stdout_bytes=int64,
+        stderr_bytes=int64,
+        overflowed=st.sampled_from([None, "stdout", "stderr"]),
+    ),
+    st.builds(RunCancel, signal=int64),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -255,6 +295,22 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
         ),
         problem=st.none() | texts,
     ),
+    st.builds(RunDeclined, reason=texts),
+    st.builds(
+        RunStarted,
+        lease=texts,
+        line=st.binary(max_size=40),
+        output_bytes=int64,
+        timeout_s=finite,
+        drain_s=finite,
+        fds=int64,
+        lost_status=int64,
+        lost_stderr=texts,
+        lost_json=st.none() | texts,
+    ),
+    st.builds(RunReport, exit_status=int64, json=st.none() | texts, notice=st.none() | texts),
+    st.builds(RunError, exit_status=int64, stderr=texts, json=st.none() | texts),
+    st.just(RunInterrupted()),
 )
 
 
