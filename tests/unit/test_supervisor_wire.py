@@ -26,6 +26,8 @@ from sbxkit.network.terms import CallbackTerms, NetworkTerms, TlsBundle
 from sbxkit.supervisor.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
+    Adopt,
+    Adopted,
     AskDenials,
     Claim,
     Claimed,
@@ -58,6 +60,7 @@ from sbxkit.supervisor.wire import (
     Retire,
     ServerMessage,
     Started,
+    Unadopted,
     Unclaimed,
     Welcome,
     WireError,
@@ -78,6 +81,7 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Retire,
     ListPools,
     EndPools,
+    Adopt,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -95,6 +99,8 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Orphaned,
     Report,
     Pools,
+    Adopted,
+    Unadopted,
 )
 ALL_TAGS = (
     "hello",
@@ -123,6 +129,9 @@ ALL_TAGS = (
     "list_pools",
     "end_pools",
     "pools",
+    "adopt",
+    "adopted",
+    "unadopted",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -181,6 +190,7 @@ registers = st.builds(
         | st.builds(TlsBundle, ca=st.binary(max_size=40), key=st.none() | st.binary(max_size=9)),
         audit_log=st.none() | texts,
     ),
+    secret_hash=st.none() | texts,
 )
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
@@ -210,6 +220,7 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Retire, lease=texts),
     st.just(ListPools()),
     st.builds(EndPools, shape=st.none() | texts),
+    st.builds(Adopt, lease=texts, secret=texts, next_secret_hash=texts),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -222,7 +233,7 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Queued, lease=texts, ahead=int64),
     st.builds(Registered, lease=texts),
     st.builds(Created, lease=texts, container_id=texts),
-    st.builds(Claimed, lease=texts, name=texts, container_id=texts),
+    st.builds(Claimed, lease=texts, name=texts, container_id=texts, secret=st.none() | texts),
     st.builds(Unclaimed, reason=texts, parked=int64, problem=st.none() | texts),
     st.builds(Governed, lease=texts, problem=st.none() | texts),
     st.builds(
@@ -255,6 +266,8 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
         ),
         problem=st.none() | texts,
     ),
+    st.builds(Adopted, lease=texts, container_id=texts),
+    st.builds(Unadopted, lease=texts, reason=texts, record=st.booleans()),
 )
 
 
