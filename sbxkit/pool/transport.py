@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import trio
-
 from sbxkit.attached import Outcome, OutputCallback, supervise
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.transport import HijackedStream

@@ -15,6 +15,8 @@ SOURCES = (
     "supervisor/journal.py",
     "supervisor/service.py",
     "supervisor/client.py",
+    "supervisor/link.py",  # the client's side of re-adoption (issue 22)
+    "supervisor/proof.py",
     "engine/models.py",
     "network/terms.py",  # NetworkTerms and Denial travel in Register and Denials
     "network/audit.py",

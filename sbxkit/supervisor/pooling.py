@@ -19,6 +19,7 @@ supervisor stops; a crash leaves its record to recovery, as for every lease.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from sbxkit.supervisor.lease import (
     first_of,
     log,
 )
+from sbxkit.supervisor.proof import SECRET_BYTES, secret_hash
 from sbxkit.supervisor.recheck import unknown_field
 from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.templates import (
@@ -159,7 +161,13 @@ class Pooling(Admitting):
         self.records[live.record.lease] = live.record
         self.nursery.start_soon(self._journal_later, live.record)  # off the claim's path
         container_id = live.record.container_id or ""
-        claimed = Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
+        claimed = Claimed(
+            lease=live.record.lease,
+            name=live.record.name,
+            container_id=container_id,
+            secret=live.parked_secret,
+        )
+        live.parked_secret = None  # the claimer's now, and only its
         if live.parked_io is None:
             await peer.send(claimed)
         else:  # the kernel path: its ends go to the claimer, never its output or exit
@@ -330,9 +338,14 @@ class Pooling(Admitting):
         slot: LaunchSlot,
         parked: trio.Event,
     ) -> str | LiveLease:
+        # Its secret is made here and handed to its claimer: a claimed run re-adopts its
+        # lease with it if this supervisor dies (proof.py), with no journal write on the claim.
+        secret = secrets.token_hex(SECRET_BYTES)
+        register = msgspec.structs.replace(register, secret_hash=secret_hash(secret))
         live = await self._journal_lease(register, NoPeer(), Intent())
         if isinstance(live, str):
             return live
+        live.parked_secret = secret
         live.on_created = lambda container_id: self._parked(
             pool, live, engine, container_id, parked
         )
@@ -360,6 +373,7 @@ class Pooling(Admitting):
         self, pool: ShapePool, live: LiveLease, engine: Engine, container_id: str
     ) -> None:
         template = pool.claim.template
+        assert live.body is not None  # a parked container was created from its body
         io_dir = io_dir_of(live.body)
         try:
             info = await engine.container_inspect(container_id)
