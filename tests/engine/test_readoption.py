@@ -136,6 +136,33 @@ def first_output(seen: trio.Event) -> Callable[[Stream, bytes], None]:
     return on_output
 
 
+class Background:
+    """One supervised run in a nursery: ``running`` once its payload's first output came;
+    then its result, or the sbxkit error it raised."""
+
+    def __init__(self, engine: Engine, owner: SupervisedOwner, busybox: str, script: str):
+        self.running = trio.Event()
+        self.outcome: list[RunResult | SbxError] = []
+        self._engine, self._owner = engine, owner
+        self._sandbox = spec(busybox, script, timeout_s=30)
+
+    async def run(self) -> None:
+        try:
+            on_output = first_output(self.running)
+            result = await run(
+                self._sandbox, engine=self._engine, owner=self._owner, on_output=on_output
+            )
+            self.outcome.append(result)
+        except SbxError as exc:
+            self.outcome.append(exc)
+
+    @property
+    def result(self) -> RunResult:
+        (result,) = self.outcome
+        assert isinstance(result, RunResult), repr(result)
+        return result
+
+
 PAYLOAD = "echo before; sleep 2; echo after >&2; exit 7"
 
 
@@ -159,20 +186,12 @@ async def test_a_one_shot_run_finishes_across_a_supervisor_crash(
     if evidence == "daemon":
         monkeypatch.setenv("SBXKIT_EVIDENCE", "daemon")
     owner = SupervisedOwner(engine, state_dir=supervised)
-    since, running = time.time(), trio.Event()
-    results: list[RunResult] = []
-
-    async def one_run() -> None:
-        sandbox = spec(busybox, PAYLOAD, timeout_s=30)
-        results.append(
-            await run(sandbox, engine=engine, owner=owner, on_output=first_output(running))
-        )
-
+    since, one = time.time(), Background(engine, owner, busybox, PAYLOAD)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(one_run)
-        await running.wait()
+        nursery.start_soon(one.run)
+        await one.running.wait()
         await crash(supervised)
-    (result,) = results
+    result = one.result
     assert_payloads_own(result)
     assert result.evidence == evidence
     await readopted(supervised, result.lease)
@@ -356,26 +375,19 @@ async def test_a_supervisor_restarted_by_a_service_manager_is_found_and_adopts(
     manager's restart answers, within its re-adoption window."""
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
     owner = SupervisedOwner(engine, state_dir=state_dir)
-    since, running = time.time(), trio.Event()
-    results: list[RunResult] = []
-
-    async def one_run() -> None:
-        sandbox = spec(busybox, "echo before; sleep 4; echo after >&2; exit 7", timeout_s=30)
-        results.append(
-            await run(sandbox, engine=engine, owner=owner, on_output=first_output(running))
-        )
-
+    script = "echo before; sleep 4; echo after >&2; exit 7"
+    since, one = time.time(), Background(engine, owner, busybox, script)
     with running_supervisor(state_dir, "--persistent", "--adopt-grace", "10") as first:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(one_run)
-            await running.wait()
+            nursery.start_soon(one.run)
+            await one.running.wait()
             first.kill()
             (lease,) = records(state_dir)
             await trio.sleep(1.0)  # the service manager's RestartSec
             with running_supervisor(state_dir, "--persistent", "--adopt-grace", "10") as second:
                 await readopted(state_dir, lease, second.log)
                 await removed_exactly_once(witness, state_dir, lease, since)
-    (result,) = results
+    result = one.result
     assert (result.status, result.exit_code, result.stdout) == ("exited", 7, b"before\n")
     assert f"lease {result.lease}: re-adopted" in second.log()
 
@@ -515,22 +527,11 @@ async def test_a_lifetime_that_passes_in_the_gap_is_not_re_adopted(
     caller fails as before (``CleanupError``, exit 74), and nothing is left."""
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
     owner = SupervisedOwner(engine, state_dir=state_dir, adopt_within_s=20.0)
-    since, running = time.time(), trio.Event()
-    outcome: list[RunResult | BaseException] = []
-
-    async def one_run() -> None:
-        try:
-            sandbox = spec(busybox, "echo before; sleep 60", timeout_s=30)
-            outcome.append(
-                await run(sandbox, engine=engine, owner=owner, on_output=first_output(running))
-            )
-        except SbxError as exc:
-            outcome.append(exc)
-
+    since, one = time.time(), Background(engine, owner, busybox, "echo before; sleep 60")
     with running_supervisor(state_dir, "--persistent") as first:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(one_run)
-            await running.wait()
+            nursery.start_soon(one.run)
+            await one.running.wait()
             first.kill()
             (lease,) = records(state_dir)
             path = state_dir / f"{lease}.lease"
@@ -539,7 +540,7 @@ async def test_a_lifetime_that_passes_in_the_gap_is_not_re_adopted(
             path.write_text(json.dumps(record) + "\n")
             with running_supervisor(state_dir, "--persistent") as second:
                 await removed_exactly_once(witness, state_dir, lease, since)
-    (error,) = outcome
+    (error,) = one.outcome
     assert isinstance(error, CleanupError), repr(error)
     assert "its lifetime deadline passed" in str(error) or "recovered" in str(error), str(error)
     assert f"lease {lease}: re-adopted" not in second.log()
@@ -552,14 +553,7 @@ async def test_wrong_replayed_and_second_owner_secrets_are_refused_and_logged(
     engine: Engine, witness: Witness, supervised: Path, busybox: str
 ) -> None:
     owner = SupervisedOwner(engine, state_dir=supervised)
-    since, running = time.time(), trio.Event()
-    results: list[RunResult] = []
-
-    async def one_run() -> None:
-        sandbox = spec(busybox, "echo before; sleep 5; exit 7", timeout_s=30)
-        results.append(
-            await run(sandbox, engine=engine, owner=owner, on_output=first_output(running))
-        )
+    since, one = time.time(), Background(engine, owner, busybox, "echo before; sleep 5; exit 7")
 
     async def adopt(lease: str, secret: str) -> Unadopted:
         session = await connect_supervisor(supervised)
@@ -573,8 +567,8 @@ async def test_wrong_replayed_and_second_owner_secrets_are_refused_and_logged(
         return reply
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(one_run)
-        await running.wait()
+        nursery.start_soon(one.run)
+        await one.running.wait()
         (lease,) = owner._links  # the test reads the caller's memory: an attacker could not
         spent = owner._links[lease]._secret
         assert spent is not None
@@ -600,6 +594,6 @@ async def test_wrong_replayed_and_second_owner_secrets_are_refused_and_logged(
         "the lease is owned by another connection",
     ):
         assert f"lease {lease}: not re-adopted: {said}" in log, said
-    (result,) = results
+    result = one.result
     assert (result.status, result.exit_code, result.stdout) == ("exited", 7, b"before\n")
     await removed_exactly_once(witness, supervised, lease, since)
