@@ -149,6 +149,13 @@ class AdmissionQueue(Generic[K]):
             self._held[key] = (entry[0], False)
             self.running -= 1
 
+    def start_running(self, key: K) -> None:
+        """A held key is a live sandbox again (a lease re-adopted after a restart)."""
+        entry = self._held.get(key)
+        if entry is not None and not entry[1]:
+            self._held[key] = (entry[0], True)
+            self.running += 1
+
     def release(self, key: K) -> None:
         entry = self._held.pop(key, None)
         if entry is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -90,3 +91,64 @@ def running_supervisor(state_dir: Path, *extra: str) -> Iterator[SupervisorProce
         yield sup
     finally:
         sup.stop()
+
+
+def supervisor_pids(state_dir: Path) -> list[int]:
+    """The pids of supervisor processes serving ``state_dir`` (auto-launched ones included),
+    found by their command line."""
+    wanted = str(state_dir).encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                argv = file.read().split(b"\0")
+        except OSError:
+            continue
+        if b"sbxkit.supervisor" in argv and b"--state-dir" in argv and wanted in argv:
+            found.append(int(entry))
+    return found
+
+
+def signal_supervisors(state_dir: Path, signum: int = signal.SIGKILL) -> list[int]:
+    """Send ``signum`` to every supervisor of ``state_dir``; the pids signalled."""
+    pids = supervisor_pids(state_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    return pids
+
+
+def wait_gone(pids: list[int], seconds: float = 15.0) -> None:
+    """Until none of ``pids`` runs any more (zombies of a test's own children count as gone)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes still running after {seconds} s: {alive}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z"
+
+
+@contextmanager
+def auto_launched_supervisors(state_dir: Path) -> Iterator[None]:
+    """Supervisors the callers of ``state_dir`` launch are stopped (SIGTERM, then SIGKILL)
+    when the block ends: none outlives the test."""
+    try:
+        yield
+    finally:
+        pids = signal_supervisors(state_dir, signal.SIGTERM)
+        try:
+            wait_gone(pids, 12.0)
+        except AssertionError:
+            wait_gone(signal_supervisors(state_dir, signal.SIGKILL))

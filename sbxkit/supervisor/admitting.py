@@ -38,6 +38,7 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
+from sbxkit.supervisor.proof import is_well_formed
 from sbxkit.supervisor.recheck import (
     engine_socket_problem,
     recheck_body,
@@ -79,6 +80,8 @@ class Admitting(Leases):
                 return "deadlines must be finite and positive"
         if not register.engine_socket.startswith("/"):
             return "engine_socket must be an absolute path"
+        if register.secret_hash is not None and not is_well_formed(register.secret_hash):
+            return "secret_hash must be 64 lowercase hex digits (a sha256)"
         if lease in self.records or lease in self.live:
             return "lease id already in use"
         return None
@@ -369,6 +372,8 @@ class Admitting(Leases):
             lifetime_deadline=time.time() + register.lifetime_deadline_s,
             memory_bytes=register.reservation.memory_bytes,
             nano_cpus=register.reservation.nano_cpus,
+            secret_hash=register.secret_hash,
+            governed=register.network is not None and register.network.needs_governor,
         )
         live = LiveLease(
             record,

@@ -71,7 +71,7 @@ class FrameChannel:
 
     def has_input(self) -> bool:
         """A frame (or part of one) is here to read now, without waiting."""
-        if self._pending:
+        if self._pending or self._reader.pending:
             return True
         readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
         return bool(readable)

@@ -14,14 +14,14 @@ import os
 import shlex
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.kernel.scripts import io_root
@@ -29,9 +29,22 @@ from sbxkit.network.audit import Denial
 from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.channel import FrameChannel
-from sbxkit.supervisor.environment import supervisor_environment
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import check_state_dir, default_state_dir
+from sbxkit.supervisor.launch import (
+    launch_detached,
+    launch_engine_sockets,
+    launch_lock,
+    supervisor_argv,
+)
+from sbxkit.supervisor.link import (
+    ADOPT_WITHIN_S,
+    LeaseLink,
+    LinkLost,
+    fifo_dir_keeper,
+    new_secret,
+)
+from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.statedir import (
     LOG_NAME,
     SOCKET_NAME,
@@ -42,14 +55,13 @@ from sbxkit.supervisor.statedir import (
 )
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    Adopted,
     AskDenials,
     Claim,
     Claimed,
-    Close,
     Closed,
     Created,
     Denials,
-    Expiring,
     Failed,
     Govern,
     Governed,
@@ -70,6 +82,7 @@ from sbxkit.supervisor.wire import (
 )
 
 LAUNCH_TIMEOUT_S = 15.0
+RELAUNCH_AFTER_S = 2.0
 REPLY_TIMEOUT_S = 30.0
 HANDSHAKE_ATTEMPTS = 4
 
@@ -104,53 +117,6 @@ class AdmissionTimeout(CapacityExhausted):
 QueueObserver = Callable[[int, float], object]
 """Called while a request waits for capacity: (requests ahead of it, seconds waited so far);
 when its place changes and about every second."""
-
-
-def supervisor_argv(
-    state_dir: Path, command: str | None = None, *, engine_sockets: Sequence[str] = ()
-) -> list[str]:
-    """How to start the helper: ``command`` (a profile's ``supervisor.binary``), else
-    ``SBXKIT_SUPERVISOR``, names an executable taking ``--state-dir`` (and ``--engine-socket``,
-    the daemon socket the launching caller uses); the default is this interpreter running
-    ``sbxkit.supervisor``."""
-    override = (command if command is not None else os.environ.get("SBXKIT_SUPERVISOR", "")).strip()
-    base = shlex.split(override) if override else [sys.executable, "-m", "sbxkit.supervisor"]
-    sockets = [arg for socket in engine_sockets for arg in ("--engine-socket", socket)]
-    return [*base, "--state-dir", str(state_dir), *sockets]
-
-
-def launch_engine_sockets(first: Message | None) -> list[str]:
-    """The daemon sockets a launched supervisor may serve: the registering caller's; for an
-    operator's request (no Register), those the caller's environment names."""
-    if isinstance(first, Register):
-        return [first.engine_socket]
-    try:
-        return candidate_sockets(os.environ)
-    except SbxError:
-        return []
-
-
-def launch_detached(argv: list[str], log_path: Path) -> None:
-    """Start the supervisor in a new session whose parent is not us, so it survives us and we
-    leave no zombie: a shell backgrounds it and exits at once. It gets a minimal environment
-    (``environment.py``), never the caller's whole one."""
-    subprocess.run(
-        [
-            "/bin/sh",
-            "-c",
-            'umask 077; unset PWD OLDPWD; log=$1; shift; "$@" </dev/null >/dev/null 2>>"$log" &',
-            "sbxkit-launch",
-            str(log_path),
-            *argv,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        check=True,
-        timeout=10,
-        env=supervisor_environment(os.environb),
-    )
 
 
 def check_before_launch(state_dir: Path) -> None:
@@ -198,7 +164,11 @@ async def _connect_once(path: Path) -> trio.SocketStream | None:
 
 
 async def connect_supervisor(
-    state_dir: Path, first: Message | None = None, *, command: str | None = None
+    state_dir: Path,
+    first: Message | None = None,
+    *,
+    command: str | None = None,
+    engine_sockets: Sequence[str] | None = None,
 ) -> _Session:
     """Connect to the state dir's supervisor (launching it if needed); complete the handshake.
 
@@ -213,7 +183,7 @@ async def connect_supervisor(
         _CHECKED_STATE_DIRS.add(state_dir)  # the supervisor re-checks at every start
     for attempt in range(HANDSHAKE_ATTEMPTS):
         try:
-            return await _connect_and_greet(state_dir, first, command)
+            return await _connect_and_greet(state_dir, first, command, engine_sockets)
         except _HandshakeLost:
             if attempt + 1 == HANDSHAKE_ATTEMPTS:
                 raise SupervisorError(
@@ -232,32 +202,16 @@ _CHECKED_STATE_DIRS: set[Path] = set()
 
 
 async def _connect_and_greet(
-    state_dir: Path, first: Message | None, command: str | None
+    state_dir: Path,
+    first: Message | None,
+    command: str | None,
+    engine_sockets: Sequence[str] | None = None,
 ) -> _Session:
-    socket_path = state_dir / SOCKET_NAME
-    stream = await _connect_once(socket_path)
+    stream = await _connect_once(state_dir / SOCKET_NAME)
     if stream is None:
-        # What would stop the supervisor from starting is reported now, by path and problem.
-        await trio.to_thread.run_sync(check_before_launch, state_dir)
-        argv = supervisor_argv(state_dir, command, engine_sockets=launch_engine_sockets(first))
-        log_path = state_dir / LOG_NAME
-        log_offset = log_size(log_path)
-        try:
-            await trio.to_thread.run_sync(launch_detached, argv, log_path)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise SupervisorError(f"cannot launch {shlex.join(argv)}: {exc}") from exc
-        with trio.move_on_after(LAUNCH_TIMEOUT_S):
-            while stream is None:
-                await trio.sleep(0.02)
-                stream = await _connect_once(socket_path)
-                refusal = startup_refusal(read_log_from(log_path, log_offset))
-                if stream is None and refusal is not None:
-                    raise SupervisorError(f"it refused to start: {refusal}", code="storage")
-        if stream is None:
-            raise SupervisorError(
-                f"{shlex.join(argv)} did not open {socket_path} "
-                f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
-            )
+        async with launch_lock(state_dir):
+            sockets = launch_engine_sockets(first) if engine_sockets is None else engine_sockets
+            stream = await _launched(state_dir, command, sockets)
     session = _Session(stream, accept_fds=True)  # a Claimed may bring a sandbox's ends
     try:
         try:
@@ -292,6 +246,45 @@ async def _connect_and_greet(
     raise SupervisorError(f"unexpected {type(reply).__name__} in the handshake")
 
 
+async def _launched(
+    state_dir: Path, command: str | None, engine_sockets: Sequence[str]
+) -> trio.SocketStream:
+    """A connection to the supervisor another task of this run launched meanwhile, else to
+    one launched now (serving ``engine_sockets``)."""
+    socket_path = state_dir / SOCKET_NAME
+    stream = await _connect_once(socket_path)
+    if stream is not None:
+        return stream
+    # What would stop the supervisor from starting is reported now, by path and problem.
+    await trio.to_thread.run_sync(check_before_launch, state_dir)
+    argv = supervisor_argv(state_dir, command, engine_sockets=engine_sockets)
+    log_path = state_dir / LOG_NAME
+    log_offset = log_size(log_path)
+    relaunch_after = RELAUNCH_AFTER_S
+    with trio.move_on_after(LAUNCH_TIMEOUT_S):
+        while stream is None:
+            # Again after a while without an answer: the one that started may have been
+            # killed before it listened (an extra one exits at once, on the lock).
+            relaunch_at = trio.current_time() + relaunch_after
+            relaunch_after *= 2
+            try:
+                await trio.to_thread.run_sync(launch_detached, argv, log_path)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SupervisorError(f"cannot launch {shlex.join(argv)}: {exc}") from exc
+            while stream is None and trio.current_time() < relaunch_at:
+                await trio.sleep(0.02)
+                stream = await _connect_once(socket_path)
+                refusal = startup_refusal(read_log_from(log_path, log_offset))
+                if stream is None and refusal is not None:
+                    raise SupervisorError(f"it refused to start: {refusal}", code="storage")
+    if stream is None:
+        raise SupervisorError(
+            f"{shlex.join(argv)} did not open {socket_path} "
+            f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
+        )
+    return stream
+
+
 def refusal_error(reply: Refused, lease: str | None = None) -> SupervisorError | NeverFits:
     """The error a refusal stands for: its code decides the class."""
     if reply.code == "never_fits":
@@ -322,6 +315,10 @@ class SupervisedOwner:
 
     Admission happens in the supervisor: a request that does not fit the budget yet waits in
     its FIFO queue (``on_queued`` hears about it), one that can never fit raises ``NeverFits``.
+
+    Each lease is carried by a ``LeaseLink`` (link.py): if the supervisor dies while the
+    lease lives, the link notices at once, launches or reaches a new one and re-adopts the
+    lease with its secret within ``adopt_within_s`` — the payload runs on meanwhile.
     """
 
     def __init__(
@@ -333,6 +330,7 @@ class SupervisedOwner:
         close_timeout_s: float = 60.0,
         on_queued: QueueObserver | None = None,
         supervisor_command: str | None = None,
+        adopt_within_s: float = ADOPT_WITHIN_S,
     ) -> None:
         self._engine = engine
         self.supervisor_command = supervisor_command
@@ -342,16 +340,21 @@ class SupervisedOwner:
         self.startup_deadline_s = startup_deadline_s
         self.close_timeout_s = close_timeout_s
         self.on_queued = on_queued
-        self._sessions: dict[str, _Session] = {}
+        self.adopt_within_s = adopt_within_s
+        """How long a lease's link tries to re-adopt it after its supervisor died."""
+        self._links: dict[str, LeaseLink] = {}
         self._queued: dict[str, float] = {}
         self._claimed_fds: dict[str, list[int]] = {}
-        self._ended: dict[str, ServerMessage] = {}
-        self._expiring: dict[str, str] = {}
-        """A lease's Closed or Orphaned read while waiting for another answer (its close
-        reads it here instead of waiting for a second one)."""
 
     async def connect(self, first: Message | None = None) -> _Session:
-        return await connect_supervisor(self.state_dir, first, command=self.supervisor_command)
+        """A launched supervisor serves this owner's daemon (whatever ``first`` is: a
+        Register, a Claim, or an Adopt after the previous one died)."""
+        return await connect_supervisor(
+            self.state_dir,
+            first,
+            command=self.supervisor_command,
+            engine_sockets=[self._engine.socket_path],
+        )
 
     # -- the owner seam -------------------------------------------------------------------------
 
@@ -380,43 +383,45 @@ class SupervisedOwner:
             network=network,
         )
 
-    async def _answer(self, lease: str, kind: type[Governed] | type[Denials]) -> Governed | Denials:
-        """The supervisor's answer of ``kind`` on the lease's connection; a lease that ended
-        meanwhile (Closed, Orphaned) is kept for its close and raised as unusable."""
-        session = self._sessions.get(lease)
-        if session is None:
+    def _link(self, lease: str, session: _Session, **options: Any) -> LeaseLink:
+        link = LeaseLink(
+            lease, session, connect=self.connect, adopt_within_s=self.adopt_within_s, **options
+        )
+        self._links[lease] = link
+        link.start()
+        return link
+
+    async def _ask(
+        self, lease: str, message: Message, kind: type[Governed] | type[Denials]
+    ) -> Governed | Denials:
+        """Send ``message``, return the answer of ``kind``; a lease that ended meanwhile (its
+        Closed or Orphaned stays for its removal) or lost its supervisor is unusable."""
+        link = self._links.get(lease)
+        if link is None:
             raise NetworkUnavailable("the lease has no connection to its supervisor")
-        while True:
-            reply = await receive_reply(session, kind.__name__.lower())
-            if isinstance(reply, kind):
-                return reply
-            if isinstance(reply, Closed | Orphaned):
-                self._ended[lease] = reply
-                raise NetworkUnavailable(f"the lease ended: {type(reply).__name__}")
-            if isinstance(reply, Expiring):
-                self._expiring[lease] = reply.reason  # for ended_by_owner
-            # a late Created/Failed of a create already answered: keep reading
+        try:
+            await link.send(message)
+            reply = await link.take(kind, timeout=REPLY_TIMEOUT_S)
+        except LinkLost as exc:
+            raise NetworkUnavailable(f"the lease is over or lost: {exc.reason}") from None
+        if reply is None:
+            raise SupervisorError(f"{kind.__name__}: no answer within {REPLY_TIMEOUT_S:g} s")
+        return reply
 
     async def govern(
         self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
     ) -> None:
         """Have the supervisor put the lease's listeners in place (registered with its
         ``network``); they are the supervisor's and end with the lease."""
-        session = self._sessions.get(lease)
-        if session is None:
-            raise NetworkUnavailable("the lease has no connection to its supervisor")
-        await session.send(Govern(lease=lease))
-        reply = await self._answer(lease, Governed)
+        reply = await self._ask(lease, Govern(lease=lease), Governed)
         assert isinstance(reply, Governed)
         if reply.problem is not None:
             raise NetworkUnavailable(reply.problem)
 
     async def denials(self, lease: str) -> tuple[Denial, ...]:
-        session = self._sessions.get(lease)
-        if session is None:
+        if lease not in self._links:
             return ()
-        await session.send(AskDenials(lease=lease))
-        reply = await self._answer(lease, Denials)
+        reply = await self._ask(lease, AskDenials(lease=lease), Denials)
         assert isinstance(reply, Denials)
         return tuple(reply.denials)
 
@@ -431,8 +436,14 @@ class SupervisedOwner:
             await session.aclose()
             raise
         if isinstance(reply, Claimed):
-            self._sessions[reply.lease] = session
             fds = session.take_fds(reply.fds)
+            network = claim.template.network
+            self._link(
+                reply.lease,
+                session,
+                secret=reply.secret,
+                governed=network is not None and network.needs_governor,
+            )
             if len(fds) != reply.fds:
                 for fd in fds:
                     os.close(fd)
@@ -459,41 +470,61 @@ class SupervisedOwner:
         lifetime_s: float,
         network: NetworkTerms | None = None,
     ) -> str:
-        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        secret = new_secret()
+        register = msgspec.structs.replace(
+            self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network),
+            secret_hash=secret_hash(secret),
+        )
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
-        self._sessions[lease] = session
-        reply = await receive_reply(session, "register")
-        while isinstance(reply, Queued):
-            # The supervisor speaks at least every few seconds while we wait: silence for
-            # REPLY_TIMEOUT_S means it is stuck, a deadline of its own ends the wait.
-            if self.on_queued is not None:
-                self.on_queued(reply.ahead, trio.current_time() - asked)
-            reply = await receive_reply(session, "admission")
-        if isinstance(reply, Refused):
-            self._sessions.pop(lease, None)
-            await session.aclose()
-            raise refusal_error(reply, lease)
-        if not isinstance(reply, Registered):
-            raise SupervisorError(f"unexpected {type(reply).__name__} after register", lease=lease)
-        self._queued[lease] = trio.current_time() - asked
-        # From here the supervisor owns the container: cancelling us only closes the session.
-        reply = await receive_reply(
-            session, "create", timeout=self.startup_deadline_s + REPLY_TIMEOUT_S
+        link = self._link(
+            lease,
+            session,
+            secret=secret,
+            register=register,
+            governed=network is not None and network.needs_governor,
+            before_register=fifo_dir_keeper(body),
         )
-        if isinstance(reply, Created):
-            return reply.container_id
-        if isinstance(reply, Failed):
-            raise SupervisorError(reply.reason, code="failed", lease=lease)
-        raise SupervisorError(f"unexpected {type(reply).__name__} during create", lease=lease)
+        # From Registered on the supervisor owns the container: cancelling us only closes the
+        # lease. A re-adoption after its death may answer with the container (Adopted), or
+        # register afresh (Queued, Registered again).
+        timeout = REPLY_TIMEOUT_S
+        while True:
+            try:
+                reply = await link.take(*_CREATE_ANSWERS, timeout=timeout)
+            except LinkLost as exc:
+                raise SupervisorError(f"create: {exc.reason}", lease=lease) from None
+            if reply is None:
+                raise SupervisorError(f"create: no answer within {timeout:g} s", lease=lease)
+            if isinstance(reply, Queued):
+                # The supervisor speaks at least every few seconds while we wait: silence for
+                # REPLY_TIMEOUT_S means it is stuck, a deadline of its own ends the wait.
+                if self.on_queued is not None:
+                    self.on_queued(reply.ahead, trio.current_time() - asked)
+            elif isinstance(reply, Registered):
+                self._queued[lease] = trio.current_time() - asked
+                timeout = self.startup_deadline_s + REPLY_TIMEOUT_S
+            elif isinstance(reply, Created | Adopted):
+                self._queued.setdefault(lease, trio.current_time() - asked)
+                return reply.container_id
+            elif isinstance(reply, Refused):
+                self._links.pop(lease, None)
+                raise refusal_error(reply, lease)
+            elif isinstance(reply, Failed):
+                raise SupervisorError(reply.reason, code="failed", lease=lease)
+            else:  # Closed or Orphaned before any container: left for remove
+                link.unread(reply)
+                what = type(reply).__name__
+                raise SupervisorError(f"{what} during create", lease=lease)
 
     async def started(self, lease: str) -> None:
         """Tell the supervisor the container started: its launch slot goes to the next lease.
-        A lost connection shows up at removal, where it matters."""
-        session = self._sessions.get(lease)
-        if session is not None:
-            with contextlib.suppress(SupervisorConnectionLost):
-                await session.send(Started(lease=lease))
+        A lost connection shows up at removal, where it matters; a re-adopted lease holds no
+        slot, so nothing waits for a re-adoption here."""
+        link = self._links.get(lease)
+        if link is not None and not link.adopting:
+            with contextlib.suppress(SbxError):
+                await link.send(Started(lease=lease))
 
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
@@ -506,81 +537,61 @@ class SupervisedOwner:
 
     async def ended_by_owner(self, lease: str) -> str | None:
         """The supervisor's ``Expiring`` reason, if it ended the lease's container itself. It
-        sends that before the removal's kill, so after the kill it is already here to read;
-        any other message is left for ``remove``."""
-        session = self._sessions.get(lease)
+        sends that before the removal's kill, so after the kill it is already here to read."""
         await trio.lowlevel.checkpoint()
-        if lease in self._expiring:  # read while a governed network's answer was awaited
-            return self._expiring.pop(lease)
-        if session is None or not session.has_input():
-            return None
-        with trio.move_on_after(REPLY_TIMEOUT_S):
-            payload = await session.receive_payload()
-            if payload is None:
-                return None
-            try:
-                message = decode_server(payload)
-            except SbxError:
-                return None
-            if isinstance(message, Expiring):
-                return message.reason
-            session.unread(payload)
-        return None
+        link = self._links.get(lease)
+        return None if link is None else await link.expiring(REPLY_TIMEOUT_S)
 
     async def release(self, lease: str) -> None:
         """Hand the lease back without waiting for the verdict: the supervisor removes the
         container under its ownership (its record closes only when the daemon confirmed the
-        removal; a failure keeps the record for its reaper). A pooled run's early return."""
+        removal; a failure keeps the record for its reaper). A pooled run's early return. The
+        link finishes on its own: if the supervisor dies first, it re-adopts the lease to
+        close it, as long as this process lives (else the restarted supervisor's grace ends).
+        A lease whose supervisor died and that was not re-adopted raises ``CleanupError``."""
         self._queued.pop(lease, None)
-        session = self._sessions.pop(lease, None)
-        if session is None:
+        link = self._links.pop(lease, None)
+        if link is None:
             return
-        try:
-            with trio.CancelScope(shield=True), contextlib.suppress(SupervisorConnectionLost):
-                await session.send(Close(lease=lease))
-        finally:
-            await session.aclose()
+        with trio.CancelScope(shield=True):
+            await link.settled()  # a re-adoption under way decides who removes it
+        if link.lost is not None:  # nobody to hand it to: recovery must finish it
+            link.stop()
+            raise CleanupError(lease, None, f"{LOST_ACK}: {link.lost}")
+        with trio.CancelScope(shield=True):
+            await link.close()
+        await trio.lowlevel.checkpoint()  # the Close is out: a cancellation may land now
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)
-        session = self._sessions.pop(lease, None)
-        if session is None:
+        link = self._links.pop(lease, None)
+        if link is None:
             return  # never registered: nothing was created
         try:
             with trio.CancelScope(shield=True):
-                await self._close(session, lease, container_id)
+                await self._close(link, lease, container_id)
         finally:
-            await session.aclose()
+            link.stop()
 
-    async def _close(self, session: _Session, lease: str, container_id: str | None) -> None:
+    async def _close(self, link: LeaseLink, lease: str, container_id: str | None) -> None:
         """Ask for removal and wait for the verdict: only ``Closed`` means cleaned up."""
-        lost = (
-            "the connection to the supervisor was lost before cleanup was acknowledged; "
-            "durable recovery is required (the supervisor's restart recovery removes it)"
-        )
-        ended = self._ended.pop(lease, None)
-        if isinstance(ended, Closed):
-            return
-        if isinstance(ended, Orphaned):
-            raise CleanupError(lease, container_id, ended.reason)
-        # The send may fail if the supervisor already ended the lease; its verdict is buffered.
-        with contextlib.suppress(SupervisorConnectionLost):
-            await session.send(Close(lease=lease))
-        with trio.move_on_after(self.close_timeout_s):
-            while True:
-                try:
-                    message = await session.receive()
-                except SbxError as exc:
-                    raise CleanupError(lease, container_id, f"{lost} ({exc})") from exc
-                if message is None:
-                    raise CleanupError(lease, container_id, lost)
-                if isinstance(message, Closed):
-                    return
-                if isinstance(message, Orphaned):
-                    raise CleanupError(lease, container_id, message.reason)
-                if isinstance(message, Refused):
-                    return  # registration was refused: nothing was ever created
-                # Created or Failed from a create that ended after we gave up: keep waiting.
-        raise CleanupError(
-            lease, container_id, f"no acknowledgement within {self.close_timeout_s:g} s"
-        )
+        await link.close()  # now, or on the connection a re-adoption under way brings
+        try:
+            message = await link.take(Closed, Orphaned, Refused, timeout=self.close_timeout_s)
+        except LinkLost as exc:
+            raise CleanupError(lease, container_id, f"{LOST_ACK}: {exc.reason}") from None
+        if message is None:
+            raise CleanupError(
+                lease, container_id, f"no acknowledgement within {self.close_timeout_s:g} s"
+            )
+        if isinstance(message, Orphaned):
+            raise CleanupError(lease, container_id, message.reason)
+        # Closed; or Refused: registration was refused, nothing was ever created
+
+
+LOST_ACK = (
+    "the connection to the supervisor was lost before cleanup was acknowledged and the lease "
+    "was not re-adopted; durable recovery is required (the supervisor's restart recovery "
+    "removes it)"
+)
+_CREATE_ANSWERS = (Queued, Registered, Created, Adopted, Refused, Failed, Closed, Orphaned)

@@ -23,6 +23,10 @@ MAX_STARTUP_DEADLINE_S = 60.0
 """The longest startup deadline a caller gets, whatever it asks: how long one lease may hold a
 launch slot without saying it started (the client asks 30 s; a create and a start take well
 under a second here). A client asking more cannot keep every slot from the others."""
+ADOPT_GRACE_S = 10.0
+"""How long a restarted supervisor holds a live container of an intact record for its caller
+to re-adopt (issue 22) before it is an orphan: a caller notices the drop at once and launches
+a supervisor in about a second here; ten leave room for a loaded host."""
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +49,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     reaper_interval_s: float = 2.0
     capacity: Capacity = Capacity()
     docker_socket: str | None = None  # reach the daemon through this socket, whatever callers say
+    adopt_grace_s: float = ADOPT_GRACE_S
+    """At startup, a live container of an intact record waits this long for its caller to
+    re-adopt the lease (``Adopt``) before recovery removes it; 0: recovery removes at once."""
     engine_sockets: tuple[str, ...] = ()
     """The daemon sockets callers may name (``--engine-socket``, repeatable; the auto-launching
     client passes its own). Empty: the one its start environment names (``DOCKER_HOST``, else
@@ -78,6 +85,17 @@ def duration_s(text: str) -> float:
         raise argparse.ArgumentTypeError(exc.rule) from None
     if not (value > 0 and value != float("inf")):  # also refuses NaN
         raise argparse.ArgumentTypeError(f"must be a finite duration > 0, got {text!r}")
+    return value
+
+
+def grace_s(text: str) -> float:
+    """A duration flag that may be 0 (``--adopt-grace 0`` turns the hold off)."""
+    try:
+        value = parse_duration(text, "duration")
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+    if not (value >= 0 and value != float("inf")):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be a finite duration >= 0, got {text!r}")
     return value
 
 
@@ -179,6 +197,14 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         help="the longest a lease may hold a launch slot before its caller says it started; a "
         f"longer startup deadline asked for is cut to this (default: {MAX_STARTUP_DEADLINE_S:g} s)",
     )
+    parser.add_argument(
+        "--adopt-grace",
+        type=grace_s,
+        default=ADOPT_GRACE_S,
+        metavar="DURATION",
+        help="at startup, how long a live container of an intact record waits for its caller "
+        f"to re-adopt it before it is an orphan; 0: none (default: {ADOPT_GRACE_S:g} s)",
+    )
     return parser
 
 
@@ -202,12 +228,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
             max_startup_deadline_s=args.max_startup_deadline,
         ),
         docker_socket=args.docker_socket,
+        adopt_grace_s=args.adopt_grace,
         engine_sockets=tuple(args.engine_socket),
     )
 
 
 __all__ = [
     "ADMISSION_TIMEOUT_S",
+    "ADOPT_GRACE_S",
     "MAX_STARTUP_DEADLINE_S",
     "Capacity",
     "Config",

@@ -8,6 +8,7 @@ admission queue, remove a container with retries, forget a record.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 import trio
 
@@ -27,6 +28,7 @@ from sbxkit.supervisor.lease import (
     Caller,
     Intent,
     LiveLease,
+    log,
 )
 from sbxkit.supervisor.recheck import allowed_engine_sockets
 from sbxkit.supervisor.records import LeaseRecord
@@ -36,6 +38,8 @@ from sbxkit.supervisor.wire import (
 
 REMOVE_ATTEMPT_BUDGET_S = 5.0
 REMOVE_RETRY_CEILING_S = 0.5
+HISTORY_LINES = 64
+"""Re-adoption outcomes kept for ``sbxkit leases recover`` (the log has every one)."""
 
 
 class ServiceCore:
@@ -69,6 +73,13 @@ class ServiceCore:
         # Read once at start (docs/operations.md, "The supervisor's environment").
         self.environment = os.environb.get(b"SBXKIT_ENV")
         self.allowed_sockets = allowed_engine_sockets(config, os.environ)
+        # Re-adoption (adopting.py): records held for their callers, and who works on which.
+        self.held: dict[str, float] = {}  # lease → trio time its hold for re-adoption ends
+        self.held_told: set[str] = set()  # leases whose hold was logged
+        self.adopting: set[str] = set()  # leases an Adopt is taking over (not orphans)
+        self.recovering: set[str] = set()  # leases a recovery pass is resolving
+        self.recovery_done = trio.Event()  # set (and renewed) as one leaves ``recovering``
+        self.history: deque[str] = deque(maxlen=HISTORY_LINES)
 
     async def engine_for(self, socket_path: str) -> Engine:
         engine = self.engines.get(socket_path)
@@ -115,6 +126,7 @@ class ServiceCore:
         remove_io_dir(io_root(self.state.path), lease)
         await self.journal.delete(lease)
         self.records.pop(lease, None)
+        self.held.pop(lease, None)
         self._release(lease)  # its memory is free only once the container is confirmed gone
         self.uncertain_changed.set()
 
@@ -127,6 +139,16 @@ class ServiceCore:
         )
 
     def orphans(self) -> list[LeaseRecord]:
-        return [r for lease, r in self.records.items() if lease not in self.live]
+        """Records no live lease owns and no adoption is taking over: recovery's."""
+        return [
+            r
+            for lease, r in self.records.items()
+            if lease not in self.live and lease not in self.adopting
+        ]
+
+    def note(self, line: str) -> None:
+        """Log a re-adoption outcome and keep it for ``sbxkit leases recover``."""
+        log(line)
+        self.history.append(line)
 
     nursery: trio.Nursery

@@ -17,7 +17,7 @@ else:
 
 __all__ = ["PROTOCOL_VERSION", "SOURCES", "implementation_fingerprint"]
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped with every change to the messages (``wire.py``) or their meaning."""
 
 # The sources that define supervision behaviour: a helper built from other revisions of these
@@ -29,6 +29,8 @@ SOURCES = (
     "supervisor/journal.py",
     "supervisor/service.py",
     "supervisor/client.py",
+    "supervisor/link.py",  # the client's side of re-adoption (issue 22)
+    "supervisor/proof.py",
     "engine/models.py",
     "network/terms.py",  # NetworkTerms and Denial travel in Register and Denials
     "network/audit.py",

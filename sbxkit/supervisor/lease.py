@@ -142,7 +142,7 @@ class LiveLease:
     def __init__(
         self,
         record: LeaseRecord,
-        body: ContainerCreate,
+        body: ContainerCreate | None,
         peer: Replies,
         intent: Intent,
         startup_deadline: float,
@@ -154,6 +154,7 @@ class LiveLease:
         """The governed network the lease registered (its governor runs once asked)."""
         self.governor: Governor | None = None
         self.body = body
+        """What it was created from; None for a lease re-adopted after a restart."""
         self.peer: Replies = peer
         self.intent = intent
         self.stop = intent.stop
@@ -163,6 +164,9 @@ class LiveLease:
         self.on_created: Callable[[str], Awaitable[None]] | None = None
         """A pool's parking (verify, start, wait for a claim), run once the container exists."""
         self.claimed = trio.Event()  # a parked container was handed to a caller
+        self.parked_secret: str | None = None
+        """A parked container's secret (its record keeps the hash), handed to its claimer
+        (``Claimed.secret``) and then forgotten here."""
         self.parked_io: ParkedIO | None = None
         """A parked container's FIFO ends and init (the kernel path), handed over at its
         claim; this supervisor closes its own copies once parking ends."""

@@ -31,15 +31,26 @@ from sbxkit.supervisor.wire import (
 
 
 class Leases(ServiceCore):
-    async def _lease_task(self, live: LiveLease, engine: Engine, slot: LaunchSlot) -> None:
+    async def _lease_task(
+        self,
+        live: LiveLease,
+        engine: Engine,
+        slot: LaunchSlot | None,
+        adopted_id: str | None = None,
+    ) -> None:
+        """Create (or, ``adopted_id``, take over a re-adopted lease's container), then own
+        it until close, caller EOF or the lifetime deadline, and remove it."""
         lease = live.record.lease
         try:
-            container_id = await self._create(live, engine)
+            container_id = adopted_id
             if container_id is None:
-                return
-            self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
-            if live.on_created is not None:
-                await live.on_created(container_id)  # parked until claimed, idle or stopped
+                assert slot is not None  # a create holds a launch slot
+                container_id = await self._create(live, engine)
+                if container_id is None:
+                    return
+                self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
+                if live.on_created is not None:
+                    await live.on_created(container_id)  # parked until claimed, idle or stopped
             with trio.move_on_at(live.lifetime_deadline):
                 await live.stop.wait()
             if not live.stop.is_set():
@@ -57,7 +68,8 @@ class Leases(ServiceCore):
             await live.peer.send(Orphaned(lease=lease, reason=f"supervisor error: {exc}"))
         finally:
             live.close_governor()
-            slot.release()
+            if slot is not None:
+                slot.release()
             self.live.pop(lease, None)
             live.finished.set()
             self.last_activity = trio.current_time()
@@ -78,7 +90,7 @@ class Leases(ServiceCore):
         if live.governor is not None:
             return None
         try:
-            user = parse_user(live.body.user or "")
+            user = parse_user((live.body.user if live.body is not None else None) or "")
             engine = await self.engine_for(live.record.engine_socket)
             governor = Governor(lease, live.network, user=user)
             await self.nursery.start(governor.run, engine, live.record.container_id)
@@ -108,6 +120,7 @@ class Leases(ServiceCore):
         async def send_create() -> None:
             # Never cancelled by the caller: a create that may reach the daemon runs to an
             # answer (the engine's create deadline bounds it) so its container can be removed.
+            assert live.body is not None  # only a re-adopted lease has none, and it is created
             try:
                 outcome.append(await engine.container_create(live.body, name=live.record.name))
             except SbxError as exc:
@@ -181,7 +194,8 @@ class Leases(ServiceCore):
             await live.peer.send(Failed(lease=lease, reason=f"create failed: {error}"))
             await live.peer.send(Closed(lease=lease))
             return
-        live.record = rec.uncertain(live.record, f"create failed: {error}")
+        # Its caller hears Failed and Orphaned: it never comes back to re-adopt the lease.
+        live.record = rec.uncertain(live.record, f"create failed: {error}", adoptable=False)
         self.records[lease] = live.record
         await self.journal.write(live.record)
         log(f"lease {lease}: create outcome uncertain ({error}); recovery owns it now")

@@ -19,6 +19,7 @@ supervisor stops; a crash leaves its record to recovery, as for every lease.
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from sbxkit.supervisor.lease import (
     first_of,
     log,
 )
+from sbxkit.supervisor.proof import SECRET_BYTES, secret_hash
 from sbxkit.supervisor.recheck import unknown_field
 from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.templates import (
@@ -332,9 +334,14 @@ class Pooling(Admitting):
         slot: LaunchSlot,
         parked: trio.Event,
     ) -> str | LiveLease:
+        # Its secret is made here and handed to its claimer: a claimed run re-adopts its
+        # lease with it if this supervisor dies (proof.py), with no journal write on the claim.
+        secret = secrets.token_hex(SECRET_BYTES)
+        register = msgspec.structs.replace(register, secret_hash=secret_hash(secret))
         live = await self._journal_lease(register, NoPeer(), Intent())
         if isinstance(live, str):
             return live
+        live.parked_secret = secret
         live.on_created = lambda container_id: self._parked(
             pool, live, engine, container_id, parked
         )
@@ -362,6 +369,7 @@ class Pooling(Admitting):
         self, pool: ShapePool, live: LiveLease, engine: Engine, container_id: str
     ) -> None:
         template = pool.claim.template
+        assert live.body is not None  # a parked container was created from its body
         io_dir = io_dir_of(live.body)
         try:
             info = await engine.container_inspect(container_id)
@@ -501,7 +509,13 @@ def claimed_message(live: LiveLease) -> tuple[Claimed, list[int]]:
     """The ``Claimed`` a taken lease is handed over with, and the ends that ride with it (the
     kernel path's: stdin, stdout, stderr, the init's pidfd when held; [] on the daemon's)."""
     container_id = live.record.container_id or ""
-    claimed = Claimed(lease=live.record.lease, name=live.record.name, container_id=container_id)
+    claimed = Claimed(
+        lease=live.record.lease,
+        name=live.record.name,
+        container_id=container_id,
+        secret=live.parked_secret,  # the claimer's now, and only its (re-adoption's proof)
+    )
+    live.parked_secret = None
     if live.parked_io is None:
         return claimed, []
     fds = live.parked_io.fds()

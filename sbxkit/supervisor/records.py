@@ -50,6 +50,16 @@ class LeaseRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     memory_bytes: int
     nano_cpus: int
     reason: str | None = None  # why it became uncertain
+    secret_hash: str | None = None
+    """sha256 (hex) of the secret that proves ownership of the lease to a restarted
+    supervisor (``Adopt``, proof.py); the secret itself lives only in its caller's memory.
+    None: the lease cannot be re-adopted."""
+    spent_hashes: tuple[str, ...] = ()
+    """The hashes of secrets already used for an adoption (the newest last, a few kept): one
+    offered again is refused as replayed."""
+    governed: bool = False
+    """The lease has a governed network: its listeners die with the supervisor, so it is
+    never re-adopted (docs/operations.md)."""
 
 
 _decoder = msgspec.json.Decoder(LeaseRecord)
@@ -89,7 +99,20 @@ def created(record: LeaseRecord, container_id: str) -> LeaseRecord:
     return msgspec.structs.replace(record, state="created", container_id=container_id)
 
 
-def uncertain(record: LeaseRecord, reason: str) -> LeaseRecord:
+def uncertain(record: LeaseRecord, reason: str, *, adoptable: bool = True) -> LeaseRecord:
+    """``adoptable`` False: its caller was told the create failed and will not come back for
+    it (its secret hash is dropped)."""
     if record.state == "created":
         raise ValueError(f"lease {record.lease}: a created lease is never uncertain")
-    return msgspec.structs.replace(record, state="uncertain", reason=reason)
+    secret_hash = record.secret_hash if adoptable else None
+    return msgspec.structs.replace(
+        record, state="uncertain", reason=reason, secret_hash=secret_hash
+    )
+
+
+def adopted_create(record: LeaseRecord, container_id: str) -> LeaseRecord:
+    """A create interrupted by the supervisor's death whose container was found, still never
+    started, when its caller re-adopted the lease: the lease is ``created`` after all."""
+    if record.state == "created":
+        raise ValueError(f"lease {record.lease}: already created")
+    return msgspec.structs.replace(record, state="created", container_id=container_id, reason=None)

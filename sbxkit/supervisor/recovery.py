@@ -4,6 +4,8 @@ records exist, at once when the event stream shows their container appear."""
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from sbxkit.errors import NotFound, SbxError
@@ -24,12 +26,41 @@ from sbxkit.supervisor.wire import (
 class Recovery(ServiceCore):
     async def recover_once(self) -> None:
         for record in self.orphans():
+            lease = record.lease
+            # An adoption may have taken it over (or it ended) while an earlier one was done.
+            record_now = self.records.get(lease)
+            if record_now is None or lease in self.live or lease in self.adopting:
+                continue
+            self.recovering.add(lease)
             try:
-                await self._recover(record)
+                await self._recover(record_now)
             except SbxError as exc:
-                log(f"lease {record.lease}: recovery attempt failed: {exc}")
+                log(f"lease {lease}: recovery attempt failed: {exc}")
             except OSError as exc:
-                log(f"lease {record.lease}: journal error during recovery: {exc}")
+                log(f"lease {lease}: journal error during recovery: {exc}")
+            finally:
+                self.recovering.discard(lease)
+                self.recovery_done.set()  # an Adopt waiting for this lease's verdict goes on
+                self.recovery_done = trio.Event()
+
+    def hold_left(self, record: LeaseRecord) -> float | None:
+        """Seconds its hold for re-adoption has left, or None: not held (any more). A hold
+        ends at the grace period's end, or sooner at the lease's lifetime deadline."""
+        until = self.held.get(record.lease)
+        if until is None:
+            return None
+        left = min(until - trio.current_time(), record.lifetime_deadline - time.time())
+        if left > 0:
+            return left
+        del self.held[record.lease]
+        grace = self.config.adopt_grace_s
+        why = (
+            "its lifetime deadline passed"
+            if record.lifetime_deadline <= time.time()
+            else f"no caller re-adopted it within the {grace:g} s grace period"
+        )
+        self.note(f"lease {record.lease}: expired unclaimed: {why}; recovery removes it")
+        return None
 
     async def _recover(self, record: LeaseRecord) -> None:
         engine = await self.engine_for(record.engine_socket)
@@ -50,6 +81,20 @@ class Recovery(ServiceCore):
             if not carries_lease(info.config.labels, record.lease):
                 self._report_foreign(record, info.config.labels or {})
                 return
+            left = self.hold_left(record)
+            if left is not None:  # live and verified: its caller may still re-adopt it
+                if record.lease not in self.held_told:
+                    self.held_told.add(record.lease)
+                    log(
+                        f"lease {record.lease}: container {record.container_id[:12]} is "
+                        f"{info.state.status}; held {left:.1f} s for its caller to re-adopt"
+                    )
+                return
+            if record.governed and record.secret_hash is not None:
+                log(
+                    f"lease {record.lease}: governed network, not held for re-adoption (its "
+                    "listeners died with the previous supervisor)"
+                )
             error = await self._remove_container(engine, record.lease, record.container_id)
             if error is None:
                 await self._forget(record.lease)
@@ -71,7 +116,7 @@ class Recovery(ServiceCore):
         """Delete a tombstone only if its container was never observed: checked now, by label
         and by name, on the daemon the record names."""
         record = self.records.get(lease)
-        if record is None or lease in self.live:
+        if record is None or lease in self.live or lease in self.adopting:
             await self._refuse(peer, "request", f"no orphaned record for lease {lease}")
             return
         if record.state != "uncertain":
@@ -120,7 +165,10 @@ class Recovery(ServiceCore):
             # A fresh event before the pass: a wake-up that arrives during it is kept.
             self.wake_reaper = trio.Event()
             await self.recover_once()
-            with trio.move_on_after(self.config.reaper_interval_s):
+            wait = self.config.reaper_interval_s
+            if self.held:  # a hold that ends is recovered at once, not at the next interval
+                wait = min(wait, max(0.0, min(self.held.values()) - trio.current_time()) + 0.01)
+            with trio.move_on_after(wait):
                 await self.wake_reaper.wait()
 
     def has_uncertain(self) -> bool:

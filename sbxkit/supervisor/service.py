@@ -12,6 +12,8 @@ The service is split by job (each a class of the ``Service`` chain, sharing ``Se
 - ``lifecycle.py``: one lease task per live lease: create (never cancelled by the caller), hand
   the id over, wait for close, caller EOF or the lifetime deadline, remove, delete the record;
 - ``pooling.py``: pools of parked containers held for claims (a Claim instead of Register);
+- ``adopting.py``: a lease re-adopted by its caller after a restart (an Adopt instead of
+  Register), and the startup hold that keeps its container for it;
 - ``recovery.py``: records no live task owns, at startup, in the reaper loop and from the
   daemon's event stream while uncertain records exist;
 - ``core.py``: the shared state; ``lease.py``: the per-lease vocabulary.
@@ -37,6 +39,7 @@ import trio
 from sbxkit.admission import (
     Need,
 )
+from sbxkit.supervisor.adopting import Adopting
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
 from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
 from sbxkit.supervisor.lease import (
@@ -52,6 +55,7 @@ from sbxkit.supervisor.recovery import Recovery
 from sbxkit.supervisor.statedir import STARTUP_REFUSAL
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    Adopt,
     AskDenials,
     Claim,
     Close,
@@ -82,8 +86,9 @@ def peer_uid(stream: trio.SocketStream) -> int:
     return int(uid)
 
 
-class Service(Pooling, Recovery):
-    """The whole service: connections (here), admission, lease tasks, pools and recovery."""
+class Service(Adopting, Pooling, Recovery):
+    """The whole service: connections (here), admission, lease tasks, pools, re-adoption and
+    recovery."""
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
@@ -128,8 +133,12 @@ class Service(Pooling, Recovery):
             register = await peer.receive()
         if isinstance(register, Recover):
             await self.recover_once()
-            lines = [describe(r) for r in self.orphans()] + [self.stats()]
-            await peer.send(Report(lines=lines, remaining=len(self.records)))
+            await peer.send(Report(lines=self.recovery_report(), remaining=len(self.records)))
+            return
+        if isinstance(register, Adopt):
+            adopted = await self._adopt(peer, register)
+            if adopted is not None:
+                await self._hold(peer, register.lease, adopted.intent, adopted)
             return
         if isinstance(register, Retire):
             await self._retire(peer, register.lease)
@@ -199,6 +208,18 @@ class Service(Pooling, Recovery):
             log(f"lease {lease}: {exc}; treated as the caller leaving")
             intent.request_stop("protocol error")
 
+    def recovery_report(self) -> list[str]:
+        """What ``sbxkit leases recover`` prints: each record no live lease owns (with what
+        is left of a hold for re-adoption), the recent re-adoption outcomes, the counters."""
+        now = trio.current_time()
+        lines = []
+        for record in self.orphans():
+            until = self.held.get(record.lease)
+            left = None if until is None else max(0.0, until - now)
+            held = "" if left is None else f"; held {left:.1f} s more for re-adoption"
+            lines.append(describe(record) + held)
+        return lines + list(self.history) + [self.stats()]
+
     async def _stop_on_signal(self, done: trio.CancelScope) -> None:
         """SIGTERM or SIGINT: parked pool containers are removed before the process ends;
         every other lease keeps its record, and the next start recovers it (as after a crash)."""
@@ -265,6 +286,7 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
         service.admission.hold(record.lease, Need(record.memory_bytes, record.nano_cpus))
     if service.records:
         log(f"recovering {len(service.records)} lease record(s)")
+    service.hold_for_adoption()
 
     # We hold the lock, so a socket file left on disk belongs to a dead instance.
     with contextlib.suppress(FileNotFoundError):

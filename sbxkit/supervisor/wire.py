@@ -53,6 +53,17 @@ the command line feeds stdin and reads output itself, and asks for the verdict:
 An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
 (answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
 
+A caller whose supervisor died re-adopts its lease in the restarted one (issue 22,
+docs/operations.md, "Re-adoption"), proving it with the lease's secret (proof.py):
+
+    Hello                            ─►
+    Adopt(lease, secret, next_hash)  ─►     (the record's hash checked; the next one journaled)
+                                     ◄─     Adopted(lease, container_id) | Unadopted | Closed
+    Close                            ─►     (from here as for any lease)
+                                     ◄─     Closed | Orphaned
+
+``Closed`` there: the container is already confirmed gone and the record released.
+
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
@@ -113,6 +124,9 @@ class Register(Message, tag="register"):
     lifetime_deadline_s: float
     network: NetworkTerms | None = None
     """A governed network: what the supervisor's governor carries out once asked (Govern)."""
+    secret_hash: str | None = None
+    """sha256 (hex) of the caller's secret for this lease (proof.py), journaled: the secret
+    re-adopts the lease if this supervisor dies. None: the lease cannot be re-adopted."""
 
 
 class Started(Message, tag="started"):
@@ -197,6 +211,13 @@ class RunCancel(Message, tag="run_cancel"):
     """The command line got ``signal`` (SIGINT, SIGTERM): remove the sandbox, then answer."""
 
     signal: int
+class Adopt(Message, tag="adopt"):
+    """Re-adopt a lease whose supervisor died (instead of Register): ``secret`` proves
+    ownership once; ``next_secret_hash`` is the hash of the caller's next secret."""
+
+    lease: str
+    secret: str
+    next_secret_hash: str
 
 
 class Recover(Message, tag="recover"):
@@ -278,6 +299,9 @@ class Claimed(Message, tag="claimed"):
     container_id: str
     fds: int = 0
     evidence: Literal["kernel", "daemon"] = "daemon"
+    secret: str | None = None
+    """The lease's secret (made when the container was parked, journaled as a hash): it
+    re-adopts the lease if this supervisor dies (``Adopt``)."""
 
 
 class Unclaimed(Message, tag="unclaimed"):
@@ -364,6 +388,23 @@ class Expiring(Message, tag="expiring"):
     reason: str
 
 
+class Adopted(Message, tag="adopted"):
+    """The lease is this connection's now, with its original deadlines; ``container_id`` is
+    its container (for a create the previous supervisor did not get to answer)."""
+
+    lease: str
+    container_id: str
+
+
+class Unadopted(Message, tag="unadopted"):
+    """The lease was not re-adopted, and why. ``record``: this supervisor holds its record
+    (recovery owns it); False: it holds none — nothing was journaled, or the lease ended."""
+
+    lease: str
+    reason: str
+    record: bool
+
+
 class Failed(Message, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
@@ -431,6 +472,7 @@ ClientMessage = (
     | Run
     | RunEnded
     | RunCancel
+    | Adopt
 )
 ServerMessage = (
     Welcome
@@ -453,6 +495,8 @@ ServerMessage = (
     | RunReport
     | RunError
     | RunInterrupted
+    | Adopted
+    | Unadopted
 )
 
 _encoder = msgspec.json.Encoder()

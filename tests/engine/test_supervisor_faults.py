@@ -209,10 +209,16 @@ async def run_into(
 async def kill_mid_run(
     engine: Engine, witness: Witness, proxy: FaultProxy, state_dir: Path, busybox: str
 ) -> tuple[str, str, CleanupError]:
-    """Run ``sleep 30`` (3 s time limit); SIGKILL the supervisor while it runs. Returns the
-    lease, the container id and the caller's error, with the supervisor dead."""
+    """Run ``sleep 30`` (3 s time limit); SIGKILL the supervisor while it runs. No supervisor
+    can start again (``SBXKIT_SUPERVISOR`` is /bin/false here), so the caller cannot re-adopt
+    its lease within its 1 s (issue 22, item 4): it fails as before re-adoption existed.
+    Returns the lease, the container id and the caller's error, with the supervisor dead."""
     owner = SupervisedOwner(
-        engine, state_dir=state_dir, startup_deadline_s=10.0, close_timeout_s=10.0
+        engine,
+        state_dir=state_dir,
+        startup_deadline_s=10.0,
+        close_timeout_s=10.0,
+        adopt_within_s=1.0,
     )
     box: list[RunResult | BaseException] = []
     with supervisor(state_dir, proxy) as sup:
@@ -235,6 +241,7 @@ async def kill_mid_run(
     error = box[0]
     assert isinstance(error, CleanupError), repr(error)
     assert "acknowledged" in str(error), str(error)
+    assert "not re-adopted within 1 s" in str(error), str(error)
     assert error.lease == lease
     assert error.container_id is not None
     # The record stays on disk as ``created`` with the container's id, the container too.
@@ -432,23 +439,30 @@ async def test_wakeup_during_a_recovery_pass_is_not_lost(
 async def test_supervisor_killed_mid_run_is_recovered_on_restart(
     engine: Engine, witness: Witness, proxy: FaultProxy, state_dir: Path, busybox: str
 ) -> None:
+    """The caller gave up (it could not re-adopt): the restarted supervisor holds the live
+    container of the intact record for its grace period (here 2 s), then removes it as an
+    orphan and says so (issue 22, item 2)."""
     since = time.time()
     lease, container_id, _error = await kill_mid_run(engine, witness, proxy, state_dir, busybox)
     restarted_at = time.time()
-    with supervisor(state_dir, proxy) as sup:
+    with supervisor(state_dir, proxy, "--adopt-grace", "2") as sup:
         ready_at = time.time()
+        await logged(sup, f"lease {lease}: container {container_id[:12]} is")
+        assert container_exists(witness, container_id)  # held for its caller
         gone_at = await eventually(
             lambda: not container_exists(witness, container_id), 10, "container removed"
         )
         await eventually(lambda: lease not in records(state_dir), 5, "record deleted")
-        await logged(sup, f"lease {lease}: recovered, container {container_id[:12]} removed")
+        log = await logged(sup, f"lease {lease}: recovered, container {container_id[:12]} removed")
+        assert f"lease {lease}: expired unclaimed: no caller re-adopted it within the 2 s" in log
     events = lease_events(witness, lease, since)
     destroyed_at = event_time(events, "destroy")
+    assert actions(events).count("destroy") == 1
     figure("c: supervisor restart (exec) -> listening", ready_at - restarted_at)
     figure("c: supervisor restart (exec) -> container destroyed", destroyed_at - restarted_at)
     figure("c: listening -> container gone (witness)", gone_at - ready_at)
-    assert destroyed_at > restarted_at
-    assert destroyed_at - restarted_at < 10.0
+    assert destroyed_at - ready_at > 2.0  # not before the grace period ended
+    assert destroyed_at - restarted_at < 12.0
 
 
 # -- d. supervisor SIGKILLed during a create ------------------------------------------------------
@@ -458,8 +472,14 @@ async def test_supervisor_killed_during_create_recovers_the_late_container(
     engine: Engine, witness: Witness, proxy: FaultProxy, state_dir: Path, busybox: str
 ) -> None:
     proxy.delay_create(3.0)
+    # No supervisor can start (SBXKIT_SUPERVISOR is /bin/false): the caller gives up its
+    # re-adoption after 1 s, before the late container appears.
     owner = SupervisedOwner(
-        engine, state_dir=state_dir, startup_deadline_s=20.0, close_timeout_s=10.0
+        engine,
+        state_dir=state_dir,
+        startup_deadline_s=20.0,
+        close_timeout_s=10.0,
+        adopt_within_s=1.0,
     )
     box: list[RunResult | BaseException] = []
     since = time.time()

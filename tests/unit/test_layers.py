@@ -26,6 +26,7 @@ PURE = [
     "usage.py",
     "supervisor/wire.py",
     "supervisor/records.py",
+    "supervisor/proof.py",
     "admission.py",
     "predicates.py",
     "textcheck.py",

@@ -26,6 +26,8 @@ from sbxkit.network.terms import CallbackTerms, NetworkTerms, TlsBundle
 from sbxkit.supervisor.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
+    Adopt,
+    Adopted,
     AskDenials,
     Claim,
     Claimed,
@@ -66,6 +68,7 @@ from sbxkit.supervisor.wire import (
     RunStarted,
     ServerMessage,
     Started,
+    Unadopted,
     Unclaimed,
     Welcome,
     WireError,
@@ -89,6 +92,7 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     Run,
     RunEnded,
     RunCancel,
+    Adopt,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -111,6 +115,8 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     RunReport,
     RunError,
     RunInterrupted,
+    Adopted,
+    Unadopted,
 )
 ALL_TAGS = (
     "hello",
@@ -147,6 +153,9 @@ ALL_TAGS = (
     "run_report",
     "run_error",
     "run_interrupted",
+    "adopt",
+    "adopted",
+    "unadopted",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -205,6 +214,7 @@ registers = st.builds(
         | st.builds(TlsBundle, ca=st.binary(max_size=40), key=st.none() | st.binary(max_size=9)),
         audit_log=st.none() | texts,
     ),
+    secret_hash=st.none() | texts,
 )
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
@@ -250,6 +260,7 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
         overflowed=st.sampled_from([None, "stdout", "stderr"]),
     ),
     st.builds(RunCancel, signal=int64),
+    st.builds(Adopt, lease=texts, secret=texts, next_secret_hash=texts),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -262,7 +273,7 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Queued, lease=texts, ahead=int64),
     st.builds(Registered, lease=texts),
     st.builds(Created, lease=texts, container_id=texts),
-    st.builds(Claimed, lease=texts, name=texts, container_id=texts),
+    st.builds(Claimed, lease=texts, name=texts, container_id=texts, secret=st.none() | texts),
     st.builds(Unclaimed, reason=texts, parked=int64, problem=st.none() | texts),
     st.builds(Governed, lease=texts, problem=st.none() | texts),
     st.builds(
@@ -311,6 +322,8 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(RunReport, exit_status=int64, json=st.none() | texts, notice=st.none() | texts),
     st.builds(RunError, exit_status=int64, stderr=texts, json=st.none() | texts),
     st.just(RunInterrupted()),
+    st.builds(Adopted, lease=texts, container_id=texts),
+    st.builds(Unadopted, lease=texts, reason=texts, record=st.booleans()),
 )
 
 
