@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 
 import nox
@@ -78,6 +79,7 @@ def tests(session: nox.Session) -> None:
             "-m",
             "not podman",
             f"--ignore={NETWORK_TESTS}",
+            "--durations=15",  # where CI's 30 minutes go, in every log
             *session.posargs,
             env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
             success_codes=selected,
@@ -97,6 +99,7 @@ class _Cells:
         self.runs: list[tuple[str, list[str], dict[str, str], str]] = []
         self.codes: dict[str, int] = {}
         self.thread: threading.Thread | None = None
+        self.logs = tempfile.mkdtemp(prefix="sbxkit-cells-")
 
     def add(self, name: str, marks: str, env: dict[str, str]) -> None:
         argv = [
@@ -106,7 +109,9 @@ class _Cells:
             f"--ignore={NETWORK_TESTS}",
             *self.session.posargs,
         ]
-        log = os.path.join(self.session.create_tmp(), f"cell-{len(self.runs)}.log")
+        # Not session.create_tmp(): it sets TMPDIR for every later command, and the suite's
+        # Unix socket paths under that longer TMPDIR pass the kernel's 107-byte limit.
+        log = os.path.join(self.logs, f"cell-{len(self.runs)}.log")
         self.runs.append((name, argv, env, log))
 
     def start(self) -> None:

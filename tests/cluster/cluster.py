@@ -172,6 +172,11 @@ class LocalCluster:
         os.killpg(node.process.pid, signal.SIGKILL)
         node.process.wait(timeout=30)
 
+    def freeze_node(self, name: str) -> None:
+        """SIGSTOP node ``name``'s process group: none of its processes acts again (a host
+        that lost its power, before ``kill_node`` makes it so for Ray too)."""
+        os.killpg(self.nodes[name].process.pid, signal.SIGSTOP)
+
     def stop_node(self, name: str) -> None:
         node = self.nodes.pop(name)
         _stop(node.process)

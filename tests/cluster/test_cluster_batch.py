@@ -240,8 +240,13 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
         wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
         supervisor = _supervisor_of(cluster.root / "state-rayb")
         assert supervisor is not None
-        os.kill(supervisor, signal.SIGKILL)  # first: it would remove them once the agent died
+        # Everything on the host stops at once: frozen, rayb's callers cannot launch a new
+        # supervisor to re-adopt their leases (docs/operations.md), nor can its agent, whose
+        # death would have the live supervisor remove the containers.
+        cluster.freeze_node("rayb")
+        os.kill(supervisor, signal.SIGKILL)
         cluster.kill_node("rayb")
+        assert _supervisor_of(cluster.root / "state-rayb") is None
         time.sleep(3)
         stranded = rayb.sbxkit_containers()
         assert stranded, "the test can fail: nothing was left behind on rayb"
