@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,17 +166,31 @@ class LocalCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
-    def kill_node(self, name: str) -> None:
+    def kill_node(self, name: str, also: Sequence[int] = ()) -> None:
         """SIGKILL node ``name``'s whole process group (the launcher, raylet and agents of
-        Ray's): the host is gone, as far as Ray can tell."""
+        Ray's) and the pids ``also`` (``freeze_node``'s): the host is gone, as far as Ray can
+        tell."""
         node = self.nodes.pop(name)
+        for pid in also:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         os.killpg(node.process.pid, signal.SIGKILL)
         node.process.wait(timeout=30)
 
-    def freeze_node(self, name: str) -> None:
-        """SIGSTOP node ``name``'s process group: none of its processes acts again (a host
-        that lost its power, before ``kill_node`` makes it so for Ray too)."""
-        os.killpg(self.nodes[name].process.pid, signal.SIGSTOP)
+    def freeze_node(self, name: str) -> list[int]:
+        """SIGSTOP every process of node ``name`` — its process group and every descendant of
+        its launcher, Ray's workers (the sbxkit agent among them) included, whatever session
+        they made — until none is left unfrozen: none of them acts again (a host that lost its
+        power). ``kill_node`` then ends them for Ray too. The frozen pids."""
+        launcher = self.nodes[name].process.pid
+        os.killpg(launcher, signal.SIGSTOP)
+        frozen: set[int] = set()
+        while fresh := _descendants(launcher) - frozen:  # one that forked before it stopped
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            frozen |= fresh
+        return sorted(frozen)
 
     def stop_node(self, name: str) -> None:
         node = self.nodes.pop(name)
@@ -219,3 +234,25 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
     with contextlib.suppress(ProcessLookupError):  # whatever the node left in its group
         os.killpg(process.pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process descending from ``root`` (by /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found

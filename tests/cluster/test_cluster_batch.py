@@ -243,9 +243,10 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
         # Everything on the host stops at once: frozen, rayb's callers cannot launch a new
         # supervisor to re-adopt their leases (docs/operations.md), nor can its agent, whose
         # death would have the live supervisor remove the containers.
-        cluster.freeze_node("rayb")
+        frozen = cluster.freeze_node("rayb")
+        assert _agent_of(rayb.socket_path) in frozen  # the callers, whose links would relaunch
         os.kill(supervisor, signal.SIGKILL)
-        cluster.kill_node("rayb")
+        cluster.kill_node("rayb", also=frozen)
         assert _supervisor_of(cluster.root / "state-rayb") is None
         time.sleep(3)
         stranded = rayb.sbxkit_containers()
