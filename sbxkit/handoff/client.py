@@ -328,13 +328,18 @@ def _converse(
         elif kind == "run_error":
             return _print_error(message, scan)
         elif kind == "run_started":
-            return _run_started(channel, message, scan, source, signals)
+            return _run_started(channel, message, scan, state_dir, source, signals)
         else:
             raise Declined(f"unexpected {kind} from the supervisor")
 
 
 def _run_started(
-    channel: _Channel, started: dict[str, Any], scan: Scan, source: int | None, signals: _Signals
+    channel: _Channel,
+    started: dict[str, Any],
+    scan: Scan,
+    state_dir: str,
+    source: int | None,
+    signals: _Signals,
 ) -> int:
     fds = channel.take_fds(started["fds"])
     lost = {"exit_status": started["lost_status"], "stderr": started["lost_stderr"]}
@@ -346,7 +351,8 @@ def _run_started(
         answer = _removed(channel, signal.SIGTERM, lost)
         return _print_error(answer or _error(reason, "SupervisorError", 70, scan), scan)
     ends = Ends(*fds)
-    try:
+    began = time.monotonic()
+    try:  # the pidfd stays open until the verdict: a restarted supervisor may need its word
         watched = watch(
             ends,
             binascii.a2b_base64(started["line"]),
@@ -357,17 +363,26 @@ def _run_started(
             signals.read_fd,
             lambda: bool(signals.received),
         )
+        for fd in (ends.stdin, ends.stdout, ends.stderr):
+            ends.close(fd)
+        if watched.status == "interrupted":
+            return _cancel(channel, signals.received[0], scan, lost=lost)
+        ended = ended_message(watched)
+        try:
+            channel.send(ended)
+            report = channel.receive(signals)
+        except Interrupted as exc:
+            return _cancel(channel, exc.signum, scan, lost=lost)
+        except Lost:  # the supervisor died: carry the run on in the next one (rejoin.py)
+            from sbxkit.handoff.rejoin import rejoin
+
+            resumed, how = rejoin(started, ended, ends.pidfd, time.monotonic() - began, state_dir)
+            _trace(how)
+            if resumed is None:
+                return _print_error(lost, scan)
+            report = resumed
     finally:
         ends.close_all()
-    if watched.status == "interrupted":
-        return _cancel(channel, signals.received[0], scan, lost=lost)
-    try:
-        channel.send(ended_message(watched))
-        report = channel.receive(signals)
-    except Interrupted as exc:
-        return _cancel(channel, exc.signum, scan, lost=lost)
-    except Lost:
-        return _print_error(lost, scan)
     if report["type"] == "run_error":
         return _print_error(report, scan)
     return _print_result(report, watched, scan)

@@ -8,8 +8,10 @@ command line killed mid-run leaves no container, no lease record and no FIFO dir
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,8 +23,13 @@ from pathlib import Path
 import pytest
 
 from sbxkit.kernel.scripts import io_root
-from tests.engine.helpers import unique, wait_until
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.engine.helpers import actions, unique, wait_until
+from tests.supervision import (
+    SupervisorProcess,
+    auto_launched_supervisors,
+    private_state_dir,
+    running_supervisor,
+)
 from tests.witness import Witness
 
 SMALL = ["--cpus", "0.5", "--memory", "64m", "--pids", "64", "--timeout", "30"]
@@ -283,3 +290,133 @@ def test_a_run_that_waited_for_capacity_reports_its_timeout_as_the_full_path_doe
     assert handed_run.stderr == full_run.stderr
     assert handed_run.stdout == full_run.stdout
     assert json.loads(handed_run.stdout)["error"]["type"] == "AdmissionTimeout"
+
+
+# -- a supervisor crash while the command line holds the run (issue 22 × issue 21 item 5) ------
+
+PAYLOAD = "sleep 3; echo out; echo err >&2; exit 3"
+LAUNCHED = [sys.executable, "-m", "sbxkit.supervisor", "--idle-exit", "2", "--reaper-interval"]
+
+
+def holds_the_init(pid: int) -> bool:
+    """The command line holds the sandbox's init as a pidfd: ``RunStarted`` came."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]":
+                    return True
+    return False
+
+
+def crash_mid_run(handed: Handed, *flags: str) -> subprocess.CompletedProcess[bytes]:
+    """``sbxkit run flags`` handed off; the supervisor SIGKILLed once the command line holds
+    the run (the payload still sleeps); what the command line printed and its status."""
+    proc = subprocess.Popen(
+        handed.argv(*flags),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=handed.env(),
+    )
+    try:
+        assert wait_until(lambda: holds_the_init(proc.pid), 30), "never handed off"
+        handed.supervisor.kill()
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def without_timings(document: bytes) -> dict[str, object]:
+    fields = json.loads(document)
+    for varying in ("timings", "container_id", "lease"):
+        fields.pop(varying)
+    return fields
+
+
+def removed_once(witness: Witness, state_dir: Path, label: str, since: float) -> None:
+    """The containers labelled ``label`` since ``since``: one created, one destroyed, none
+    left; no lease record left in ``state_dir``."""
+    assert wait_until(lambda: witness.containers(label=label) == [], 20)
+    assert wait_until(lambda: not list(state_dir.glob("*.lease")), 20)
+    seen = actions(witness.events(since, time.time(), type=["container"], label=[label]))
+    assert (seen.count("create"), seen.count("destroy")) == (1, 1), seen
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["cold", "pooled"])
+def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch, pooled: bool
+) -> None:
+    """The supervisor is SIGKILLed while the payload sleeps: the command line carries the run
+    on in the supervisor it launches (``RunResume``) and prints exactly what an uninterrupted
+    run prints (cold: the output itself; pooled, claimed: ``--json``'s document, timings and
+    ids aside); the daemon created and destroyed the container once; no record is left."""
+    state_dir = private_state_dir()
+    label = unique("crash")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}"]
+    if pooled:
+        flags += ["--pool", "1", "--json"]
+    command = [busybox, "--", "sh", "-c", PAYLOAD]
+    try:
+        with auto_launched_supervisors(state_dir):
+            with running_supervisor(state_dir, "--persistent") as supervisor:
+                handed = Handed(supervisor, witness)
+                control = handed.run(*flags, *command)  # uninterrupted (pooled: parks one)
+                if pooled:
+                    time.sleep(1.0)  # the refill parks
+                else:  # the control's removal is done before the crashed run is counted
+                    assert wait_until(
+                        lambda: witness.containers(label=f"{LABEL}={label}") == [], 20
+                    )
+                since = time.time()
+                crashed = crash_mid_run(handed, *flags, *command)
+            paths = handed.trace.read_text().splitlines()
+            assert (control.returncode, crashed.returncode) == (3, 3), crashed.stderr[-2000:]
+            resumed = "resumed: the supervisor died; the one after it judged the run"
+            assert paths[-2:] == [resumed, "handed off"], paths
+            if not pooled:
+                assert (crashed.stdout, crashed.stderr) == (b"out\n", b"err\n")
+                assert (crashed.stdout, crashed.stderr) == (control.stdout, control.stderr)
+                removed_once(witness, state_dir, f"{LABEL}={label}", since)
+            else:
+                assert crashed.stderr == control.stderr == b""
+                assert without_timings(crashed.stdout) == without_timings(control.stdout)
+                result = json.loads(crashed.stdout)
+                assert (result["stdout"], result["stderr"]) == ("out\n", "err\n")
+                assert result["pooled"] is True
+                removed_once(witness, state_dir, f"sbxkit.lease={result['lease']}", since - 60)
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+    assert wait_until(lambda: witness.containers(label=f"{LABEL}={label}") == [], 30)
+
+
+def test_a_handed_off_run_whose_supervisor_never_comes_back_is_lost_and_recovered(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No supervisor can start again (``SBXKIT_SUPERVISOR`` is /bin/false): the command line
+    tries to resume its run for ``ADOPT_WITHIN_S``, then says it is lost (74) as before; the
+    record keeps the container for recovery, and the next supervisor's recovery removes it
+    once its grace for re-adoption ends — exactly once, no record left."""
+    state_dir = private_state_dir()
+    label = unique("lost")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", "--json"]
+    try:
+        with running_supervisor(state_dir, "--persistent") as supervisor:
+            handed = Handed(supervisor, witness)
+            since = time.time()
+            crashed = crash_mid_run(handed, *flags, busybox, "--", "sh", "-c", PAYLOAD)
+        assert crashed.returncode == 74, crashed.stderr[-2000:]
+        assert b"durable recovery is required" in crashed.stderr
+        assert json.loads(crashed.stdout)["exit_status"] == 74
+        trace = handed.trace.read_text().splitlines()
+        assert trace[-2].startswith("lost: not resumed within 10 s"), trace
+        assert len(list(state_dir.glob("*.lease"))) == 1  # recovery's, with its container
+        assert len(witness.containers(label=f"{LABEL}={label}")) == 1
+        with running_supervisor(state_dir, "--persistent", "--adopt-grace", "1"):
+            removed_once(witness, state_dir, f"{LABEL}={label}", since)
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
