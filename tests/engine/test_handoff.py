@@ -388,6 +388,7 @@ def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
                 assert (result["stdout"], result["stderr"]) == ("out\n", "err\n")
                 assert result["pooled"] is True
                 removed_once(witness, state_dir, f"sbxkit.lease={result['lease']}", since - 60)
+            assert wait_until(lambda: handed.leftovers() == [], 20), handed.leftovers()
     finally:
         shutil.rmtree(state_dir.parent, ignore_errors=True)
     assert wait_until(lambda: witness.containers(label=f"{LABEL}={label}") == [], 30)
