@@ -33,9 +33,8 @@ from sbxkit.supervisor.client import (
     refusal_error,
 )
 from sbxkit.supervisor.lease import Intent
-from sbxkit.supervisor.link import new_secret
+from sbxkit.supervisor.link import with_secret
 from sbxkit.supervisor.pooling import Pooling, claimed_message
-from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.wire import (
     Claim,
     Claimed,
@@ -127,11 +126,8 @@ class ServedOwner(SupervisedOwner):
         lifetime_s: float,
         network: NetworkTerms | None = None,
     ) -> str:
-        secret = new_secret()
-        register = msgspec.structs.replace(
-            self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network),
-            secret_hash=secret_hash(secret),
-        )
+        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        secret, register = with_secret(register)
         self.secret = None if network is not None and network.needs_governor else secret
         replies = LocalReplies(self._forward, msgspec.json.encode(register))
         intent = Intent()
