@@ -345,21 +345,27 @@ def removed_once(witness: Witness, state_dir: Path, label: str, since: float) ->
     assert (seen.count("create"), seen.count("destroy")) == (1, 1), seen
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["cold", "pooled"])
+@pytest.mark.parametrize("case", ["cold", "pooled", "timed_out"])
 def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
-    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch, pooled: bool
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     """The supervisor is SIGKILLed while the payload sleeps: the command line carries the run
     on in the supervisor it launches (``RunResume``) and prints exactly what an uninterrupted
-    run prints (cold: the output itself; pooled, claimed: ``--json``'s document, timings and
-    ids aside); the daemon created and destroyed the container once; no record is left."""
+    run prints (cold, and a run past its time limit: the output, the notice, the status;
+    pooled, claimed: ``--json``'s document, timings and ids aside); the daemon created and
+    destroyed the container once; no record and no FIFO directory is left."""
     state_dir = private_state_dir()
     label = unique("crash")
     monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
     flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}"]
+    pooled = case == "pooled"
     if pooled:
         flags += ["--pool", "1", "--json"]
-    command = [busybox, "--", "sh", "-c", PAYLOAD]
+    payload = PAYLOAD
+    if case == "timed_out":
+        flags += ["--timeout", "5"]
+        payload = "echo out; echo err >&2; sleep 60"
+    command = [busybox, "--", "sh", "-c", payload]
     try:
         with auto_launched_supervisors(state_dir):
             with running_supervisor(state_dir, "--persistent") as supervisor:
@@ -374,11 +380,14 @@ def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
                 since = time.time()
                 crashed = crash_mid_run(handed, *flags, *command)
             paths = handed.trace.read_text().splitlines()
-            assert (control.returncode, crashed.returncode) == (3, 3), crashed.stderr[-2000:]
+            expected = 124 if case == "timed_out" else 3
+            assert control.returncode == expected, control.stderr[-2000:]
+            assert crashed.returncode == expected, crashed.stderr[-2000:]
             resumed = "resumed: the supervisor died; the one after it judged the run"
             assert paths[-2:] == [resumed, "handed off"], paths
             if not pooled:
-                assert (crashed.stdout, crashed.stderr) == (b"out\n", b"err\n")
+                assert crashed.stdout == b"out\n"
+                assert crashed.stderr.startswith(b"err\n")
                 assert (crashed.stdout, crashed.stderr) == (control.stdout, control.stderr)
                 removed_once(witness, state_dir, f"{LABEL}={label}", since)
             else:
