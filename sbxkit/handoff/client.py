@@ -376,7 +376,8 @@ def _run_started(
         except Lost:  # the supervisor died: carry the run on in the next one (rejoin.py)
             from sbxkit.handoff.rejoin import rejoin
 
-            resumed, how = rejoin(started, ended, ends.pidfd, time.monotonic() - began, state_dir)
+            run_s = time.monotonic() - began
+            resumed, how = rejoin(started, ended, ends.pidfd, run_s, state_dir, scan.json)
             _trace(how)
             if resumed is None:
                 return _print_error(lost, scan)

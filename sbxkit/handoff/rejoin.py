@@ -30,36 +30,30 @@ from sbxkit.supervisor.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
 from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.wire import RunEnded, RunError, RunReport, RunResume
 
-__all__ = ["rejoin"]
+__all__ = ["rejoin", "resume_message"]
 
 ANSWER_S = 120.0
 """The longest a resumed run's answer may take: its verdict, then its removal confirmed."""
 
 
 def rejoin(
-    started: dict[str, Any], ended: dict[str, Any], pidfd: int, run_s: float, state_dir: str
+    started: dict[str, Any],
+    ended: dict[str, Any],
+    pidfd: int,
+    run_s: float,
+    state_dir: str,
+    json_output: bool,
 ) -> tuple[dict[str, Any] | None, str]:
     """The ``RunReport`` (as a dict) of the run ``started`` once a supervisor carried it on,
     or None; and what happened, for the hand-off's trace."""
-    secret = started.get("secret")
-    if not secret:
+    if not started.get("secret"):
         return None, "lost: the lease cannot be re-adopted (no secret)"
     code = None
     if ended["status"] == "exited":
         code = _exit_code(pidfd)
         if code is None:
             return None, "lost: the init's exit status could not be read"
-    resume = RunResume(
-        lease=started["lease"],
-        secret=secret,
-        next_secret_hash=secret_hash(new_secret()),
-        ended=msgspec.convert({k: v for k, v in ended.items() if k != "type"}, RunEnded),
-        exit_code=code,
-        json=started.get("lost_json") is not None,
-        pooled=bool(started.get("pooled")),
-        queued_s=float(started.get("queued_s", 0.0)),
-        run_s=run_s,
-    )
+    resume = resume_message(started, ended, code, run_s, json_output)
     engine_socket = started.get("engine_socket") or None
     wakeup = signal.set_wakeup_fd(-1)  # the hand-off's: trio would warn, and set its own
     try:
@@ -69,6 +63,30 @@ def rejoin(
     if answer is None:
         return None, how
     return {"type": "run_report", **msgspec.structs.asdict(answer)}, how
+
+
+def resume_message(
+    started: dict[str, Any],
+    ended: dict[str, Any],
+    exit_code: int | None,
+    run_s: float,
+    json_output: bool,
+) -> RunResume:
+    """``RunResume`` for the run ``started`` (as the command line decoded it), which ended as
+    ``ended`` (its ``RunEnded``) with ``exit_code``: the lease's secret and a fresh one's hash.
+    Should the next supervisor die too, the very same pair is sent again (proof.py accepts it
+    as the retry of an adoption whose answer was lost), so the fresh secret is never needed."""
+    return RunResume(
+        lease=started["lease"],
+        secret=started["secret"],
+        next_secret_hash=secret_hash(new_secret()),
+        ended=msgspec.convert({k: v for k, v in ended.items() if k != "type"}, RunEnded),
+        exit_code=exit_code,
+        json=json_output,
+        pooled=bool(started.get("pooled")),
+        queued_s=float(started.get("queued_s", 0.0)),
+        run_s=run_s,
+    )
 
 
 def _exit_code(pidfd: int) -> int | None:
