@@ -10,7 +10,9 @@ The hand-off (sbxkit/supervisor/wire.py, ``Run``): connect to the state director
 the "waiting for capacity" notices a terminal gets, then take ``RunStarted`` and the sandbox's
 ends, run it on them (``fifos.watch``), send ``RunEnded`` and print what ``RunReport`` says
 exactly as ``sbxkit run`` prints a result. SIGINT and SIGTERM at any point: ``RunCancel``, wait
-for the removal, then exit 130 or 143.
+for the removal, then exit 130 or 143. Should the supervisor die once this process holds the
+ends, the run is resumed in the next one (``rejoin.py``, loaded only then); before that,
+nothing of the payload ran and the full path runs it.
 
 ``SBXKIT_HANDOFF=off`` forces the full path; ``SBXKIT_HANDOFF_TRACE=FILE`` appends, per
 command, whether it was handed off or why not (docs/operations.md).
@@ -308,19 +310,20 @@ def _converse(
         raise Declined(f"the supervisor answered {welcome.get('type')}")
     asked = time.monotonic()
     notice = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
-    queued = False
+    queued_lease: str | None = None
     while True:
         try:
             message = channel.receive(signals)
         except Interrupted as exc:
             return _cancel(channel, exc.signum, scan)
-        except Lost:
-            if queued:  # it waited for capacity for us: the full path would wait again
-                return _print_error(_lost_before_start(scan), scan)
-            raise Declined("the supervisor closed the connection before the run") from None
+        except Lost:  # it died (a live one answers a queued run): no payload ran, no stdin read
+            if queued_lease is not None:
+                _forget_fifos(state_dir, queued_lease)
+            why = "waited for capacity" if queued_lease is not None else "was planned"
+            raise Declined(f"the supervisor closed the connection while the run {why}") from None
         kind = message["type"]
         if kind == "queued":
-            queued = True
+            queued_lease = message["lease"]
             if notice is not None:
                 notice(message["ahead"], time.monotonic() - asked)
         elif kind == "run_declined":
@@ -331,6 +334,20 @@ def _converse(
             return _run_started(channel, message, scan, state_dir, source, signals)
         else:
             raise Declined(f"unexpected {kind} from the supervisor")
+
+
+def _forget_fifos(state_dir: str, lease: str) -> None:
+    """The FIFO directory the dead supervisor made for a run still waiting for capacity: no
+    record was journaled for it (nothing is before admission), so no recovery removes it."""
+    from pathlib import Path  # a rare path: these load what the hand-off otherwise avoids
+
+    from sbxkit.kernel.fifos import remove_io_dir
+    from sbxkit.kernel.scripts import io_root
+    from sbxkit.supervisor.records import LEASE_ID
+
+    if LEASE_ID.fullmatch(lease):
+        with contextlib.suppress(OSError):
+            remove_io_dir(io_root(Path(state_dir)), lease)
 
 
 def _run_started(

@@ -351,8 +351,9 @@ class RunStarted(Message, tag="run_started"):
     its ends ride with this message (``SCM_RIGHTS``: stdin, stdout, stderr, the init's pidfd).
     The command line writes ``line`` then its stdin, keeps ``output_bytes`` per stream, ends
     the run after ``timeout_s``, and drains output at most ``drain_s`` after the exit. Should
-    this supervisor be gone before the verdict, it prints ``lost_stderr`` (and ``lost_json``
-    under ``--json``) and exits ``lost_status``."""
+    this supervisor be gone before the verdict, it resumes the run in the next one
+    (``RunResume``, with ``secret``); failing that it prints ``lost_stderr`` (and
+    ``lost_json`` under ``--json``) and exits ``lost_status``."""
 
     lease: str
     line: bytes

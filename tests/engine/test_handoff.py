@@ -430,3 +430,59 @@ def test_a_handed_off_run_whose_supervisor_never_comes_back_is_lost_and_recovere
             removed_once(witness, state_dir, f"{LABEL}={label}", since)
     finally:
         shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
+def test_a_crash_costs_neither_the_running_run_nor_the_one_waiting_for_capacity(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget for one sandbox: one handed-off run holds it, a second waits in the queue.
+    The supervisor is SIGKILLed: the first is resumed in the supervisor it launches, the
+    second — nothing of it ran — is run by the full path; both print their payload's own
+    result; every container the daemon created is destroyed once, no record is left."""
+    state_dir = private_state_dir()
+    label = unique("queue")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", busybox, "--"]
+    budget = ("--memory-budget", str(100 * 2**20))
+    since = time.time()
+    try:
+        with (
+            auto_launched_supervisors(state_dir),
+            running_supervisor(state_dir, "--persistent", *budget) as supervisor,
+        ):
+            handed = Handed(supervisor, witness)
+            holder = subprocess.Popen(
+                handed.argv(*flags, "sh", "-c", "sleep 5; echo held; exit 4"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=handed.env(),
+            )
+            assert wait_until(lambda: holds_the_init(holder.pid), 30), "never handed off"
+            waiting = subprocess.Popen(
+                handed.argv(*flags, "sh", "-c", "echo waited; exit 5"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=handed.env(),
+            )
+            time.sleep(2.0)  # it connects and waits: the budget holds one sandbox
+            assert waiting.poll() is None
+            supervisor.kill()
+            held, waited = holder.communicate(timeout=90), waiting.communicate(timeout=90)
+        assert (holder.returncode, held) == (4, (b"held\n", b"")), held[1][-2000:]
+        assert (waiting.returncode, waited) == (5, (b"waited\n", b"")), waited[1][-2000:]
+        trace = handed.trace.read_text().splitlines()
+        assert (
+            "full path: the supervisor closed the connection while the run waited for capacity"
+            in trace
+        )
+        assert "resumed: the supervisor died; the one after it judged the run" in trace
+        assert wait_until(lambda: witness.containers(label=f"{LABEL}={label}") == [], 30)
+        assert wait_until(lambda: handed.leftovers() == [], 30), handed.leftovers()
+        seen = actions(
+            witness.events(since, time.time(), type=["container"], label=[f"{LABEL}={label}"])
+        )
+        assert seen.count("create") == seen.count("destroy") >= 2, seen
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
