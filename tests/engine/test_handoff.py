@@ -65,13 +65,13 @@ class Handed:
             check=False,
         )
 
-    def start(self, *flags: str) -> subprocess.Popen[bytes]:
-        """``sbxkit run SMALL flags`` in the background, its output discarded."""
+    def start(self, *flags: str, output: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        """``sbxkit run SMALL flags`` in the background, its output discarded (or piped)."""
         return subprocess.Popen(
             self.argv(*flags),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
             env=self.env(),
         )
 
@@ -311,13 +311,7 @@ def holds_the_init(pid: int) -> bool:
 def crash_mid_run(handed: Handed, *flags: str) -> subprocess.CompletedProcess[bytes]:
     """``sbxkit run flags`` handed off; the supervisor SIGKILLed once the command line holds
     the run (the payload still sleeps); what the command line printed and its status."""
-    proc = subprocess.Popen(
-        handed.argv(*flags),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=handed.env(),
-    )
+    proc = handed.start(*flags, output=subprocess.PIPE)
     try:
         assert wait_until(lambda: holds_the_init(proc.pid), 30), "never handed off"
         handed.supervisor.kill()
@@ -451,20 +445,12 @@ def test_a_crash_costs_neither_the_running_run_nor_the_one_waiting_for_capacity(
             running_supervisor(state_dir, "--persistent", *budget) as supervisor,
         ):
             handed = Handed(supervisor, witness)
-            holder = subprocess.Popen(
-                handed.argv(*flags, "sh", "-c", "sleep 5; echo held; exit 4"),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=handed.env(),
+            holder = handed.start(
+                *flags, "sh", "-c", "sleep 5; echo held; exit 4", output=subprocess.PIPE
             )
             assert wait_until(lambda: holds_the_init(holder.pid), 30), "never handed off"
-            waiting = subprocess.Popen(
-                handed.argv(*flags, "sh", "-c", "echo waited; exit 5"),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=handed.env(),
+            waiting = handed.start(
+                *flags, "sh", "-c", "echo waited; exit 5", output=subprocess.PIPE
             )
             time.sleep(2.0)  # it connects and waits: the budget holds one sandbox
             assert waiting.poll() is None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -164,18 +165,14 @@ def test_the_command_lines_messages_are_the_supervisors() -> None:
     assert decoded(cancel_message(2)) == RunCancel(signal=2)
 
 
+def run_started(line: bytes, **extra: Any) -> RunStarted:
+    fields = {"lease": "l", "output_bytes": 1, "timeout_s": 1.5, "drain_s": 2.0, "fds": 4}
+    return RunStarted(line=line, lost_status=74, lost_stderr="x\n", **{**fields, **extra})
+
+
 def test_the_command_line_reads_the_line_of_a_run_started() -> None:
     line = b"'echo' 'hi \xc3\xa9'\n"
-    started = RunStarted(
-        lease="l",
-        line=line,
-        output_bytes=1,
-        timeout_s=1.5,
-        drain_s=2.0,
-        fds=4,
-        lost_status=74,
-        lost_stderr="x\n",
-    )
+    started = run_started(line)
     doc = json.loads(encode(started)[4:])
     assert binascii.a2b_base64(doc["line"]) == line
     assert (doc["type"], doc["timeout_s"], doc["lost_json"]) == ("run_started", 1.5, None)
@@ -183,15 +180,9 @@ def test_the_command_line_reads_the_line_of_a_run_started() -> None:
 
 def test_a_run_whose_supervisor_died_is_resumed_with_its_secret_and_what_it_saw() -> None:
     secret = "ab" * 32
-    started = RunStarted(
+    started = run_started(
+        b"go\n",
         lease="l" * 32,
-        line=b"go\n",
-        output_bytes=1,
-        timeout_s=1.0,
-        drain_s=1.0,
-        fds=4,
-        lost_status=74,
-        lost_stderr="x\n",
         secret=secret,
         engine_socket="/run/docker.sock",
         pooled=True,
