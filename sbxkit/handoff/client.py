@@ -40,7 +40,7 @@ from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_finge
 
 TYPE_CHECKING = False  # typing is not loaded here: a process per job pays for every import
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any, NoReturn
 
 __all__ = [
@@ -382,20 +382,26 @@ def _run_started(
         )
         for fd in (ends.stdin, ends.stdout, ends.stderr):
             ends.close(fd)
+
+        def resume(ended: dict[str, Any] | None, cancel: int | None) -> dict[str, Any] | None:
+            """The supervisor died: carry the run on in the next one (rejoin.py)."""
+            from sbxkit.handoff.rejoin import rejoin
+
+            run_s = time.monotonic() - began
+            answer, how = rejoin(started, ended, ends.pidfd, run_s, state_dir, scan.json, cancel)
+            _trace(how)
+            return answer
+
         if watched.status == "interrupted":
-            return _cancel(channel, signals.received[0], scan, lost=lost)
+            return _cancel(channel, signals.received[0], scan, lost=lost, resume=resume)
         ended = ended_message(watched)
         try:
             channel.send(ended)
             report = channel.receive(signals)
         except Interrupted as exc:
-            return _cancel(channel, exc.signum, scan, lost=lost)
-        except Lost:  # the supervisor died: carry the run on in the next one (rejoin.py)
-            from sbxkit.handoff.rejoin import rejoin
-
-            run_s = time.monotonic() - began
-            resumed, how = rejoin(started, ended, ends.pidfd, run_s, state_dir, scan.json)
-            _trace(how)
+            return _cancel(channel, exc.signum, scan, lost=lost, resume=resume)
+        except Lost:
+            resumed = resume(ended, None)
             if resumed is None:
                 return _print_error(lost, scan)
             report = resumed
@@ -407,11 +413,20 @@ def _run_started(
 
 
 def _cancel(
-    channel: _Channel, signum: int, scan: Scan, *, lost: dict[str, Any] | None = None
+    channel: _Channel,
+    signum: int,
+    scan: Scan,
+    *,
+    lost: dict[str, Any] | None = None,
+    resume: Callable[[None, int], dict[str, Any] | None] | None = None,
 ) -> int:
     """A signal came: have the supervisor remove the sandbox, wait for it (further signals
-    wait too), then say so as the full path does."""
+    wait too), then say so as the full path does. ``resume``: a handed run's removal asked
+    of the next supervisor, should this one be dead."""
     failed = _removed(channel, signum, lost or _lost_before_start(scan))
+    if failed is not None and failed is lost and resume is not None:
+        answer = resume(None, signum)
+        failed = None if answer is not None and answer["type"] == "run_interrupted" else lost
     if failed is not None:
         return _print_error(failed, scan)
     code = 128 + int(signum)

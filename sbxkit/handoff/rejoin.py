@@ -28,7 +28,7 @@ from sbxkit.kernel.pidfd import exit_status, status_code
 from sbxkit.supervisor.client import connect_supervisor, receive_reply
 from sbxkit.supervisor.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
 from sbxkit.supervisor.proof import secret_hash
-from sbxkit.supervisor.wire import RunEnded, RunError, RunReport, RunResume
+from sbxkit.supervisor.wire import RunEnded, RunError, RunInterrupted, RunReport, RunResume
 
 __all__ = ["rejoin", "resume_message"]
 
@@ -38,22 +38,25 @@ ANSWER_S = 120.0
 
 def rejoin(
     started: dict[str, Any],
-    ended: dict[str, Any],
+    ended: dict[str, Any] | None,
     pidfd: int,
     run_s: float,
     state_dir: str,
     json_output: bool,
+    cancel: int | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
-    """The ``RunReport`` (as a dict) of the run ``started`` once a supervisor carried it on,
-    or None; and what happened, for the hand-off's trace."""
+    """The answer (as the command line reads messages) of the next supervisor for the run
+    ``started`` — ``RunReport`` for a run that ``ended``, ``RunInterrupted`` for one the
+    command line was interrupted in (``cancel``, its signal) — or None; and what happened,
+    for the hand-off's trace."""
     if not started.get("secret"):
         return None, "lost: the lease cannot be re-adopted (no secret)"
     code = None
-    if ended["status"] == "exited":
+    if ended is not None and ended["status"] == "exited":
         code = _exit_code(pidfd)
         if code is None:
             return None, "lost: the init's exit status could not be read"
-    resume = resume_message(started, ended, code, run_s, json_output)
+    resume = resume_message(started, ended, code, run_s, json_output, cancel)
     engine_socket = started.get("engine_socket") or None
     wakeup = signal.set_wakeup_fd(-1)  # the hand-off's: trio would warn, and set its own
     try:
@@ -62,25 +65,31 @@ def rejoin(
         signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
     if answer is None:
         return None, how
-    return {"type": "run_report", **msgspec.structs.asdict(answer)}, how
+    decoded: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(answer))
+    return decoded, how
 
 
 def resume_message(
     started: dict[str, Any],
-    ended: dict[str, Any],
+    ended: dict[str, Any] | None,
     exit_code: int | None,
     run_s: float,
     json_output: bool,
+    cancel: int | None = None,
 ) -> RunResume:
     """``RunResume`` for the run ``started`` (as the command line decoded it), which ended as
-    ``ended`` (its ``RunEnded``) with ``exit_code``: the lease's secret and a fresh one's hash.
-    Should the next supervisor die too, the very same pair is sent again (proof.py accepts it
-    as the retry of an adoption whose answer was lost), so the fresh secret is never needed."""
+    ``ended`` (its ``RunEnded``) with ``exit_code``, or was interrupted by ``cancel``: the
+    lease's secret and a fresh one's hash. Should the next supervisor die too, the very same
+    pair is sent again (proof.py accepts it as the retry of an adoption whose answer was
+    lost), so the fresh secret is never needed."""
     return RunResume(
         lease=started["lease"],
         secret=started["secret"],
         next_secret_hash=secret_hash(new_secret()),
-        ended=msgspec.convert({k: v for k, v in ended.items() if k != "type"}, RunEnded),
+        ended=None
+        if ended is None
+        else msgspec.convert({k: v for k, v in ended.items() if k != "type"}, RunEnded),
+        cancel=cancel,
         exit_code=exit_code,
         json=json_output,
         pooled=bool(started.get("pooled")),
@@ -105,7 +114,7 @@ def _exit_code(pidfd: int) -> int | None:
 
 async def _resume(
     resume: RunResume, state_dir: Path, engine_socket: str | None
-) -> tuple[RunReport | None, str]:
+) -> tuple[RunReport | RunInterrupted | None, str]:
     problem = "no supervisor answered"
     delay = 0.05
     deadline = trio.current_time() + ADOPT_WITHIN_S  # for a first answer; the removal may last
@@ -121,6 +130,8 @@ async def _resume(
                 reply = await receive_reply(session, "resume", ANSWER_S)
                 if isinstance(reply, RunReport):
                     return reply, "resumed: the supervisor died; the one after it judged the run"
+                if isinstance(reply, RunInterrupted):
+                    return reply, "resumed: the supervisor died; the one after it removed the run"
                 if isinstance(reply, RunError):
                     return None, f"lost: {reply.stderr.strip()}"
                 problem = f"unexpected {type(reply).__name__}"  # e.g. Refused: again

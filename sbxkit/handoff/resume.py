@@ -12,7 +12,9 @@ finish the run as the dead one would have:
 - the exit is judged with ``kernel_verdict`` as ever (the sandbox's memory cgroup is gone, so
   an OOM kill is the daemon's to tell, as for any exit read after its cgroup went);
 - the container is removed under the re-adopted lease's task and the removal confirmed
-  (``Closed``) before the report goes out: the record is closed once, by that task.
+  (``Closed``) before the report goes out: the record is closed once, by that task;
+- a command line interrupted meanwhile (``ended`` None) asks for the removal only, answered
+  ``RunInterrupted`` as a ``RunCancel`` is.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from sbxkit.kernel.run import kernel_verdict
 from sbxkit.outcome import Verdict, judge_exit
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.supervisor.adopting import Adopting
-from sbxkit.supervisor.lease import Peer, log
+from sbxkit.supervisor.lease import Intent, Peer, log
 from sbxkit.supervisor.wire import (
     Adopt,
     Closed,
     Expiring,
     Orphaned,
     Queued,
+    RunEnded,
     RunError,
+    RunInterrupted,
     RunReport,
     RunResume,
     Unadopted,
@@ -58,7 +62,7 @@ async def _never_queued(_queued: Queued) -> None:
     await trio.lowlevel.checkpoint()  # an adoption is never queued
 
 
-async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunError:
+async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInterrupted | RunError:
     lease = resume.lease
     replies = LocalReplies(_never_queued)
     adopt = Adopt(lease=lease, secret=resume.secret, next_secret_hash=resume.next_secret_hash)
@@ -68,31 +72,30 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunError
         reason = refusal.reason if isinstance(refusal, Unadopted) else "its container is gone"
         return _lost(lease, None, f"a handed-off run was not re-adopted: {reason}")
     container_id = live.record.container_id or ""
+    ended = resume.ended
+    if ended is None:  # the command line was interrupted: the removal is all it asks for
+        removal = await _removal(live.intent, replies)
+        if removal is not None:
+            return _lost(lease, container_id, removal)
+        log(f"lease {lease}: a handed-off run interrupted after its supervisor died; removed")
+        return RunInterrupted()
     try:
         engine = await service.engine_for(live.record.engine_socket)
-        verdict, code = await _verdict(engine, container_id, resume, replies)
+        verdict, code = await _verdict(engine, container_id, resume, ended, replies)
     except SbxError as exc:
         live.intent.request_stop("caller closed")
         return _lost(lease, container_id, f"judging a resumed run: {exc}")
     removing = trio.current_time()
-    live.intent.request_stop("caller closed")
-    message: object = None
-    with trio.move_on_after(REMOVAL_S):
-        while True:
-            message = await replies.receive()
-            if isinstance(message, Closed):
-                break
-            if isinstance(message, Orphaned):
-                return _lost(lease, container_id, message.reason)
-    if not isinstance(message, Closed):
-        return _lost(lease, container_id, f"no removal within {REMOVAL_S:g} s")
+    removal = await _removal(live.intent, replies)
+    if removal is not None:
+        return _lost(lease, container_id, removal)
     log(f"lease {lease}: a handed-off run resumed by its command line; container removed")
     result = RunResult(
         status=verdict.status,
         exit_code=code,
         stdout=b"",
         stderr=b"",
-        overflowed=resume.ended.overflowed,
+        overflowed=ended.overflowed,
         container_id=container_id,
         lease=lease,
         timings=PhaseTimings(
@@ -105,19 +108,32 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunError
         pooled=resume.pooled,
         evidence="kernel",  # only a run on the kernel's evidence is handed off
     )
-    ended = resume.ended
     document = None
     if resume.json:
         document = result_document(result, ended.stdout_bytes, ended.stderr_bytes)
     return RunReport(exit_status=exit_code_for(result), json=document, notice=status_notice(result))
 
 
+async def _removal(intent: Intent, replies: LocalReplies) -> str | None:
+    """End the re-adopted lease (its task removes the container and closes the record); None
+    once the daemon confirmed the removal, else why not."""
+    intent.request_stop("caller closed")
+    with trio.move_on_after(REMOVAL_S):
+        while True:
+            message = await replies.receive()
+            if isinstance(message, Closed):
+                return None
+            if isinstance(message, Orphaned):
+                return message.reason
+    return f"no removal within {REMOVAL_S:g} s"
+
+
 async def _verdict(
-    engine: Engine, container_id: str, resume: RunResume, replies: LocalReplies
+    engine: Engine, container_id: str, resume: RunResume, ended: RunEnded, replies: LocalReplies
 ) -> tuple[Verdict, int | None]:
     """``kernel_verdict`` of the exit the command line saw, as the dead supervisor's."""
-    outcome = Outcome(Reported(resume.ended))
-    outcome.status = resume.ended.status
+    outcome = Outcome(Reported(ended))
+    outcome.status = ended.status
     outcome.exit_code = resume.exit_code
     if outcome.status == "exited" and resume.exit_code is None:
         raise SbxError("the command line saw the payload exit but not its status")

@@ -55,6 +55,7 @@ the run in the next one (launched if need be) with the lease's secret from ``Run
 
     Hello, RunResume(lease, secret, next_hash, ended, exit_code, …) ─►
                                      ◄─     (adopted, judged, removed)  RunReport | RunError
+    (interrupted: ended=None, cancel=signal) ◄─ (adopted, removed)  RunInterrupted | RunError
 
 An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
 (answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
@@ -385,7 +386,9 @@ class RunResume(Message, tag="run_resume"):
     lease: str
     secret: str
     next_secret_hash: str
-    ended: RunEnded
+    ended: RunEnded | None = None
+    """None: the command line was interrupted (``cancel``): remove, answer RunInterrupted."""
+    cancel: int | None = None
     exit_code: int | None = None
     json: bool = False
     pooled: bool = False

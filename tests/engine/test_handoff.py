@@ -472,3 +472,36 @@ def test_a_crash_costs_neither_the_running_run_nor_the_one_waiting_for_capacity(
         assert seen.count("create") == seen.count("destroy") >= 2, seen
     finally:
         shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
+def test_a_command_line_interrupted_after_its_supervisor_died_has_the_next_remove_the_run(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the supervisor, then SIGINT the command line while the payload runs on: the
+    supervisor it launches removes the sandbox (``RunResume`` with the signal) and the command
+    line says so as an uninterrupted cancel does (130); removed once, nothing left."""
+    state_dir = private_state_dir()
+    label = unique("cancel")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", busybox, "--"]
+    since = time.time()
+    try:
+        with (
+            auto_launched_supervisors(state_dir),
+            running_supervisor(state_dir, "--persistent") as supervisor,
+        ):
+            handed = Handed(supervisor, witness)
+            proc = handed.start(*flags, "sleep", "60", output=subprocess.PIPE)
+            assert wait_until(lambda: holds_the_init(proc.pid), 30), "never handed off"
+            supervisor.kill()
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=90)
+        assert proc.returncode == 130, stderr[-2000:]
+        assert (stdout, stderr) == (b"", b"sbxkit: interrupted by SIGINT; sandbox removed\n")
+        trace = handed.trace.read_text().splitlines()
+        assert "resumed: the supervisor died; the one after it removed the run" in trace, trace
+        removed_once(witness, state_dir, f"{LABEL}={label}", since)
+        assert wait_until(lambda: handed.leftovers() == [], 20), handed.leftovers()
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
