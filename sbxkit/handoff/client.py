@@ -10,7 +10,9 @@ The hand-off (sbxkit/supervisor/wire.py, ``Run``): connect to the state director
 the "waiting for capacity" notices a terminal gets, then take ``RunStarted`` and the sandbox's
 ends, run it on them (``fifos.watch``), send ``RunEnded`` and print what ``RunReport`` says
 exactly as ``sbxkit run`` prints a result. SIGINT and SIGTERM at any point: ``RunCancel``, wait
-for the removal, then exit 130 or 143.
+for the removal, then exit 130 or 143. Should the supervisor die once this process holds the
+ends, the run is resumed in the next one (``rejoin.py``, loaded only then); before that,
+nothing of the payload ran and the full path runs it.
 
 ``SBXKIT_HANDOFF=off`` forces the full path; ``SBXKIT_HANDOFF_TRACE=FILE`` appends, per
 command, whether it was handed off or why not (docs/operations.md).
@@ -38,7 +40,7 @@ from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_finge
 
 TYPE_CHECKING = False  # typing is not loaded here: a process per job pays for every import
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any, NoReturn
 
 __all__ = [
@@ -308,19 +310,20 @@ def _converse(
         raise Declined(f"the supervisor answered {welcome.get('type')}")
     asked = time.monotonic()
     notice = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
-    queued = False
+    queued_lease: str | None = None
     while True:
         try:
             message = channel.receive(signals)
         except Interrupted as exc:
             return _cancel(channel, exc.signum, scan)
-        except Lost:
-            if queued:  # it waited for capacity for us: the full path would wait again
-                return _print_error(_lost_before_start(scan), scan)
-            raise Declined("the supervisor closed the connection before the run") from None
+        except Lost:  # it died (a live one answers a queued run): no payload ran, no stdin read
+            if queued_lease is not None:
+                _forget_fifos(state_dir, queued_lease)
+            why = "waited for capacity" if queued_lease is not None else "was planned"
+            raise Declined(f"the supervisor closed the connection while the run {why}") from None
         kind = message["type"]
         if kind == "queued":
-            queued = True
+            queued_lease = message["lease"]
             if notice is not None:
                 notice(message["ahead"], time.monotonic() - asked)
         elif kind == "run_declined":
@@ -328,13 +331,32 @@ def _converse(
         elif kind == "run_error":
             return _print_error(message, scan)
         elif kind == "run_started":
-            return _run_started(channel, message, scan, source, signals)
+            return _run_started(channel, message, scan, state_dir, source, signals)
         else:
             raise Declined(f"unexpected {kind} from the supervisor")
 
 
+def _forget_fifos(state_dir: str, lease: str) -> None:
+    """The FIFO directory the dead supervisor made for a run still waiting for capacity: no
+    record was journaled for it (nothing is before admission), so no recovery removes it."""
+    from pathlib import Path  # a rare path: these load what the hand-off otherwise avoids
+
+    from sbxkit.kernel.fifos import remove_io_dir
+    from sbxkit.kernel.scripts import io_root
+    from sbxkit.supervisor.records import LEASE_ID
+
+    if LEASE_ID.fullmatch(lease):
+        with contextlib.suppress(OSError):
+            remove_io_dir(io_root(Path(state_dir)), lease)
+
+
 def _run_started(
-    channel: _Channel, started: dict[str, Any], scan: Scan, source: int | None, signals: _Signals
+    channel: _Channel,
+    started: dict[str, Any],
+    scan: Scan,
+    state_dir: str,
+    source: int | None,
+    signals: _Signals,
 ) -> int:
     fds = channel.take_fds(started["fds"])
     lost = {"exit_status": started["lost_status"], "stderr": started["lost_stderr"]}
@@ -346,7 +368,8 @@ def _run_started(
         answer = _removed(channel, signal.SIGTERM, lost)
         return _print_error(answer or _error(reason, "SupervisorError", 70, scan), scan)
     ends = Ends(*fds)
-    try:
+    began = time.monotonic()
+    try:  # the pidfd stays open until the verdict: a restarted supervisor may need its word
         watched = watch(
             ends,
             binascii.a2b_base64(started["line"]),
@@ -357,28 +380,53 @@ def _run_started(
             signals.read_fd,
             lambda: bool(signals.received),
         )
+        for fd in (ends.stdin, ends.stdout, ends.stderr):
+            ends.close(fd)
+
+        def resume(ended: dict[str, Any] | None, cancel: int | None) -> dict[str, Any] | None:
+            """The supervisor died: carry the run on in the next one (rejoin.py)."""
+            from sbxkit.handoff.rejoin import rejoin
+
+            run_s = time.monotonic() - began
+            answer, how = rejoin(started, ended, ends.pidfd, run_s, state_dir, scan.json, cancel)
+            _trace(how)
+            return answer
+
+        if watched.status == "interrupted":
+            return _cancel(channel, signals.received[0], scan, lost=lost, resume=resume)
+        ended = ended_message(watched)
+        try:
+            channel.send(ended)
+            report = channel.receive(signals)
+        except Interrupted as exc:
+            return _cancel(channel, exc.signum, scan, lost=lost, resume=resume)
+        except Lost:
+            resumed = resume(ended, None)
+            if resumed is None:
+                return _print_error(lost, scan)
+            report = resumed
     finally:
         ends.close_all()
-    if watched.status == "interrupted":
-        return _cancel(channel, signals.received[0], scan, lost=lost)
-    try:
-        channel.send(ended_message(watched))
-        report = channel.receive(signals)
-    except Interrupted as exc:
-        return _cancel(channel, exc.signum, scan, lost=lost)
-    except Lost:
-        return _print_error(lost, scan)
     if report["type"] == "run_error":
         return _print_error(report, scan)
     return _print_result(report, watched, scan)
 
 
 def _cancel(
-    channel: _Channel, signum: int, scan: Scan, *, lost: dict[str, Any] | None = None
+    channel: _Channel,
+    signum: int,
+    scan: Scan,
+    *,
+    lost: dict[str, Any] | None = None,
+    resume: Callable[[None, int], dict[str, Any] | None] | None = None,
 ) -> int:
     """A signal came: have the supervisor remove the sandbox, wait for it (further signals
-    wait too), then say so as the full path does."""
+    wait too), then say so as the full path does. ``resume``: a handed run's removal asked
+    of the next supervisor, should this one be dead."""
     failed = _removed(channel, signum, lost or _lost_before_start(scan))
+    if failed is not None and failed is lost and resume is not None:
+        answer = resume(None, signum)
+        failed = None if answer is not None and answer["type"] == "run_interrupted" else lost
     if failed is not None:
         return _print_error(failed, scan)
     code = 128 + int(signum)

@@ -33,6 +33,7 @@ from sbxkit.supervisor.client import (
     refusal_error,
 )
 from sbxkit.supervisor.lease import Intent
+from sbxkit.supervisor.link import with_secret
 from sbxkit.supervisor.pooling import Pooling, claimed_message
 from sbxkit.supervisor.wire import (
     Claim,
@@ -104,6 +105,11 @@ class ServedOwner(SupervisedOwner):
         self._local: dict[str, tuple[LocalReplies, Intent]] = {}
         self.current: tuple[str, str] = ("", "")
         """The lease and container id of the run's sandbox, once known (its ``lost`` line)."""
+        self.secret: str | None = None
+        """The current lease's secret (its record keeps the hash): the command line re-adopts
+        the run with it should this supervisor die (``RunStarted.secret``)."""
+        self.pooled = False
+        self.engine_socket = engine.socket_path
 
     def stop_all(self, reason: str) -> None:
         """The command line left or was interrupted: every lease of the run ends now (its
@@ -121,6 +127,8 @@ class ServedOwner(SupervisedOwner):
         network: NetworkTerms | None = None,
     ) -> str:
         register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        secret, register = with_secret(register)
+        self.secret = None if network is not None and network.needs_governor else secret
         replies = LocalReplies(self._forward, msgspec.json.encode(register))
         intent = Intent()
         self._local[lease] = (replies, intent)
@@ -195,6 +203,7 @@ class ServedOwner(SupervisedOwner):
         self._claimed_fds[claimed.lease] = [os.dup(fd) for fd in fds]
         self._local[claimed.lease] = (replies, live.intent)
         self.current = (claimed.lease, claimed.container_id)
+        self.secret, self.pooled = claimed.secret, True
         live.claimed.set()  # parking ends: its copies of the ends are closed
         return claimed
 

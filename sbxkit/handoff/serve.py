@@ -67,7 +67,7 @@ from sbxkit.supervisor.wire import (
     WireError,
 )
 
-__all__ = ["HandOff", "parse_run", "result_document", "run_parser", "serve_run"]
+__all__ = ["HandOff", "Reported", "parse_run", "result_document", "run_parser", "serve_run"]
 
 LOST = (
     "the connection to the supervisor was lost before cleanup was acknowledged; durable "
@@ -281,6 +281,10 @@ class HandOff:
             lost_status=exit_code_for_error(lost),
             lost_stderr=f"sbxkit: error: {lost}\n",
             lost_json=self._json_error(lost),
+            secret=self.owner.secret,  # the connection's only: never logged, never journaled
+            engine_socket=self.owner.engine_socket,
+            pooled=self.owner.pooled,
+            queued_s=self.owner.queued_s(lease),
         )
         ends = [io.stdin.fileno(), io.stdout.fileno(), io.stderr.fileno(), init.pidfd]
         self.handed_over = True  # before the send: its RunEnded may come before it returns
@@ -303,7 +307,7 @@ class HandOff:
                 nursery.cancel_scope.cancel()  # sbxkit ends it: the removal's kill
             else:
                 nursery.cancel_scope.deadline = trio.current_time() + REAP_LIMIT_S + DRAIN_GRACE_S
-        outcome = Outcome(_Reported(report))
+        outcome = Outcome(Reported(report))
         outcome.status = report.status
         if report.status == "exited":
             if not code:
@@ -382,7 +386,7 @@ def result_document(result: RunResult, stdout_bytes: int, stderr_bytes: int) -> 
     return msgspec.json.encode(JsonResult(**fields)).decode()
 
 
-class _Reported(OutputCapture):
+class Reported(OutputCapture):
     """The output the command line kept, as far as the verdict and the result need it: none of
     its bytes (they never come here), which stream overflowed."""
 

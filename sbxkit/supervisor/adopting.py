@@ -30,7 +30,7 @@ from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
 from sbxkit.ownership import carries_lease, find_lease_container
 from sbxkit.supervisor import records as rec
-from sbxkit.supervisor.lease import Intent, LiveLease, Peer, log
+from sbxkit.supervisor.lease import Intent, LiveLease, Replies, log
 from sbxkit.supervisor.lifecycle import Leases
 from sbxkit.supervisor.proof import check_proof, refusal_reason, rotated
 from sbxkit.supervisor.records import LeaseRecord, StorageError
@@ -73,7 +73,7 @@ class Adopting(Leases):
                 f"holding {len(self.held)} lease(s) up to {grace:g} s for their callers to re-adopt"
             )
 
-    async def _adopt(self, peer: Peer, adopt: Adopt) -> LiveLease | None:
+    async def _adopt(self, peer: Replies, adopt: Adopt) -> LiveLease | None:
         """Answer an Adopt: the re-adopted lease (now the peer's), or None (answered)."""
         lease = adopt.lease
         if not rec.LEASE_ID.fullmatch(lease):
@@ -124,7 +124,9 @@ class Adopting(Leases):
         self.held.pop(lease, None)
         self.wake_reaper.set()
 
-    async def _take_over(self, peer: Peer, adopt: Adopt, original: LeaseRecord) -> LiveLease | None:
+    async def _take_over(
+        self, peer: Replies, adopt: Adopt, original: LeaseRecord
+    ) -> LiveLease | None:
         lease, record = adopt.lease, original
         try:
             engine = await self.engine_for(record.engine_socket)

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import trio
 
 from sbxkit.engine.client import Engine
@@ -42,9 +41,8 @@ from sbxkit.supervisor.link import (
     LeaseLink,
     LinkLost,
     fifo_dir_keeper,
-    new_secret,
+    with_secret,
 )
-from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.statedir import (
     LOG_NAME,
     SOCKET_NAME,
@@ -470,11 +468,8 @@ class SupervisedOwner:
         lifetime_s: float,
         network: NetworkTerms | None = None,
     ) -> str:
-        secret = new_secret()
-        register = msgspec.structs.replace(
-            self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network),
-            secret_hash=secret_hash(secret),
-        )
+        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        secret, register = with_secret(register)
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
         link = self._link(

@@ -17,7 +17,7 @@ else:
 
 __all__ = ["PROTOCOL_VERSION", "SOURCES", "implementation_fingerprint"]
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped with every change to the messages (``wire.py``) or their meaning."""
 
 # The sources that define supervision behaviour: a helper built from other revisions of these
@@ -36,6 +36,8 @@ SOURCES = (
     "network/audit.py",
     "handoff/client.py",  # the command line's side of Run, RunStarted, RunEnded ...
     "handoff/serve.py",
+    "handoff/resume.py",  # RunResume: the supervisor's side
+    "handoff/rejoin.py",  # RunResume: the command line's side
 )
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import msgspec
 import trio
 
 from sbxkit.engine.models import ContainerCreate
@@ -87,6 +88,13 @@ Connect = Callable[[Message], Awaitable[Session]]
 def new_secret() -> str:
     """A lease's secret: 32 random bytes, hex; kept in the caller's memory only."""
     return secrets.token_hex(SECRET_BYTES)
+
+
+def with_secret(register: Register) -> tuple[str, Register]:
+    """A fresh secret, and ``register`` carrying its hash (proof.py): the secret stays in the
+    caller's memory and re-adopts the lease should the supervisor die."""
+    secret = new_secret()
+    return secret, msgspec.structs.replace(register, secret_hash=secret_hash(secret))
 
 
 def fifo_dir_keeper(body: ContainerCreate) -> Callable[[], None] | None:

@@ -72,6 +72,7 @@ from sbxkit.supervisor.wire import (
     Report,
     Retire,
     Run,
+    RunResume,
     Started,
     Welcome,
     WireError,
@@ -153,6 +154,11 @@ class Service(Adopting, Pooling, Recovery):
             from sbxkit.handoff.serve import serve_run  # the CLI's parser: see _load_handoff
 
             await serve_run(self, peer, register)
+            return
+        if isinstance(register, RunResume):  # a handed-off run whose supervisor died
+            from sbxkit.handoff.resume import serve_resume
+
+            await serve_resume(self, peer, register)
             return
         if isinstance(register, Claim):
             claimed = await self._claim(peer, register)

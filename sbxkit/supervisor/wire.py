@@ -50,6 +50,13 @@ the command line feeds stdin and reads output itself, and asks for the verdict:
     RunCancel(signal)                ─►     (at any point: removal first)
                                      ◄─     RunInterrupted | RunError
 
+Should the supervisor die while the command line holds the ends, the command line re-adopts
+the run in the next one (launched if need be) with the lease's secret from ``RunStarted``:
+
+    Hello, RunResume(lease, secret, next_hash, ended, exit_code, …) ─►
+                                     ◄─     (adopted, judged, removed)  RunReport | RunError
+    (interrupted: ended=None, cancel=signal) ◄─ (adopted, removed)  RunInterrupted | RunError
+
 An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
 (answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
 
@@ -211,6 +218,8 @@ class RunCancel(Message, tag="run_cancel"):
     """The command line got ``signal`` (SIGINT, SIGTERM): remove the sandbox, then answer."""
 
     signal: int
+
+
 class Adopt(Message, tag="adopt"):
     """Re-adopt a lease whose supervisor died (instead of Register): ``secret`` proves
     ownership once; ``next_secret_hash`` is the hash of the caller's next secret."""
@@ -343,8 +352,9 @@ class RunStarted(Message, tag="run_started"):
     its ends ride with this message (``SCM_RIGHTS``: stdin, stdout, stderr, the init's pidfd).
     The command line writes ``line`` then its stdin, keeps ``output_bytes`` per stream, ends
     the run after ``timeout_s``, and drains output at most ``drain_s`` after the exit. Should
-    this supervisor be gone before the verdict, it prints ``lost_stderr`` (and ``lost_json``
-    under ``--json``) and exits ``lost_status``."""
+    this supervisor be gone before the verdict, it resumes the run in the next one
+    (``RunResume``, with ``secret``); failing that it prints ``lost_stderr`` (and
+    ``lost_json`` under ``--json``) and exits ``lost_status``."""
 
     lease: str
     line: bytes
@@ -355,6 +365,35 @@ class RunStarted(Message, tag="run_started"):
     lost_status: int
     lost_stderr: str
     lost_json: str | None = None
+    secret: str | None = None
+    """The lease's secret (the record journals only its hash): should this supervisor die,
+    the command line re-adopts the run in the next one with it (``RunResume``). None: the
+    lease cannot be re-adopted (a governed network's listeners die with the supervisor)."""
+    engine_socket: str = ""
+    """The daemon the lease's container lives on (a supervisor launched to resume serves it)."""
+    pooled: bool = False
+    queued_s: float = 0.0
+    """What the verdict's result says beside the command line's own figures."""
+
+
+class RunResume(Message, tag="run_resume"):
+    """A handed-off run whose supervisor died (instead of Register; sbxkit/handoff/resume.py):
+    re-adopt its lease with ``secret`` (as ``Adopt`` does: ``next_secret_hash`` is journaled),
+    judge the exit the command line saw — ``exit_code`` read from its pidfd of the init, the
+    kernel's word — remove the container, and answer ``RunReport`` as the dead supervisor
+    would have (else ``RunError``: the command line prints its ``lost`` line)."""
+
+    lease: str
+    secret: str
+    next_secret_hash: str
+    ended: RunEnded | None = None
+    """None: the command line was interrupted (``cancel``): remove, answer RunInterrupted."""
+    cancel: int | None = None
+    exit_code: int | None = None
+    json: bool = False
+    pooled: bool = False
+    queued_s: float = 0.0
+    run_s: float = 0.0
 
 
 class RunReport(Message, tag="run_report"):
@@ -473,6 +512,7 @@ ClientMessage = (
     | RunEnded
     | RunCancel
     | Adopt
+    | RunResume
 )
 ServerMessage = (
     Welcome

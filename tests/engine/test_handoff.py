@@ -8,8 +8,10 @@ command line killed mid-run leaves no container, no lease record and no FIFO dir
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,8 +23,13 @@ from pathlib import Path
 import pytest
 
 from sbxkit.kernel.scripts import io_root
-from tests.engine.helpers import unique, wait_until
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.engine.helpers import actions, unique, wait_until
+from tests.supervision import (
+    SupervisorProcess,
+    auto_launched_supervisors,
+    private_state_dir,
+    running_supervisor,
+)
 from tests.witness import Witness
 
 SMALL = ["--cpus", "0.5", "--memory", "64m", "--pids", "64", "--timeout", "30"]
@@ -58,13 +65,13 @@ class Handed:
             check=False,
         )
 
-    def start(self, *flags: str) -> subprocess.Popen[bytes]:
-        """``sbxkit run SMALL flags`` in the background, its output discarded."""
+    def start(self, *flags: str, output: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        """``sbxkit run SMALL flags`` in the background, its output discarded (or piped)."""
         return subprocess.Popen(
             self.argv(*flags),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
             env=self.env(),
         )
 
@@ -283,3 +290,218 @@ def test_a_run_that_waited_for_capacity_reports_its_timeout_as_the_full_path_doe
     assert handed_run.stderr == full_run.stderr
     assert handed_run.stdout == full_run.stdout
     assert json.loads(handed_run.stdout)["error"]["type"] == "AdmissionTimeout"
+
+
+# -- a supervisor crash while the command line holds the run (issue 22 × issue 21 item 5) ------
+
+PAYLOAD = "sleep 3; echo out; echo err >&2; exit 3"
+LAUNCHED = [sys.executable, "-m", "sbxkit.supervisor", "--idle-exit", "2", "--reaper-interval"]
+
+
+def holds_the_init(pid: int) -> bool:
+    """The command line holds the sandbox's init as a pidfd: ``RunStarted`` came."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]":
+                    return True
+    return False
+
+
+def crash_mid_run(handed: Handed, *flags: str) -> subprocess.CompletedProcess[bytes]:
+    """``sbxkit run flags`` handed off; the supervisor SIGKILLed once the command line holds
+    the run (the payload still sleeps); what the command line printed and its status."""
+    proc = handed.start(*flags, output=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: holds_the_init(proc.pid), 30), "never handed off"
+        handed.supervisor.kill()
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def without_timings(document: bytes) -> dict[str, object]:
+    fields = json.loads(document)
+    for varying in ("timings", "container_id", "lease"):
+        fields.pop(varying)
+    return fields
+
+
+def removed_once(witness: Witness, state_dir: Path, label: str, since: float) -> None:
+    """The containers labelled ``label`` since ``since``: one created, one destroyed, none
+    left; no lease record left in ``state_dir``."""
+    assert wait_until(lambda: witness.containers(label=label) == [], 20)
+    assert wait_until(lambda: not list(state_dir.glob("*.lease")), 20)
+    seen = actions(witness.events(since, time.time(), type=["container"], label=[label]))
+    assert (seen.count("create"), seen.count("destroy")) == (1, 1), seen
+
+
+@pytest.mark.parametrize("case", ["cold", "pooled", "timed_out"])
+def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The supervisor is SIGKILLed while the payload sleeps: the command line carries the run
+    on in the supervisor it launches (``RunResume``) and prints exactly what an uninterrupted
+    run prints (cold, and a run past its time limit: the output, the notice, the status;
+    pooled, claimed: ``--json``'s document, timings and ids aside); the daemon created and
+    destroyed the container once; no record and no FIFO directory is left."""
+    state_dir = private_state_dir()
+    label = unique("crash")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}"]
+    pooled = case == "pooled"
+    if pooled:
+        flags += ["--pool", "1", "--json"]
+    payload = PAYLOAD
+    if case == "timed_out":
+        flags += ["--timeout", "5"]
+        payload = "echo out; echo err >&2; sleep 60"
+    command = [busybox, "--", "sh", "-c", payload]
+    try:
+        with auto_launched_supervisors(state_dir):
+            with running_supervisor(state_dir, "--persistent") as supervisor:
+                handed = Handed(supervisor, witness)
+                control = handed.run(*flags, *command)  # uninterrupted (pooled: parks one)
+                if pooled:
+                    time.sleep(1.0)  # the refill parks
+                else:  # the control's removal is done before the crashed run is counted
+                    assert wait_until(
+                        lambda: witness.containers(label=f"{LABEL}={label}") == [], 20
+                    )
+                since = time.time()
+                crashed = crash_mid_run(handed, *flags, *command)
+            paths = handed.trace.read_text().splitlines()
+            expected = 124 if case == "timed_out" else 3
+            assert control.returncode == expected, control.stderr[-2000:]
+            assert crashed.returncode == expected, crashed.stderr[-2000:]
+            resumed = "resumed: the supervisor died; the one after it judged the run"
+            assert paths[-2:] == [resumed, "handed off"], paths
+            if not pooled:
+                assert crashed.stdout == b"out\n"
+                assert crashed.stderr.startswith(b"err\n")
+                assert (crashed.stdout, crashed.stderr) == (control.stdout, control.stderr)
+                removed_once(witness, state_dir, f"{LABEL}={label}", since)
+            else:
+                assert crashed.stderr == control.stderr == b""
+                assert without_timings(crashed.stdout) == without_timings(control.stdout)
+                result = json.loads(crashed.stdout)
+                assert (result["stdout"], result["stderr"]) == ("out\n", "err\n")
+                assert result["pooled"] is True
+                removed_once(witness, state_dir, f"sbxkit.lease={result['lease']}", since - 60)
+            assert wait_until(lambda: handed.leftovers() == [], 20), handed.leftovers()
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+    assert wait_until(lambda: witness.containers(label=f"{LABEL}={label}") == [], 30)
+
+
+def test_a_handed_off_run_whose_supervisor_never_comes_back_is_lost_and_recovered(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No supervisor can start again (``SBXKIT_SUPERVISOR`` is /bin/false): the command line
+    tries to resume its run for ``ADOPT_WITHIN_S``, then says it is lost (74) as before; the
+    record keeps the container for recovery, and the next supervisor's recovery removes it
+    once its grace for re-adoption ends — exactly once, no record left."""
+    state_dir = private_state_dir()
+    label = unique("lost")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", "--json"]
+    try:
+        with running_supervisor(state_dir, "--persistent") as supervisor:
+            handed = Handed(supervisor, witness)
+            since = time.time()
+            crashed = crash_mid_run(handed, *flags, busybox, "--", "sh", "-c", PAYLOAD)
+        assert crashed.returncode == 74, crashed.stderr[-2000:]
+        assert b"durable recovery is required" in crashed.stderr
+        assert json.loads(crashed.stdout)["exit_status"] == 74
+        trace = handed.trace.read_text().splitlines()
+        assert trace[-2].startswith("lost: not resumed within 10 s"), trace
+        assert len(list(state_dir.glob("*.lease"))) == 1  # recovery's, with its container
+        assert len(witness.containers(label=f"{LABEL}={label}")) == 1
+        with running_supervisor(state_dir, "--persistent", "--adopt-grace", "1"):
+            removed_once(witness, state_dir, f"{LABEL}={label}", since)
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
+def test_a_crash_costs_neither_the_running_run_nor_the_one_waiting_for_capacity(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget for one sandbox: one handed-off run holds it, a second waits in the queue.
+    The supervisor is SIGKILLed: the first is resumed in the supervisor it launches, the
+    second — nothing of it ran — is run by the full path; both print their payload's own
+    result; every container the daemon created is destroyed once, no record is left."""
+    state_dir = private_state_dir()
+    label = unique("queue")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", busybox, "--"]
+    budget = ("--memory-budget", str(100 * 2**20))
+    since = time.time()
+    try:
+        with (
+            auto_launched_supervisors(state_dir),
+            running_supervisor(state_dir, "--persistent", *budget) as supervisor,
+        ):
+            handed = Handed(supervisor, witness)
+            holder = handed.start(
+                *flags, "sh", "-c", "sleep 5; echo held; exit 4", output=subprocess.PIPE
+            )
+            assert wait_until(lambda: holds_the_init(holder.pid), 30), "never handed off"
+            waiting = handed.start(
+                *flags, "sh", "-c", "echo waited; exit 5", output=subprocess.PIPE
+            )
+            time.sleep(2.0)  # it connects and waits: the budget holds one sandbox
+            assert waiting.poll() is None
+            supervisor.kill()
+            held, waited = holder.communicate(timeout=90), waiting.communicate(timeout=90)
+        assert (holder.returncode, held) == (4, (b"held\n", b"")), held[1][-2000:]
+        assert (waiting.returncode, waited) == (5, (b"waited\n", b"")), waited[1][-2000:]
+        trace = handed.trace.read_text().splitlines()
+        assert (
+            "full path: the supervisor closed the connection while the run waited for capacity"
+            in trace
+        )
+        assert "resumed: the supervisor died; the one after it judged the run" in trace
+        assert wait_until(lambda: witness.containers(label=f"{LABEL}={label}") == [], 30)
+        assert wait_until(lambda: handed.leftovers() == [], 30), handed.leftovers()
+        seen = actions(
+            witness.events(since, time.time(), type=["container"], label=[f"{LABEL}={label}"])
+        )
+        assert seen.count("create") == seen.count("destroy") >= 2, seen
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
+def test_a_command_line_interrupted_after_its_supervisor_died_has_the_next_remove_the_run(
+    witness: Witness, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the supervisor, then SIGINT the command line while the payload runs on: the
+    supervisor it launches removes the sandbox (``RunResume`` with the signal) and the command
+    line says so as an uninterrupted cancel does (130); removed once, nothing left."""
+    state_dir = private_state_dir()
+    label = unique("cancel")
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", shlex.join([*LAUNCHED, "0.5", "--adopt-grace", "15"]))
+    flags = ["--socket", witness.socket_path, "--label", f"{LABEL}={label}", busybox, "--"]
+    since = time.time()
+    try:
+        with (
+            auto_launched_supervisors(state_dir),
+            running_supervisor(state_dir, "--persistent") as supervisor,
+        ):
+            handed = Handed(supervisor, witness)
+            proc = handed.start(*flags, "sleep", "60", output=subprocess.PIPE)
+            assert wait_until(lambda: holds_the_init(proc.pid), 30), "never handed off"
+            supervisor.kill()
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=90)
+        assert proc.returncode == 130, stderr[-2000:]
+        assert (stdout, stderr) == (b"", b"sbxkit: interrupted by SIGINT; sandbox removed\n")
+        trace = handed.trace.read_text().splitlines()
+        assert "resumed: the supervisor died; the one after it removed the run" in trace, trace
+        removed_once(witness, state_dir, f"{LABEL}={label}", since)
+        assert wait_until(lambda: handed.leftovers() == [], 20), handed.leftovers()
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)

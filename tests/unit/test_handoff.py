@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -30,10 +31,12 @@ from sbxkit.handoff.client import (
 )
 from sbxkit.handoff.fifos import Ends, Watched, watch
 from sbxkit.handoff.owner import Declined
+from sbxkit.handoff.rejoin import rejoin, resume_message
 from sbxkit.handoff.scan import Scan, scan_run
 from sbxkit.handoff.serve import parse_run, result_document
 from sbxkit.result import PhaseTimings, RunResult
 from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
+from sbxkit.supervisor.proof import is_well_formed, secret_hash
 from sbxkit.supervisor.wire import (
     Hello,
     Run,
@@ -162,21 +165,48 @@ def test_the_command_lines_messages_are_the_supervisors() -> None:
     assert decoded(cancel_message(2)) == RunCancel(signal=2)
 
 
+def run_started(line: bytes, **extra: Any) -> RunStarted:
+    fields = {"lease": "l", "output_bytes": 1, "timeout_s": 1.5, "drain_s": 2.0, "fds": 4}
+    return RunStarted(line=line, lost_status=74, lost_stderr="x\n", **{**fields, **extra})
+
+
 def test_the_command_line_reads_the_line_of_a_run_started() -> None:
     line = b"'echo' 'hi \xc3\xa9'\n"
-    started = RunStarted(
-        lease="l",
-        line=line,
-        output_bytes=1,
-        timeout_s=1.5,
-        drain_s=2.0,
-        fds=4,
-        lost_status=74,
-        lost_stderr="x\n",
-    )
+    started = run_started(line)
     doc = json.loads(encode(started)[4:])
     assert binascii.a2b_base64(doc["line"]) == line
     assert (doc["type"], doc["timeout_s"], doc["lost_json"]) == ("run_started", 1.5, None)
+
+
+def test_a_run_whose_supervisor_died_is_resumed_with_its_secret_and_what_it_saw() -> None:
+    secret = "ab" * 32
+    started = run_started(
+        b"go\n",
+        lease="l" * 32,
+        secret=secret,
+        engine_socket="/run/docker.sock",
+        pooled=True,
+        queued_s=0.25,
+    )
+    seen = json.loads(encode(started)[4:])  # as the command line reads it
+    watched = Watched("exited", CappedBuffer(8), CappedBuffer(8))
+    watched.stdout.add(b"out\n")
+    resume = resume_message(seen, ended_message(watched), 3, 2.5, True)
+    assert decode_client(encode(resume)[4:]) == resume
+    assert (resume.lease, resume.secret, resume.exit_code) == ("l" * 32, secret, 3)
+    assert resume.ended == RunEnded(status="exited", stdout_bytes=4, stderr_bytes=0)
+    assert (resume.json, resume.pooled, resume.queued_s, resume.run_s) == (True, True, 0.25, 2.5)
+    assert is_well_formed(resume.next_secret_hash)
+    assert resume.next_secret_hash != secret_hash(secret)
+
+
+def test_a_run_started_without_a_secret_is_lost_without_asking_anyone() -> None:
+    seen = {"lease": "l", "secret": None, "line": ""}
+    ended = {"type": "run_ended", "status": "exited"}
+    assert rejoin(seen, ended, -1, 0.0, "/nonexistent", False) == (
+        None,
+        "lost: the lease cannot be re-adopted (no secret)",
+    )
 
 
 # -- what is printed --------------------------------------------------------------------------

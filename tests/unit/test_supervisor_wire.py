@@ -65,6 +65,7 @@ from sbxkit.supervisor.wire import (
     RunError,
     RunInterrupted,
     RunReport,
+    RunResume,
     RunStarted,
     ServerMessage,
     Started,
@@ -93,6 +94,7 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     RunEnded,
     RunCancel,
     Adopt,
+    RunResume,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -156,6 +158,7 @@ ALL_TAGS = (
     "adopt",
     "adopted",
     "unadopted",
+    "run_resume",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -216,6 +219,13 @@ registers = st.builds(
     ),
     secret_hash=st.none() | texts,
 )
+run_ended = st.builds(
+    RunEnded,
+    status=st.sampled_from(["exited", "timed_out", "output_exceeded"]),
+    stdout_bytes=int64,
+    stderr_bytes=int64,
+    overflowed=st.sampled_from([None, "stdout", "stderr"]),
+)
 client_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Hello, protocol=int64, fingerprint=texts),
     registers,
@@ -252,15 +262,22 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
         json=st.booleans(),
         stdin=st.none() | texts,
     ),
-    st.builds(
-        RunEnded,
-        status=st.sampled_from(["exited", "timed_out", "output_exceeded"]),
-        stdout_bytes=int64,
-        stderr_bytes=int64,
-        overflowed=st.sampled_from([None, "stdout", "stderr"]),
-    ),
+    run_ended,
     st.builds(RunCancel, signal=int64),
     st.builds(Adopt, lease=texts, secret=texts, next_secret_hash=texts),
+    st.builds(
+        RunResume,
+        lease=texts,
+        secret=texts,
+        next_secret_hash=texts,
+        ended=st.none() | run_ended,
+        cancel=st.none() | int64,
+        exit_code=st.none() | int64,
+        json=st.booleans(),
+        pooled=st.booleans(),
+        queued_s=finite,
+        run_s=finite,
+    ),
 )
 server_messages: st.SearchStrategy[Message] = st.one_of(
     st.builds(Welcome, protocol=int64, fingerprint=texts),
@@ -318,6 +335,10 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
         lost_status=int64,
         lost_stderr=texts,
         lost_json=st.none() | texts,
+        secret=st.none() | texts,
+        engine_socket=texts,
+        pooled=st.booleans(),
+        queued_s=finite,
     ),
     st.builds(RunReport, exit_status=int64, json=st.none() | texts, notice=st.none() | texts),
     st.builds(RunError, exit_status=int64, stderr=texts, json=st.none() | texts),
