@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from bench.harness import SBXKIT_SOURCE, Contender, StepTimings
+from bench.pool import Settling
 from bench.rawapi import RawEngine
 from bench.suite import BENCH_LABEL
 from sbxkit.supervisor.admin import pools_request
@@ -64,7 +65,7 @@ class CliBench:
             "DOCKER_HOST": f"unix://{socket}",
         }
         self.witness = RawEngine(socket)
-        self.pending: set[str] = set()
+        self.settling = Settling(self.witness)
         self.supervisor: subprocess.Popen[bytes] | None = None
         docker = shutil.which("docker")
         if docker is None:
@@ -156,7 +157,7 @@ class CliBench:
         doc: dict[str, Any] = json.loads(done.stdout)
         if doc["stdout"] != marker + "\n" or doc["pooled"] != pooled:
             raise RuntimeError(f"sbxkit run: wrong output or path: {doc}")
-        self.pending.add(doc["container_id"])
+        self.settling.pending.add(doc["container_id"])
 
     async def docker_once(self, argv: list[str]) -> None:
         done, marker = await self._echo(argv)
@@ -168,12 +169,8 @@ class CliBench:
     async def settle(self) -> None:
         """Untimed: the containers sbxkit left to its supervisor are gone, and every held
         pool has its parked containers back."""
+        await self.settling.settle()
         with trio.fail_after(60):
-            while self.pending:
-                listed = await trio.to_thread.run_sync(self.witness.containers, BENCH_LABEL)
-                self.pending &= {c["Id"] for c in listed}
-                if self.pending:
-                    await trio.sleep(0.005)
             while True:
                 pools = (await pools_request(self.state_dir, ListPools())).pools
                 if all(p.parked >= p.size for p in pools):
