@@ -33,6 +33,8 @@ COLOURS = {
     "docker_py": "#9467bd",
 }
 TARGET_COLOUR = "#d62728"
+POOLED_TARGET = 0.05
+"""The pooled run's ceiling, × the raw floor's median (bench/pool.py TARGETS, issue 21)."""
 PANEL_W, PANEL_H = 420.0, 330.0
 LEFT, RIGHT, TOP, BOTTOM = 52.0, 12.0, 34.0, 78.0
 FONT = "font-family='DejaVu Sans, Arial, sans-serif'"
@@ -141,12 +143,20 @@ def latency_panel(report: dict[str, Any], left: float) -> list[str]:
     )
     raw_median = contenders.get("raw", {}).get("total_ms", {}).get("median")
     if raw_median:
-        x = frame.x(0.2 * raw_median)
+        x = frame.x(POOLED_TARGET * raw_median)
         out.append(
             f"<line x1='{_num(x)}' y1='{_num(frame.y(0))}' x2='{_num(x)}' "
             f"y2='{_num(frame.y(1))}' stroke='{TARGET_COLOUR}' stroke-dasharray='4 3'/>"
         )
-        out.append(text(x + 3, frame.y(0.06), "target: 0.20 × raw p50", size=9, fill=TARGET_COLOUR))
+        out.append(
+            text(
+                x + 3,
+                frame.y(0.06),
+                f"target: {POOLED_TARGET:.2f} × raw p50",
+                size=9,
+                fill=TARGET_COLOUR,
+            )
+        )
     for row, key in enumerate(keys):
         info = contenders[key]
         path = " ".join(
