@@ -118,6 +118,10 @@ class AdmissionQueue(Generic[K]):
             and (b.nano_cpus is None or self.nano_cpus_in_use + need.nano_cpus <= b.nano_cpus)
         )
 
+    def __contains__(self, key: object) -> bool:
+        """Queued or admitted (holding a reservation)."""
+        return key in self._waiting or key in self._held
+
     def enqueue(self, key: K, need: Need) -> None:
         if key in self._waiting or key in self._held:
             raise ValueError(f"{key!r} is already queued or admitted")

@@ -30,6 +30,7 @@ __all__ = [
     "open_host_ends",
     "remove_io_dir",
     "sandbox_ids",
+    "stale_io_dirs",
 ]
 
 FIFO_NAMES = ("in", "out", "err")
@@ -86,6 +87,24 @@ def remove_io_dir(root: Path, lease: str) -> None:
             os.unlink(leaf / name)
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(leaf)
+
+
+def stale_io_dirs(root: Path, *, older_than_s: float, now: float) -> list[str]:
+    """The names of the lease directories under ``root`` last changed more than
+    ``older_than_s`` before ``now`` (wall clock); none when there is no root yet."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    stale = []
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_mtime < now - older_than_s:
+            stale.append(entry.name)
+    return sorted(stale)
 
 
 @dataclass

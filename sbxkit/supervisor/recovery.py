@@ -9,6 +9,8 @@ import time
 import trio
 
 from sbxkit.errors import NotFound, SbxError
+from sbxkit.kernel.fifos import remove_io_dir, stale_io_dirs
+from sbxkit.kernel.scripts import io_root
 from sbxkit.ownership import carries_lease, find_lease_container
 from sbxkit.policy import LEASE_LABEL
 from sbxkit.supervisor import records as rec
@@ -21,6 +23,9 @@ from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
     Report,
 )
+
+STALE_IO_MARGIN_S = 60.0
+"""How much older than the longest admission wait a FIFO directory with no lease must be."""
 
 
 class Recovery(ServiceCore):
@@ -42,6 +47,30 @@ class Recovery(ServiceCore):
                 self.recovering.discard(lease)
                 self.recovery_done.set()  # an Adopt waiting for this lease's verdict goes on
                 self.recovery_done = trio.Event()
+        self.sweep_io_dirs()
+
+    def sweep_io_dirs(self) -> None:
+        """Remove the FIFO directories no lease can use any more. A caller makes its lease's
+        directory just before it registers, and nothing is journaled until admission: one
+        killed while it waited leaves the directory behind. Removed once no record, live,
+        queued, admitted or adopting lease has its name and it is older than the longest
+        admission wait (so no caller still waiting can be using it)."""
+        root = io_root(self.state.path)
+        older_than_s = self.config.capacity.admission_timeout_s + STALE_IO_MARGIN_S
+        for lease in stale_io_dirs(root, older_than_s=older_than_s, now=time.time()):
+            if (
+                lease in self.records
+                or lease in self.live
+                or lease in self.adopting
+                or lease in self.admission
+            ):
+                continue
+            try:
+                remove_io_dir(root, lease)
+            except OSError as exc:  # not what sbxkit made (another file in it): left alone
+                log(f"lease {lease}: its stale FIFO directory could not be removed: {exc}")
+                continue
+            log(f"lease {lease}: removed its FIFO directory (its caller never registered)")
 
     def hold_left(self, record: LeaseRecord) -> float | None:
         """Seconds its hold for re-adoption has left, or None: not held (any more). A hold

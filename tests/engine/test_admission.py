@@ -29,6 +29,7 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NeverFits, SpecError
+from sbxkit.kernel.scripts import io_root
 from sbxkit.plan import new_lease_id
 from sbxkit.result import RunResult
 from sbxkit.runner import run
@@ -38,6 +39,7 @@ from sbxkit.supervisor.client import (
     CapacityExhausted,
     SupervisedOwner,
 )
+from sbxkit.supervisor.recovery import STALE_IO_MARGIN_S
 from sbxkit.supervisor.wire import Close, Closed, Created, Registered, Welcome
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import spec, unique, wait_until
@@ -382,6 +384,54 @@ def test_a_queued_caller_sigkilled_while_waiting_leaves_no_container_and_no_reco
         time.sleep(0.5)  # a wrongly admitted lease would be created by now
         assert f"sbxkit-{queued_lease}" not in created_names(witness, since)
         assert not (state_dir / f"{queued_lease}.lease").exists()
+
+
+def test_a_fifo_directory_no_lease_can_use_is_swept_once_older_than_the_longest_wait(
+    witness: Witness, state_dir: Path, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full-path caller makes its lease's FIFO directory before it registers, and nothing is
+    journaled until admission: killed while queued, it leaves the directory behind. The
+    reaper removes it once it is older than the longest admission wait — never a live
+    lease's, nor a fresh one (a caller may be about to register it)."""
+    monkeypatch.setenv("SBXKIT_HANDOFF", "off")  # the hand-off's command line removes its own
+    wait_s = 30.0
+    longest = ("--admission-timeout", f"{wait_s:g}")
+    with running_supervisor(state_dir, "--persistent", *longest, *ONE_SLOT) as sup:
+        holder = cli(
+            "run", "--memory", "64m", "--socket", witness.socket_path, busybox, "--",
+            "sleep", "60", state_dir=state_dir,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: len(lease_files(state_dir)) == 1, 30), sup.log()
+            live_lease = lease_files(state_dir)[0].stem
+            waiting = cli(
+                "run", "--memory", "64m", "--socket", witness.socket_path, busybox, "--",
+                "echo", "never", state_dir=state_dir,
+            )  # fmt: skip
+            assert wait_until(lambda: "waiting for capacity" in sup.log(), 30), sup.log()
+            queued_lease = _queued_lease(sup)
+            waiting.send_signal(signal.SIGKILL)
+            waiting.wait(10)
+            io = io_root(state_dir)
+            left, live, fresh = io / queued_lease, io / live_lease, io / ("f" * 32)
+            assert left.is_dir()  # the leak this sweeps (the test can fail)
+            assert live.is_dir()
+            fresh.mkdir(mode=0o700)
+            aged = time.time() - wait_s - STALE_IO_MARGIN_S - 5
+            for path in (left, live):
+                os.utime(path, (aged, aged))
+            assert wait_until(lambda: not left.exists(), 10), sup.log()  # reaper: every 0.5 s
+            assert f"lease {queued_lease}: removed its FIFO directory" in sup.log()
+            time.sleep(1.0)  # two more passes
+            assert live.is_dir()
+            assert fresh.is_dir()
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(30)
+            assert wait_until(lambda: not live.exists(), 10), sup.log()  # removed with its lease
+            fresh.rmdir()
+        finally:
+            holder.kill()  # a failed check leaves no sandbox running behind it
+            holder.wait(30)
 
 
 def _queued_lease(sup: SupervisorProcess) -> str:

@@ -5,6 +5,7 @@ park (templates.py): pure, no daemon."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import msgspec
@@ -12,7 +13,7 @@ import pytest
 
 from sbxkit.engine.models import ContainerCreate, HostConfig
 from sbxkit.errors import SpecError
-from sbxkit.kernel.fifos import io_dir_problem, make_io_dir
+from sbxkit.kernel.fifos import io_dir_problem, make_io_dir, stale_io_dirs
 from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root, kernel_io
 from sbxkit.kernel.support import HostFacts, daemon_path_reason, run_path_reason
 from sbxkit.mounts import ExpectedMount, check_target
@@ -127,3 +128,18 @@ def test_a_kernel_path_template_is_one_shape_whatever_lease_it_was_made_under() 
         )
     ]
     assert mounts_for_lease(mounts, LEASE, "c" * 32)[0].source == f"{state_dir}.io/{'c' * 32}"
+
+
+def test_stale_io_dirs_are_the_directories_older_than_the_bound(tmp_path: Path) -> None:
+    root = tmp_path / "leases.io"
+    assert stale_io_dirs(root, older_than_s=60, now=time.time()) == []  # no root yet
+    root.mkdir()
+    now = time.time()
+    for name, age in (("old", 120.0), ("new", 10.0), ("edge", 60.0)):
+        (root / name).mkdir()
+        os.utime(root / name, (now - age, now - age))
+    (root / "a-file").write_text("")  # not a lease directory
+    os.utime(root / "a-file", (now - 999, now - 999))
+    (root / "a-link").symlink_to(root / "old")  # not followed
+    assert stale_io_dirs(root, older_than_s=60, now=now) == ["old"]
+    assert stale_io_dirs(root, older_than_s=5, now=now) == ["edge", "new", "old"]
