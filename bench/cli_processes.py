@@ -31,12 +31,12 @@ from typing import Any
 import trio
 
 from bench.harness import SBXKIT_SOURCE, Contender, StepTimings
-from bench.pool import Settling
+from bench.pool import Settling, supervisor_pools_full
 from bench.rawapi import RawEngine
 from bench.suite import BENCH_LABEL
 from sbxkit.supervisor.admin import pools_request
 from sbxkit.supervisor.environment import supervisor_environment
-from sbxkit.supervisor.wire import EndPools, ListPools
+from sbxkit.supervisor.wire import EndPools
 
 CPUS, MEMORY, PIDS = "1", "64m", "64"
 POOL_SIZE = 2
@@ -171,11 +171,7 @@ class CliBench:
         pool has its parked containers back."""
         await self.settling.settle()
         with trio.fail_after(60):
-            while True:
-                pools = (await pools_request(self.state_dir, ListPools())).pools
-                if all(p.parked >= p.size for p in pools):
-                    return
-                await trio.sleep(0.01)
+            await supervisor_pools_full(self.state_dir)
 
     # -- the contenders of the sequential phase ---------------------------------------------
 

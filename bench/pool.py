@@ -63,6 +63,8 @@ from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit.supervisor.admin import pools_request
+from sbxkit.supervisor.wire import ListPools
 
 NAME = "pool"
 SUMMARY = "one-shot `true`: claimed from a warm pool vs a cold sbxkit run vs the raw floor"
@@ -152,12 +154,16 @@ def true_spec(image: str) -> SandboxSpec:
 
 class Settling:
     """The containers whose removal a run left to its owner (it returned at the payload's
-    exit); ``settle`` waits, untimed, until the daemon has removed them, so one contender's
-    background removal never loads the daemon under the next one's measured run."""
+    exit), and the pools a claim left to refill; ``settle`` waits, untimed, until the daemon
+    has removed the one and every pool is full again, so neither a contender's background
+    removal nor a pool's refill (a create and a start) loads the daemon under the next one's
+    measured run."""
 
     def __init__(self, witness: RawEngine) -> None:
         self.witness = witness
         self.pending: set[str] = set()
+        self.refills: list[Callable[[], Awaitable[object]]] = []
+        """Each waits until its pool has all its containers parked again."""
 
     def left(self, result: RunResult) -> RunResult:
         self.pending.add(result.container_id)
@@ -170,6 +176,17 @@ class Settling:
                 self.pending &= {c["Id"] for c in listed}
                 if self.pending:
                     await trio.sleep(0.005)
+            for refilled in self.refills:
+                await refilled()
+
+
+async def supervisor_pools_full(state_dir: Path) -> None:
+    """Wait until every pool the supervisor of ``state_dir`` holds has all its parks."""
+    while True:
+        pools = (await pools_request(state_dir, ListPools())).pools
+        if all(p.parked >= p.size for p in pools):
+            return
+        await trio.sleep(0.01)
 
 
 def settled(contender: Contender, settling: Settling) -> Contender:
@@ -309,6 +326,13 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             open_pool(spec, size=POOL_SIZE, backend=backend) as pool,
             open_pool(spec, size=POOL_SIZE, backend=daemon_backend) as daemon_pool,
         ):
+            leases = str(Path(state_dir) / "leases")
+            # The held pools (held, cli_held) and the in-process ones refill between runs.
+            settling.refills = [
+                pool.wait_ready,
+                daemon_pool.wait_ready,
+                lambda: supervisor_pools_full(Path(leases)),
+            ]
             contenders = common.order_contenders(
                 [
                     pooled_contender(pool, spec, settling),
@@ -326,7 +350,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                         ),
                         settling,
                     ),
-                    *cli_contenders(args, str(Path(state_dir) / "leases"), settling),
+                    *cli_contenders(args, leases, settling),
                 ],
                 args.order,
                 NAME,
