@@ -142,8 +142,15 @@ async def _read_local(fd: int, pollable: bool) -> bytes:
             continue
 
 
+EOF_REPEAT_S = 0.5
+"""After local EOF, ^D again this often until the session ends: a program that flushes its
+terminal's input (a shell turning its line editing on, ``tcflush``) drops a ^D sent before."""
+
+
 async def _copy_in(fd: int, pty: PtySession) -> None:
-    """Local keystrokes → the sandbox's terminal. Local EOF sends ^D (the terminal's EOF)."""
+    """Local keystrokes → the sandbox's terminal. Local EOF sends ^D (the terminal's EOF), and
+    again every ``EOF_REPEAT_S`` until the session ends (the caller cancels this then): every
+    read of the terminal after local EOF sees EOF, as a local terminal's would."""
     pollable = _pollable(fd)
     try:
         while True:
@@ -152,8 +159,9 @@ async def _copy_in(fd: int, pty: PtySession) -> None:
             except OSError:  # EIO: the local terminal hung up
                 data = b""
             if not data:
-                await pty.send_all(b"\x04")
-                return
+                while True:
+                    await pty.send_all(b"\x04")
+                    await trio.sleep(EOF_REPEAT_S)
             await pty.send_all(data)
     except (SbxError, trio.ClosedResourceError):
         return  # the session ended; the output side reports how

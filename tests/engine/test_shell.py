@@ -168,3 +168,26 @@ def test_a_profile_supplies_image_environment_and_limits(
     )
     assert done.returncode == 5, done.stderr
     assert b"mode=from-profile\r\n/dev/pts/" in done.stdout
+
+
+def test_local_eof_stays_eof_after_the_sandbox_flushes_its_terminal_input(
+    python_image: str, witness: Witness
+) -> None:
+    """stdin at EOF (a pipe, /dev/null): a program that flushes its terminal's pending input
+    before reading (a shell turning on its line editing does) still reads EOF, not a hang.
+    A single ^D sent at local EOF was flushed with the rest (CI hung 300 s on `sbxkit shell`
+    with busybox's ash)."""
+    script = (
+        "import sys, termios, time; time.sleep(1.5); termios.tcflush(0, termios.TCIFLUSH); "
+        "print('read', repr(sys.stdin.read()))"
+    )
+    argv = ["--socket", witness.socket_path, "--timeout", "60", python_image]
+    done = subprocess.run(
+        shell_argv(*argv, "--", "python3", "-c", script),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=45,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"read ''" in done.stdout, done.stdout
