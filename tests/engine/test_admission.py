@@ -27,6 +27,7 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NeverFits, SpecError
 from sbxkit.kernel.scripts import io_root
@@ -166,9 +167,10 @@ async def test_max_records_refuses_explicitly(
             assert not isinstance(caught.value, AdmissionTimeout)
             assert created_names(witness, since) == []
             holder.release()
-        result = await run(
-            spec(busybox, "echo yes"), engine=engine, owner=owner_for(engine, state_dir)
-        )
+        # Returns once its container is gone: the supervisor stops right after this block.
+        owner = owner_for(engine, state_dir)
+        backend = DockerBackend(engine=engine, owner=owner, wait_for_removal=True)
+        result = await run(spec(busybox, "echo yes"), backend=backend)
     assert (result.status, result.stdout) == ("exited", b"yes\n")
 
 
