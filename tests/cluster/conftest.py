@@ -68,6 +68,19 @@ def cluster(node_witnesses: dict[str, Witness]) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(autouse=True)
+def both_nodes_up(cluster: LocalCluster) -> None:
+    """Every test starts with both worker nodes running: one that failed midway through a
+    node's loss does not take the node from the tests after it."""
+    for name in NODE_NAMES:
+        node = cluster.nodes.get(name)
+        if node is not None and node.process.poll() is None:
+            continue
+        if node is not None:
+            cluster.stop_node(name)
+        cluster.start_node(name)
+
+
+@pytest.fixture(autouse=True)
 def no_leftovers_on_nodes(node_witnesses: dict[str, Witness]) -> Iterator[None]:
     for name, witness in node_witnesses.items():
         before = witness.sbxkit_containers()
