@@ -41,6 +41,7 @@ from sbxkit.admission import (
 )
 from sbxkit.supervisor.adopting import Adopting
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
+from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S
 from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
 from sbxkit.supervisor.lease import (
     Intent,
@@ -227,15 +228,30 @@ class Service(Adopting, Pooling, Recovery):
         return lines + list(self.history) + [self.stats()]
 
     async def _stop_on_signal(self, done: trio.CancelScope) -> None:
-        """SIGTERM or SIGINT: parked pool containers are removed before the process ends;
-        every other lease keeps its record, and the next start recovers it (as after a crash)."""
+        """SIGTERM or SIGINT: parked pool containers are removed and removals under way are
+        finished before the process ends; every other lease keeps its record, and the next
+        start recovers it (as after a crash)."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log(f"{signal.Signals(signum).name}: removing parked containers, then exiting")
                 with trio.CancelScope(shield=True):
                     await self._drain_pools()
+                    await self._finish_removals_under_way()
                 done.cancel()
                 return
+
+    async def _finish_removals_under_way(self) -> None:
+        """A lease whose caller is done (a run that returned at its payload's exit, a closed
+        sandbox) is removed before the process ends, within ``REMOVE_ATTEMPT_BUDGET_S``: nobody
+        will re-adopt it, so leaving it to the next start would strand its container until
+        then. Leases still running keep their records for their callers to re-adopt."""
+        ending = [live for live in self.live.values() if live.stop.is_set()]
+        if not ending:
+            return
+        log(f"finishing {len(ending)} removal(s) under way")
+        with trio.move_on_after(REMOVE_ATTEMPT_BUDGET_S):
+            for live in ending:
+                await live.finished.wait()
 
     async def _idle_exit(self, done: trio.CancelScope) -> None:
         while True:

@@ -279,6 +279,23 @@ async def test_useful_work_under_supervision_then_no_record(
     assert containers_with_marker(witness, marker) == []
 
 
+async def test_a_sigterm_finishes_the_removals_under_way(
+    engine: Engine, busybox: str, witness: Witness, state_dir: Path
+) -> None:
+    """A run on the kernel path returns at its payload's exit with its removal still under way
+    in the supervisor; a SIGTERM right then finishes that removal before the process ends,
+    rather than leaving the container (and its record) to the next start."""
+    with running_supervisor(state_dir, "--persistent") as sup:
+        owner = SupervisedOwner(engine, state_dir=state_dir)
+        result = await run(spec(busybox, "echo done"), engine=engine, owner=owner)
+        sup.proc.terminate()
+        await trio.to_thread.run_sync(lambda: sup.proc.wait(15))
+    assert (result.status, result.evidence) == ("exited", "kernel"), result
+    assert sup.proc.returncode == 0, sup.log()
+    assert not container_exists(witness, result.container_id), sup.log()  # at once, no wait
+    assert lease_files(state_dir) == []
+
+
 # --- b. the caller is SIGKILLed mid-run ---------------------------------------------------------
 
 TICKER = """
