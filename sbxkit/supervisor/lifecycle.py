@@ -148,12 +148,18 @@ class Leases(ServiceCore):
         container_id = result
         live.record = rec.created(live.record, container_id)
         self.records[lease] = live.record
-        await self.journal.write(live.record)
+        # The created record's fsync and the post-create inspection overlap: both are done
+        # before anyone hears Created, and a crash in between leaves the creating record,
+        # which recovery resolves by the container's name as before.
+        checked: list[str | None] = []
+        async with trio.open_nursery() as both:
+            both.start_soon(self._checked_into, checked, engine, live, container_id)
+            await self.journal.write(live.record)
         if startup_missed or live.stop.is_set():
             live.request_stop("startup deadline" if startup_missed else live.stop_reason)
             await self._remove_live(live, engine, container_id)
             return None
-        problem = await self._check_reservation(engine, live, container_id)
+        problem = checked[0]
         if problem:
             await live.peer.send(Failed(lease=lease, reason=problem))
             live.request_stop(problem)
@@ -161,6 +167,11 @@ class Leases(ServiceCore):
             return None
         await live.peer.send(Created(lease=lease, container_id=container_id))
         return container_id
+
+    async def _checked_into(
+        self, into: list[str | None], engine: Engine, live: LiveLease, container_id: str
+    ) -> None:
+        into.append(await self._check_reservation(engine, live, container_id))
 
     async def _check_reservation(
         self, engine: Engine, live: LiveLease, container_id: str
