@@ -105,6 +105,11 @@ class ContainerMismatch(SbxError):
         self.what = what
 
 
+class ImageChanged(ContainerMismatch):
+    """The container was created from another image than the one its run was planned on (the
+    name was moved to another image since it was inspected); removed without starting."""
+
+
 class CleanupError(SbxError):
     """Removing a sandbox's container failed. The lease is kept so removal can be retried."""
 

@@ -204,6 +204,7 @@ async def owned_container(
             container_id=container_id,
             expected_mounts=plan.expected_mounts,
             podman=engine.is_podman,
+            image_id=plan.image_id,
         )
         box = OwnedContainer(
             engine=engine, plan=plan, container_id=container_id, began=began, owner=owner

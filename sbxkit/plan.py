@@ -14,6 +14,7 @@ grants, the harness) takes a ``Plan`` or a ``CheckedSpec`` and never validates a
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,9 +168,33 @@ def check_spec(
     return CheckedSpec(spec=spec, settings=settings)
 
 
-async def check_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:
+IMAGE_FACTS_MAX_AGE_S = 10.0
+"""How long a one-shot run may plan on an earlier inspection of the same image name
+(``learn_daemon(reuse_image=True)``): the created container's image is checked against it
+before start (``check_created``), so a name moved meanwhile raises ``ImageChanged`` and the
+run is planned again on a fresh inspection."""
+_IMAGE_FACTS_KEPT = 256
+_image_facts: dict[tuple[str, str], tuple[float, str, dict[str, str]]] = {}
+
+
+async def check_image(
+    engine: Engine, image: str, *, reuse: bool = False
+) -> tuple[str, dict[str, str]]:
     """The image must exist locally (never pulled) and declare no volumes; its id and its
-    environment."""
+    environment. ``reuse``: an inspection of the same name less than
+    ``IMAGE_FACTS_MAX_AGE_S`` old answers."""
+    key = (engine.socket_path, image)
+    kept = _image_facts.get(key)
+    if reuse and kept is not None and time.monotonic() - kept[0] < IMAGE_FACTS_MAX_AGE_S:
+        return kept[1], kept[2]
+    image_id, image_env = await _inspect_image(engine, image)
+    if len(_image_facts) >= _IMAGE_FACTS_KEPT:
+        _image_facts.clear()
+    _image_facts[key] = (time.monotonic(), image_id, image_env)
+    return image_id, image_env
+
+
+async def _inspect_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:
     try:
         inspected = await engine.image_inspect(image)
     except NotFound:
@@ -187,10 +212,12 @@ async def check_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:
     return inspected.id, dict(pair.split("=", 1) for pair in pairs if "=" in pair)
 
 
-async def learn_daemon(engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor) -> DaemonFacts:
+async def learn_daemon(
+    engine: Engine, checked: CheckedSpec, gpu_cursor: GpuCursor, *, reuse_image: bool = False
+) -> DaemonFacts:
     """What only the daemon can judge, before any container exists: the image (present, no
-    VOLUME), the mounts, the runtime and GPUs."""
-    image_id, image_env = await check_image(engine, checked.spec.image)
+    VOLUME), the mounts, the runtime and GPUs. ``reuse_image``: see ``check_image``."""
+    image_id, image_env = await check_image(engine, checked.spec.image, reuse=reuse_image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
-from sbxkit.errors import ContainerMismatch
+from sbxkit.errors import ContainerMismatch, ImageChanged
 from sbxkit.mounts import ExpectedMount
 from sbxkit.policy import LEASE_LABEL
 
@@ -31,8 +31,10 @@ def check_created(
     container_id: str | None = None,
     expected_mounts: Sequence[ExpectedMount] = (),
     podman: bool = False,
+    image_id: str = "",
 ) -> None:
-    """Raise ContainerMismatch naming the first field that differs from the request."""
+    """Raise ContainerMismatch naming the first field that differs from the request
+    (``ImageChanged`` when the container's image is not ``image_id``, the one planned on)."""
     labels = info.config.labels or {}
 
     def mismatch(what: str) -> ContainerMismatch:
@@ -40,6 +42,12 @@ def check_created(
 
     if container_id is not None and info.id != container_id:
         raise mismatch(f"inspected id {info.id!r} is not the created id {container_id!r}")
+    if image_id and info.image and _bare(info.image) != _bare(image_id):
+        raise ImageChanged(
+            info.id,
+            f"created from image {info.image!r}, not {image_id!r}: {body.image!r} was moved "
+            "to another image after it was inspected",
+        )
     if labels.get(LEASE_LABEL) != lease:
         raise mismatch(f"label {LEASE_LABEL}={labels.get(LEASE_LABEL)!r}, expected {lease!r}")
     if info.name.lstrip("/") != name:
@@ -137,3 +145,8 @@ def _podman_tmpfs(tmpfs: dict[str, str] | None) -> dict[str, str] | None:
         target: ",".join(o for o in options.split(",") if o not in PODMAN_TMPFS_EXTRAS)
         for target, options in tmpfs.items()
     }
+
+
+def _bare(image_id: str) -> str:
+    """An image id without its digest algorithm (Podman may leave it out)."""
+    return image_id.removeprefix("sha256:")

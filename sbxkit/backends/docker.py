@@ -25,7 +25,7 @@ from sbxkit.attached import OutputCallback, run_attached
 from sbxkit.backends.base import Backend, Consumer
 from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
-from sbxkit.errors import SpecError
+from sbxkit.errors import ImageChanged, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.host import kernel_path_reason, shellless_images
 from sbxkit.kernel.run import NotAlive, run_on_fifos
@@ -175,13 +175,29 @@ class DockerBackend:
         check_stdin(stdin, streams=True)
         checked = self.check(spec, "run")
         async with engine_or_open(self.engine, self.socket_path) as engine:
-            facts = await learn_daemon(engine, checked, self.gpu_cursor)
-            if await kernel_path_reason(engine, checked, facts) is None:
-                try:
-                    return await self._run_planned(engine, checked, facts, stdin, on_output, True)
-                except NotAlive:  # no shell ran, so no payload did: run it on the daemon's path
-                    shellless_images.add(facts.image_id)
-            return await self._run_planned(engine, checked, facts, stdin, on_output, False)
+            # Planned on a recent inspection of the image when there is one: the container's
+            # image is checked before it starts, and a moved name is planned again, afresh.
+            facts = await learn_daemon(engine, checked, self.gpu_cursor, reuse_image=True)
+            try:
+                return await self._run_by_path(engine, checked, facts, stdin, on_output)
+            except ImageChanged:  # raised before the start: nothing ran, no stdin was read
+                facts = await learn_daemon(engine, checked, self.gpu_cursor)
+                return await self._run_by_path(engine, checked, facts, stdin, on_output)
+
+    async def _run_by_path(
+        self,
+        engine: Engine,
+        checked: CheckedSpec,
+        facts: DaemonFacts,
+        stdin: StdinSource | None,
+        on_output: OutputCallback | None,
+    ) -> RunResult:
+        if await kernel_path_reason(engine, checked, facts) is None:
+            try:
+                return await self._run_planned(engine, checked, facts, stdin, on_output, True)
+            except NotAlive:  # no shell ran, so no payload did: run it on the daemon's path
+                shellless_images.add(facts.image_id)
+        return await self._run_planned(engine, checked, facts, stdin, on_output, False)
 
     async def _run_planned(
         self,

@@ -189,6 +189,8 @@ class MountPoint(Reply):
 class ContainerInspect(Reply):
     id: str
     name: str = ""
+    image: str = ""
+    """The id of the image the container was created from."""
     state: ContainerState = msgspec.field(default_factory=ContainerState)
     config: ContainerConfigReply = msgspec.field(default_factory=ContainerConfigReply)
     host_config: HostConfigReply = msgspec.field(default_factory=HostConfigReply)

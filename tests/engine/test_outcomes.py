@@ -18,6 +18,7 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import ImageError
+from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import (
     actions,
@@ -32,6 +33,7 @@ from tests.engine.helpers import (
     processes_with_marker,
     python_spec,
     spec,
+    tag_image,
     text,
     unique,
     wait_until,
@@ -392,6 +394,41 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
         if reference is not None:
             delete_image(witness, reference)
     assert not witness.image_exists(reference)
+
+
+async def test_a_name_moved_to_another_image_is_planned_again(
+    engine: Engine, busybox: str, python_image: str, witness: Witness
+) -> None:
+    """A one-shot run plans on an inspection of its image up to IMAGE_FACTS_MAX_AGE_S old; a
+    name moved meanwhile is caught on the created container (ImageChanged), which is removed
+    unstarted, and the run is planned again on a fresh inspection — a VOLUME is still refused."""
+    moving = f"sbxkit-test/moving:{unique('moved')}"
+    helper: str | None = None
+    with_volume: str | None = None
+    try:
+        tag_image(witness, busybox, *moving.split(":"))
+        first = await run(spec(moving, "echo busybox"), engine=engine)  # inspected: busybox
+        assert (first.status, first.stdout) == ("exited", b"busybox\n"), first
+        tag_image(witness, python_image, *moving.split(":"))
+        since = time.time()
+        second = await run(python_spec(moving, "print(6 * 7)"), engine=engine)
+        assert (second.status, second.stdout) == ("exited", b"42\n"), second
+        events = witness.events(since, time.time(), type=["container"])
+        assert actions(events).count("create") == 2  # the stale plan's, removed unstarted
+        assert actions(events).count("start") == 1
+        helper = create_plain_container(witness, busybox, unique("moving-helper"))
+        with_volume = commit_with_volume(witness, helper, "sbxkit-test/volume", unique("mv"))
+        tag_image(witness, with_volume, *moving.split(":"))
+        since = time.time()
+        with pytest.raises(ImageError, match="VOLUME"):
+            await run(spec(moving, "echo ran"), engine=engine)
+        assert "start" not in actions(witness.events(since, time.time(), type=["container"]))
+    finally:
+        if helper is not None:
+            witness.remove(helper)
+        delete_image(witness, moving)
+        if with_volume is not None:
+            delete_image(witness, with_volume)
 
 
 async def test_a_missing_image_is_refused_and_never_pulled(

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
-from sbxkit.errors import ContainerMismatch
+from sbxkit.errors import ContainerMismatch, ImageChanged
 from sbxkit.policy import LEASE_LABEL, build_create_body, container_name
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from sbxkit.verify import check_created
@@ -278,3 +278,15 @@ def test_an_inspected_id_other_than_the_created_one_is_refused() -> None:
     body = build_create_body(make_spec(), LEASE)
     with pytest.raises(ContainerMismatch, match="created id"):
         check_created(inspect(reply_for(body)), body, lease=LEASE, name=NAME, container_id="f" * 64)
+
+
+def test_a_container_of_another_image_than_the_planned_one_is_image_changed() -> None:
+    body = build_create_body(make_spec(), LEASE)
+    planned, other = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    moved = inspect({**reply_for(body), "Image": other})
+    with pytest.raises(ImageChanged, match="moved to another image") as caught:
+        check_created(moved, body, lease=LEASE, name=NAME, image_id=planned)
+    assert isinstance(caught.value, ContainerMismatch)
+    same = inspect({**reply_for(body), "Image": "a" * 64})  # Podman may leave out "sha256:"
+    check_created(same, body, lease=LEASE, name=NAME, image_id=planned)
+    check_created(moved, body, lease=LEASE, name=NAME)  # nothing planned on: not compared
