@@ -24,6 +24,7 @@ from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
 from sbxkit.kernel.fifos import open_host_ends
 from sbxkit.kernel.init import ContainerInit, InitUnverified
+from sbxkit.kernel.initpid import init_pid_on_host, learn_cgroup_layout
 from sbxkit.kernel.scripts import GO_LINE
 from sbxkit.kernel.supervise import (
     Exited,
@@ -72,11 +73,10 @@ async def start_on_fifos(
     io = KernelIO.of(open_host_ends(Path(io_dir)))  # opens only: the FIFOs never block here
     try:
         await start()
-        pid = (await engine.container_inspect(container_id)).state.pid
         exited: Exited
         evidence: Evidence = "kernel"
         try:
-            io.init = ContainerInit.verified(pid, container_id)
+            io.init = await _verified_init(engine, container_id)
             exited = io.init.exited
             died = exited
         except InitUnverified:
@@ -88,6 +88,19 @@ async def start_on_fifos(
         await io.aclose()
         raise
     return io, exited, evidence
+
+
+async def _verified_init(engine: Engine, container_id: str) -> ContainerInit:
+    """The started container's init, verified: found on the host where its daemon's cgroup
+    layout is known (``initpid``), else by ``State.Pid``. ``InitUnverified`` if neither is."""
+    pid = init_pid_on_host(engine.socket_path, container_id)
+    if pid is not None:
+        with contextlib.suppress(InitUnverified):
+            return ContainerInit.verified(pid, container_id)
+    pid = (await engine.container_inspect(container_id)).state.pid
+    init = ContainerInit.verified(pid, container_id)
+    learn_cgroup_layout(engine.socket_path, init.oom.directory, container_id)
+    return init
 
 
 @asynccontextmanager

@@ -62,10 +62,12 @@ from typing import Any, Literal
 import pytest
 import trio
 
+from sbxkit import plan
 from sbxkit.engine import models
 from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
 from sbxkit.engine.transport import HijackedStream, Transport
+from sbxkit.kernel import initpid
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.result import RunResult
 from sbxkit.runner import run
@@ -82,6 +84,16 @@ def _daemon_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """These points are the daemon's path's (attach, wait); the kernel path has its own."""
     if request.module.__name__.endswith("test_cancellation"):
         monkeypatch.setenv("SBXKIT_EVIDENCE", "daemon")
+
+
+@pytest.fixture(autouse=True)
+def every_run_asks_the_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run here plans on a fresh inspection of its image (``image_inspect#1``) and, on
+    the kernel path, reads its init's pid from State.Pid (``container_inspect#2``): points to
+    cancel at. A process that ran the image (or the daemon's containers) moments earlier skips
+    them (sbxkit/plan.py ``check_image``, sbxkit/kernel/initpid.py) without a new await."""
+    monkeypatch.setattr(plan, "_image_facts", {})
+    monkeypatch.setattr(initpid, "_layouts", {})
 
 
 # A cancelled run must be over well within this (removal of a running container included).

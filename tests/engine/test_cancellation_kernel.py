@@ -1,8 +1,10 @@
 """Caller cancellation at every await point of the one-shot lifecycle on the kernel path
 (sbxkit/kernel: FIFOs and the init's pidfd), then proof nothing leaked — the table of
 test_cancellation.py, whose engine hooks and witness checks this reuses, with the kernel path's
-own points: no attach and no wait; after the start the init's pid is read (``container_inspect#2``),
-the shell's word awaited (``kernel.alive``) and the exit (``kernel.exited``).
+own points: no attach and no wait; after the start the init's pid is read
+(``container_inspect#2``, on a daemon whose cgroup layout is not known yet: see
+``every_run_asks_the_daemon``), the shell's word awaited (``kernel.alive``) and the exit
+(``kernel.exited``).
 
 ==============================  ==========  ==============================================
 point                           phase       ends in
@@ -38,6 +40,7 @@ from tests.engine.test_cancellation import (
     Point,
     assert_gone_and_started,
     cancelling_engine,
+    every_run_asks_the_daemon,  # noqa: F401 - an autouse fixture, for this module too
     expect_outcome,
     lease_actions,
     make_spec,

@@ -396,6 +396,27 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
     assert not witness.image_exists(reference)
 
 
+async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
+    engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first kernel path run on a daemon learns its cgroup layout from State.Pid; later
+    runs find their init in its cgroup's process list: one inspection (the post-create
+    check) instead of two, and the same kernel evidence."""
+    first = await run(spec(busybox, "exit 3"), engine=engine)
+    assert (first.evidence, first.exit_code) == ("kernel", 3), first
+    inspected: list[str] = []
+    inspect = engine.container_inspect
+
+    async def counted(container_id: str) -> Any:
+        inspected.append(container_id)
+        return await inspect(container_id)
+
+    monkeypatch.setattr(engine, "container_inspect", counted)
+    second = await run(spec(busybox, "echo found; exit 4"), engine=engine)
+    assert (second.evidence, second.exit_code, second.stdout) == ("kernel", 4, b"found\n")
+    assert inspected == [second.container_id], (inspected, first, second)
+
+
 async def test_a_name_moved_to_another_image_is_planned_again(
     engine: Engine, busybox: str, python_image: str, witness: Witness
 ) -> None:
