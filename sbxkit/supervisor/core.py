@@ -80,6 +80,7 @@ class ServiceCore:
         self.recovering: set[str] = set()  # leases a recovery pass is resolving
         self.recovery_done = trio.Event()  # set (and renewed) as one leaves ``recovering``
         self.history: deque[str] = deque(maxlen=HISTORY_LINES)
+        self.handoff_import = trio.Lock()  # service.py, ``handoff_loaded``
 
     async def engine_for(self, socket_path: str) -> Engine:
         engine = self.engines.get(socket_path)

@@ -80,6 +80,8 @@ from sbxkit.supervisor.wire import (
 )
 
 HANDSHAKE_TIMEOUT_S = 10.0
+HANDOFF_MODULE = "sbxkit.handoff.resume"
+"""Imports everything the hand-off serves with (``sbxkit.handoff.serve`` among it)."""
 
 
 def peer_uid(stream: trio.SocketStream) -> int:
@@ -152,11 +154,13 @@ class Service(Adopting, Pooling, Recovery):
             await peer.send(await self.end_pools(register.shape))
             return
         if isinstance(register, Run):
-            from sbxkit.handoff.serve import serve_run  # the CLI's parser: see _load_handoff
+            await self.handoff_loaded()
+            from sbxkit.handoff.serve import serve_run  # loaded: a look-up in sys.modules
 
             await serve_run(self, peer, register)
             return
         if isinstance(register, RunResume):  # a handed-off run whose supervisor died
+            await self.handoff_loaded()
             from sbxkit.handoff.resume import serve_resume
 
             await serve_resume(self, peer, register)
@@ -214,6 +218,18 @@ class Service(Adopting, Pooling, Recovery):
         except WireError as exc:
             log(f"lease {lease}: {exc}; treated as the caller leaving")
             intent.request_stop("protocol error")
+
+    async def handoff_loaded(self) -> None:
+        """Import what serves the hand-off (``Run``: the CLI's parser, the planning;
+        ``RunResume``) once, in a worker thread, one import at a time: the startup's
+        preload and the first connection that needs it wait for the same import. Two at
+        once — the preload in its thread, a ``Run`` or ``RunResume`` on the event loop —
+        entered the CLI package's import cycle from two threads, and one found a partly
+        initialized module (ImportError, KeyError('sbxkit.cli')): the connection dropped,
+        and a failed preload ended the whole supervisor."""
+        async with self.handoff_import:
+            if HANDOFF_MODULE not in sys.modules:
+                await trio.to_thread.run_sync(importlib.import_module, HANDOFF_MODULE)
 
     def recovery_report(self) -> list[str]:
         """What ``sbxkit leases recover`` prints: each record no live lease owns (with what
@@ -335,7 +351,7 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             if not config.persistent:
                 nursery.start_soon(service._idle_exit, nursery.cancel_scope)
             nursery.start_soon(service._stop_on_signal, nursery.cancel_scope)
-            nursery.start_soon(_load_handoff)
+            nursery.start_soon(_load_handoff, service)
             await trio.serve_listeners(service.handle, [trio.SocketListener(listener)])
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -346,11 +362,15 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
     return 0
 
 
-async def _load_handoff() -> None:
-    """Load what serves ``sbxkit run``'s hand-off (the CLI's parser, the planning) in a worker
-    thread once the socket listens: the first run handed off does not wait for the imports,
-    and nothing else here is held up by them on the event loop."""
-    await trio.to_thread.run_sync(importlib.import_module, "sbxkit.handoff.serve")
+async def _load_handoff(service: Service) -> None:
+    """Load what serves ``sbxkit run``'s hand-off in a worker thread once the socket listens:
+    the first run handed off does not wait for the imports from scratch, and nothing else
+    here is held up by them on the event loop. A failure is the connections' to report (each
+    tries again, and is dropped with the error); the service and its leases go on."""
+    try:
+        await service.handoff_loaded()
+    except Exception as exc:
+        log(f"loading the hand-off failed: {exc!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

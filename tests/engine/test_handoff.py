@@ -21,14 +21,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
+from sbxkit.errors import SbxError
 from sbxkit.kernel.scripts import io_root
+from sbxkit.supervisor.client import connect_supervisor, receive_reply
+from sbxkit.supervisor.link import new_secret
+from sbxkit.supervisor.proof import secret_hash
+from sbxkit.supervisor.wire import RunError, RunResume, ServerMessage
 from tests.engine.helpers import actions, unique, wait_until
 from tests.supervision import (
     SupervisorProcess,
     auto_launched_supervisors,
     private_state_dir,
     running_supervisor,
+    supervisor_command,
 )
 from tests.witness import Witness
 
@@ -503,5 +510,76 @@ def test_a_command_line_interrupted_after_its_supervisor_died_has_the_next_remov
         assert "resumed: the supervisor died; the one after it removed the run" in trace, trace
         removed_once(witness, state_dir, f"{LABEL}={label}", since)
         assert wait_until(lambda: handed.leftovers() == [], 20), handed.leftovers()
+    finally:
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
+
+
+PAUSED_PRELOAD = Path(__file__).with_name("paused_preload_supervisor.py")
+
+
+def test_a_resume_while_the_supervisor_loads_the_handoff_is_answered_and_it_lives_on(
+    witness: Witness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RunResume`` reaches a fresh supervisor while it loads the hand-off in a worker thread
+    (as a command line whose supervisor died reaches the one it launched): every connection is
+    answered (unknown leases: not re-adopted), the supervisor lives on, no internal error is
+    logged. The preload is held half-way through the CLI package until the event loop imports
+    the hand-off too (paused_preload_supervisor.py); then both threads imported it at once,
+    one found a partly initialized module, the connection dropped and the supervisor ended
+    (CI: a command line's resume ran out of its 10 s relaunching such supervisors)."""
+    state_dir = private_state_dir()
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")  # the test's supervisor only
+    log_path = state_dir.parent / "supervisor.out"
+    flags = supervisor_command(state_dir, "--persistent", "--engine-socket", witness.socket_path)
+    command = [sys.executable, str(PAUSED_PRELOAD), *flags[3:]]  # past ``python -m module``
+
+    async def resumed(after_s: float) -> ServerMessage | str:
+        await trio.sleep(after_s)
+        resume = RunResume(
+            lease=new_secret()[:32],
+            secret=new_secret(),
+            next_secret_hash=secret_hash(new_secret()),
+            cancel=int(signal.SIGINT),
+        )
+        try:
+            session = await connect_supervisor(state_dir, resume)
+            try:
+                return await receive_reply(session, "resume", 60)
+            finally:
+                await session.aclose()
+        except SbxError as exc:  # e.g. the connection dropped: said below with the log
+            return str(exc)
+
+    async def resumed_at_once() -> list[ServerMessage | str]:
+        answers: dict[float, ServerMessage | str] = {}
+
+        async def one(after_s: float) -> None:
+            answers[after_s] = await resumed(after_s)
+
+        async with trio.open_nursery() as nursery:
+            for after_s in (0.0, 0.05, 0.1):
+                nursery.start_soon(one, after_s)
+        return list(answers.values())
+
+    def logged() -> str:
+        return log_path.read_text(errors="replace")
+
+    try:
+        with open(log_path, "wb") as log:
+            supervisor = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            assert wait_until(lambda: "preload paused" in logged(), 60, 0.01), logged()
+            answers = trio.run(resumed_at_once)
+            assert wait_until(lambda: "preload resumed" in logged(), 10), logged()
+            assert len(answers) == 3, answers
+            for answer in answers:
+                assert isinstance(answer, RunError), (answer, logged())
+                assert "no record of the lease" in answer.stderr, answer
+            assert supervisor.poll() is None, logged()
+            assert "internal error" not in logged(), logged()
+            assert "Traceback" not in logged(), logged()
+        finally:
+            supervisor.terminate()
+            supervisor.wait(30)
     finally:
         shutil.rmtree(state_dir.parent, ignore_errors=True)
