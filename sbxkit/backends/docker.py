@@ -178,26 +178,22 @@ class DockerBackend:
             # Planned on a recent inspection of the image when there is one: the container's
             # image is checked before it starts, and a moved name is planned again, afresh.
             facts = await learn_daemon(engine, checked, self.gpu_cursor, reuse_image=True)
-            try:
-                return await self._run_by_path(engine, checked, facts, stdin, on_output)
-            except ImageChanged:  # raised before the start: nothing ran, no stdin was read
-                facts = await learn_daemon(engine, checked, self.gpu_cursor)
-                return await self._run_by_path(engine, checked, facts, stdin, on_output)
-
-    async def _run_by_path(
-        self,
-        engine: Engine,
-        checked: CheckedSpec,
-        facts: DaemonFacts,
-        stdin: StdinSource | None,
-        on_output: OutputCallback | None,
-    ) -> RunResult:
-        if await kernel_path_reason(engine, checked, facts) is None:
-            try:
-                return await self._run_planned(engine, checked, facts, stdin, on_output, True)
-            except NotAlive:  # no shell ran, so no payload did: run it on the daemon's path
-                shellless_images.add(facts.image_id)
-        return await self._run_planned(engine, checked, facts, stdin, on_output, False)
+            replanned = False
+            while True:
+                try:
+                    if await kernel_path_reason(engine, checked, facts) is None:
+                        try:
+                            return await self._run_planned(
+                                engine, checked, facts, stdin, on_output, True
+                            )
+                        except NotAlive:  # no shell ran, so no payload did: the daemon's path
+                            shellless_images.add(facts.image_id)
+                    return await self._run_planned(engine, checked, facts, stdin, on_output, False)
+                except ImageChanged:  # raised before the start: nothing ran, no stdin was read
+                    if replanned:
+                        raise
+                    facts = await learn_daemon(engine, checked, self.gpu_cursor)
+                    replanned = True
 
     async def _run_planned(
         self,
