@@ -187,11 +187,18 @@ async def check_image(
     kept = _image_facts.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < IMAGE_FACTS_MAX_AGE_S:
         return kept[1], kept[2]
+    _image_facts.pop(key, None)  # a failed inspection leaves no earlier one behind
     image_id, image_env = await _inspect_image(engine, image)
     if len(_image_facts) >= _IMAGE_FACTS_KEPT:
         _image_facts.clear()
     _image_facts[key] = (time.monotonic(), image_id, image_env)
     return image_id, image_env
+
+
+def forget_image(engine: Engine, image: str) -> None:
+    """The next run of ``image`` on ``engine`` inspects it afresh (a run of it failed: a
+    removed image is then refused as missing, not met at the create)."""
+    _image_facts.pop((engine.socket_path, image), None)
 
 
 async def _inspect_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:

@@ -25,7 +25,7 @@ from sbxkit.attached import OutputCallback, run_attached
 from sbxkit.backends.base import Backend, Consumer
 from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
-from sbxkit.errors import ImageChanged, SpecError
+from sbxkit.errors import ImageChanged, SbxError, SpecError
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.host import kernel_path_reason, shellless_images
 from sbxkit.kernel.run import NotAlive, run_on_fifos
@@ -41,6 +41,7 @@ from sbxkit.plan import (
     build_plan,
     check_spec,
     effective_settings,
+    forget_image,
     learn_daemon,
     new_lease_id,
 )
@@ -194,6 +195,9 @@ class DockerBackend:
                         raise
                     facts = await learn_daemon(engine, checked, self.gpu_cursor)
                     replanned = True
+                except SbxError:
+                    forget_image(engine, checked.spec.image)
+                    raise
 
     async def _run_planned(
         self,

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.errors import ImageError
+from sbxkit.errors import ImageError, SbxError
 from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import (
@@ -443,6 +443,18 @@ async def test_a_name_moved_to_another_image_is_planned_again(
         since = time.time()
         with pytest.raises(ImageError, match="VOLUME"):
             await run(spec(moving, "echo ran"), engine=engine)
+        assert "start" not in actions(witness.events(since, time.time(), type=["container"]))
+        # Removed within the 10 s: the run planned on the old inspection fails at the create
+        # (nothing starts); the next one inspects afresh and is refused as missing.
+        tag_image(witness, busybox, *moving.split(":"))
+        again = await run(spec(moving, "echo again"), engine=engine)
+        assert again.stdout == b"again\n", again
+        delete_image(witness, moving)
+        since = time.time()
+        with pytest.raises(SbxError):
+            await run(spec(moving, "echo gone"), engine=engine)
+        with pytest.raises(ImageError, match="not present locally"):
+            await run(spec(moving, "echo gone"), engine=engine)
         assert "start" not in actions(witness.events(since, time.time(), type=["container"]))
     finally:
         if helper is not None:
