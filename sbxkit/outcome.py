@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 import msgspec
+import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import Event
@@ -30,6 +31,12 @@ from sbxkit.result import Status
 SIGNAL_EXIT_BASE = 128
 _DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
 EVENT_MARGIN_S = 1.0
+EVIDENCE_GRACE_S = 1.0
+"""How long a signal exit that nothing explains yet waits for the daemon's evidence: its
+``oom`` event (and ``OOMKilled``) can be handled after the exit itself — the shim watches the
+memory cgroup and reaps the process in two goroutines — and was once, under CI's load, with
+gVisor on Docker 26.1."""
+EVIDENCE_POLL_S = 0.1
 
 
 def docker_time(text: str) -> float | None:
@@ -125,8 +132,9 @@ async def judge_exit(
     events from then on count, and not the flag: it stays set for the rest of a session once any
     process in it was OOM-killed, so it cannot say whether this exec's process was.
     """
+    own_process = since is None
     state = (await engine.container_inspect(container_id)).state
-    oom_flag = state.oom_killed if since is None else False
+    oom_flag = state.oom_killed if own_process else False
     if since is None:
         since = (docker_time(state.started_at) or time.time() - 24 * 3600) - EVENT_MARGIN_S
     events: list[Event] = []
@@ -136,10 +144,15 @@ async def judge_exit(
         if reason is not None:  # sbxkit's own removal, never someone else's kill
             return Verdict(status="timed_out", kill_evidence=f"sbxkit's own removal: {reason}")
     # An exit of its own (<= 128) stands: only a signal exit is worth the events call.
-    if not oom_flag and signalled:
-        events = await engine.events_between(
-            since,
-            time.time(),
-            {"type": ["container"], "container": [container_id], "event": ["oom", "kill"]},
-        )
+    if oom_flag or not signalled:
+        return classify_exit(oom_flag, exit_code, events)
+    evidence = {"type": ["container"], "container": [container_id], "event": ["oom", "kill"]}
+    deadline = trio.current_time() + EVIDENCE_GRACE_S
+    while not (events := await engine.events_between(since, time.time(), evidence)):
+        if trio.current_time() >= deadline:
+            break
+        await trio.sleep(EVIDENCE_POLL_S)
+        if own_process and (await engine.container_inspect(container_id)).state.oom_killed:
+            oom_flag = True
+            break
     return classify_exit(oom_flag, exit_code, events)
