@@ -14,6 +14,7 @@ Docker. What Podman does not report is proven inside the sandbox by the conforma
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
@@ -42,7 +43,7 @@ def check_created(
 
     if container_id is not None and info.id != container_id:
         raise mismatch(f"inspected id {info.id!r} is not the created id {container_id!r}")
-    if image_id and info.image and _bare(info.image) != _bare(image_id):
+    if image_id and _is_image_id(info.image) and _bare(info.image) != _bare(image_id):
         raise ImageChanged(
             info.id,
             f"created from image {info.image!r}, not {image_id!r}: {body.image!r} was moved "
@@ -150,3 +151,9 @@ def _podman_tmpfs(tmpfs: dict[str, str] | None) -> dict[str, str] | None:
 def _bare(image_id: str) -> str:
     """An image id without its digest algorithm (Podman may leave it out)."""
     return image_id.removeprefix("sha256:")
+
+
+def _is_image_id(text: str) -> bool:
+    """Whether the inspected ``Image`` is an id: Podman before 4.3 put the image's name there
+    (podman#15832), which says nothing about which image it was."""
+    return re.fullmatch(r"(sha256:)?[0-9a-f]{64}", text) is not None

@@ -290,3 +290,5 @@ def test_a_container_of_another_image_than_the_planned_one_is_image_changed() ->
     same = inspect({**reply_for(body), "Image": "a" * 64})  # Podman may leave out "sha256:"
     check_created(same, body, lease=LEASE, name=NAME, image_id=planned)
     check_created(moved, body, lease=LEASE, name=NAME)  # nothing planned on: not compared
+    named = inspect({**reply_for(body), "Image": "busybox:latest"})  # Podman < 4.3: a name
+    check_created(named, body, lease=LEASE, name=NAME, image_id=planned)
