@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +19,12 @@ SOCKET_NAME = "supervisor.sock"
 
 
 def private_state_dir() -> Path:
-    """A fresh 0700 state dir with a short path (AF_UNIX paths are capped at 108 bytes)."""
+    """A fresh 0700 state dir with a short path (AF_UNIX paths are capped at 108 bytes); its
+    temporary parent goes when the test process ends, whoever forgot it (a supervisor
+    stopped after a test's own ``rmtree`` can leave its lock and log behind)."""
     root = Path(tempfile.mkdtemp(prefix="sbxsup-", dir="/tmp"))
     os.chmod(root, 0o700)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root / "leases"
 
 
