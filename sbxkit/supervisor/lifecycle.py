@@ -151,15 +151,13 @@ class Leases(ServiceCore):
         # The created record's fsync and the post-create inspection overlap: both are done
         # before anyone hears Created, and a crash in between leaves the creating record,
         # which recovery resolves by the container's name as before.
-        checked: list[str | None] = []
         async with trio.open_nursery() as both:
-            both.start_soon(self._checked_into, checked, engine, live, container_id)
-            await self.journal.write(live.record)
+            both.start_soon(self.journal.write, live.record)
+            problem = await self._check_reservation(engine, live, container_id)
         if startup_missed or live.stop.is_set():
             live.request_stop("startup deadline" if startup_missed else live.stop_reason)
             await self._remove_live(live, engine, container_id)
             return None
-        problem = checked[0]
         if problem:
             await live.peer.send(Failed(lease=lease, reason=problem))
             live.request_stop(problem)
@@ -167,11 +165,6 @@ class Leases(ServiceCore):
             return None
         await live.peer.send(Created(lease=lease, container_id=container_id))
         return container_id
-
-    async def _checked_into(
-        self, into: list[str | None], engine: Engine, live: LiveLease, container_id: str
-    ) -> None:
-        into.append(await self._check_reservation(engine, live, container_id))
 
     async def _check_reservation(
         self, engine: Engine, live: LiveLease, container_id: str
