@@ -115,6 +115,7 @@ class _Feed:
         if self.done:
             return
         self.done = True
+        self.reading = False  # a source event in the same poll is no longer ours to read
         for fd in (self.ends.stdin, self.source):
             if fd is not None:
                 _unregister(self.poller, fd)

@@ -344,3 +344,29 @@ def test_the_time_limit_ends_a_payload_that_runs_on(tmp_path: Path) -> None:
     assert watched.status == "timed_out"
     assert watched.stdout.value() == b"before\n"
     assert time.monotonic() - started < 10
+
+
+def test_an_exit_and_more_stdin_in_one_poll_end_the_input_once(tmp_path: Path) -> None:
+    """The init's exit and the stdin source can be ready in the same poll: the exit stops the
+    feed first (its source unregistered), and the source's turn must not read or unregister
+    it again. CI once saw the command line die of that (KeyError in ``readable``)."""
+    sandbox = Sandbox(tmp_path, "exit 0")  # exits as soon as its go line is read
+    source_r, source_w = os.pipe()
+    os.write(source_w, b"more input")  # readable from the start
+    turns: list[int] = []
+
+    def signalled() -> bool:
+        turns.append(1)
+        if len(turns) == 2:  # the go line went out: let the exit and the source both be ready
+            time.sleep(0.5)
+        return False
+
+    r, w = os.pipe()
+    try:
+        watched = watch(sandbox.ends, b"\n", source_r, 1 << 20, 10, 2.0, r, signalled)
+    finally:
+        sandbox.ends.close_all()
+        for fd in (r, w, source_r, source_w):
+            os.close(fd)
+        sandbox.proc.wait()
+    assert watched.status == "exited"
