@@ -18,7 +18,7 @@ import msgspec
 import trio
 
 from sbxkit.engine.client import Engine, Waiter
-from sbxkit.engine.models import ContainerWaitReply
+from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
@@ -30,7 +30,7 @@ from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
 from sbxkit.network.audit import Denial
 from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.outcome import Verdict, judge_exit
-from sbxkit.owner import GoverningOwner, Owner
+from sbxkit.owner import GoverningOwner, InspectingOwner, Owner
 from sbxkit.plan import Plan
 from sbxkit.result import Status, Stream
 from sbxkit.spec import parse_user
@@ -103,6 +103,8 @@ class OwnedContainer:
         began, not counting the wait for admission; the owner's backstop ends later)."""
         self.remove_s: float | None = None
         """How long removal took; set when the ``owned_container`` block has ended."""
+        self.released = False
+        """The owner took the removal over (``release``): the block's end does not wait."""
         self._owner = owner
 
     async def start(self) -> None:
@@ -113,6 +115,11 @@ class OwnedContainer:
         await self.engine.container_start(self.container_id)
         await self._owner.started(self.lease)
         await self.govern()
+
+    async def release(self) -> None:
+        """Hand the removal to the owner, if it removes on its own (``Owner.release``): the
+        payload is done with the container."""
+        self.released = await self._owner.release(self.lease)
 
     @property
     def governed(self) -> bool:
@@ -195,7 +202,9 @@ async def owned_container(
         container_id = await owner.create(
             plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
         )
-        inspected = await engine.container_inspect(container_id)
+        inspected = created_inspection(owner, plan.lease)
+        if inspected is None:
+            inspected = await engine.container_inspect(container_id)
         check_created(
             inspected,
             plan.body,
@@ -216,10 +225,17 @@ async def owned_container(
             try:
                 await owner.remove(plan.lease, plan.name, container_id)  # at once if released
             finally:
-                if plan.io_dir is not None:  # (the supervisor also does, once it removed)
+                # The kernel path's FIFOs; an owner that took the removal over removes them
+                # once the container is gone.
+                if plan.io_dir is not None and not (box is not None and box.released):
                     remove_io_dir(Path(plan.io_dir).parent, plan.lease)
         if box is not None:
             box.remove_s = trio.current_time() - removing
+
+
+def created_inspection(owner: Owner, lease: str) -> ContainerInspect | None:
+    """The daemon's answer on the container just created, if its owner inspected it."""
+    return owner.created_inspection(lease) if isinstance(owner, InspectingOwner) else None
 
 
 class ContainerProcess:

@@ -20,7 +20,7 @@ import trio
 
 from sbxkit.admission import AdmissionQueue, Budget, Need, default_memory_budget, never_fits
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import CleanupError, NeverFits
 from sbxkit.kernel.scripts import io_root
 from sbxkit.network.audit import Denial
@@ -79,11 +79,12 @@ class Owner(Protocol):
         decided is never reported as someone else's kill."""
         ...
 
-    async def release(self, lease: str) -> None:
+    async def release(self, lease: str) -> bool:
         """Hand the container's removal to the owner, if it removes on its own (the
         supervisor): ``remove`` then returns at once, while the lease closes only when the
-        daemon confirmed the removal. An owner that cannot (in-process) does nothing here and
-        removes in ``remove``."""
+        daemon confirmed the removal. True when it took the removal over, the lease's kernel
+        path FIFO directory included. An owner that cannot (in-process) does nothing here,
+        returns False and removes in ``remove``."""
         ...
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
@@ -92,6 +93,18 @@ class Owner(Protocol):
         Returns only once the daemon confirmed removal or that it is gone; raises CleanupError
         otherwise. Must be called from a shielded scope.
         """
+        ...
+
+
+@runtime_checkable
+class InspectingOwner(Protocol):
+    """An owner that inspects each container it created (the supervisor checks the admitted
+    limits on the daemon's answer) and hands that answer on: the caller verifies its plan on
+    it instead of asking the daemon again."""
+
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        """The owner's post-create inspection of the lease's container, once; None if it
+        has none (the caller inspects)."""
         ...
 
 
@@ -277,8 +290,9 @@ class InProcessOwner:
         await trio.lowlevel.checkpoint()
         return None  # it has no life of its own: it never ends a container unasked
 
-    async def release(self, lease: str) -> None:
+    async def release(self, lease: str) -> bool:
         await trio.lowlevel.checkpoint()  # nothing runs on its own here: ``remove`` removes
+        return False
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)

@@ -231,7 +231,7 @@ class DockerBackend:
                 or ran.verdict.status in KILLED_BY_SBXKIT
                 or any(mount.type == "volume" for mount in plan.expected_mounts)
             ):
-                await owner.release(plan.lease)
+                await box.release()
         return ran.result(box, denials)
 
     async def reconcile_orphans(self) -> list[str]:

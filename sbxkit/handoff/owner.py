@@ -154,6 +154,8 @@ class ServedOwner(SupervisedOwner):
                 reply = await replies.receive()
                 if isinstance(reply, Created):
                     self.current = (lease, reply.container_id)
+                    if reply.inspected is not None:
+                        self._inspected[lease] = reply.inspected
                     return reply.container_id
                 if isinstance(reply, Failed):
                     raise SupervisorError(reply.reason, code="failed", lease=lease)
@@ -207,14 +209,17 @@ class ServedOwner(SupervisedOwner):
         live.claimed.set()  # parking ends: its copies of the ends are closed
         return claimed
 
-    async def release(self, lease: str) -> None:
-        """The removal goes on under this supervisor's lease task; the lease closes once the
-        daemon confirmed it (a pooled or kernel path run's early return)."""
+    async def release(self, lease: str) -> bool:
+        """The removal goes on under this supervisor's lease task (the FIFO directory goes
+        with it); the lease closes once the daemon confirmed it (a pooled or kernel path
+        run's early return)."""
         self._queued.pop(lease, None)
+        self._inspected.pop(lease, None)
         local = self._local.pop(lease, None)
         if local is not None:
             local[1].request_stop("caller closed")
         await trio.lowlevel.checkpoint()
+        return local is not None
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         """Ask for removal and wait for the verdict: only ``Closed`` means cleaned up."""

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import CleanupError, NeverFits, SbxError
 from sbxkit.kernel.scripts import io_root
 from sbxkit.network.audit import Denial
@@ -343,6 +343,7 @@ class SupervisedOwner:
         self._links: dict[str, LeaseLink] = {}
         self._queued: dict[str, float] = {}
         self._claimed_fds: dict[str, list[int]] = {}
+        self._inspected: dict[str, ContainerInspect | None] = {}
 
     async def connect(self, first: Message | None = None) -> _Session:
         """A launched supervisor serves this owner's daemon (whatever ``first`` is: a
@@ -501,6 +502,7 @@ class SupervisedOwner:
                 timeout = self.startup_deadline_s + REPLY_TIMEOUT_S
             elif isinstance(reply, Created | Adopted):
                 self._queued.setdefault(lease, trio.current_time() - asked)
+                self._inspected[lease] = reply.inspected if isinstance(reply, Created) else None
                 return reply.container_id
             elif isinstance(reply, Refused):
                 self._links.pop(lease, None)
@@ -525,6 +527,10 @@ class SupervisedOwner:
         """How long the lease waited for admission (0 when it fitted at once)."""
         return self._queued.get(lease, 0.0)
 
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        """The supervisor's post-create inspection (``Created``), once; None if adopted."""
+        return self._inspected.pop(lease, None)
+
     def claimed_fds(self, lease: str) -> list[int]:
         """The host ends a claimed kernel path container came with (``Claimed.fds``), now
         the caller's to close; [] on the daemon's path."""
@@ -537,17 +543,17 @@ class SupervisedOwner:
         link = self._links.get(lease)
         return None if link is None else await link.expiring(REPLY_TIMEOUT_S)
 
-    async def release(self, lease: str) -> None:
+    async def release(self, lease: str) -> bool:
         """Hand the lease back without waiting for the verdict: the supervisor removes the
-        container under its ownership (its record closes only when the daemon confirmed the
-        removal; a failure keeps the record for its reaper). A pooled run's early return. The
+        container, then its FIFO directory (the record closes only when the daemon confirmed
+        the removal; a failure keeps it for the reaper). A pooled run's early return. The
         link finishes on its own: if the supervisor dies first, it re-adopts the lease to
         close it, as long as this process lives (else the restarted supervisor's grace ends).
         A lease whose supervisor died and that was not re-adopted raises ``CleanupError``."""
         self._queued.pop(lease, None)
         link = self._links.pop(lease, None)
         if link is None:
-            return
+            return False
         with trio.CancelScope(shield=True):
             await link.settled()  # a re-adoption under way decides who removes it
         if link.lost is not None:  # nobody to hand it to: recovery must finish it
@@ -556,9 +562,11 @@ class SupervisedOwner:
         with trio.CancelScope(shield=True):
             await link.close()
         await trio.lowlevel.checkpoint()  # the Close is out: a cancellation may land now
+        return True
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)
+        self._inspected.pop(lease, None)
         link = self._links.pop(lease, None)
         if link is None:
             return  # never registered: nothing was created

@@ -7,6 +7,7 @@ from __future__ import annotations
 import trio
 
 from sbxkit.engine.client import Engine
+from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.network.governor import Governor
 from sbxkit.network.netns import NetworkUnavailable
@@ -153,7 +154,7 @@ class Leases(ServiceCore):
         # which recovery resolves by the container's name as before.
         async with trio.open_nursery() as both:
             both.start_soon(self.journal.write, live.record)
-            problem = await self._check_reservation(engine, live, container_id)
+            problem, inspected = await self._check_reservation(engine, live, container_id)
         if startup_missed or live.stop.is_set():
             live.request_stop("startup deadline" if startup_missed else live.stop_reason)
             await self._remove_live(live, engine, container_id)
@@ -163,33 +164,35 @@ class Leases(ServiceCore):
             live.request_stop(problem)
             await self._remove_live(live, engine, container_id)
             return None
-        await live.peer.send(Created(lease=lease, container_id=container_id))
+        await live.peer.send(Created(lease=lease, container_id=container_id, inspected=inspected))
         return container_id
 
     async def _check_reservation(
         self, engine: Engine, live: LiveLease, container_id: str
-    ) -> str | None:
-        """The container's actual limits must be what was admitted, before it may start."""
+    ) -> tuple[str | None, ContainerInspect | None]:
+        """The container's actual limits must be what was admitted, before it may start:
+        the problem if they are not, and the inspection (the caller verifies its plan on it)."""
         try:
             info = await engine.container_inspect(container_id)
         except SbxError as exc:
-            return f"post-create inspection failed: {exc}"
-        labels = info.config.labels or {}
-        if not carries_lease(labels, live.record.lease):
-            return "the created container does not carry this lease's label"
-        if info.host_config.memory != live.record.memory_bytes:
-            return (
-                f"container memory {info.host_config.memory} differs from the reservation "
-                f"{live.record.memory_bytes}"
+            return f"post-create inspection failed: {exc}", None
+        record = live.record
+        host = info.host_config
+        problem: str | None = None
+        if not carries_lease(info.config.labels or {}, record.lease):
+            problem = "the created container does not carry this lease's label"
+        elif host.memory != record.memory_bytes:
+            problem = (
+                f"container memory {host.memory} differs from the reservation {record.memory_bytes}"
             )
-        if info.host_config.nano_cpus != live.record.nano_cpus:
-            return (
-                f"container NanoCpus {info.host_config.nano_cpus} differs from the "
-                f"reservation {live.record.nano_cpus}"
+        elif host.nano_cpus != record.nano_cpus:
+            problem = (
+                f"container NanoCpus {host.nano_cpus} differs from the reservation "
+                f"{record.nano_cpus}"
             )
-        if info.state.running or info.state.status != "created":
-            return f"the container is {info.state.status}, not a stopped 'created' container"
-        return None
+        elif info.state.running or info.state.status != "created":
+            problem = f"the container is {info.state.status}, not a stopped 'created' container"
+        return problem, info
 
     async def _create_failed(self, live: LiveLease, error: SbxError) -> None:
         lease = live.record.lease

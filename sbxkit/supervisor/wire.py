@@ -12,7 +12,7 @@ One connection carries one lease:
     Register(lease, name, body, …)   ─►     (admission: waits in a FIFO until it fits)
                                      ◄─     Queued(ahead) …  (while waiting; nothing journaled)
                                      ◄─     Registered | Refused (journal fsync'd: intent recorded)
-                                     ◄─     Created(container_id) | Failed(reason)
+                                     ◄─     Created(container_id, inspected) | Failed(reason)
     Started                          ─►     (its launch slot goes to the next lease)
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
@@ -85,7 +85,7 @@ from typing import Literal
 
 import msgspec
 
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 from sbxkit.network.audit import Denial
@@ -290,8 +290,13 @@ class Registered(Message, tag="registered"):
 
 
 class Created(Message, tag="created"):
+    """The lease's container exists, stopped, with the admitted limits. ``inspected``: the
+    supervisor's post-create inspection of it, the daemon's answer the caller verifies its
+    plan against instead of asking again (one round trip fewer before the start)."""
+
     lease: str
     container_id: str
+    inspected: ContainerInspect | None = None
 
 
 class Claimed(Message, tag="claimed"):

@@ -44,10 +44,12 @@ container_remove#1              both        returns normally (removal is shielde
 ==============================  ==========  ==============================================
 
 With ``SupervisedOwner`` the table is the same with ``owner.create#1`` in place of
-``container_create#1`` and ``owner.remove#1`` in place of ``container_remove#1``, except that
-``owner.create#1``/before ends in Cancelled with nothing created (the supervised create is not
-shielded: the caller gives up before registering) and ``image_inspect#1``/after likewise
-creates nothing.
+``container_create#1`` and ``owner.remove#1`` in place of ``container_remove#1``, and without
+``container_inspect#1``: the caller verifies the container on the supervisor's post-create
+inspection (``Created.inspected``), so its one inspection is the second one above (numbered
+``#1`` there). Also ``owner.create#1``/before ends in Cancelled with nothing created (the
+supervised create is not shielded: the caller gives up before registering) and
+``image_inspect#1``/after likewise creates nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
 from sbxkit.engine.transport import HijackedStream, Transport
 from sbxkit.kernel import initpid
+from sbxkit.owned import created_inspection
 from sbxkit.owner import InProcessOwner, Owner
 from sbxkit.result import RunResult
 from sbxkit.runner import run
@@ -138,8 +141,15 @@ RETURNS_NORMALLY: set[Point] = {
     ("owner.remove#1", "before"),
     ("owner.remove#1", "after"),
 }
-# The supervised owner's calls replace the engine's create and remove.
-SUPERVISED_NAMES = {"container_create#1": "owner.create#1", "container_remove#1": "owner.remove#1"}
+# The supervised owner's calls replace the engine's create and remove; its Created carries
+# the post-create inspection, so the caller's first inspection is not made (None) and the
+# second is its first.
+SUPERVISED_NAMES: dict[str, str | None] = {
+    "container_create#1": "owner.create#1",
+    "container_remove#1": "owner.remove#1",
+    "container_inspect#1": None,
+    "container_inspect#2": "container_inspect#1",
+}
 # Points at which nothing may have been created yet, per owner.
 NOTHING_CREATED: dict[OwnerKind, set[Point]] = {
     "in-process": {("image_inspect#1", "before")},
@@ -152,7 +162,13 @@ NOTHING_CREATED: dict[OwnerKind, set[Point]] = {
 
 
 def supervised(points: list[Point]) -> list[Point]:
-    return [(SUPERVISED_NAMES.get(name, name), phase) for name, phase in points]
+    """``points`` as the supervised owner passes them."""
+    renamed = [(SUPERVISED_NAMES.get(name, name), phase) for name, phase in points]
+    return [(name, phase) for name, phase in renamed if name is not None]
+
+
+def pre_start(owner: OwnerKind) -> list[Point]:
+    return PRE_START if owner == "in-process" else supervised(PRE_START)
 
 
 def point_id(point: Point) -> str:
@@ -217,11 +233,14 @@ class HookedOwner:
     def queued_s(self, lease: str) -> float:
         return self._inner.queued_s(lease)
 
+    def created_inspection(self, lease: str) -> models.ContainerInspect | None:
+        return created_inspection(self._inner, lease)
+
     async def ended_by_owner(self, lease: str) -> str | None:
         return await self._inner.ended_by_owner(lease)
 
-    async def release(self, lease: str) -> None:
-        await self._inner.release(lease)
+    async def release(self, lease: str) -> bool:
+        return await self._inner.release(lease)
 
     @property
     def fifo_root(self) -> Path:
@@ -448,9 +467,10 @@ def assert_gone_and_started(
         assert engine.started_ids == []
 
 
-def expect_outcome(point: Point, outcome: Outcome) -> None:
+def expect_outcome(point: Point, outcome: Outcome, owner: OwnerKind) -> None:
     assert outcome.elapsed < QUICK_S, f"cancelled run took {outcome.elapsed:.1f} s"
-    if point in RETURNS_NORMALLY:
+    returns = RETURNS_NORMALLY if owner == "in-process" else supervised(list(RETURNS_NORMALLY))
+    if point in returns:
         assert not outcome.cancelled
         assert outcome.result is not None
         assert outcome.result.status == "exited"
@@ -467,8 +487,8 @@ async def check_point(
     async with cancelling_engine(witness.socket_path) as engine:
         outcome = await run_with_cancel(engine, make_spec(busybox, command), point, owner=owner)
         assert engine.fired, f"{point} was never reached; calls: {engine.log}"
-        expect_outcome(point, outcome)
-        pre_start = point in PRE_START or point in supervised(PRE_START)
+        expect_outcome(point, outcome, owner)
+        before_start = point in pre_start(owner)
         if point in NOTHING_CREATED[owner]:
             assert engine.create_names == []  # this engine was never asked to create
             assert engine.created_ids == []
@@ -485,7 +505,7 @@ async def check_point(
             else:
                 assert engine.removed == []
             return
-        assert_gone_and_started(witness, engine, since, started=not pre_start)
+        assert_gone_and_started(witness, engine, since, started=not before_start)
         if owner == "in-process":
             assert [cid for cid, _ in engine.removed][:1] == engine.created_ids
 
@@ -547,7 +567,7 @@ async def test_point_lists_cover_every_hook_of_a_run(
             "container_remove#1",
         ]
         if owner == "supervised":
-            lifecycle = [SUPERVISED_NAMES.get(name, name) for name in lifecycle]
+            lifecycle = [name for name, _ in supervised([(name, "before") for name in lifecycle])]
         assert calls == lifecycle
         assert_gone_and_started(witness, engine, since, started=True)
 

@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
 from sbxkit.harness import Job, JobResult, run_many
+from sbxkit.owned import created_inspection
 from sbxkit.owner import Owner
 from sbxkit.spec import MiB
 from sbxkit.supervisor.client import SupervisedOwner
@@ -157,11 +158,14 @@ class RecordingOwner:
     def queued_s(self, lease: str) -> float:
         return self.inner.queued_s(lease)
 
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        return created_inspection(self.inner, lease)
+
     async def ended_by_owner(self, lease: str) -> str | None:
         return await self.inner.ended_by_owner(lease)
 
-    async def release(self, lease: str) -> None:
-        await self.inner.release(lease)
+    async def release(self, lease: str) -> bool:
+        return await self.inner.release(lease)
 
     @property
     def fifo_root(self) -> Path:

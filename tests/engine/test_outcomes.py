@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,6 +19,8 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.errors import ImageError, SbxError
+from sbxkit.kernel.scripts import io_root
+from sbxkit.plan import effective_settings
 from sbxkit.runner import run
 from sbxkit.spec import MiB
 from tests.engine.helpers import (
@@ -400,8 +403,9 @@ async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
     engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first kernel path run on a daemon learns its cgroup layout from State.Pid; later
-    runs find their init in its cgroup's process list: one inspection (the post-create
-    check) instead of two, and the same kernel evidence."""
+    runs find their init in its cgroup's process list, and the post-create check is made on
+    the supervisor's inspection (``Created.inspected``): the caller asks the daemon for no
+    inspection at all, with the same kernel evidence."""
     first = await run(spec(busybox, "exit 3"), engine=engine)
     assert (first.evidence, first.exit_code) == ("kernel", 3), first
     inspected: list[str] = []
@@ -414,7 +418,7 @@ async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
     monkeypatch.setattr(engine, "container_inspect", counted)
     second = await run(spec(busybox, "echo found; exit 4"), engine=engine)
     assert (second.evidence, second.exit_code, second.stdout) == ("kernel", 4, b"found\n")
-    assert inspected == [second.container_id], (inspected, first, second)
+    assert inspected == [], (inspected, first, second)
 
 
 async def test_a_name_moved_to_another_image_is_planned_again(
@@ -509,3 +513,22 @@ async def test_interleaved_stdout_and_stderr_stay_separate_and_complete(
     assert result.overflowed is None
     assert result.stdout == b"".join(b"out %d\n" % i for i in range(lines))
     assert result.stderr == b"".join(b"err %d\n" % i for i in range(lines))
+
+
+async def test_a_returned_runs_fifo_directory_goes_with_its_container(
+    engine: Engine, busybox: str, witness: Witness
+) -> None:
+    """A kernel path run returns at its payload's exit, handing the removal to the supervisor,
+    which removes the lease's FIFO directory once the daemon confirmed the container gone:
+    nothing of the run is left beside the state directory."""
+    result = await run(spec(busybox, "exit 0"), engine=engine)
+    assert (result.evidence, result.exit_code) == ("kernel", 0), result
+    state_dir = effective_settings(None).supervisor_state_dir
+    assert state_dir is not None
+    fifos = io_root(Path(state_dir)) / result.lease
+    leased = f"{LEASE_LABEL}={result.lease}"
+
+    def gone() -> bool:
+        return not fifos.exists() and witness.containers(leased) == []
+
+    assert await trio.to_thread.run_sync(wait_until, gone, 10.0), (fifos.exists(), leased)

@@ -29,9 +29,10 @@ import pytest
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
 from sbxkit.gpu import GpuRequest
+from sbxkit.owned import created_inspection
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
@@ -104,11 +105,14 @@ class WitnessingOwner:
     def queued_s(self, lease: str) -> float:
         return self._inner.queued_s(lease)
 
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        return created_inspection(self._inner, lease)
+
     async def ended_by_owner(self, lease: str) -> str | None:
         return await self._inner.ended_by_owner(lease)
 
-    async def release(self, lease: str) -> None:
-        await self._inner.release(lease)
+    async def release(self, lease: str) -> bool:
+        return await self._inner.release(lease)
 
     @property
     def fifo_root(self) -> Path:

@@ -98,7 +98,7 @@ class CapturingOwner:
     async def ended_by_owner(self, lease: str) -> str | None:
         raise AssertionError("never judged: create raised")
 
-    async def release(self, lease: str) -> None:
+    async def release(self, lease: str) -> bool:
         raise AssertionError("never released: create raised")
 
     @property
