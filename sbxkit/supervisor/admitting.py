@@ -86,26 +86,27 @@ class Admitting(Leases):
             return "lease id already in use"
         return None
 
-    async def _recheck(
-        self, peer: Caller, register: Register
-    ) -> tuple[RefusalCode, str, str] | None:
+    def _recheck(self, payload: bytes, register: Register) -> tuple[RefusalCode, str, str] | None:
         """The second line of defence: the socket the caller names, then the body's invariants
-        (recheck.py); (code, field, reason) of the first refusal."""
+        (recheck.py); (code, field, reason) of the first refusal. Blocking (it looks at the
+        body's paths): call it from a worker thread."""
         refusal = self._socket_refusal(register)
         if refusal is not None:
             return refusal
         try:
-            raw = msgspec.json.decode(peer.last_payload)
+            raw = msgspec.json.decode(payload)
         except msgspec.DecodeError:
             raw = {}
         unknown = unknown_field(raw.get("body") if isinstance(raw, dict) else None)
         if unknown is not None:
             return "policy", unknown, "not a field sbxkit's policy sets; refused, not dropped"
-        return await self._body_refusal(register)
+        return self._body_refusal(register)
 
     async def _recheck_register(self, register: Register) -> tuple[RefusalCode, str, str] | None:
         """``_recheck`` of a Register the supervisor made itself (a pool's parked container)."""
-        return self._socket_refusal(register) or await self._body_refusal(register)
+        return self._socket_refusal(register) or await trio.to_thread.run_sync(
+            self._body_refusal, register
+        )
 
     def _socket_refusal(self, register: Register) -> tuple[RefusalCode, str, str] | None:
         problem = engine_socket_problem(
@@ -113,17 +114,15 @@ class Admitting(Leases):
         )
         return None if problem is None else ("engine", "engine_socket", problem)
 
-    async def _body_refusal(self, register: Register) -> tuple[RefusalCode, str, str] | None:
-        refusal = await trio.to_thread.run_sync(
-            lambda: recheck_body(
-                register.body,
-                lease=register.lease,
-                state_dir=str(self.state.path),
-                environment=self.environment,
-                resolve=os.path.realpath,
-                io_dir_problem=io_dir_problem,
-                network=register.network,
-            )
+    def _body_refusal(self, register: Register) -> tuple[RefusalCode, str, str] | None:
+        refusal = recheck_body(
+            register.body,
+            lease=register.lease,
+            state_dir=str(self.state.path),
+            environment=self.environment,
+            resolve=os.path.realpath,
+            io_dir_problem=io_dir_problem,
+            network=register.network,
         )
         return None if refusal is None else ("policy", refusal.field, refusal.reason)
 
@@ -187,8 +186,12 @@ class Admitting(Leases):
         every admission and before every park (docs/operations.md): a chmod, a swapped path, a
         foreign file or a malformed record added while the supervisor runs blocks the next one,
         and one an operator removed stops blocking. A failed journal write stays (sticky)."""
+        return await trio.to_thread.run_sync(self._audit)
+
+    def _audit(self) -> str | None:
+        """``_storage_problem``, blocking: call it from a worker thread."""
         try:
-            problems = await trio.to_thread.run_sync(self.state.audit, self.records)
+            problems = self.state.audit(self.records)
         except (StorageError, OSError) as exc:
             return f"unsafe supervisor state blocks execution: {exc}"
         found = [str(problem) for problem in problems] + self.storage_errors
@@ -197,15 +200,19 @@ class Admitting(Leases):
         return None
 
     async def _admit(self, peer: Caller, register: Register, intent: Intent) -> LiveLease | None:
-        storage = await self._storage_problem()
+        problem = self._request_problem(register)
+        payload = peer.last_payload
+        # One worker thread audits the state directory and rechecks a well-formed request's
+        # body (one hand-off, not two); the refusals keep their order: storage, request, policy.
+        storage, refusal = await trio.to_thread.run_sync(
+            lambda: (self._audit(), None if problem else self._recheck(payload, register))
+        )
         if storage is not None:
             await self._refuse(peer, "storage", storage)
             return None
-        problem = self._request_problem(register)
         if problem:
             await self._refuse(peer, "request", problem)
             return None
-        refusal = await self._recheck(peer, register)
         if refusal is not None:
             await peer.send(Refused(code=refusal[0], reason=refusal[2], field=refusal[1]))
             log(f"lease {register.lease}: refused {refusal[1]}: {refusal[2]}")
@@ -320,6 +327,18 @@ class Admitting(Leases):
         second without a slot the caller hears ``Queued`` (``ahead``: the leases waiting for a
         slot before it) at least every second, and the admission deadline bounds the wait.
         Slots are handed on in arrival order (trio's semaphore is FIFO)."""
+        if not slot.try_acquire():
+            await self._queue_for_launch_slot(peer, lease, slot, intent)
+        if intent.stop.is_set():
+            slot.release()
+            return "left"
+        return "held" if slot.held else "timeout"
+
+    async def _queue_for_launch_slot(
+        self, peer: Caller, lease: str, slot: LaunchSlot, intent: Intent
+    ) -> None:
+        """Wait for a slot in line, telling the caller its place every second, until it is
+        held, the caller leaves, or the admission deadline passes."""
         acquired = trio.Event()
 
         async def acquire() -> None:
@@ -341,10 +360,6 @@ class Admitting(Leases):
                 nursery.cancel_scope.cancel()
         finally:
             self.slot_waiters.remove(lease)
-        if intent.stop.is_set():
-            slot.release()
-            return "left"
-        return "held" if slot.held else "timeout"
 
     async def _register(
         self, peer: Caller, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
