@@ -24,7 +24,7 @@ import trio
 
 from sbxkit.errors import SbxError
 from sbxkit.kernel.init import REAP_LIMIT_S, REAP_POLL_S
-from sbxkit.kernel.pidfd import exit_status, status_code
+from sbxkit.kernel.pidfd import exit_status, status_code, wait_reaped
 from sbxkit.supervisor.client import connect_supervisor, receive_reply
 from sbxkit.supervisor.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
 from sbxkit.supervisor.proof import secret_hash
@@ -108,7 +108,7 @@ def _exit_code(pidfd: int) -> int | None:
             return None
         if status is not None:
             return status_code(status)
-        time.sleep(REAP_POLL_S)
+        wait_reaped(pidfd, REAP_POLL_S)
     return None
 
 

@@ -15,13 +15,20 @@ import os
 
 import trio
 
-from sbxkit.kernel.pidfd import exit_status, open_pidfd, status_code, still_running
+from sbxkit.kernel.pidfd import (
+    exit_status,
+    open_pidfd,
+    reap_watch,
+    status_code,
+    still_running,
+    zombie_status,
+)
 
 __all__ = ["REAP_POLL_S", "ContainerInit", "InitUnverified"]
 
-REAP_POLL_S = 0.0002
-"""How often the reaped status is asked for once the pidfd is readable (the shim reaps within
-about a millisecond here)."""
+REAP_POLL_S = 0.01
+"""The backstop between asks for the reaped status once the pidfd is readable; the wait
+itself ends at the reap, which the pidfd reports (the shim reaps within a millisecond)."""
 REAP_LIMIT_S = 5.0
 REMOVAL_SIGNAL_S = 0.25
 """The longest wait for a removed memory cgroup's last eventfd signal. If it came before the
@@ -211,9 +218,15 @@ class ContainerInit:
         """Wait for the init to exit and be reaped; its status as Docker spells it."""
         await trio.lowlevel.wait_readable(self.pidfd)
         self.oom.at_exit()  # before anything else: the cgroup goes soon
-        with trio.fail_after(REAP_LIMIT_S):
-            while (status := exit_status(self.pidfd)) is None:  # noqa: ASYNC110
-                await trio.sleep(REAP_POLL_S)  # the reaper gives no event to wait for
+        status = exit_status(self.pidfd)
+        if status is None:  # exited, not reaped yet: its zombie's record, or the reap's
+            status = zombie_status(self.pid, self.pidfd)
+        if status is None:
+            with contextlib.closing(reap_watch(self.pidfd)) as watch:
+                with trio.fail_after(REAP_LIMIT_S):
+                    while (status := exit_status(self.pidfd)) is None:
+                        with trio.move_on_after(REAP_POLL_S):
+                            await trio.lowlevel.wait_readable(watch.fileno())
         return status_code(status)
 
     def close(self) -> None:
