@@ -25,7 +25,8 @@ import msgspec
 import trio
 
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import Event
+from sbxkit.engine.models import ContainerState, Event
+from sbxkit.errors import NotFound
 from sbxkit.result import Status
 
 SIGNAL_EXIT_BASE = 128
@@ -131,12 +132,16 @@ async def judge_exit(
     ``State.OOMKilled`` counts. For an exec (``since`` = when it was created, unix seconds) only
     events from then on count, and not the flag: it stays set for the rest of a session once any
     process in it was OOM-killed, so it cannot say whether this exec's process was.
+
+    A container already removed (its owner's removal can win the race with a kernel path
+    run's judging) has no flag to read: its events, which outlive it, and its owner decide.
     """
     own_process = since is None
-    state = (await engine.container_inspect(container_id)).state
-    oom_flag = state.oom_killed if own_process else False
+    state = await _state_if_any(engine, container_id)
+    oom_flag = state.oom_killed if own_process and state is not None else False
     if since is None:
-        since = (docker_time(state.started_at) or time.time() - 24 * 3600) - EVENT_MARGIN_S
+        started = docker_time(state.started_at) if state is not None else None
+        since = (started or time.time() - 24 * 3600) - EVENT_MARGIN_S
     events: list[Event] = []
     signalled = exit_code is not None and exit_code > SIGNAL_EXIT_BASE
     if signalled and not oom_flag and ended_by_owner is not None:
@@ -152,7 +157,16 @@ async def judge_exit(
         if trio.current_time() >= deadline:
             break
         await trio.sleep(EVIDENCE_POLL_S)
-        if own_process and (await engine.container_inspect(container_id)).state.oom_killed:
+        state = await _state_if_any(engine, container_id)
+        if own_process and state is not None and state.oom_killed:
             oom_flag = True
             break
     return classify_exit(oom_flag, exit_code, events)
+
+
+async def _state_if_any(engine: Engine, container_id: str) -> ContainerState | None:
+    """The container's state, or None once it was removed."""
+    try:
+        return (await engine.container_inspect(container_id)).state
+    except NotFound:
+        return None

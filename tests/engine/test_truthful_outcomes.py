@@ -141,3 +141,38 @@ async def test_docker_kill_of_a_sandbox_during_an_exec_is_reported_as_killed(
         operator.join(5)
     assert result.status == "killed", result
     assert result.kill_evidence is not None
+
+
+async def test_a_container_removed_before_its_judging_is_judged_on_its_events(
+    engine: Engine, witness: Witness, busybox: str
+) -> None:
+    """The owner's removal can win the race with a kernel path run's judging (CI's Docker 26.1
+    once: the supervisor's own removal at a lifetime deadline, a 404 at the judge's inspect).
+    The container's events outlive it: a removed container's SIGKILL is still someone's kill,
+    and a removal its owner decided is still sbxkit's own."""
+    response = witness.session.post(
+        f"{witness.base}/containers/create",
+        params={"name": unique("removed-first")},
+        json={"Image": busybox, "Cmd": ["sleep", "30"], "Labels": {"sbxkit-tests.helper": "1"}},
+        timeout=30,
+    )
+    response.raise_for_status()
+    helper: str = response.json()["Id"]
+    try:
+        witness.session.post(f"{witness.base}/containers/{helper}/start", timeout=30)
+        witness.kill(helper)
+    finally:
+        witness.remove(helper)
+    assert not [c for c in witness.containers() if c["Id"] == helper]
+    verdict = await judge_exit(engine, helper, 137)
+    assert verdict.status == "killed", verdict
+    assert verdict.kill_evidence is not None
+    assert "SIGKILL" in verdict.kill_evidence
+
+    async def owners_reason() -> str:
+        await trio.lowlevel.checkpoint()
+        return "lifetime deadline reached"
+
+    verdict = await judge_exit(engine, helper, 137, ended_by_owner=owners_reason)
+    assert verdict.status == "timed_out", verdict
+    assert verdict.kill_evidence == "sbxkit's own removal: lifetime deadline reached"
