@@ -75,6 +75,24 @@ async def test_an_operators_docker_kill_is_killed_not_oom(
     assert "SIGKILL" in result.kill_evidence
 
 
+def sleeping_helper(witness: Witness, image: str, name: str) -> str:
+    """A plain container running ``sleep 30``, made and started through the witness (not
+    sbxkit): the judge's subject. The caller removes it."""
+    response = witness.session.post(
+        f"{witness.base}/containers/create",
+        params={"name": name},
+        json={"Image": image, "Cmd": ["sleep", "30"], "Labels": {"sbxkit-tests.helper": "1"}},
+        timeout=30,
+    )
+    response.raise_for_status()
+    helper: str = response.json()["Id"]
+    started = witness.session.post(f"{witness.base}/containers/{helper}/start", timeout=30)
+    if started.status_code != 204:
+        witness.remove(helper)
+        started.raise_for_status()
+    return helper
+
+
 async def test_evidence_that_comes_after_the_exit_is_waited_for(
     engine: Engine, witness: Witness, busybox: str
 ) -> None:
@@ -82,17 +100,9 @@ async def test_evidence_that_comes_after_the_exit_is_waited_for(
     and reaps in two goroutines; seen once under CI's load): a signal exit nothing explains
     yet waits up to EVIDENCE_GRACE_S for it. Here the late evidence is a real ``docker kill``
     sent 0.3 s into the judging; with nothing at all, the grace passes and it is an exit."""
-    response = witness.session.post(
-        f"{witness.base}/containers/create",
-        params={"name": unique("late-evidence")},
-        json={"Image": busybox, "Cmd": ["sleep", "30"], "Labels": {"sbxkit-tests.helper": "1"}},
-        timeout=30,
-    )
-    response.raise_for_status()
-    helper: str = response.json()["Id"]
+    helper = sleeping_helper(witness, busybox, unique("late-evidence"))
     helpers = [helper]
     try:
-        witness.session.post(f"{witness.base}/containers/{helper}/start", timeout=30)
         async with trio.open_nursery() as nursery:
 
             async def kill_later() -> None:
@@ -150,16 +160,8 @@ async def test_a_container_removed_before_its_judging_is_judged_on_its_events(
     once: the supervisor's own removal at a lifetime deadline, a 404 at the judge's inspect).
     The container's events outlive it: a removed container's SIGKILL is still someone's kill,
     and a removal its owner decided is still sbxkit's own."""
-    response = witness.session.post(
-        f"{witness.base}/containers/create",
-        params={"name": unique("removed-first")},
-        json={"Image": busybox, "Cmd": ["sleep", "30"], "Labels": {"sbxkit-tests.helper": "1"}},
-        timeout=30,
-    )
-    response.raise_for_status()
-    helper: str = response.json()["Id"]
+    helper = sleeping_helper(witness, busybox, unique("removed-first"))
     try:
-        witness.session.post(f"{witness.base}/containers/{helper}/start", timeout=30)
         witness.kill(helper)
     finally:
         witness.remove(helper)
