@@ -157,8 +157,10 @@ async def judge_exit(
         if trio.current_time() >= deadline:
             break
         await trio.sleep(EVIDENCE_POLL_S)
+        if not own_process:  # an exec's verdict never reads the flag: no inspect to make
+            continue
         state = await _state_if_any(engine, container_id)
-        if own_process and state is not None and state.oom_killed:
+        if state is not None and state.oom_killed:
             oom_flag = True
             break
     return classify_exit(oom_flag, exit_code, events)
