@@ -47,16 +47,17 @@ SUBPATH_API = (1, 45)
 
 
 def resolve_host_path(field: str, source: str, *, state_dir: str | None) -> str:
-    """Canonicalise a bind source and re-check it; refuse special files and dangling links."""
+    """Canonicalise a bind source and re-check it; refuse special files and dangling links.
+    Where a link chain points is checked before whether it exists: a chain into a protected
+    path is refused as that, even when nothing is there (yet)."""
     check_host_path(field, source, state_dir=state_dir)
+    real_state = os.path.realpath(state_dir) if state_dir else None
+    _check_resolved(field, os.path.realpath(source), state_dir, real_state)
     try:
         real = os.path.realpath(source, strict=True)
     except (OSError, RuntimeError) as exc:
         raise SpecError(field, f"{source} must exist on the host ({exc})") from None
-    real_state = os.path.realpath(state_dir) if state_dir else None
-    check_host_path(field, real, state_dir=real_state)
-    if state_dir and state_dir != real_state:
-        check_host_path(field, real, state_dir=state_dir)
+    _check_resolved(field, real, state_dir, real_state)
     mode = os.lstat(real).st_mode
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise SpecError(
@@ -64,6 +65,13 @@ def resolve_host_path(field: str, source: str, *, state_dir: str | None) -> str:
             f"{real} is a special file; only directories and regular files can be bind-mounted",
         )
     return real
+
+
+def _check_resolved(field: str, real: str, state_dir: str | None, real_state: str | None) -> None:
+    """A resolved source against the state directory as given and as resolved."""
+    check_host_path(field, real, state_dir=real_state)
+    if state_dir and state_dir != real_state:
+        check_host_path(field, real, state_dir=state_dir)
 
 
 def _bind_string(source: str, mount: BindMount) -> str:

@@ -484,8 +484,9 @@ EXISTING_ANCESTORS = tuple(p for p in PROTECTED_ANCESTORS if os.path.isdir(p))
 
 
 def test_the_host_has_the_paths_these_tests_point_at() -> None:
-    # Otherwise the chain tests would only ever see dangling links.
-    for path in ("/etc", "/var/run/docker.sock", "/proc", "/var", "/"):
+    # Otherwise the chain tests would only ever see dangling links. (/var/run/docker.sock is
+    # there only while a daemon runs: a chain to it is refused as protected either way.)
+    for path in ("/etc", "/proc", "/var", "/"):
         assert os.path.lexists(path), path
     assert len(EXISTING_PROTECTED) >= 8
     assert set(EXISTING_ANCESTORS) >= {"/", "/var", "/var/lib"}
@@ -514,6 +515,18 @@ def test_a_symlink_chain_into_a_protected_tree_is_refused(
 
     assert error.field == "mounts[0].source"
     assert "protected host path" in error.rule or "host's root" in error.rule
+
+
+@pytest.mark.parametrize("final", ["/etc/sbxkit-absent", "/run/sbxkit-absent/docker.sock"])
+def test_a_dangling_chain_into_a_protected_tree_is_refused_as_protected(
+    tmp_path: Path, final: str
+) -> None:
+    assert not os.path.lexists(final)
+    start = chain(tmp_path, final, 2)
+
+    error = refused(resolve_host_path, "mounts[0].source", str(start), state_dir=None)
+
+    assert "protected host path" in error.rule  # not merely "must exist"
 
 
 def test_a_symlink_to_a_safe_directory_resolves_to_the_real_path(tmp_path: Path) -> None:
