@@ -225,7 +225,8 @@ def target_md(target: Mapping[str, Any], note: str = "") -> list[str]:
     if target["ratio"] is None:
         return []
     verdict = "**met**" if target["met"] else "**not met**"
-    return ["", f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f}){note}."]
+    ratio = f"{target['ratio']:.3f}{_decision(target)}"
+    return ["", f"Target `{target['expression']}`: {verdict} ({ratio}){note}."]
 
 
 def shared_daemon_md(machine: Mapping[str, Any]) -> list[str]:
@@ -275,7 +276,7 @@ def target_lines(target: Mapping[str, Any]) -> list[str]:
     if target["ratio"] is None:
         return []
     verdict = "MET" if target["met"] else "NOT met"
-    return [f"target {target['expression']}: {verdict} ({target['ratio']:.3f})"]
+    return [f"target {target['expression']}: {verdict} ({target['ratio']:.3f}{_decision(target)})"]
 
 
 def contender_report(contenders: Sequence[Contender]) -> dict[str, Any]:
@@ -309,13 +310,47 @@ def interleaved_ratios(
     }
 
 
-def at_most_target(expression: str, ratio: float | None, target: float) -> dict[str, Any]:
-    """A ``ratio <= target`` verdict: None when the ratio could not be measured."""
-    return {
-        "expression": expression,
-        "ratio": ratio,
-        "met": None if ratio is None else ratio <= target,
-    }
+def at_most_target(
+    expression: str, ratio: float | None, target: float, interval: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """A ``ratio <= target`` verdict: None when the ratio could not be measured. Given the
+    ratio's bootstrap interval, also whether this run decides it: a ratio whose interval
+    reaches across the target was met (or missed) by this run's median, not reliably."""
+    return _target(expression, ratio, target, interval, at_most=True)
+
+
+def at_least_target(
+    expression: str, ratio: float | None, target: float, interval: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """``at_most_target``'s twin for a ``ratio >= target`` verdict."""
+    return _target(expression, ratio, target, interval, at_most=False)
+
+
+def _target(
+    expression: str,
+    ratio: float | None,
+    target: float,
+    interval: Sequence[float] | None,
+    *,
+    at_most: bool,
+) -> dict[str, Any]:
+    met = None if ratio is None else (ratio <= target if at_most else ratio >= target)
+    verdict: dict[str, Any] = {"expression": expression, "ratio": ratio, "met": met}
+    if ratio is not None and interval is not None:
+        low, high = interval
+        verdict["interval"] = [low, high]
+        verdict["decided"] = not low < target < high
+    return verdict
+
+
+def _decision(target: Mapping[str, Any]) -> str:
+    """``; bootstrap95 L–H …`` when the verdict carries its interval, else nothing."""
+    if "interval" not in target:
+        return ""
+    low, high = target["interval"]
+    if target["decided"]:
+        return f"; bootstrap95 {low:.3f}–{high:.3f}, all on this side"
+    return f"; bootstrap95 {low:.3f}–{high:.3f} reaches across it: this run does not decide it"
 
 
 def ms_table_text(contenders: Mapping[str, Any], width: int) -> list[str]:

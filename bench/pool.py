@@ -468,7 +468,10 @@ def build_report(
         "ratios": ratios,
         "targets": [
             common.at_most_target(
-                f"{name} <= {ceiling:.2f}", ratios.get(name, {}).get("ratio"), ceiling
+                f"{name} <= {ceiling:.2f}",
+                ratios.get(name, {}).get("ratio"),
+                ceiling,
+                ratios.get(name, {}).get("bootstrap95"),
             )
             for name, ceiling in TARGETS
         ],
