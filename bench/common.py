@@ -225,8 +225,15 @@ def target_md(target: Mapping[str, Any], note: str = "") -> list[str]:
     if target["ratio"] is None:
         return []
     verdict = "**met**" if target["met"] else "**not met**"
-    ratio = f"{target['ratio']:.3f}{_decision(target)}"
+    ratio = f"{target['ratio']:.3f}{_undecided(target)}"
     return ["", f"Target `{target['expression']}`: {verdict} ({ratio}){note}."]
+
+
+def _undecided(target: Mapping[str, Any]) -> str:
+    """What a verdict this run did not decide says (``ratio_target``); nothing otherwise."""
+    if target.get("decided") is False:
+        return "; undecided: its halves or bootstrap interval reach across the target"
+    return ""
 
 
 def shared_daemon_md(machine: Mapping[str, Any]) -> list[str]:
@@ -276,7 +283,7 @@ def target_lines(target: Mapping[str, Any]) -> list[str]:
     if target["ratio"] is None:
         return []
     verdict = "MET" if target["met"] else "NOT met"
-    return [f"target {target['expression']}: {verdict} ({target['ratio']:.3f}{_decision(target)})"]
+    return [f"target {target['expression']}: {verdict} ({target['ratio']:.3f}{_undecided(target)})"]
 
 
 def contender_report(contenders: Sequence[Contender]) -> dict[str, Any]:
@@ -310,47 +317,36 @@ def interleaved_ratios(
     }
 
 
-def at_most_target(
-    expression: str, ratio: float | None, target: float, interval: Sequence[float] | None = None
+def at_most_target(expression: str, ratio: float | None, target: float) -> dict[str, Any]:
+    """A ``ratio <= target`` verdict: None when the ratio could not be measured."""
+    return {
+        "expression": expression,
+        "ratio": ratio,
+        "met": None if ratio is None else ratio <= target,
+    }
+
+
+def ratio_target(
+    expression: str, info: Mapping[str, Any] | None, target: float, *, at_most: bool = True
 ) -> dict[str, Any]:
-    """A ``ratio <= target`` verdict: None when the ratio could not be measured. Given the
-    ratio's bootstrap interval, also whether this run decides it: a ratio whose interval
-    reaches across the target was met (or missed) by this run's median, not reliably."""
-    return _target(expression, ratio, target, interval, at_most=True)
+    """A verdict on a ``ratio_of_medians`` result (None: not measured), ``<= target`` or, with
+    ``at_most=False``, ``>= target``: met by the median; decided only when both halves and the
+    bootstrap interval fall on the median's side of the target — else this run alone does not
+    decide it (run again with more rounds)."""
 
+    def on_side(value: float) -> bool:
+        return value <= target if at_most else value >= target
 
-def at_least_target(
-    expression: str, ratio: float | None, target: float, interval: Sequence[float] | None = None
-) -> dict[str, Any]:
-    """``at_most_target``'s twin for a ``ratio >= target`` verdict."""
-    return _target(expression, ratio, target, interval, at_most=False)
-
-
-def _target(
-    expression: str,
-    ratio: float | None,
-    target: float,
-    interval: Sequence[float] | None,
-    *,
-    at_most: bool,
-) -> dict[str, Any]:
-    met = None if ratio is None else (ratio <= target if at_most else ratio >= target)
-    verdict: dict[str, Any] = {"expression": expression, "ratio": ratio, "met": met}
-    if ratio is not None and interval is not None:
-        low, high = interval
-        verdict["interval"] = [low, high]
-        verdict["decided"] = not low < target < high
-    return verdict
-
-
-def _decision(target: Mapping[str, Any]) -> str:
-    """``; bootstrap95 L–H …`` when the verdict carries its interval, else nothing."""
-    if "interval" not in target:
-        return ""
-    low, high = target["interval"]
-    if target["decided"]:
-        return f"; bootstrap95 {low:.3f}–{high:.3f}, all on this side"
-    return f"; bootstrap95 {low:.3f}–{high:.3f} reaches across it: this run does not decide it"
+    if info is None:
+        return {"expression": expression, "ratio": None, "met": None, "decided": None}
+    met = on_side(info["ratio"])
+    hints = [*info["halves"], *info["bootstrap95"]]
+    return {
+        "expression": expression,
+        "ratio": info["ratio"],
+        "met": met,
+        "decided": all(on_side(value) == met for value in hints),
+    }
 
 
 def ms_table_text(contenders: Mapping[str, Any], width: int) -> list[str]:

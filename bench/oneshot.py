@@ -832,18 +832,9 @@ def build_report(
     measured = ratios.get("sbxkit/raw", {}).get("ratio")
     targets = {}
     for name, limit in TARGETS.items():
-        info = ratios.get(name)
-        value = None if info is None else info["ratio"]
-        interval = None if info is None else info["bootstrap95"]
         targets[name] = {
-            "expression": f"{name} <= {limit:.2f}",
+            **common.ratio_target(f"{name} <= {limit:.2f}", ratios.get(name), limit),
             "limit": limit,
-            "ratio": value,
-            "met": None if value is None else value <= limit,
-            # The run decides it only when the halves and the interval agree with the median.
-            "decided": None
-            if info is None
-            else all((v <= limit) == (value <= limit) for v in [*info["halves"], *interval]),
         }
     report: dict[str, Any] = {
         "bench": NAME,
@@ -922,12 +913,7 @@ def render_text(report: dict[str, Any]) -> str:
             f"{name:<28} {info['ratio']:.3f}   halves {halves}   bootstrap95 {low:.3f}–{high:.3f}"
         )
     for target in report["targets"].values():
-        if target["ratio"] is not None:
-            verdict = "MET" if target["met"] else "NOT met"
-            undecided = "" if target["decided"] else "; undecided (halves/interval disagree)"
-            lines.append(
-                f"target {target['expression']}: {verdict} ({target['ratio']:.3f}{undecided})"
-            )
+        lines += common.target_lines(target)
     shim = (report["machine"].get("epicbox") or {}).get("retry_shim")
     if shim:
         lines.append(f"note: epicbox {report['machine']['epicbox']['epicbox_version']}: {shim}")
@@ -999,16 +985,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             low, high = info["bootstrap95"]
             halves = " / ".join(f"{h:.3f}" for h in info["halves"])
             out.append(f"| {name} | {info['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
-    verdicts = []
     for target in report["targets"].values():
-        if target["ratio"] is not None:
-            verdict = "**met**" if target["met"] else "**not met**"
-            undecided = "" if target["decided"] else ", undecided: halves/interval disagree"
-            verdicts.append(
-                f"Target `{target['expression']}`: {verdict} ({target['ratio']:.3f}{undecided})."
-            )
-    if verdicts:
-        out += ["", *verdicts]
+        out += common.target_md(target)
     if report["errored_contenders"]:
         out += ["", "**Errored contenders** (could not run here; left out of the rounds):", ""]
         out += [f"- `{key}`: {reason}" for key, reason in report["errored_contenders"].items()]

@@ -467,12 +467,7 @@ def build_report(
         },
         "ratios": ratios,
         "targets": [
-            common.at_most_target(
-                f"{name} <= {ceiling:.2f}",
-                ratios.get(name, {}).get("ratio"),
-                ceiling,
-                ratios.get(name, {}).get("bootstrap95"),
-            )
+            common.ratio_target(f"{name} <= {ceiling:.2f}", ratios.get(name), ceiling)
             for name, ceiling in TARGETS
         ],
         "errors": errors,

@@ -521,13 +521,6 @@ def build_report(
     ratios: dict[str, Any] = {}
     if complete:
         ratios[f"{SUPERVISED}/{INPROCESS}"] = ratio_of_medians(sup.totals_s, inp.totals_s)
-    main_ratio = ratios.get(f"{SUPERVISED}/{INPROCESS}")
-    measured = None if main_ratio is None else main_ratio["ratio"]
-    decided = None
-    if main_ratio is not None:
-        side = measured is not None and measured <= TARGET_RATIO
-        hints = [*main_ratio["halves"], *main_ratio["bootstrap95"]]
-        decided = all((h <= TARGET_RATIO) == side for h in hints)
     return {
         "bench": NAME,
         "summary": SUMMARY,
@@ -559,12 +552,11 @@ def build_report(
             for c in contenders
         },
         "ratios": ratios,
-        "target": {
-            "expression": f"{SUPERVISED}/{INPROCESS} <= {TARGET_RATIO:.2f}",
-            "ratio": measured,
-            "met": None if measured is None else measured <= TARGET_RATIO,
-            "decided": decided,
-        },
+        "target": common.ratio_target(
+            f"{SUPERVISED}/{INPROCESS} <= {TARGET_RATIO:.2f}",
+            ratios.get(f"{SUPERVISED}/{INPROCESS}"),
+            TARGET_RATIO,
+        ),
         "attribution": attribution(sup, inp, probe),
         "fsyncs": fsyncs,
         "supervisor": supervisor,
@@ -591,11 +583,8 @@ def _fsync_text(f: dict[str, Any]) -> str:
 
 
 def _target_text(target: dict[str, Any]) -> str | None:
-    if target["ratio"] is None:
-        return None
-    verdict = "MET" if target["met"] else "NOT met"
-    stable = "" if target["decided"] else " (undecided: halves or bootstrap straddle the target)"
-    return f"target {target['expression']}: {verdict} ({target['ratio']:.3f}){stable}"
+    lines = common.target_lines(target)
+    return lines[0] if lines else None
 
 
 def _fmt_delta(value: float | None) -> str:
@@ -665,13 +654,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         *common.ms_table_md(report["contenders"]),
     ]
     out += common.ratio_table_md(report["ratios"], "ratio of medians", "first half / second half")
-    target = report["target"]
-    out += common.target_md(
-        target,
-        ""
-        if target["decided"]
-        else " — undecided: the halves or the bootstrap interval straddle the target",
-    )
+    out += common.target_md(report["target"])
     att = report["attribution"]
     out += [
         "",

@@ -1,46 +1,60 @@
-"""A bench's target verdict says whether the run decided it: a ratio whose bootstrap interval
-reaches across the target was met (or missed) by the median alone."""
+"""A bench's target verdict says whether the run decided it: a median on the target's side
+whose halves or bootstrap interval reach across the target met (or missed) it by the median
+alone (``bench.common.ratio_target``, shared by every bench with a ratio target)."""
 
 from __future__ import annotations
 
-from bench.common import at_least_target, at_most_target, target_lines, target_md
+from typing import Any
+
+from bench.common import ratio_target, target_lines, target_md
 
 
-def test_a_ratio_whose_interval_stays_under_the_ceiling_is_met_and_decided() -> None:
-    verdict = at_most_target("cold/raw <= 0.80", 0.70, 0.80, [0.66, 0.74])
+def measured(ratio: float, halves: tuple[float, float], interval: tuple[float, float]) -> Any:
+    """What ``bench.harness.ratio_of_medians`` reports."""
+    return {"ratio": ratio, "halves": list(halves), "bootstrap95": list(interval), "n": 30}
 
-    assert verdict["met"] is True
-    assert verdict["decided"] is True
-    assert target_lines(verdict) == [
-        "target cold/raw <= 0.80: MET (0.700; bootstrap95 0.660–0.740, all on this side)"
-    ]
+
+def test_a_ratio_whose_halves_and_interval_stay_under_the_ceiling_is_met_and_decided() -> None:
+    verdict = ratio_target("cold/raw <= 0.80", measured(0.70, (0.69, 0.71), (0.66, 0.74)), 0.80)
+
+    assert (verdict["met"], verdict["decided"]) == (True, True)
+    assert target_lines(verdict) == ["target cold/raw <= 0.80: MET (0.700)"]
 
 
 def test_a_median_under_the_ceiling_with_an_interval_across_it_is_not_decided() -> None:
-    verdict = at_most_target("cold/raw <= 0.80", 0.79, 0.80, [0.76, 0.83])
+    verdict = ratio_target("cold/raw <= 0.80", measured(0.79, (0.78, 0.79), (0.76, 0.83)), 0.80)
 
-    assert verdict["met"] is True
-    assert verdict["decided"] is False
+    assert (verdict["met"], verdict["decided"]) == (True, False)
     (line,) = target_lines(verdict)
-    assert line.endswith("reaches across it: this run does not decide it)")
-    assert "does not decide it" in target_md(verdict)[-1]
+    assert line.endswith("undecided: its halves or bootstrap interval reach across the target)")
+    assert "undecided" in target_md(verdict)[-1]
 
 
-def test_a_ratio_whose_interval_stays_over_the_ceiling_is_decided_as_missed() -> None:
-    verdict = at_most_target("cold/raw <= 0.80", 0.90, 0.80, [0.85, 0.95])
+def test_one_half_across_the_ceiling_leaves_it_undecided_too() -> None:
+    verdict = ratio_target("cold/raw <= 0.80", measured(0.78, (0.77, 0.82), (0.76, 0.79)), 0.80)
+
+    assert (verdict["met"], verdict["decided"]) == (True, False)
+
+
+def test_a_ratio_wholly_over_the_ceiling_is_decided_as_missed() -> None:
+    verdict = ratio_target("cold/raw <= 0.80", measured(0.90, (0.88, 0.91), (0.85, 0.95)), 0.80)
 
     assert (verdict["met"], verdict["decided"]) == (False, True)
+    assert target_lines(verdict) == ["target cold/raw <= 0.80: NOT met (0.900)"]
 
 
-def test_an_at_least_target_reads_the_interval_the_same_way() -> None:
-    assert at_least_target("jobs >= 1.0", 1.4, 1.0, [1.2, 1.6])["decided"] is True
-    across = at_least_target("jobs >= 1.0", 1.05, 1.0, [0.95, 1.15])
+def test_an_at_least_target_reads_its_side_the_other_way() -> None:
+    above = ratio_target("jobs >= 1.0", measured(1.4, (1.3, 1.5), (1.2, 1.6)), 1.0, at_most=False)
+    across = ratio_target(
+        "jobs >= 1.0", measured(1.05, (1.0, 1.1), (0.95, 1.15)), 1.0, at_most=False
+    )
+
+    assert (above["met"], above["decided"]) == (True, True)
     assert (across["met"], across["decided"]) == (True, False)
 
 
-def test_without_an_interval_the_verdict_is_the_medians_alone() -> None:
-    verdict = at_most_target("x <= 1", 0.5, 1.0)
+def test_an_unmeasured_ratio_has_no_verdict_and_no_line() -> None:
+    verdict = ratio_target("x <= 1", None, 1.0)
 
-    assert "decided" not in verdict
-    assert target_lines(verdict) == ["target x <= 1: MET (0.500)"]
-    assert at_most_target("x <= 1", None, 1.0)["met"] is None
+    assert (verdict["met"], verdict["decided"]) == (None, None)
+    assert target_lines(verdict) == []
