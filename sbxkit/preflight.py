@@ -52,12 +52,14 @@ def resolve_host_path(field: str, source: str, *, state_dir: str | None) -> str:
     path is refused as that, even when nothing is there (yet)."""
     check_host_path(field, source, state_dir=state_dir)
     real_state = os.path.realpath(state_dir) if state_dir else None
-    _check_resolved(field, os.path.realpath(source), state_dir, real_state)
+    pointed = os.path.realpath(source)
+    _check_resolved(field, pointed, state_dir, real_state)
     try:
         real = os.path.realpath(source, strict=True)
     except (OSError, RuntimeError) as exc:
         raise SpecError(field, f"{source} must exist on the host ({exc})") from None
-    _check_resolved(field, real, state_dir, real_state)
+    if real != pointed:  # a link changed in between: judge what is there now
+        _check_resolved(field, real, state_dir, real_state)
     mode = os.lstat(real).st_mode
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise SpecError(

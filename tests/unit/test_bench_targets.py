@@ -1,6 +1,6 @@
 """A bench's target verdict says whether the run decided it: a median on the target's side
 whose halves or bootstrap interval reach across the target met (or missed) it by the median
-alone (``bench.common.ratio_target``, shared by every bench with a ratio target)."""
+alone (``bench.common.ratio_target``, shared by pool, concurrent_cli, oneshot and supervised)."""
 
 from __future__ import annotations
 
