@@ -15,7 +15,7 @@ import msgspec
 import trio
 
 from sbxkit.engine import models
-from sbxkit.engine.discovery import PingResult, discover_socket, parse_api_version, ping_socket
+from sbxkit.engine.discovery import PingResult, answering_socket, parse_api_version
 from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, api_path
 from sbxkit.errors import EngineProtocolError, EngineUnavailable, NotFound
 
@@ -321,12 +321,11 @@ class EventStream:
 
 
 async def connect(socket_path: str | None = None, *, deadlines: Deadlines | None = None) -> Engine:
-    """Find the daemon (explicit path, ``DOCKER_HOST``, standard sockets), ping, negotiate."""
+    """Find the daemon (explicit path, ``DOCKER_HOST``, standard sockets), ping, negotiate. A
+    socket that answered the same question in the last ``RECENT_PING_S`` seconds is not asked
+    again while it is the same socket file (``answers.py``)."""
     deadlines = deadlines or Deadlines()
-    if socket_path is None:
-        ping = await discover_socket(timeout=deadlines.ping)
-    else:
-        ping = await ping_socket(socket_path, timeout=deadlines.ping)
+    ping = await answering_socket(socket_path, timeout=deadlines.ping)
     try:
         api_version = negotiate(parse_api_version(ping.api_version))
     except EngineUnavailable as exc:

@@ -11,25 +11,15 @@ import os
 import re
 from pathlib import Path
 
-import msgspec
 import trio
 
+from sbxkit.engine import answers
+from sbxkit.engine.answers import PingResult as PingResult
 from sbxkit.engine.transport import Transport
 from sbxkit.errors import EngineUnavailable, SbxError
 
 _API_VERSION = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})")  # ASCII digits only
 STANDARD_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
-
-
-class PingResult(msgspec.Struct, frozen=True):
-    socket_path: str
-    api_version: str
-    os_type: str = ""
-    podman_api_version: str | None = None
-
-    @property
-    def is_podman(self) -> bool:
-        return self.podman_api_version is not None
 
 
 def parse_api_version(text: str) -> tuple[int, int]:
@@ -103,3 +93,22 @@ async def discover_socket(*, timeout: float, environ: dict[str, str] | None = No
         except EngineUnavailable as exc:
             reasons.append(f"{path}: {exc.reason}")
     raise EngineUnavailable("(discovery)", "no Docker engine answered: " + "; ".join(reasons))
+
+
+async def answering_socket(
+    socket_path: str | None, *, timeout: float, environ: dict[str, str] | None = None
+) -> PingResult:
+    """The daemon an engine is opened on: ``socket_path`` pinged, else the first answering
+    candidate — or the same question's answer of the last ``answers.RECENT_PING_S`` seconds,
+    while its socket is the same file (``answers``: a restarted daemon is asked again)."""
+    env = os.environ if environ is None else environ
+    question = (socket_path,) if socket_path is not None else tuple(candidate_sockets(env))
+    known = answers.recent(question)
+    if known is not None:
+        return known
+    if socket_path is not None:
+        ping = await ping_socket(socket_path, timeout=timeout)
+    else:
+        ping = await discover_socket(timeout=timeout, environ=environ)
+    answers.remember(question, ping)
+    return ping

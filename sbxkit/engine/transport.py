@@ -28,6 +28,7 @@ import h11
 import msgspec
 import trio
 
+from sbxkit.engine import answers
 from sbxkit.errors import (
     Conflict,
     EngineConnectionError,
@@ -238,6 +239,7 @@ class Transport:
         try:
             stream = await trio.open_unix_socket(self.socket_path)
         except OSError as exc:
+            answers.forget(self.socket_path)  # the next engine asks the daemon again
             raise EngineUnavailable(self.socket_path, exc.strerror or str(exc)) from exc
         return _Connection(stream)
 

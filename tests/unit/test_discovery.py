@@ -16,6 +16,7 @@ import pytest
 import trio
 
 import sbxkit.engine.discovery as discovery
+from sbxkit.engine import answers
 from sbxkit.engine.client import NEWEST_API, OLDEST_API, connect, negotiate
 from sbxkit.engine.discovery import (
     STANDARD_SOCKETS,
@@ -453,3 +454,75 @@ def test_parse_api_version_rejects_garbage(text: str) -> None:
     with pytest.raises(EngineUnavailable) as caught:
         parse_api_version(text)
     assert repr(text) in caught.value.reason
+
+
+# -- the ping's answer, reused for a few seconds (answers.py) ----------------------------------
+
+
+def pings(daemon: FakeDaemon) -> int:
+    return sum(1 for head in daemon.requests if b" /_ping " in head.split(b"\r\n")[0])
+
+
+async def test_an_engine_opened_again_soon_is_not_pinged_again(tmp_path: Path) -> None:
+    path = tmp_path / "docker.sock"
+    async with fake_daemon(path, DOCKER_HEADERS) as daemon:
+        for _ in range(3):
+            engine = await connect(str(path))
+            await engine.aclose()
+        assert pings(daemon) == 1
+        assert engine.api_version == "1.41"
+
+
+async def test_a_discovered_daemon_is_not_pinged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    async with fake_daemon(path, DOCKER_HEADERS) as daemon:
+        for _ in range(2):
+            await (await connect()).aclose()
+        assert pings(daemon) == 1
+
+
+async def test_a_new_socket_file_is_pinged_afresh(tmp_path: Path) -> None:
+    """A restarted daemon makes a new socket: its answer (here another API version) is asked
+    for, not taken from the old one's."""
+    path = tmp_path / "docker.sock"
+    async with fake_daemon(path, {"Api-Version": "1.41"}):
+        await (await connect(str(path))).aclose()
+    path.unlink()
+    await trio.sleep(0.05)  # a restart takes longer than the file clock's tick
+    async with fake_daemon(path, {"Api-Version": "1.45"}) as restarted:
+        engine = await connect(str(path))
+        await engine.aclose()
+    assert pings(restarted) == 1
+    assert engine.api_version == "1.45"
+
+
+async def test_a_daemon_that_died_behind_its_socket_is_reported_by_the_next_connect(
+    tmp_path: Path,
+) -> None:
+    """The same socket file, nobody listening: the first request's failed connection forgets
+    the answer, so the next connect pings and says the daemon is unavailable, as ever."""
+    path = tmp_path / "docker.sock"
+    async with fake_daemon(path, DOCKER_HEADERS):
+        await (await connect(str(path))).aclose()
+    assert path.is_socket()  # the listener is closed; its file stays, as a crashed daemon's
+    engine = await connect(str(path))  # the answer of a moment ago
+    with pytest.raises(EngineUnavailable):
+        await engine.version()
+    await engine.aclose()
+    with pytest.raises(EngineUnavailable) as caught:
+        await connect(str(path))
+    assert caught.value.socket_path == str(path)
+
+
+async def test_an_answer_older_than_recent_ping_s_is_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "docker.sock"
+    monkeypatch.setattr(answers, "RECENT_PING_S", 0.0)
+    async with fake_daemon(path, DOCKER_HEADERS) as daemon:
+        for _ in range(2):
+            await (await connect(str(path))).aclose()
+        assert pings(daemon) == 2
