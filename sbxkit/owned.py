@@ -107,14 +107,20 @@ class OwnedContainer:
         """The owner took the removal over (``release``): the block's end does not wait."""
         self._owner = owner
 
-    async def start(self) -> None:
-        """Start the container and tell the owner (its launch slot goes to the next); then,
-        for a governed network, have the owner put its listeners in place — before anything
-        is written to the payload's stdin, which is what releases a gated or parked payload
-        (sbxkit/network/gate.py, sbxkit/pool.py)."""
+    async def start(self, *, launched: bool = True) -> None:
+        """Start the container and tell the owner its launch is over (its launch slot goes to
+        the next); then, for a governed network, have the owner put its listeners in place —
+        before anything is written to the payload's stdin, which is what releases a gated or
+        parked payload (sbxkit/network/gate.py, sbxkit/pool/). ``launched=False``: the caller
+        says so itself later (``launched``) — a kernel path run, right after its go line."""
         await self.engine.container_start(self.container_id)
-        await self._owner.started(self.lease)
+        if launched:
+            await self.launched()
         await self.govern()
+
+    async def launched(self) -> None:
+        """Tell the owner the container's launch is over: started, its payload let go."""
+        await self._owner.started(self.lease)
 
     async def release(self) -> None:
         """Hand the removal to the owner, if it removes on its own (``Owner.release``): the

@@ -44,7 +44,7 @@ from sbxkit.errors import CleanupError, SbxError
 from sbxkit.gpu import GpuCursor
 from sbxkit.handoff.owner import Declined, ServedOwner
 from sbxkit.kernel.init import REAP_LIMIT_S
-from sbxkit.kernel.supervise import Exited, KernelIO
+from sbxkit.kernel.supervise import AfterGo, Exited, KernelIO
 from sbxkit.output import OutputCapture
 from sbxkit.plan import CheckedSpec, DaemonFacts
 from sbxkit.pool.held import PooledBackend
@@ -262,9 +262,11 @@ class HandOff:
         max_output: int,
         timeout_s: float,
         on_output: OutputCallback | None,
+        after_go: AfterGo,
     ) -> Outcome:
-        """``supervise_kernel``'s place: hand the ends to the command line, watch the init's
-        exit here (the OOM watch reads its count then), take the outcome it reports."""
+        """``supervise_kernel``'s place: hand the ends to the command line (which writes the
+        go line; ``after_go`` runs once they are handed over), watch the init's exit here (the
+        OOM watch reads its count then), take the outcome it reports."""
         init = io.init
         if init is None:
             raise Declined("the sandbox's init could not be held as a pidfd: the daemon's path")
@@ -292,6 +294,8 @@ class HandOff:
             await trio.sleep_forever()  # gone: the reader cancels the run, its sandbox removed
         for stream in (io.stdin, io.stdout, io.stderr):
             await stream.aclose()  # the command line's now: its stdin's EOF is its own close
+        if after_go is not None:
+            await after_go()
         code: list[int] = []
         async with trio.open_nursery() as nursery:
 

@@ -13,6 +13,7 @@ caller may run it on the daemon's path instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -104,11 +105,17 @@ async def _verified_init(engine: Engine, container_id: str) -> ContainerInit:
 
 
 @asynccontextmanager
-async def started_on_fifos(box: OwnedContainer) -> AsyncIterator[tuple[KernelIO, Exited, Evidence]]:
-    """``start_on_fifos`` for an owned container; the ends are closed when the block ends."""
+async def started_on_fifos(
+    box: OwnedContainer, *, launched: bool = True
+) -> AsyncIterator[tuple[KernelIO, Exited, Evidence]]:
+    """``start_on_fifos`` for an owned container; the ends are closed when the block ends.
+    ``launched``: as ``OwnedContainer.start``'s."""
     assert box.plan.io_dir is not None
     io, exited, evidence = await start_on_fifos(
-        box.engine, box.container_id, box.plan.io_dir, box.start
+        box.engine,
+        box.container_id,
+        box.plan.io_dir,
+        functools.partial(box.start, launched=launched),
     )
     try:
         yield io, exited, evidence
@@ -175,10 +182,13 @@ async def run_on_fifos(
     ``supervise`` watches the run (this process, unless the run was handed off)."""
     clock = trio.current_time
     t_start = clock()
-    async with started_on_fifos(box) as (io, exited, evidence):
+    # Its owner hears the launch is over right after the go line, not before it (AfterGo). A
+    # governed network's listeners go in after the start, which that message precedes.
+    after_go = None if box.governed else box.launched
+    async with started_on_fifos(box, launched=box.governed) as (io, exited, evidence):
         t_run = clock()
         outcome = await supervise(
-            io, exited, GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output
+            io, exited, GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output, after_go
         )
         run_s = clock() - t_run
         verdict, exit_code, evidence = await kernel_verdict(  # the init's OOM watch still open

@@ -25,10 +25,15 @@ from sbxkit.output import OutputCapture
 from sbxkit.stdin import StdinSource, write_stdin
 from sbxkit.unwrap import plain_async
 
-__all__ = ["Exited", "KernelIO", "KernelSupervise", "NotAlive", "supervise_kernel"]
+__all__ = ["AfterGo", "Exited", "KernelIO", "KernelSupervise", "NotAlive", "supervise_kernel"]
 
 Exited = Callable[[], Awaitable[int]]
 """Waits for the sandbox's init to exit; its status as Docker spells it."""
+
+AfterGo = Callable[[], Awaitable[None]] | None
+"""Run once the go line is out (a cold run tells its owner its launch is over): the owner's
+work on that message then overlaps the payload's run instead of delaying its start — each
+message to the supervisor wakes it, and on two cores it takes the sender's CPU for a while."""
 
 READ_CHUNK = 256 * 1024
 
@@ -93,11 +98,16 @@ class KernelIO:
             self.init.close()
 
 
-async def _feed(stream: trio.lowlevel.FdStream, line: bytes, stdin: StdinSource | None) -> None:
-    """The line that lets the payload go, then its stdin; closing the host's end (the only
-    writer) is the payload's EOF. A payload that stopped reading is its own business."""
+async def _feed(
+    stream: trio.lowlevel.FdStream, line: bytes, stdin: StdinSource | None, after_go: AfterGo
+) -> None:
+    """The line that lets the payload go, ``after_go``, then its stdin; closing the host's end
+    (the only writer) is the payload's EOF. A payload that stopped reading is its own
+    business."""
     try:
         await stream.send_all(line)
+        if after_go is not None:
+            await after_go()
         await write_stdin(stream.send_all, stdin)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
@@ -113,10 +123,11 @@ async def supervise_kernel(
     max_output: int,
     timeout_s: float,
     on_output: OutputCallback | None = None,
+    after_go: AfterGo = None,
 ) -> Outcome:
-    """Write ``line`` then stdin, stream output under the caps, wait for the exit (the init's
-    pidfd, or the daemon's wait where no pidfd could be verified) — all within the time
-    limit."""
+    """Write ``line`` (then run ``after_go``) then stdin, stream output under the caps, wait
+    for the exit (the init's pidfd, or the daemon's wait where no pidfd could be verified) —
+    all within the time limit."""
     outcome = Outcome(OutputCapture(max_output))
     open_streams = [2]
     drained = trio.Event()
@@ -132,7 +143,7 @@ async def supervise_kernel(
                 if not open_streams[0]:
                     drained.set()
 
-            nursery.start_soon(_feed, io.stdin, line, stdin)
+            nursery.start_soon(_feed, io.stdin, line, stdin, after_go)
             nursery.start_soon(pump, io.stdout, STDOUT)
             nursery.start_soon(pump, io.stderr, STDERR)
             code = await exited()
@@ -147,7 +158,7 @@ async def supervise_kernel(
 
 
 KernelSupervise = Callable[
-    [KernelIO, Exited, bytes, StdinSource | None, int, float, OutputCallback | None],
+    [KernelIO, Exited, bytes, StdinSource | None, int, float, OutputCallback | None, AfterGo],
     Awaitable[Outcome],
 ]
 """Who watches a run on the kernel path once its sandbox waits for ``line``: this process

@@ -286,7 +286,7 @@ class _Claiming:
 class _ClaimedContainer(OwnedContainer):
     """A claimed parked container: started already, its main process the claimed command."""
 
-    async def start(self) -> None:
+    async def start(self, *, launched: bool = True) -> None:
         await trio.lowlevel.checkpoint()
 
 

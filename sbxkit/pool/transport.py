@@ -105,8 +105,8 @@ class FifoTransport:
         on_output: OutputCallback | None,
         judge: Judge,
     ) -> Claimed:
-        outcome = await self.supervise(
-            self.io, self.exited, line, stdin, output_bytes, timeout_s, on_output
+        outcome = await self.supervise(  # parked: its launch was over long ago
+            self.io, self.exited, line, stdin, output_bytes, timeout_s, on_output, None
         )
         verdict, code, evidence = await kernel_verdict(
             self.engine, self.container_id, judge, outcome, self.evidence, self.io.init
