@@ -241,6 +241,7 @@ class Admitting(Leases):
         if problem:
             await self._refuse(peer, "capacity", f"capacity exhausted: {problem}")
             return None
+        waiting_since = trio.current_time()
         if not await self._wait_for_admission(peer, register.lease, need, intent):
             return None
         assert self.launch_slots is not None
@@ -261,7 +262,8 @@ class Admitting(Leases):
                         f"{self.config.capacity.max_startup_deadline_s:g} s); nothing was created",
                     )
                 return None
-            return await self._register(peer, register, intent, engine, slot)
+            waited_s = trio.current_time() - waiting_since
+            return await self._register(peer, register, intent, engine, slot, waited_s)
         except BaseException:
             slot.release()
             raise
@@ -362,14 +364,21 @@ class Admitting(Leases):
             self.slot_waiters.remove(lease)
 
     async def _register(
-        self, peer: Caller, register: Register, intent: Intent, engine: Engine, slot: LaunchSlot
+        self,
+        peer: Caller,
+        register: Register,
+        intent: Intent,
+        engine: Engine,
+        slot: LaunchSlot,
+        waited_s: float,
     ) -> LiveLease | None:
-        """Journal the admitted lease (fsync'd) before anything reaches the daemon."""
+        """Journal the admitted lease (fsync'd) before anything reaches the daemon. Its
+        ``Registered`` goes with the lease task's next answer (lifecycle.py)."""
         live = await self._journal_lease(register, peer, intent)
         if isinstance(live, str):
             await self._refuse(peer, "storage", live)
             return None
-        await peer.send(Registered(lease=live.record.lease))
+        peer.hold(Registered(lease=live.record.lease, waited_s=waited_s))
         self.nursery.start_soon(self._lease_task, live, engine, slot)
         return live
 

@@ -498,10 +498,10 @@ class SupervisedOwner:
                 if self.on_queued is not None:
                     self.on_queued(reply.ahead, trio.current_time() - asked)
             elif isinstance(reply, Registered):
-                self._queued[lease] = trio.current_time() - asked
+                self._queued[lease] = reply.waited_s
                 timeout = self.startup_deadline_s + REPLY_TIMEOUT_S
             elif isinstance(reply, Created | Adopted):
-                self._queued.setdefault(lease, trio.current_time() - asked)
+                self._queued.setdefault(lease, trio.current_time() - asked)  # re-adopted
                 self._inspected[lease] = reply.inspected if isinstance(reply, Created) else None
                 return reply.container_id
             elif isinstance(reply, Refused):

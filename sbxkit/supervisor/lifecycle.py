@@ -30,6 +30,10 @@ from sbxkit.supervisor.wire import (
     Orphaned,
 )
 
+REGISTERED_HELD_S = 1.0
+"""How long a lease's ``Registered`` waits to go out with its ``Created`` (its caller waits
+``REPLY_TIMEOUT_S`` for it, then the startup deadline for the container)."""
+
 
 class Leases(ServiceCore):
     async def _lease_task(
@@ -129,6 +133,10 @@ class Leases(ServiceCore):
             created.set()
 
         self.nursery.start_soon(send_create)
+        with trio.move_on_after(REGISTERED_HELD_S):
+            await created.wait()
+        if not created.is_set():  # a slow create: the caller hears Registered now
+            await live.peer.flush()
         startup_missed = False
         with trio.move_on_at(live.startup_deadline):
             await created.wait()

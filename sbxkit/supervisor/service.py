@@ -107,6 +107,8 @@ class Service(Adopting, Pooling, Recovery):
         finally:
             self.connections -= 1
             self.last_activity = trio.current_time()
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await peer.flush()  # a held Registered is said before the close
             await trio.aclose_forcefully(stream)
 
     async def _converse(self, peer: Peer) -> None:

@@ -286,7 +286,11 @@ class Queued(Message, tag="queued"):
 
 
 class Registered(Message, tag="registered"):
+    """Journaled: the supervisor owns the lease now. Sent with its next answer (mostly Created),
+    alone if the create is slow. ``waited_s``: its wait for capacity and a launch slot."""
+
     lease: str
+    waited_s: float = 0.0
 
 
 class Created(Message, tag="created"):

@@ -29,9 +29,12 @@ from sbxkit.runner import run
 from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir
+from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S
 from sbxkit.supervisor.records import LeaseRecord, StorageError, encode_record, record_filename
 from sbxkit.supervisor.wire import (
     PROTOCOL_VERSION,
+    Close,
+    Closed,
     Created,
     FrameReader,
     Hello,
@@ -54,6 +57,7 @@ from tests.engine.helpers import (
     unique,
     wait_until,
 )
+from tests.faultproxy import FaultProxy
 from tests.supervision import (
     running_supervisor,
     supervisor_command,
@@ -813,6 +817,73 @@ def test_leases_retire_refuses_a_created_record_and_a_foreign_container_is_kept(
     assert not container_exists(witness, foreign_id)
 
 
+def greet_and_register(client: RawClient, lease: str, image: str, witness: Witness) -> float:
+    """The handshake, then a ``true`` sandbox's Register; when that was sent (monotonic)."""
+    client.send(hello())
+    assert isinstance(client.receive(), Welcome)
+    sent = time.monotonic()
+    client.send(register_for(lease, image, "true", witness.socket_path))
+    return sent
+
+
+def closed(client: RawClient, lease: str) -> None:
+    """Close the lease and read until the supervisor closes the connection: it said Closed."""
+    client.send(Close(lease=lease))
+    assert any(isinstance(m, Closed) for m in client.drain())
+
+
+def test_registered_comes_with_created_when_the_create_is_quick(
+    state_dir: Path, witness: Witness, busybox: str
+) -> None:
+    """``Registered`` waits for ``Created`` and both come in one write (lifecycle.py,
+    ``REGISTERED_HELD_S``): each write wakes the caller, whose wake takes a core from the
+    supervisor's next step. ``waited_s`` says how long the lease waited for admission."""
+    lease = new_lease_id()
+    with running_supervisor(state_dir) as sup:
+        client = RawClient(sup.socket_path)
+        try:
+            greet_and_register(client, lease, busybox, witness)
+            client.pending.extend(client.reader.feed(client.sock.recv(65536)))
+            arrived = [decode_server(frame) for frame in client.pending]
+            assert [type(m) for m in arrived[:2]] == [Registered, Created], arrived
+            registered, created = client.receive(), client.receive()
+            assert isinstance(registered, Registered)
+            assert registered.lease == lease
+            assert 0 <= registered.waited_s < 1
+            assert isinstance(created, Created)
+            assert container_exists(witness, created.container_id)
+            closed(client, lease)
+        finally:
+            client.close()
+        assert not container_exists(witness, created.container_id)
+
+
+def test_registered_goes_alone_when_the_create_is_slow(
+    state_dir: Path, witness: Witness, busybox: str
+) -> None:
+    """A create the daemon holds (a proxy delays it 3 s): ``Registered`` does not wait for
+    ``Created`` longer than ``REGISTERED_HELD_S``, so the caller hears its lease is owned (and
+    waits the startup deadline for the container) well before its reply timeout."""
+    lease = new_lease_id()
+    with FaultProxy(witness.socket_path) as proxy:
+        proxy.delay_create(3.0)
+        with running_supervisor(state_dir, "--docker-socket", proxy.path) as sup:
+            client = RawClient(sup.socket_path)
+            try:
+                sent = greet_and_register(client, lease, busybox, witness)
+                registered = client.receive()
+                heard_after = time.monotonic() - sent
+                assert isinstance(registered, Registered), registered
+                assert REGISTERED_HELD_S <= heard_after < 2.5, heard_after  # not with Created
+                created = client.receive()
+                assert isinstance(created, Created), created
+                assert time.monotonic() - sent >= 3.0
+                closed(client, lease)
+            finally:
+                client.close()
+    assert not container_exists(witness, created.container_id)
+
+
 # --- i. one lease per connection ----------------------------------------------------------------
 
 
@@ -829,7 +900,9 @@ def test_a_second_register_on_one_connection_drops_it_and_removes_the_first_leas
             assert isinstance(client.receive(), Welcome)
             script = f"sleep 30; echo {marker}"
             client.send(register_for(first, busybox, script, witness.socket_path))
-            assert client.receive() == Registered(lease=first)
+            registered = client.receive()
+            assert isinstance(registered, Registered)
+            assert registered.lease == first
             created = client.receive()
             assert isinstance(created, Created), created
             assert container_exists(witness, created.container_id)
