@@ -133,6 +133,10 @@ class Service(Adopting, Pooling, Recovery):
                 "upgrading",
             )
             return
+        # Welcome before the request is read, never held back with its first answer: a caller
+        # that never heard it sends its Register again on a new connection (connect_supervisor)
+        # — safe only because nothing is journaled before this, else a restarted supervisor
+        # would refuse "lease id already in use" where the caller should re-adopt.
         await peer.send(Welcome(protocol=PROTOCOL_VERSION, fingerprint=self.fingerprint))
         register: Message | None = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
