@@ -48,8 +48,11 @@ class _Answer(NamedTuple):
     ping: PingResult
 
 
+_ANSWERS_KEPT = 256
 _answers: dict[tuple[str, ...], _Answer] = {}
-"""Keyed by the question: the candidate sockets, in the order they are tried."""
+"""Keyed by the question: the candidate sockets, in the order they are tried. Bounded as the
+image inspections are (``plan._image_facts``): a process that asks more questions starts
+afresh."""
 
 
 def recent(question: tuple[str, ...]) -> PingResult | None:
@@ -66,8 +69,11 @@ def recent(question: tuple[str, ...]) -> PingResult | None:
 
 def remember(question: tuple[str, ...], ping: PingResult) -> None:
     identity = socket_identity(ping.socket_path)
-    if identity is not None:
-        _answers[question] = _Answer(identity, time.monotonic(), ping)
+    if identity is None:
+        return
+    if len(_answers) >= _ANSWERS_KEPT:
+        _answers.clear()
+    _answers[question] = _Answer(identity, time.monotonic(), ping)
 
 
 def forget(socket_path: str) -> None:

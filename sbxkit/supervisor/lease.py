@@ -84,8 +84,6 @@ class Peer(FrameChannel):
     async def send_with_fds(self, message: Message, fds: list[int]) -> bool:
         """``message`` with ``fds`` riding along (``SCM_RIGHTS``); the receiver gets its own
         copies. False if the caller is gone (nothing was handed over)."""
-        if self.gone:
-            return False
         await self.flush()  # what is held goes first, without the descriptors
         if self.gone:
             return False
