@@ -43,16 +43,23 @@ from sbxkit.errors import NotFound
 # --- contenders ---------------------------------------------------------------------------------
 
 
-def order_contenders(contenders: list[Contender], order: str | None, bench: str) -> list[Contender]:
-    """Apply ``--order`` (comma-separated keys; unnamed contenders keep their place after)."""
-    if not order:
+def order_contenders(
+    contenders: list[Contender], order: str | None, bench: str, *, only: str | None = None
+) -> list[Contender]:
+    """Apply ``--order`` (comma-separated keys; unnamed contenders keep their place after) or
+    ``--only`` (those keys alone, in that order: a decision run of one ratio need not run the
+    rest). Both at once: ``--only`` decides."""
+    chosen = only or order
+    if not chosen:
         return contenders
-    wanted = [key.strip() for key in order.split(",") if key.strip()]
+    wanted = [key.strip() for key in chosen.split(",") if key.strip()]
     by_key = {c.key: c for c in contenders}
     unknown = [key for key in wanted if key not in by_key]
     if unknown:
-        raise SystemExit(f"bench {bench}: --order names unknown contenders {unknown}")
-    return [by_key[k] for k in wanted] + [c for c in contenders if c.key not in wanted]
+        flag = "--only" if only else "--order"
+        raise SystemExit(f"bench {bench}: {flag} names unknown contenders {unknown}")
+    rest = [] if only else [c for c in contenders if c.key not in wanted]
+    return [by_key[k] for k in wanted] + rest
 
 
 def cli_contender(key: str, label: str, command: Sequence[str], env: dict[str, str]) -> Contender:
@@ -121,6 +128,12 @@ def add_round_arguments(
         "--order",
         default=None,
         help=f"comma-separated contender keys (default: {default_order})",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="KEYS",
+        help="run only these contenders (comma-separated keys), in this order",
     )
 
 

@@ -82,7 +82,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
         facts = await machine_facts(engine)
         await common.require_image(engine, args.image, NAME)
     facts["sbxkit_install"] = sbxkit_install()
-    contenders = common.order_contenders(cli.contenders(), args.order, NAME)
+    contenders = common.order_contenders(cli.contenders(), args.order, NAME, only=args.only)
     concurrent_rounds = common.pick(
         args.concurrent_rounds, args.quick, QUICK_CONCURRENT_ROUNDS, CONCURRENT_ROUNDS
     )

@@ -205,6 +205,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 ],
                 args.order,
                 NAME,
+                only=args.only,
             )
             say(
                 f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "

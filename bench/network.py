@@ -155,7 +155,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 lambda: _timed(fetch, port, proxy, client, "/"),
             ),
         ]
-        contenders = common.order_contenders(contenders, args.order, NAME)
+        contenders = common.order_contenders(contenders, args.order, NAME, only=args.only)
         bulk_s: dict[str, list[float]] = {"direct": [], "proxied": []}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_listener, listener, partial(proxy_connection, context), errors)

@@ -719,7 +719,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                     what="the floor's body without NetworkDisabled",
                 ),
             ]
-        contenders = common.order_contenders(contenders, args.order, "oneshot")
+        contenders = common.order_contenders(contenders, args.order, "oneshot", only=args.only)
         say(
             f"oneshot: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)

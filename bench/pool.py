@@ -64,6 +64,7 @@ from sbxkit.runner import run
 from sbxkit.settings import Settings
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from sbxkit.supervisor.admin import pools_request
+from sbxkit.supervisor.records import record_filename
 from sbxkit.supervisor.wire import ListPools
 
 NAME = "pool"
@@ -157,16 +158,22 @@ class Settling:
     exit), and the pools a claim left to refill; ``settle`` waits, untimed, until the daemon
     has removed the one and every pool is full again, so neither a contender's background
     removal nor a pool's refill (a create and a start) loads the daemon under the next one's
-    measured run."""
+    measured run. With ``records`` (the supervisor's state directory) it also waits until the
+    owner has closed each such lease, its record deleted: the daemon's answer comes before
+    the record's deletion, whose fsync would otherwise meet the next run's first record."""
 
-    def __init__(self, witness: RawEngine) -> None:
+    def __init__(self, witness: RawEngine, records: Path | None = None) -> None:
         self.witness = witness
+        self.records = records
         self.pending: set[str] = set()
+        self.leases: set[str] = set()
         self.refills: list[Callable[[], Awaitable[object]]] = []
         """Each waits until its pool has all its containers parked again."""
 
     def left(self, result: RunResult) -> RunResult:
         self.pending.add(result.container_id)
+        if self.records is not None:
+            self.leases.add(result.lease)
         return result
 
     async def settle(self) -> None:
@@ -176,8 +183,16 @@ class Settling:
                 self.pending &= {c["Id"] for c in listed}
                 if self.pending:
                     await trio.sleep(0.005)
+            while self.leases:
+                self.leases = {lease for lease in self.leases if self._recorded(lease)}
+                if self.leases:
+                    await trio.sleep(0.002)
             for refilled in self.refills:
                 await refilled()
+
+    def _recorded(self, lease: str) -> bool:
+        assert self.records is not None
+        return (self.records / record_filename(lease)).exists()
 
 
 async def supervisor_pools_full(state_dir: Path) -> None:
@@ -309,11 +324,11 @@ def cold_contender(
 
 async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[str, Any]:
     witness = RawEngine(args.socket)
-    settling = Settling(RawEngine(args.socket))
     errors: list[str] = []
     contenders: list[Contender] = []
     spec = true_spec(args.image)
     state_dir = args.state_dir or tempfile.mkdtemp(prefix="sbxbench-pool-")
+    settling = Settling(RawEngine(args.socket), Path(state_dir) / "leases")
     settings = Settings(supervisor_state_dir=str(Path(state_dir) / "leases"))
     on_daemon = msgspec.structs.replace(settings, evidence="daemon")
     async with open_engine(args.socket) as engine:
@@ -354,6 +369,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 ],
                 args.order,
                 NAME,
+                only=args.only,
             )
             say(
                 f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "

@@ -173,7 +173,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                     label=f"sbxkit, {runtime}",
                 ),
             ]
-        contenders = common.order_contenders(contenders, args.order, NAME)
+        contenders = common.order_contenders(contenders, args.order, NAME, only=args.only)
         say(
             f"{NAME} on {engine_label}: {warmup} warm-up + {rounds} rounds of "
             + " → ".join(c.key for c in contenders)

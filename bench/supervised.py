@@ -377,7 +377,7 @@ async def measure(
                 timed=("create", "remove"),
             ),
         ]
-        contenders = common.order_contenders(contenders, args.order, NAME)
+        contenders = common.order_contenders(contenders, args.order, NAME, only=args.only)
         say(
             f"supervised: {warmup} warm-up + {rounds} measured rounds of "
             + " → ".join(c.key for c in contenders)
