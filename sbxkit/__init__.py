@@ -73,12 +73,8 @@ if TYPE_CHECKING:
     from sbxkit.settings import Settings
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
-    from sbxkit.supervisor.client import (
-        AdmissionTimeout,
-        CapacityExhausted,
-        SupervisedOwner,
-        SupervisorError,
-    )
+    from sbxkit.supervisor.client import SupervisedOwner
+    from sbxkit.supervisor.connect import AdmissionTimeout, CapacityExhausted, SupervisorError
     from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
@@ -98,11 +94,11 @@ _WHERE: dict[str, str] = {
     "CheckedSpec": "sbxkit.plan",
     "DockerBackend": "sbxkit.backends.docker",
     "Backend": "sbxkit.backends.base",
-    "AdmissionTimeout": "sbxkit.supervisor.client",
+    "AdmissionTimeout": "sbxkit.supervisor.connect",
     "ArchiveError": "sbxkit.archive",
     "SandboxFileNotFound": "sbxkit.archive",
     "BindMount": "sbxkit.mounts",
-    "CapacityExhausted": "sbxkit.supervisor.client",
+    "CapacityExhausted": "sbxkit.supervisor.connect",
     "CleanupError": "sbxkit.errors",
     "Conflict": "sbxkit.errors",
     "ContainerMismatch": "sbxkit.errors",
@@ -154,7 +150,7 @@ _WHERE: dict[str, str] = {
     "Usage": "sbxkit.result",
     "StdioWorker": "sbxkit.stdio",
     "SupervisedOwner": "sbxkit.supervisor.client",
-    "SupervisorError": "sbxkit.supervisor.client",
+    "SupervisorError": "sbxkit.supervisor.connect",
     "TmpfsMount": "sbxkit.mounts",
     "VolumeMount": "sbxkit.mounts",
     "apply_profile": "sbxkit.profile",

@@ -50,7 +50,7 @@ from sbxkit.pool.shapes import PoolPerShape, open_shape_pools
 from sbxkit.result import RunResult
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import CapacityExhausted
+from sbxkit.supervisor.connect import CapacityExhausted
 from sbxkit.unwrap import plain_async
 
 __all__ = [

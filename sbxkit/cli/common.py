@@ -22,7 +22,7 @@ import trio
 from sbxkit.cli.daemon_refusal import is_daemon_refusal
 from sbxkit.errors import CleanupError, EngineUnavailable, ImageError, SbxError, SpecError
 from sbxkit.result import RunResult, Status, json_fields
-from sbxkit.supervisor.client import CapacityExhausted
+from sbxkit.supervisor.connect import CapacityExhausted
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sbxkit.daemon_messages import create_refusal_in, is_refusal_status
 from sbxkit.errors import EngineError, SbxError
-from sbxkit.supervisor.client import SupervisorError
+from sbxkit.supervisor.connect import SupervisorError
 
 
 def is_daemon_refusal(error: SbxError) -> bool:

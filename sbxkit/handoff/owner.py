@@ -26,12 +26,8 @@ from sbxkit.kernel.scripts import io_dir_of
 from sbxkit.network.audit import Denial
 from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.network.terms import NetworkTerms
-from sbxkit.supervisor.client import (
-    REPLY_TIMEOUT_S,
-    SupervisedOwner,
-    SupervisorError,
-    refusal_error,
-)
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import REPLY_TIMEOUT_S, SupervisorError, refusal_error
 from sbxkit.supervisor.lease import Intent
 from sbxkit.supervisor.link import with_secret
 from sbxkit.supervisor.pooling import Pooling, claimed_message

@@ -25,7 +25,7 @@ import trio
 from sbxkit.errors import SbxError
 from sbxkit.kernel.init import REAP_LIMIT_S, REAP_POLL_S
 from sbxkit.kernel.pidfd import exit_status, status_code, wait_reaped
-from sbxkit.supervisor.client import connect_supervisor, receive_reply
+from sbxkit.supervisor.connect import connect_supervisor, receive_reply
 from sbxkit.supervisor.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
 from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.wire import RunEnded, RunError, RunInterrupted, RunReport, RunResume

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from sbxkit.supervisor.client import SupervisorError, connect_supervisor, receive_reply
+from sbxkit.supervisor.connect import SupervisorError, connect_supervisor, receive_reply
 from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir
 from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.wire import (

@@ -24,11 +24,14 @@ PROTOCOL_VERSION = 9
 # is refused, so an upgrade cannot silently mix two lease protocols.
 SOURCES = (
     "supervisor/wire.py",
+    "supervisor/framing.py",
+    "supervisor/handoff_wire.py",
     "supervisor/channel.py",
     "supervisor/records.py",
     "supervisor/journal.py",
     "supervisor/service.py",
     "supervisor/client.py",
+    "supervisor/connect.py",
     "supervisor/link.py",  # the client's side of re-adoption (issue 22)
     "supervisor/proof.py",
     "engine/models.py",

@@ -35,27 +35,8 @@ docs/pool.md):
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
 
-``sbxkit run`` may hand its whole run to the supervisor (sbxkit/handoff, docs/operations.md):
-the supervisor parses its argv with the CLI's own parser, plans, claims or creates, starts
-the sandbox on its FIFOs, and hands the command line the FIFO ends and the init's pidfd;
-the command line feeds stdin and reads output itself, and asks for the verdict:
-
-    Hello, Run(argv, state_dir, env, …) ─►
-                                     ◄─     Queued …  (while it waits for capacity)
-                                     ◄─     RunDeclined (nothing ran: the full path runs it)
-                                          | RunError (an error to print as it is)
-                                          | RunStarted(line, caps, …) + the ends (SCM_RIGHTS)
-    RunEnded(status, byte counts)    ─►     (the verdict; removal, waited for when sbxkit
-                                     ◄─      killed the payload)  RunReport | RunError
-    RunCancel(signal)                ─►     (at any point: removal first)
-                                     ◄─     RunInterrupted | RunError
-
-Should the supervisor die while the command line holds the ends, the command line re-adopts
-the run in the next one (launched if need be) with the lease's secret from ``RunStarted``:
-
-    Hello, RunResume(lease, secret, next_hash, ended, exit_code, …) ─►
-                                     ◄─     (adopted, judged, removed)  RunReport | RunError
-    (interrupted: ended=None, cancel=signal) ◄─ (adopted, removed)  RunInterrupted | RunError
+``sbxkit run`` may hand its whole run to the supervisor instead (``Run``, ``RunResume``: their
+messages and exchange are handoff_wire.py's).
 
 An operator's connection sends one request instead of Register: ``Recover`` or ``Retire``
 (answered ``Report``), ``ListPools`` or ``EndPools`` (answered ``Pools``).
@@ -80,31 +61,29 @@ that leaves the queue (Close or EOF while ``Queued``) gets ``Closed``: nothing w
 
 from __future__ import annotations
 
-import struct
 from typing import Literal
 
 import msgspec
 
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
-from sbxkit.errors import SbxError
 from sbxkit.mounts import ExpectedMount
 from sbxkit.network.audit import Denial
 from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
-
-MAX_FRAME = 8 * 1024 * 1024
-"""Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
-JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
-_HEADER = struct.Struct(">I")
-
-
-class WireError(SbxError):
-    """A peer broke the supervisor protocol (oversized, malformed or unexpected message)."""
-
-
-class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
-    """Base of every wire message; our own data, so unknown fields are refused."""
-
+from sbxkit.supervisor.framing import MAX_FRAME as MAX_FRAME
+from sbxkit.supervisor.framing import FrameReader as FrameReader
+from sbxkit.supervisor.framing import Message as Message
+from sbxkit.supervisor.framing import WireError as WireError
+from sbxkit.supervisor.framing import encode as encode
+from sbxkit.supervisor.handoff_wire import Run as Run
+from sbxkit.supervisor.handoff_wire import RunCancel as RunCancel
+from sbxkit.supervisor.handoff_wire import RunDeclined as RunDeclined
+from sbxkit.supervisor.handoff_wire import RunEnded as RunEnded
+from sbxkit.supervisor.handoff_wire import RunError as RunError
+from sbxkit.supervisor.handoff_wire import RunInterrupted as RunInterrupted
+from sbxkit.supervisor.handoff_wire import RunReport as RunReport
+from sbxkit.supervisor.handoff_wire import RunResume as RunResume
+from sbxkit.supervisor.handoff_wire import RunStarted as RunStarted
 
 # -- client → supervisor -----------------------------------------------------------------------
 
@@ -186,38 +165,6 @@ class Claim(Message, tag="claim"):
     """The claimed run's own lifetime (its time limit and the margin), counted from the claim,
     at most the template's; None: the template's. However long the container was parked, the
     claimed run keeps the lifetime its own claim implies."""
-
-
-class Run(Message, tag="run"):
-    """``sbxkit run`` handed to the supervisor (instead of Register; sbxkit/handoff).
-
-    ``argv`` is the command line after ``sbxkit`` (it starts with ``run``), parsed here by the
-    CLI's own parser. ``env`` holds the caller's variables the run is judged under (those the
-    planning reads, those ``--env NAME`` names, those that find the daemon); ``state_dir`` is
-    where the caller found this supervisor. ``json`` and ``stdin`` are what the caller's quick
-    scan of argv found: the run is declined unless the parse agrees."""
-
-    argv: list[str]
-    state_dir: str
-    env: dict[str, str]
-    json: bool
-    stdin: str | None = None
-
-
-class RunEnded(Message, tag="run_ended"):
-    """The handed-off run's payload ended, as the command line saw it on its FIFOs and the
-    init's pidfd (or its time limit or an output cap ended it): judge it."""
-
-    status: Literal["exited", "timed_out", "output_exceeded"]
-    stdout_bytes: int
-    stderr_bytes: int
-    overflowed: Literal["stdout", "stderr"] | None = None
-
-
-class RunCancel(Message, tag="run_cancel"):
-    """The command line got ``signal`` (SIGINT, SIGTERM): remove the sandbox, then answer."""
-
-    signal: int
 
 
 class Adopt(Message, tag="adopt"):
@@ -349,85 +296,6 @@ class Denials(Message, tag="denials"):
     dropped: int = 0
 
 
-class RunDeclined(Message, tag="run_declined"):
-    """The handed-off run is not served here (an option the hand-off does not take, a refusal,
-    the daemon's path ...): nothing of its payload ran; the command line runs it itself."""
-
-    reason: str
-
-
-class RunStarted(Message, tag="run_started"):
-    """The sandbox waits for ``line`` on its stdin (the go line, or a pool's claim line):
-    its ends ride with this message (``SCM_RIGHTS``: stdin, stdout, stderr, the init's pidfd).
-    The command line writes ``line`` then its stdin, keeps ``output_bytes`` per stream, ends
-    the run after ``timeout_s``, and drains output at most ``drain_s`` after the exit. Should
-    this supervisor be gone before the verdict, it resumes the run in the next one
-    (``RunResume``, with ``secret``); failing that it prints ``lost_stderr`` (and
-    ``lost_json`` under ``--json``) and exits ``lost_status``."""
-
-    lease: str
-    line: bytes
-    output_bytes: int
-    timeout_s: float
-    drain_s: float
-    fds: int
-    lost_status: int
-    lost_stderr: str
-    lost_json: str | None = None
-    secret: str | None = None
-    """The lease's secret (the record journals only its hash): should this supervisor die,
-    the command line re-adopts the run in the next one with it (``RunResume``). None: the
-    lease cannot be re-adopted (a governed network's listeners die with the supervisor)."""
-    engine_socket: str = ""
-    """The daemon the lease's container lives on (a supervisor launched to resume serves it)."""
-    pooled: bool = False
-    queued_s: float = 0.0
-    """What the verdict's result says beside the command line's own figures."""
-
-
-class RunResume(Message, tag="run_resume"):
-    """A handed-off run whose supervisor died (instead of Register; sbxkit/handoff/resume.py):
-    re-adopt its lease with ``secret`` (as ``Adopt`` does: ``next_secret_hash`` is journaled),
-    judge the exit the command line saw — ``exit_code`` read from its pidfd of the init, the
-    kernel's word — remove the container, and answer ``RunReport`` as the dead supervisor
-    would have (else ``RunError``: the command line prints its ``lost`` line)."""
-
-    lease: str
-    secret: str
-    next_secret_hash: str
-    ended: RunEnded | None = None
-    """None: the command line was interrupted (``cancel``): remove, answer RunInterrupted."""
-    cancel: int | None = None
-    exit_code: int | None = None
-    json: bool = False
-    pooled: bool = False
-    queued_s: float = 0.0
-    run_s: float = 0.0
-
-
-class RunReport(Message, tag="run_report"):
-    """The handed-off run's result: the exit status, the ``--json`` document (its ``stdout``
-    and ``stderr`` empty: the command line puts its own output there), and the line said after
-    the payload's stderr (``sbxkit: timed out``), if any."""
-
-    exit_status: int
-    json: str | None = None
-    notice: str | None = None
-
-
-class RunError(Message, tag="run_error"):
-    """The handed-off run failed as ``sbxkit run`` reports failures: ``stderr`` to print,
-    ``json`` (under ``--json``) to print on stdout, and the exit status."""
-
-    exit_status: int
-    stderr: str
-    json: str | None = None
-
-
-class RunInterrupted(Message, tag="run_interrupted"):
-    """The answer to RunCancel: the sandbox is removed (or was never created)."""
-
-
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
@@ -548,42 +416,8 @@ ServerMessage = (
     | Unadopted
 )
 
-_encoder = msgspec.json.Encoder()
 _client_decoder = msgspec.json.Decoder(ClientMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)
-
-
-def encode(message: Message) -> bytes:
-    payload = _encoder.encode(message)
-    if len(payload) > MAX_FRAME:
-        raise WireError(f"message of {len(payload)} bytes exceeds the {MAX_FRAME}-byte cap")
-    return _HEADER.pack(len(payload)) + payload
-
-
-class FrameReader:
-    """Incremental frame splitter; ``feed`` returns complete payloads in order."""
-
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buffer = bytearray()
-        self._max_frame = max_frame
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        frames: list[bytes] = []
-        while len(self._buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buffer)
-            if size > self._max_frame:
-                raise WireError(f"frame of {size} bytes exceeds the {self._max_frame}-byte cap")
-            end = _HEADER.size + size
-            if len(self._buffer) < end:
-                break
-            frames.append(bytes(self._buffer[_HEADER.size : end]))
-            del self._buffer[:end]
-        return frames
-
-    @property
-    def pending(self) -> int:
-        return len(self._buffer)
 
 
 def decode_client(payload: bytes) -> ClientMessage:

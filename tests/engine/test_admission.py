@@ -35,11 +35,8 @@ from sbxkit.plan import new_lease_id
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import MiB
-from sbxkit.supervisor.client import (
-    AdmissionTimeout,
-    CapacityExhausted,
-    SupervisedOwner,
-)
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import AdmissionTimeout, CapacityExhausted
 from sbxkit.supervisor.recovery import STALE_IO_MARGIN_S
 from sbxkit.supervisor.wire import Close, Closed, Created, Registered, Welcome
 from tests.engine.cli_paths import CliPath

@@ -25,7 +25,7 @@ import trio
 
 from sbxkit.errors import SbxError
 from sbxkit.kernel.scripts import io_root
-from sbxkit.supervisor.client import connect_supervisor, receive_reply
+from sbxkit.supervisor.connect import connect_supervisor, receive_reply
 from sbxkit.supervisor.link import new_secret
 from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.wire import RunError, RunResume, ServerMessage

@@ -38,7 +38,8 @@ from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import SandboxSpec
 from sbxkit.stdio import open_stdio_worker
-from sbxkit.supervisor.client import SupervisedOwner, connect_supervisor
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import connect_supervisor
 from sbxkit.supervisor.proof import secret_hash
 from sbxkit.supervisor.wire import Adopt, Unadopted
 from tests.engine.helpers import actions, spec

@@ -254,7 +254,7 @@ def test_the_client_reads_a_startup_refusal_instead_of_waiting(
     code = (
         "import trio, sys\n"
         "from pathlib import Path\n"
-        "from sbxkit.supervisor.client import connect_supervisor\n"
+        "from sbxkit.supervisor.connect import connect_supervisor\n"
         f"state, command = Path({str(state_dir)!r}), {str(fake)!r}\n"
         "try:\n"
         "    trio.run(lambda: connect_supervisor(state, command=command))\n"

@@ -26,7 +26,8 @@ from sbxkit.errors import CleanupError
 from sbxkit.plan import new_lease_id
 from sbxkit.policy import LEASE_LABEL, build_create_body, container_name
 from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import SupervisorError
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir
 from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S

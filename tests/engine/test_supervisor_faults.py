@@ -34,7 +34,8 @@ from sbxkit.errors import CleanupError, SbxError
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import SupervisorError
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
 from tests.supervision import (

@@ -19,7 +19,8 @@ from sbxkit.errors import SbxError
 from sbxkit.network.terms import Network
 from sbxkit.plan import make_plan
 from sbxkit.settings import Settings
-from sbxkit.supervisor.client import SupervisedOwner, SupervisorError
+from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.connect import SupervisorError
 from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers
 from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor

@@ -33,7 +33,7 @@ from sbxkit.spec import (
     validate_spec,
     validate_workdir,
 )
-from sbxkit.supervisor.client import SupervisorError
+from sbxkit.supervisor.connect import SupervisorError
 from sbxkit.textcheck import check_utf8
 
 IMAGE = "sbxkit-test/busybox:latest"

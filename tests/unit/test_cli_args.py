@@ -592,7 +592,7 @@ def test_main_with_a_profile_passes_the_supervisor_binary_in_the_settings(
     import os
 
     from sbxkit.cli import run_command
-    from sbxkit.supervisor.client import supervisor_argv
+    from sbxkit.supervisor.launch import supervisor_argv
 
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "the-callers-own")
     seen: list[Any] = []

@@ -372,7 +372,7 @@ async def test_an_on_result_failure_stops_the_batch_and_is_reraised(
 async def test_a_full_supervisor_is_waited_for(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from sbxkit.supervisor.client import CapacityExhausted
+    from sbxkit.supervisor.connect import CapacityExhausted
 
     calls: list[float] = []
 

@@ -25,6 +25,8 @@ PURE = [
     "settings.py",
     "usage.py",
     "supervisor/wire.py",
+    "supervisor/framing.py",
+    "supervisor/handoff_wire.py",
     "supervisor/records.py",
     "supervisor/proof.py",
     "admission.py",

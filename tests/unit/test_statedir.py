@@ -146,7 +146,7 @@ def test_the_launch_environment_keeps_only_the_documented_names() -> None:
 
 
 def test_a_launch_names_the_callers_engine_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sbxkit.supervisor.client import launch_engine_sockets, supervisor_argv
+    from sbxkit.supervisor.launch import launch_engine_sockets, supervisor_argv
     from sbxkit.supervisor.wire import Recover
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/mine.sock")
