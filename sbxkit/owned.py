@@ -10,7 +10,7 @@ steps 3–4 and 9); ``attached`` attaches to it, registers the exit wait and sta
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,10 +30,11 @@ from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
 from sbxkit.network.audit import Denial
 from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.outcome import Verdict, judge_exit
-from sbxkit.owner import GoverningOwner, InspectingOwner, Owner
+from sbxkit.owner import GoverningOwner, InspectingOwner, LaunchingOwner, Owner
 from sbxkit.plan import Plan
 from sbxkit.result import Status, Stream
 from sbxkit.spec import parse_user
+from sbxkit.supervisor.wire import Launch
 from sbxkit.verify import check_created
 
 KILL_BUDGET_S = 10.0
@@ -105,6 +106,9 @@ class OwnedContainer:
         """How long removal took; set when the ``owned_container`` block has ended."""
         self.released = False
         """The owner took the removal over (``release``): the block's end does not wait."""
+        self.launched_by_owner = False
+        """Its owner starts it (``LaunchingOwner``): the kernel path waits for that start, or
+        for its shell's word, instead of starting it (``owned_container``'s ``launch``)."""
         self._owner = owner
 
     async def start(self, *, launched: bool = True) -> None:
@@ -121,6 +125,21 @@ class OwnedContainer:
     async def launched(self) -> None:
         """Tell the owner the container's launch is over: started, its payload let go."""
         await self._owner.started(self.lease)
+
+    async def said_or_launched(self, said: Callable[[], Awaitable[None]]) -> bool:
+        """For a container its owner starts: ``said()`` came first (True), or the daemon's
+        answer to the start (False); a refused start raises the daemon's error."""
+        owner = self._owner
+        assert isinstance(owner, LaunchingOwner)
+        assert self.launched_by_owner
+        return await owner.said_or_launched(self.lease, self.container_id, said)
+
+    async def launch_answer(self) -> None:
+        """For a container its owner starts: once the daemon answered the start."""
+        owner = self._owner
+        assert isinstance(owner, LaunchingOwner)
+        assert self.launched_by_owner
+        await owner.launch_answer(self.lease, self.container_id)
 
     async def release(self) -> None:
         """Hand the removal to the owner, if it removes on its own (``Owner.release``): the
@@ -190,24 +209,46 @@ async def attached(box: OwnedContainer) -> AsyncIterator[tuple[HijackedStream, W
         await attach.aclose()
 
 
+def owner_launch(plan: Plan, owner: Owner) -> Launch | None:
+    """What ``owner`` verifies before it starts the plan's container itself, or None: only an
+    owner that launches (``LaunchingOwner``: the supervisor), and only a kernel path container
+    whose payload waits for its go line — not one whose governed network's listeners must go
+    in after the start and before the payload."""
+    if plan.io_dir is None or (plan.network is not None and plan.network.needs_governor):
+        return None
+    if not (isinstance(owner, LaunchingOwner) and owner.launches):
+        return None
+    return Launch(expected_mounts=list(plan.expected_mounts), image_id=plan.image_id)
+
+
 @asynccontextmanager
 async def owned_container(
-    plan: Plan, engine: Engine, owner: Owner
+    plan: Plan, engine: Engine, owner: Owner, *, launch: bool = False
 ) -> AsyncIterator[OwnedContainer]:
     """The one lifecycle under every consumer: create the plan's container stopped through the
     owner (which admits it), verify it against the plan, yield it, and remove it through the
     owner however the block ends — shielded, and a removal failure is raised, never swallowed.
-    """
+
+    ``launch``: the caller runs the kernel path's one-shot payload (it waits for the caller's
+    go line), so an owner that can start the container itself once verified does
+    (``owner_launch``; ``OwnedContainer.launched_by_owner``). The caller verifies it too."""
     began = trio.current_time()
     container_id: str | None = None
     box: OwnedContainer | None = None
     if plan.io_dir is not None:  # the kernel path's FIFOs: the bind's source must exist
         make_io_dir(Path(plan.io_dir).parent, plan.lease, *sandbox_ids(plan.body.user))
     try:
-        extra = {"network": plan.network} if plan.network is not None else {}
-        container_id = await owner.create(
-            plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
-        )
+        launching = owner_launch(plan, owner) if launch else None
+        if launching is not None:
+            assert isinstance(owner, LaunchingOwner)
+            container_id = await owner.create(
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, launch=launching
+            )
+        else:
+            extra = {"network": plan.network} if plan.network is not None else {}
+            container_id = await owner.create(
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
+            )
         inspected = created_inspection(owner, plan.lease)
         if inspected is None:
             inspected = await engine.container_inspect(container_id)
@@ -223,6 +264,11 @@ async def owned_container(
         )
         box = OwnedContainer(
             engine=engine, plan=plan, container_id=container_id, began=began, owner=owner
+        )
+        box.launched_by_owner = (
+            launching is not None
+            and isinstance(owner, LaunchingOwner)
+            and owner.launching(plan.lease)
         )
         yield box
     finally:

@@ -13,6 +13,7 @@ queue per daemon socket and trio run, shared by every ``InProcessOwner`` of that
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +29,7 @@ from sbxkit.network.governor import Governor
 from sbxkit.network.terms import NetworkTerms
 from sbxkit.ownership import Removal, remove_until_gone
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.supervisor.wire import Launch
 
 
 class Owner(Protocol):
@@ -105,6 +107,42 @@ class InspectingOwner(Protocol):
     def created_inspection(self, lease: str) -> ContainerInspect | None:
         """The owner's post-create inspection of the lease's container, once; None if it
         has none (the caller inspects)."""
+        ...
+
+
+@runtime_checkable
+class LaunchingOwner(Protocol):
+    """An owner that can start a kernel path container itself the moment it has verified it
+    against the caller's plan (``create``'s ``launch``: the supervisor, one round trip before
+    the caller could). Only a container whose payload waits for its caller's go line is
+    launched so: what starts is the shell that waits. ``launches`` False: not this one."""
+
+    launches: bool
+
+    async def create(
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
+        launch: Launch | None = None,
+    ) -> str: ...
+
+    def launching(self, lease: str) -> bool:
+        """The owner sent the lease's start (a container re-adopted mid-create was not)."""
+        ...
+
+    async def said_or_launched(
+        self, lease: str, container_id: str, said: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Whichever comes first: ``said()`` (True) or the daemon's answer to the start
+        (False); a refused start raises the daemon's error."""
+        ...
+
+    async def launch_answer(self, lease: str, container_id: str) -> None:
+        """Return once the daemon answered the start (or the caller started it itself)."""
         ...
 
 

@@ -216,7 +216,7 @@ class DockerBackend:
             checked = check_spec(checked, self.settings, command=command)
             stdin = Prefixed(GATE_LINE, stdin)
         plan = build_plan(checked, facts, lease=new_lease_id(), fifo_root=fifo_root)
-        async with owned_container(plan, engine, owner) as box:
+        async with owned_container(plan, engine, owner, launch=fifo_io) as box:
             if not fifo_io:
                 ran = await run_attached(box, stdin, on_output)
             else:

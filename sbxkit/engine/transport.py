@@ -74,10 +74,20 @@ def error_for(method: str, path: str, status: int, body: bytes) -> EngineError:
     except msgspec.DecodeError:
         message = body.decode("utf-8", "replace")
     text = str(message).strip() or f"HTTP {status}"
-    cls = {404: NotFound, 409: Conflict}.get(status, EngineError)
     # Podman answers 500 where Docker says 404 or 409; its ``cause`` says which it means.
-    cls = PODMAN_CAUSES.get(str(cause), cls)
-    return cls(method, path, status, text)
+    podman = PODMAN_CAUSES.get(str(cause))
+    if podman is not None:
+        return podman(method, path, status, text)
+    return status_error(method, path, status, text)
+
+
+def status_error(method: str, path: str, status: int, message: str) -> EngineError:
+    """The precise EngineError for an error status and the daemon's message (one relayed by
+    the supervisor, say: ``Launched``)."""
+    return _STATUS_ERRORS.get(status, EngineError)(method, path, status, message)
+
+
+_STATUS_ERRORS: dict[int, type[EngineError]] = {404: NotFound, 409: Conflict}
 
 
 PODMAN_CAUSES: dict[str, type[EngineError]] = {

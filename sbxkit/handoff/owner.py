@@ -38,6 +38,7 @@ from sbxkit.supervisor.wire import (
     Created,
     Expiring,
     Failed,
+    Launch,
     Message,
     Orphaned,
     Queued,
@@ -101,6 +102,9 @@ class LocalReplies:
 class ServedOwner(SupervisedOwner):
     """A ``SupervisedOwner`` whose supervisor is this process (see the module's docstring)."""
 
+    launches = False
+    """Its runs start their containers themselves: the start would not leave this process."""
+
     def __init__(self, service: Pooling, engine: Engine, forward: Forward) -> None:
         super().__init__(engine, state_dir=service.state.path)
         self.service = service
@@ -128,7 +132,10 @@ class ServedOwner(SupervisedOwner):
         *,
         lifetime_s: float,
         network: NetworkTerms | None = None,
+        launch: Launch | None = None,
     ) -> str:
+        if launch is not None:  # launches is False: owned_container never asks
+            raise SupervisorError("a handed-off run starts its container itself", lease=lease)
         register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
         secret, register = with_secret(register)
         self.secret = None if network is not None and network.needs_governor else secret

@@ -11,7 +11,7 @@ known or the list does not answer, ``State.Pid`` does.
 
 from __future__ import annotations
 
-__all__ = ["init_pid_on_host", "learn_cgroup_layout", "pick_init"]
+__all__ = ["cgroup_layout_known", "init_pid_on_host", "learn_cgroup_layout", "pick_init"]
 
 _ID = "\0id\0"
 _layouts: dict[str, str] = {}
@@ -23,6 +23,11 @@ def learn_cgroup_layout(socket_path: str, cgroup_directory: str | None, containe
     verified init's, ``OomWatch.directory``)."""
     if cgroup_directory is not None and cgroup_directory.count(container_id) == 1:
         _layouts[socket_path] = cgroup_directory.replace(container_id, _ID)
+
+
+def cgroup_layout_known(socket_path: str) -> bool:
+    """``init_pid_on_host`` can answer for ``socket_path``'s containers."""
+    return socket_path in _layouts
 
 
 def pick_init(pids: list[int], parents: dict[int, int]) -> int | None:

@@ -17,6 +17,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -25,7 +26,7 @@ from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
 from sbxkit.kernel.fifos import open_host_ends
 from sbxkit.kernel.init import ContainerInit, InitUnverified
-from sbxkit.kernel.initpid import init_pid_on_host, learn_cgroup_layout
+from sbxkit.kernel.initpid import cgroup_layout_known, init_pid_on_host, learn_cgroup_layout
 from sbxkit.kernel.scripts import GO_LINE
 from sbxkit.kernel.supervise import (
     Exited,
@@ -43,6 +44,7 @@ __all__ = [
     "ALIVE_LIMIT_S",
     "Judge",
     "NotAlive",
+    "OwnerLaunch",
     "kernel_verdict",
     "run_on_fifos",
     "start_on_fifos",
@@ -65,15 +67,40 @@ async def _died(engine: Engine, container_id: str) -> int:
         await trio.sleep(DEATH_POLL_S)
 
 
+class OwnerLaunch(Protocol):
+    """A container its owner starts (``OwnedContainer.launched_by_owner``)."""
+
+    async def said_or_launched(self, said: Callable[[], Awaitable[None]]) -> bool: ...
+
+    async def launch_answer(self) -> None: ...
+
+
 async def start_on_fifos(
-    engine: Engine, container_id: str, io_dir: str, start: Callable[[], Awaitable[None]]
+    engine: Engine,
+    container_id: str,
+    io_dir: str,
+    start: Callable[[], Awaitable[None]],
+    launched: OwnerLaunch | None = None,
 ) -> tuple[KernelIO, Exited, Evidence]:
     """Open the host's ends, ``start()`` the container, hold its init, wait for the shell's
     word; the streams (the caller closes them), how to wait for the exit, and which evidence
-    that wait is. ``NotAlive`` (ends closed) if the shell never ran."""
+    that wait is. ``NotAlive`` (ends closed) if the shell never ran.
+
+    ``launched``: its owner starts it instead. Whichever comes first is waited for, the
+    shell's word or the daemon's answer to that start (whose work after the start then
+    overlaps the payload's run); the init is held either way while the shell waits for its
+    go line — where the host does not know the daemon's cgroup layout yet, once the daemon
+    answered (its ``State.Pid`` names the init from then on)."""
     io = KernelIO.of(open_host_ends(Path(io_dir)))  # opens only: the FIFOs never block here
     try:
-        await start()
+        if launched is None:
+            await start()
+        else:
+            await launched.said_or_launched(
+                functools.partial(trio.lowlevel.wait_readable, io.stderr.fileno())
+            )
+            if not cgroup_layout_known(engine.socket_path):
+                await launched.launch_answer()  # State.Pid is the daemon's once it answered
         exited: Exited
         evidence: Evidence = "kernel"
         try:
@@ -116,6 +143,7 @@ async def started_on_fifos(
         box.container_id,
         box.plan.io_dir,
         functools.partial(box.start, launched=launched),
+        box if box.launched_by_owner else None,
     )
     try:
         yield io, exited, evidence
@@ -183,8 +211,9 @@ async def run_on_fifos(
     clock = trio.current_time
     t_start = clock()
     # Its owner hears the launch is over right after the go line, not before it (AfterGo). A
-    # governed network's listeners go in after the start, which that message precedes.
-    after_go = None if box.governed else box.launched
+    # governed network's listeners go in after the start, which that message precedes; an
+    # owner that started the container itself knew when the daemon answered.
+    after_go = None if box.governed or box.launched_by_owner else box.launched
     async with started_on_fifos(box, launched=box.governed) as (io, exited, evidence):
         t_run = clock()
         outcome = await supervise(

@@ -25,6 +25,7 @@ from sbxkit.admission import (
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
 from sbxkit.kernel.fifos import io_dir_problem
+from sbxkit.kernel.scripts import io_dir_of
 from sbxkit.network.planning import managed_gateway_problem
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
@@ -82,6 +83,11 @@ class Admitting(Leases):
             return "engine_socket must be an absolute path"
         if register.secret_hash is not None and not is_well_formed(register.secret_hash):
             return "secret_hash must be 64 lowercase hex digits (a sha256)"
+        if register.launch is not None:
+            if io_dir_of(register.body) is None:
+                return "launch: only a body whose payload waits for its go line (the kernel path)"
+            if register.network is not None and register.network.needs_governor:
+                return "launch: not with a governed network (its listeners go in after the start)"
         if lease in self.records or lease in self.live:
             return "lease id already in use"
         return None
@@ -409,6 +415,7 @@ class Admitting(Leases):
             now + register.lifetime_deadline_s,
             network=register.network,
         )
+        live.launch = register.launch
         # Live and counted before the first await: the reaper must never take a lease that is
         # being admitted for an orphan.
         self.records[record.lease] = record

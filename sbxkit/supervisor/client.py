@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.engine.transport import status_error
 from sbxkit.errors import CleanupError, SbxError
 from sbxkit.kernel.scripts import io_root
 from sbxkit.network.audit import Denial
@@ -50,6 +51,7 @@ from sbxkit.supervisor.wire import (
     Failed,
     Govern,
     Governed,
+    Launch,
     Message,
     Orphaned,
     Queued,
@@ -60,6 +62,7 @@ from sbxkit.supervisor.wire import (
     Started,
     Unclaimed,
 )
+from sbxkit.unwrap import plain_errors
 
 QueueObserver = Callable[[int, float], object]
 """Called while a request waits for capacity: (requests ahead of it, seconds waited so far);
@@ -102,6 +105,12 @@ class SupervisedOwner:
         self._queued: dict[str, float] = {}
         self._claimed_fds: dict[str, list[int]] = {}
         self._inspected: dict[str, ContainerInspect | None] = {}
+        self._launching: dict[str, int] = {}
+        """The leases whose start the supervisor sent, with their link's re-adoptions then."""
+        self._launch_answered: set[str] = set()
+
+    launches = True
+    """Its supervisor starts a kernel path container itself once verified (``launch``)."""
 
     async def connect(self, first: Message | None = None) -> SupervisorSession:
         """A launched supervisor serves this owner's daemon (whatever ``first`` is: a
@@ -123,9 +132,11 @@ class SupervisedOwner:
         *,
         lifetime_s: float,
         network: NetworkTerms | None = None,
+        launch: Launch | None = None,
     ) -> Register:
         """The Register asking for ``body``'s container under ``lease`` (and ``network``, a
-        governed network the supervisor carries out once asked)."""
+        governed network the supervisor carries out once asked; ``launch``, the start the
+        supervisor makes once the container is verified)."""
         host = body.host_config
         if host is None or host.memory is None or host.nano_cpus is None:
             raise SupervisorError("the create body must bound memory and CPU", lease=lease)
@@ -138,6 +149,7 @@ class SupervisedOwner:
             startup_deadline_s=self.startup_deadline_s,
             lifetime_deadline_s=lifetime_s,
             network=network,
+            launch=launch,
         )
 
     def _link(self, lease: str, session: SupervisorSession, **options: Any) -> LeaseLink:
@@ -226,8 +238,11 @@ class SupervisedOwner:
         *,
         lifetime_s: float,
         network: NetworkTerms | None = None,
+        launch: Launch | None = None,
     ) -> str:
-        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        register = self.register_for(
+            lease, name, body, lifetime_s=lifetime_s, network=network, launch=launch
+        )
         secret, register = with_secret(register)
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
@@ -261,6 +276,8 @@ class SupervisedOwner:
             elif isinstance(reply, Created | Adopted):
                 self._queued.setdefault(lease, trio.current_time() - asked)  # re-adopted
                 self._inspected[lease] = reply.inspected if isinstance(reply, Created) else None
+                if launch is not None and isinstance(reply, Created):
+                    self._launching[lease] = link.adoptions  # an Adopted one was never started
                 return reply.container_id
             elif isinstance(reply, Refused):
                 self._links.pop(lease, None)
@@ -280,6 +297,63 @@ class SupervisedOwner:
         if link is not None and not link.adopting:
             with contextlib.suppress(SbxError):
                 await link.send(Started(lease=lease))
+
+    def launching(self, lease: str) -> bool:
+        """Its supervisor sent the start of the lease's container (``create``'s ``launch``)."""
+        return lease in self._launching
+
+    async def said_or_launched(
+        self, lease: str, container_id: str, said: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Wait for whichever comes first: ``said()`` (the container's shell says it runs —
+        True; the daemon's answer may still be on its way, ``launch_answer``), or the
+        daemon's answer to the supervisor's start (False). A start the daemon refused raises
+        its error, as the caller's own start would have."""
+        first: list[bool] = []
+        with plain_errors():
+            async with trio.open_nursery() as nursery:
+
+                async def word() -> None:
+                    await said()
+                    first.append(True)
+                    nursery.cancel_scope.cancel()
+
+                async def answer() -> None:
+                    await self.launch_answer(lease, container_id)
+                    first.append(False)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(word)
+                nursery.start_soon(answer)
+        return first[0]
+
+    async def launch_answer(self, lease: str, container_id: str) -> None:
+        """Return once the lease's container was started (at once when that was already
+        seen): the supervisor's ``Launched``; or,
+        when the lease was re-adopted by a supervisor that never started it, once this caller
+        started it (a container already running answers 304). Raises the daemon's error for a
+        start it refused (``status_error``), ``SupervisorError`` for one nobody answered."""
+        if lease in self._launch_answered:
+            await trio.lowlevel.checkpoint()
+            return
+        link = self._links.get(lease)
+        if link is None:
+            raise SupervisorError("the lease has no connection to its supervisor", lease=lease)
+        deadline = self._engine.deadlines.start + REPLY_TIMEOUT_S
+        try:
+            with trio.fail_after(deadline):
+                answer = await link.launched(self._launching.get(lease, link.adoptions))
+        except LinkLost as exc:
+            raise SupervisorError(f"start: {exc.reason}", lease=lease) from None
+        except trio.TooSlowError:
+            raise SupervisorError(f"start: no answer within {deadline:g} s", lease=lease) from None
+        if answer is None:
+            await self._engine.container_start(container_id)
+        elif answer.status == 0:
+            raise SupervisorError(f"start: {answer.message}", code="failed", lease=lease)
+        elif answer.status is not None:
+            raise status_error("POST", answer.path, answer.status, answer.message)
+        self._launch_answered.add(lease)
 
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""
@@ -309,6 +383,8 @@ class SupervisedOwner:
         close it, as long as this process lives (else the restarted supervisor's grace ends).
         A lease whose supervisor died and that was not re-adopted raises ``CleanupError``."""
         self._queued.pop(lease, None)
+        self._launching.pop(lease, None)
+        self._launch_answered.discard(lease)
         link = self._links.pop(lease, None)
         if link is None:
             return False
@@ -325,6 +401,8 @@ class SupervisedOwner:
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         self._queued.pop(lease, None)
         self._inspected.pop(lease, None)
+        self._launching.pop(lease, None)
+        self._launch_answered.discard(lease)
         link = self._links.pop(lease, None)
         if link is None:
             return  # never registered: nothing was created

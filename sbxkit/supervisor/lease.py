@@ -27,6 +27,7 @@ from sbxkit.result import Evidence
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
+    Launch,
     Message,
     decode_client,
     encode,
@@ -199,6 +200,10 @@ class LiveLease:
         self.parked_io: ParkedIO | None = None
         """A parked container's FIFO ends and init (the kernel path), handed over at its
         claim; this supervisor closes its own copies once parking ends."""
+        self.launch: Launch | None = None
+        """Start the container once it is verified (``Register.launch``: a kernel path run)."""
+        self.launching: trio.Event | None = None
+        """Set once the daemon answered the start this supervisor sent for ``launch``."""
 
     @property
     def stop_reason(self) -> str:

@@ -8,7 +8,7 @@ import trio
 
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import ContainerMismatch, EngineError, SbxError, SpecError
 from sbxkit.network.governor import Governor
 from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.ownership import carries_lease
@@ -27,8 +27,10 @@ from sbxkit.supervisor.wire import (
     Created,
     Expiring,
     Failed,
+    Launched,
     Orphaned,
 )
+from sbxkit.verify import check_created
 
 REGISTERED_HELD_S = 1.0
 """How long a lease's ``Registered`` waits to go out with its ``Created`` (its caller waits
@@ -111,9 +113,13 @@ class Leases(ServiceCore):
 
     async def _hand_on_launch_slot(self, live: LiveLease, slot: LaunchSlot) -> None:
         """The daemon's launch work ends when the caller has started the container (or gives
-        up); a caller that never says so holds its slot at most until the startup deadline."""
+        up) — or, when this supervisor started it (``launch``), when the daemon answered; a
+        caller that never says so holds its slot at most until the startup deadline."""
         with trio.move_on_at(live.startup_deadline):
-            await first_of(live.intent.started, live.stop, live.finished)
+            if live.launching is not None:
+                await first_of(live.launching, live.finished)
+            else:
+                await first_of(live.intent.started, live.stop, live.finished)
         slot.release()
 
     async def _create(self, live: LiveLease, engine: Engine) -> str | None:
@@ -159,10 +165,14 @@ class Leases(ServiceCore):
         self.records[lease] = live.record
         # The created record's fsync and the post-create inspection overlap: both are done
         # before anyone hears Created, and a crash in between leaves the creating record,
-        # which recovery resolves by the container's name as before.
+        # which recovery resolves by the container's name as before. A ``launch`` lease's
+        # container starts as soon as the inspection verified it: the start overlaps the
+        # record's fsync and the caller's wake (its payload waits for the caller's go line).
         async with trio.open_nursery() as both:
             both.start_soon(self.journal.write, live.record)
             problem, inspected = await self._check_reservation(engine, live, container_id)
+            if not (problem or startup_missed or live.stop.is_set()):
+                self._launch_if_verified(live, engine, container_id, inspected)
         if startup_missed or live.stop.is_set():
             live.request_stop("startup deadline" if startup_missed else live.stop_reason)
             await self._remove_live(live, engine, container_id)
@@ -174,6 +184,52 @@ class Leases(ServiceCore):
             return None
         await live.peer.send(Created(lease=lease, container_id=container_id, inspected=inspected))
         return container_id
+
+    def _launch_if_verified(
+        self, live: LiveLease, engine: Engine, container_id: str, inspected: ContainerInspect | None
+    ) -> None:
+        """Start a ``launch`` lease's container now if its inspection shows the caller's plan
+        (``check_created``: the limits, the hardening, exactly the planned mounts and image).
+        One that does not is never started here: the caller's own verification of ``Created``
+        refuses it precisely (an image moved meanwhile is planned again)."""
+        launch = live.launch
+        if launch is None or inspected is None or live.body is None:
+            return
+        try:
+            check_created(
+                inspected,
+                live.body,
+                lease=live.record.lease,
+                name=live.record.name,
+                container_id=container_id,
+                expected_mounts=launch.expected_mounts,
+                podman=engine.is_podman,
+                image_id=launch.image_id,
+            )
+        except ContainerMismatch:
+            return
+        live.launching = trio.Event()
+        self.nursery.start_soon(self._launch, live, engine, container_id)
+
+    async def _launch(self, live: LiveLease, engine: Engine, container_id: str) -> None:
+        """Start the container, then hand the launch slot on and tell the caller the daemon's
+        answer (``Launched``). Its removal waits for this answer (``_remove_live``)."""
+        assert live.launching is not None
+        said = Launched(lease=live.record.lease)
+        try:
+            await engine.container_start(container_id)
+        except EngineError as exc:
+            said = Launched(
+                lease=live.record.lease, status=exc.status, path=exc.path, message=exc.message
+            )
+        except SbxError as exc:  # no answer from the daemon: a lost connection, a deadline
+            said = Launched(lease=live.record.lease, status=0, message=str(exc))
+        finally:
+            live.launching.set()
+            live.intent.started.set()  # its launch slot goes to the next lease
+        if said.status is not None:
+            log(f"lease {live.record.lease}: start failed: {said.message}")
+        await live.peer.send(said)
 
     async def _check_reservation(
         self, engine: Engine, live: LiveLease, container_id: str
@@ -222,6 +278,9 @@ class Leases(ServiceCore):
 
     async def _remove_live(self, live: LiveLease, engine: Engine, container_id: str) -> None:
         lease = live.record.lease
+        if live.launching is not None:  # a start this supervisor sent is answered first
+            with trio.move_on_after(engine.deadlines.start):
+                await live.launching.wait()
         error = await self._remove_container(engine, lease, container_id)
         if error is None:
             await self._forget(lease)

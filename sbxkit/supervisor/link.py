@@ -41,6 +41,7 @@ from sbxkit.supervisor.wire import (
     Closed,
     Created,
     Expiring,
+    Launched,
     Message,
     Orphaned,
     Refused,
@@ -370,6 +371,22 @@ class LeaseLink:
                 await self._wait_change()
             if waited.cancelled_caught and not self.adopting:
                 return None
+
+    async def launched(self, adoptions: int) -> Launched | None:
+        """The supervisor's answer to the start it sent for the lease (``Launched``); None once
+        the lease was re-adopted after ``adoptions`` re-adoptions (the supervisor that holds it
+        now never started it: the caller does). ``LinkLost`` when neither can come."""
+        while True:
+            found = self.take_now(Launched)
+            if found is not None:
+                return found
+            if self.adoptions != adoptions:
+                return None
+            if self.lost is not None:
+                raise LinkLost(self.lost)
+            if self._done.is_set():
+                raise LinkLost("the supervisor ended the lease's connection")
+            await self._wait_change()
 
     async def settled(self) -> None:
         """Once no re-adoption is under way (it succeeded, or the lease is lost or over)."""

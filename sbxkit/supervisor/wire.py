@@ -17,6 +17,17 @@ One connection carries one lease:
     Close                            ─►     (container removed, record deleted)
                                      ◄─     Closed | Orphaned
 
+A cold run on the kernel path (sbxkit/kernel) registers with ``launch``: its payload waits
+for a go line only the caller writes, so the supervisor starts the container itself once it
+has verified it against the caller's plan (the admitted limits, and ``launch``'s mounts and
+image), one round trip earlier than the caller could. The caller verifies it on ``Created``
+too, holds the init, and lets the payload go once the shell says it runs; it sends no
+``Started`` (the launch slot goes on at the daemon's answer):
+
+    Register(…, launch)              ─►
+                                     ◄─     Registered, Created  (the start is on its way)
+                                     ◄─     Launched(status=None) | Launched(status, message)
+
 A lease with a governed network (docs/network.md) carries its terms in ``Register.network``;
 once the caller started the container it asks the supervisor to put the listeners in place
 before the payload runs, and asks for the denials before it closes:
@@ -100,6 +111,16 @@ class Reservation(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     nano_cpus: int
 
 
+class Launch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Start the container as soon as it is verified against the caller's plan: the admitted
+    limits, then everything ``verify.check_created`` checks — ``expected_mounts`` exactly, and
+    ``image_id`` (the image the run was planned on, when known). Only for a body whose payload
+    waits for its go line (the kernel path's FIFOs): what starts is the shell that waits."""
+
+    expected_mounts: list[ExpectedMount]
+    image_id: str = ""
+
+
 class Register(Message, tag="register"):
     lease: str
     name: str
@@ -113,6 +134,8 @@ class Register(Message, tag="register"):
     secret_hash: str | None = None
     """sha256 (hex) of the caller's secret for this lease (proof.py), journaled: the secret
     re-adopts the lease if this supervisor dies. None: the lease cannot be re-adopted."""
+    launch: Launch | None = None
+    """Start the container once verified (``Launch``): answered ``Launched``."""
 
 
 class Started(Message, tag="started"):
@@ -296,6 +319,19 @@ class Denials(Message, tag="denials"):
     dropped: int = 0
 
 
+class Launched(Message, tag="launched"):
+    """The daemon's answer to the start of a lease registered with ``launch``: ``status``
+    None when it started the container, else the error it answered (``path`` the request's,
+    ``message`` the daemon's; a ``status`` of 0 is an error no HTTP status came with). A
+    container the supervisor found not to be the plan's is never started: it answers nothing
+    and leaves the refusal to the caller's own verification."""
+
+    lease: str
+    status: int | None = None
+    path: str = ""
+    message: str = ""
+
+
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
@@ -402,6 +438,7 @@ ServerMessage = (
     | Governed
     | Denials
     | Expiring
+    | Launched
     | Failed
     | Closed
     | Orphaned

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -76,10 +76,14 @@ from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import Limits, MiB, SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.supervisor.wire import Launch
 from tests.witness import LEASE_LABEL, Witness
 
 Point = tuple[str, str]
-OwnerKind = Literal["in-process", "supervised"]
+OwnerKind = Literal["in-process", "supervised", "launched"]
+"""``launched``: the supervised owner as a kernel path run meets it by default — it starts the
+container itself once verified (``LaunchingHookedOwner``); ``supervised`` wraps it without
+that, as a run whose caller starts its container (a governed network's) meets it."""
 
 
 @pytest.fixture(autouse=True)
@@ -159,6 +163,7 @@ NOTHING_CREATED: dict[OwnerKind, set[Point]] = {
         ("owner.create#1", "before"),
     },
 }
+NOTHING_CREATED["launched"] = NOTHING_CREATED["supervised"]
 
 
 def supervised(points: list[Point]) -> list[Point]:
@@ -250,6 +255,61 @@ class HookedOwner:
         point = self._engine.numbered("owner.remove")
         self._engine.hook(point, "before")
         await self._inner.remove(lease, name, container_id)
+        self._engine.hook(point, "after")
+
+
+class LaunchingHookedOwner(HookedOwner):
+    """A ``HookedOwner`` of a ``SupervisedOwner`` that starts a kernel path container itself
+    (``LaunchingOwner``): hooks around its launch calls, and the start it made counted as the
+    engine's (``start_attempts`` once sent, ``started_ids`` once the daemon answered)."""
+
+    launches = True
+
+    def __init__(self, inner: SupervisedOwner, engine: CancellingEngine) -> None:
+        super().__init__(inner, engine)
+        self._launcher = inner
+
+    async def create(  # type: ignore[override]
+        self,
+        lease: str,
+        name: str,
+        body: models.ContainerCreate,
+        *,
+        lifetime_s: float,
+        launch: Launch | None = None,
+    ) -> str:
+        point = self._engine.numbered("owner.create")
+        self._engine.owner_leases.append(lease)
+        self._engine.hook(point, "before")
+        container_id = await self._launcher.create(
+            lease, name, body, lifetime_s=lifetime_s, launch=launch
+        )
+        self._engine.created_ids.append(container_id)
+        if self._launcher.launching(lease):
+            self._engine.start_attempts.append(container_id)
+        self._engine.hook(point, "after")
+        return container_id
+
+    def launching(self, lease: str) -> bool:
+        return self._launcher.launching(lease)
+
+    async def said_or_launched(
+        self, lease: str, container_id: str, said: Callable[[], Awaitable[None]]
+    ) -> bool:
+        point = self._engine.numbered("owner.said_or_launched")
+        self._engine.hook(point, "before")
+        first = await self._launcher.said_or_launched(lease, container_id, said)
+        if not first:
+            self._engine.started_ids.append(container_id)
+        self._engine.hook(point, "after")
+        return first
+
+    async def launch_answer(self, lease: str, container_id: str) -> None:
+        point = self._engine.numbered("owner.launch_answer")
+        self._engine.hook(point, "before")
+        await self._launcher.launch_answer(lease, container_id)
+        if container_id not in self._engine.started_ids:
+            self._engine.started_ids.append(container_id)
         self._engine.hook(point, "after")
 
 
@@ -386,6 +446,8 @@ def make_spec(image: str, command: list[str], *, output_bytes: int = MiB) -> San
 def make_owner(kind: OwnerKind, engine: CancellingEngine) -> Owner:
     if kind == "in-process":
         return InProcessOwner(engine)
+    if kind == "launched":
+        return LaunchingHookedOwner(SupervisedOwner(engine), engine)
     return HookedOwner(SupervisedOwner(engine), engine)
 
 
@@ -445,7 +507,8 @@ def assert_gone(witness: Witness, engine: CancellingEngine, since: float) -> lis
     assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
     actions = lease_actions(witness, lease, since)
     assert actions.count("create") == actions.count("destroy") <= 1, actions
-    # Whatever started was started by this runner's own start call: the owner never starts.
+    # Whatever started was started by this runner's own start call, or by the one its owner
+    # sent for it (a launched kernel path run): no other start.
     assert len(engine.started_ids) <= actions.count("start") <= len(engine.start_attempts)
     assert actions.count("start") <= 1, actions
     return actions

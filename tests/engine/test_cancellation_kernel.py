@@ -22,6 +22,19 @@ owner.release#1                 before      Cancelled (closing the session is a 
 owner.release#1                 after       returns normally (the supervisor removes)
 container_remove#1 / owner.remove#1 both    returns normally (shielded removal, last await)
 ==============================  ==========  ==============================================
+
+With the supervisor as owner a run's container is started by the supervisor itself once it
+verified it (``launched``, the default): no ``container_start`` of the caller's, and
+
+==============================  ==========  ==============================================
+image_inspect#1, owner.create#1 before      Cancelled; nothing created
+owner.create#1                  after       Cancelled; started by the supervisor (the payload
+owner.said_or_launched#1 …      both        waits for its go line: it never ran), then
+… kernel.alive#1                            removed — the removal waits for the start's answer
+==============================  ==========  ==============================================
+
+and from ``kernel.exited#2`` on as with the supervisor above. ``supervised`` keeps the table
+above for a supervised run whose caller starts its container (a governed network's).
 """
 
 from __future__ import annotations
@@ -80,6 +93,28 @@ SUPERVISED_EXIT_POINTS: list[Point] = [
     ("owner.remove#1", "before"),
     ("owner.remove#1", "after"),
 ]
+# The default supervised run: the supervisor starts the container once verified (launched),
+# and the caller waits for its shell's word or the daemon's answer, whichever comes first;
+# the init is held once the daemon answered (this table's daemons never have a known
+# cgroup layout: ``owner.launch_answer`` then ``container_inspect#1`` for State.Pid).
+LAUNCHED_PRE_START: list[Point] = [
+    ("image_inspect#1", "before"),
+    ("image_inspect#1", "after"),
+    ("owner.create#1", "before"),
+]
+LAUNCHED_STARTED_NOT_RUN: list[Point] = [
+    ("owner.create#1", "after"),  # started by the supervisor: the payload waits for its go
+    ("owner.said_or_launched#1", "before"),
+    ("owner.said_or_launched#1", "after"),
+    ("owner.launch_answer#1", "before"),
+    ("owner.launch_answer#1", "after"),
+    ("container_inspect#1", "before"),
+    ("container_inspect#1", "after"),
+    ("kernel.alive#1", "before"),
+    ("kernel.exited#1", "before"),
+    ("kernel.alive#1", "after"),
+]
+LAUNCHED_SLOW_POINTS = LAUNCHED_PRE_START + LAUNCHED_STARTED_NOT_RUN + RUNNING
 RETURNS_NORMALLY: set[Point] = {
     ("container_remove#1", "before"),
     ("container_remove#1", "after"),
@@ -137,7 +172,12 @@ async def check_kernel_point(
             if engine.create_names:
                 assert_gone_and_started(witness, engine, since, started=False)
             return
-        started = point not in (PRE_START if owner == "in-process" else supervised(PRE_START))
+        not_started = {
+            "in-process": PRE_START,
+            "supervised": supervised(PRE_START),
+            "launched": LAUNCHED_PRE_START,
+        }[owner]
+        started = point not in not_started
         await daemon.trio.to_thread.run_sync(witness.wait_until_no_sbxkit_containers, 10.0)
         assert_gone_and_started(witness, engine, since, started=started)
 
@@ -167,7 +207,23 @@ async def test_cancel_exiting_payload_supervised_on_the_kernel_path(
     await check_kernel_point(hooked, witness, busybox, ["true"], point, "supervised")
 
 
-@pytest.mark.parametrize("owner", ["in-process", "supervised"])
+@pytest.mark.parametrize(
+    "point", LAUNCHED_SLOW_POINTS + SUPERVISED_EXIT_POINTS, ids=daemon.point_id
+)
+async def test_cancel_exiting_payload_launched_on_the_kernel_path(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, point: Point
+) -> None:
+    await check_kernel_point(hooked, witness, busybox, ["true"], point, "launched")
+
+
+@pytest.mark.parametrize("point", LAUNCHED_SLOW_POINTS, ids=daemon.point_id)
+async def test_cancel_long_running_payload_launched_on_the_kernel_path(
+    hooked: list[CancellingEngine], witness: Witness, busybox: str, point: Point
+) -> None:
+    await check_kernel_point(hooked, witness, busybox, ["sh", "-c", "sleep 30"], point, "launched")
+
+
+@pytest.mark.parametrize("owner", ["in-process", "supervised", "launched"])
 async def test_the_kernel_points_cover_every_hook_of_a_run(
     hooked: list[CancellingEngine], witness: Witness, busybox: str, owner: OwnerKind
 ) -> None:
@@ -179,10 +235,10 @@ async def test_the_kernel_points_cover_every_hook_of_a_run(
         assert outcome.result is not None
         assert outcome.result.ok
         assert outcome.result.evidence == "kernel"
-        expected = (
-            SLOW_POINTS + EXIT_POINTS
-            if owner == "in-process"
-            else supervised(SLOW_POINTS) + SUPERVISED_EXIT_POINTS
-        )
-        seen = [p for p in engine.log if p in expected or p[0].startswith("kernel.")]
+        expected = {
+            "in-process": SLOW_POINTS + EXIT_POINTS,
+            "supervised": supervised(SLOW_POINTS) + SUPERVISED_EXIT_POINTS,
+            "launched": LAUNCHED_SLOW_POINTS + SUPERVISED_EXIT_POINTS,
+        }[owner]
+        seen = [p for p in engine.log if p in expected or p[0].startswith(("kernel.", "owner."))]
         assert seen == expected, repr(engine.log)[-1500:]

@@ -31,11 +31,13 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, SbxError
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.connect import SupervisorError
+from sbxkit.supervisor.wire import Launch
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
 from tests.supervision import (
@@ -183,10 +185,19 @@ class TimedOwner(SupervisedOwner):
     remove_ended: float | None = None
 
     async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+        self,
+        lease: str,
+        name: str,
+        body: ContainerCreate,
+        *,
+        lifetime_s: float,
+        network: NetworkTerms | None = None,
+        launch: Launch | None = None,
     ) -> str:
         try:
-            return await super().create(lease, name, body, lifetime_s=lifetime_s)
+            return await super().create(
+                lease, name, body, lifetime_s=lifetime_s, network=network, launch=launch
+            )
         finally:
             self.create_ended = trio.current_time()
 

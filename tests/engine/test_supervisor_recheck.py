@@ -20,7 +20,16 @@ import pytest
 
 from sbxkit.plan import new_lease_id
 from sbxkit.policy import container_name
-from sbxkit.supervisor.wire import Close, Closed, Created, Refused, Register, Registered, Welcome
+from sbxkit.supervisor.wire import (
+    Close,
+    Closed,
+    Created,
+    Launch,
+    Refused,
+    Register,
+    Registered,
+    Welcome,
+)
 from tests.engine.helpers import unique
 from tests.engine.test_mounts import bind_options, volume_exists, witness_volume
 from tests.engine.test_supervisor import RawClient, hello, register_for
@@ -198,3 +207,28 @@ def test_a_named_volume_backed_by_the_hosts_root_or_missing_is_refused(
         finally:
             client.close()
         assert not exists_by_name(witness, lease)
+
+
+def test_a_launch_asked_for_a_body_that_does_not_wait_for_its_go_line_is_refused(
+    busybox: str, witness: Witness, state_dir: Path
+) -> None:
+    """``launch`` starts a container before its caller lets the payload go: only a body whose
+    payload waits for the go line (the kernel path's FIFO shell) may ask for it. Another is
+    refused as a request, before anything is journaled or created."""
+    with running_supervisor(state_dir, "--engine-socket", SOCKET) as sup:
+        lease = new_lease_id()
+        register = register_for(lease, busybox, "echo would-run-at-once", SOCKET)
+        asked = msgspec.structs.replace(register, launch=Launch(expected_mounts=[]))
+        client = RawClient(sup.socket_path)
+        try:
+            client.send(hello())
+            assert isinstance(client.receive(), Welcome)
+            client.send(asked)
+            reply = client.receive()
+        finally:
+            client.close()
+        assert isinstance(reply, Refused), reply
+        assert (reply.code, reply.field) == ("request", None)
+        assert "launch: only a body whose payload waits for its go line" in reply.reason
+        assert not exists_by_name(witness, lease)
+        assert not [n for n in os.listdir(state_dir) if n.endswith(".lease")]

@@ -44,6 +44,8 @@ from sbxkit.supervisor.wire import (
     Governed,
     HeldPoolState,
     Hello,
+    Launch,
+    Launched,
     ListPools,
     Message,
     Orphaned,
@@ -107,6 +109,7 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     Governed,
     Denials,
     Expiring,
+    Launched,
     Failed,
     Closed,
     Orphaned,
@@ -140,6 +143,7 @@ ALL_TAGS = (
     "registered",
     "created",
     "expiring",
+    "launched",
     "failed",
     "closed",
     "orphaned",
@@ -218,6 +222,15 @@ registers = st.builds(
         audit_log=st.none() | texts,
     ),
     secret_hash=st.none() | texts,
+    launch=st.none()
+    | st.builds(
+        Launch,
+        expected_mounts=st.lists(
+            st.builds(ExpectedMount, type=texts, source=texts, destination=texts, rw=st.booleans()),
+            max_size=3,
+        ),
+        image_id=texts,
+    ),
 )
 run_ended = st.builds(
     RunEnded,
@@ -300,6 +313,7 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
         dropped=int64,
     ),
     st.builds(Expiring, lease=texts, reason=texts),
+    st.builds(Launched, lease=texts, status=st.none() | int64, path=texts, message=texts),
     st.builds(Failed, lease=texts, reason=texts),
     st.builds(Closed, lease=texts),
     st.builds(Orphaned, lease=texts, reason=texts),
