@@ -143,3 +143,23 @@ def test_stale_io_dirs_are_the_directories_older_than_the_bound(tmp_path: Path) 
     (root / "a-link").symlink_to(root / "old")  # not followed
     assert stale_io_dirs(root, older_than_s=60, now=now) == ["old"]
     assert stale_io_dirs(root, older_than_s=5, now=now) == ["edge", "new", "old"]
+
+
+def test_the_daemon_holds_no_stdin_for_a_kernel_path_sandbox(tmp_path: Path) -> None:
+    # The FIFOs carry the stdio and nothing attaches: a stdin pipe per container, held open by
+    # the daemon, would only cost its create and start.
+    base = ContainerCreate(
+        image="busybox",
+        cmd=["true"],
+        attach_stdin=True,
+        attach_stdout=True,
+        attach_stderr=True,
+        open_stdin=True,
+        stdin_once=True,
+        host_config=HostConfig(binds=[]),
+    )
+    body, _ = kernel_io(base, str(io_root(tmp_path / "leases") / LEASE), {})
+    assert (body.open_stdin, body.stdin_once) == (False, False)
+    assert (body.attach_stdin, body.attach_stdout, body.attach_stderr) == (False, False, False)
+    wire = msgspec.json.decode(msgspec.json.encode(body))
+    assert (wire["OpenStdin"], wire["AttachStdin"]) == (False, False)
