@@ -12,15 +12,16 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
-from sbxkit.engine.models import ContainerCreate
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import Conflict, EngineError, SbxError
 from sbxkit.kernel.supervise import Exited, KernelIO
+from sbxkit.mounts import ExpectedMount
 from sbxkit.network.governor import Governor
 from sbxkit.network.terms import NetworkTerms
 from sbxkit.result import Evidence
@@ -32,6 +33,7 @@ from sbxkit.supervisor.wire import (
     decode_client,
     encode,
 )
+from sbxkit.verify import check_created
 
 
 def log(message: str) -> None:
@@ -208,6 +210,29 @@ class LiveLease:
     @property
     def stop_reason(self) -> str:
         return self.intent.reason
+
+    def check_created(
+        self,
+        info: ContainerInspect,
+        container_id: str,
+        *,
+        expected_mounts: Sequence[ExpectedMount],
+        podman: bool,
+        image_id: str = "",
+    ) -> None:
+        """Raise ContainerMismatch unless ``info`` shows the container this lease's body asked
+        for (``verify.check_created``): before a park or a launch starts it."""
+        assert self.body is not None  # only a lease created here (not re-adopted) starts one
+        check_created(
+            info,
+            self.body,
+            lease=self.record.lease,
+            name=self.record.name,
+            container_id=container_id,
+            expected_mounts=expected_mounts,
+            podman=podman,
+            image_id=image_id,
+        )
 
     def request_stop(self, reason: str) -> None:
         self.intent.request_stop(reason)

@@ -30,7 +30,6 @@ from sbxkit.supervisor.wire import (
     Launched,
     Orphaned,
 )
-from sbxkit.verify import check_created
 
 REGISTERED_HELD_S = 1.0
 """How long a lease's ``Registered`` waits to go out with its ``Created`` (its caller waits
@@ -196,12 +195,9 @@ class Leases(ServiceCore):
         if launch is None or inspected is None or live.body is None:
             return
         try:
-            check_created(
+            live.check_created(
                 inspected,
-                live.body,
-                lease=live.record.lease,
-                name=live.record.name,
-                container_id=container_id,
+                container_id,
                 expected_mounts=launch.expected_mounts,
                 podman=engine.is_podman,
                 image_id=launch.image_id,

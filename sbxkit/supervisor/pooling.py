@@ -67,7 +67,6 @@ from sbxkit.supervisor.wire import (
     Register,
     Unclaimed,
 )
-from sbxkit.verify import check_created
 
 MAX_SHAPES = 16
 PARK_RETRY_S = 1.0  # after a park that did not fit or failed
@@ -373,12 +372,9 @@ class Pooling(Admitting):
         io_dir = io_dir_of(live.body)
         try:
             info = await engine.container_inspect(container_id)
-            check_created(
+            live.check_created(
                 info,
-                live.body,
-                lease=live.record.lease,
-                name=live.record.name,
-                container_id=container_id,
+                container_id,
                 expected_mounts=mounts_for_lease(
                     pool.claim.expected_mounts, template.lease, live.record.lease
                 ),
