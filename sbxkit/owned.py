@@ -261,6 +261,7 @@ async def owned_container(
             expected_mounts=plan.expected_mounts,
             podman=engine.is_podman,
             image_id=plan.image_id,
+            launched=launching is not None,
         )
         box = OwnedContainer(
             engine=engine, plan=plan, container_id=container_id, began=began, owner=owner

@@ -9,8 +9,9 @@ its connection drop reconnects and sends ``Adopt`` with the lease's secret (proo
   wrong or replayed secret is refused and logged, and the record stays recovery's;
 - a ``created`` lease must still be held and its container still carry the lease's label; an
   interrupted create (``creating``/``uncertain``, the caller never heard ``Created``) is taken
-  over only if its container appears, never started, within ``CREATE_APPEARS_S`` — else its
-  tombstone rules hold;
+  over only if its container appears within ``CREATE_APPEARS_S``, never started — or started by
+  the previous supervisor's launch (``Register.launch``, sent beside the created record's fsync)
+  with its shell still waiting for the caller's go line — else its tombstone rules hold;
 - a governed lease is refused: its listeners were the dead supervisor's sockets;
 - the next secret's hash is journaled (fsync'd) before ``Adopted`` is sent, and the lease then
   lives as any other (``lifecycle.py``) with its original lifetime deadline.
@@ -27,7 +28,9 @@ import trio
 
 from sbxkit.admission import Need
 from sbxkit.engine.client import Engine
+from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import NotFound, SbxError
+from sbxkit.kernel.scripts import IO_TARGET
 from sbxkit.ownership import carries_lease, find_lease_container
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.lease import Intent, LiveLease, Replies, log
@@ -40,6 +43,17 @@ CREATE_APPEARS_S = 5.0
 """How long an interrupted create's container may take to appear for its re-adopting caller:
 a create the previous supervisor sent lands in well under a second here."""
 CREATE_POLL_S = 0.1
+
+
+def _launched_waiting(info: ContainerInspect) -> bool:
+    """A kernel path container that runs: the previous supervisor's launch may have started it
+    before its created record was durable. Its payload waits for the go line its caller writes
+    on the sandbox's stdin, so nothing of the payload ran; the caller checks the container
+    against its plan, as after any create, before it writes that line."""
+    waits = any(
+        m.type == "bind" and m.destination == IO_TARGET and not m.rw for m in info.mounts or []
+    )
+    return waits and info.state.running and info.state.status == "running"
 
 
 class _NotAdopted(Exception):
@@ -190,7 +204,8 @@ class Adopting(Leases):
 
     async def _interrupted_create(self, engine: Engine, record: LeaseRecord) -> str:
         """The container of a create the previous supervisor did not get to answer, once it
-        shows up never started and as admitted; else _NotAdopted (tombstone rules hold)."""
+        shows up never started (or launched, its shell waiting: ``_launched_waiting``) and as
+        admitted; else _NotAdopted (tombstone rules hold)."""
         found: str | None = None
         with trio.move_on_after(CREATE_APPEARS_S):
             while found is None:
@@ -204,7 +219,7 @@ class Adopting(Leases):
             )
         info = await engine.container_inspect(found)
         host = info.host_config
-        if info.state.running or info.state.status != "created":
+        if info.state.status != "created" and not _launched_waiting(info):
             problem = f"its container is {info.state.status}, never started by its caller"
         elif host.memory != record.memory_bytes or host.nano_cpus != record.nano_cpus:
             problem = "its container's limits differ from the admitted reservation"

@@ -6,8 +6,10 @@ Each test puts a fault proxy between the supervisor (``--docker-socket``) and th
 the caller talks to the daemon directly, so what the proxy saw is the supervisor's alone:
 that it inspected the container before it started it, and started it once; a start the
 daemon refuses is the run's error, with nothing left; a supervisor that dies before the daemon
-answered its start leaves the start to the caller, which re-adopts the lease and runs on.
-The independent witness counts the daemon's events.
+answered its start leaves the start to the caller, which re-adopts the lease and runs on; one
+that dies after its start landed but before its created record was durable leaves a running
+container that the restarted supervisor still hands over. The independent witness counts the
+daemon's events.
 """
 
 from __future__ import annotations
@@ -150,6 +152,46 @@ async def test_a_supervisor_that_dies_before_its_start_is_answered_leaves_the_st
             events = await removed_exactly_once(witness, state_dir, lease, since)
     (result,) = results
     assert owner.launched_then is True
+    assert (result.status, result.exit_code, result.stdout) == ("exited", 9, b"made\n")
+    assert result.evidence == "kernel"
+    assert events.count("start") == 1, events
+
+
+async def test_a_container_launched_before_its_created_record_was_durable_is_re_adopted(
+    engine: Engine, witness: Witness, state_dir: Path, busybox: str
+) -> None:
+    """The supervisor's start goes out beside the created record's fsync: one that dies in
+    between leaves a ``creating`` record whose container runs, its shell waiting for the go
+    line, and a caller that never heard ``Created``. Made here by holding the create (the
+    supervisor is killed with its record ``creating``) and starting the late container, as
+    that start would have, while the proxy holds the restarted supervisor's inspection of it.
+    The restarted supervisor hands the running container over, the caller checks it and lets
+    the payload go: its own result, one start, removed once."""
+    owner = NotingOwner(engine, state_dir)
+    since = time.time()
+    results: list[RunResult] = []
+
+    async def one_run() -> None:
+        results.append(await run(spec(busybox, "echo made; exit 9"), engine=engine, owner=owner))
+
+    with FaultProxy(witness.socket_path) as proxy:
+        proxy.delay_create(3.0)
+        flags = ("--docker-socket", proxy.path, "--persistent", "--adopt-grace", "10")
+        with running_supervisor(state_dir, *flags) as first, contextlib.ExitStack() as later:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one_run)
+                await eventually(lambda: proxy.seen("create") == 1, 15, "the create is held")
+                (lease,) = records(state_dir)
+                first.kill()
+                proxy.add_fault("inspect", Delay(2.0), times=1)
+                second = later.enter_context(running_supervisor(state_dir, *flags))
+                await eventually(lambda: proxy.seen("inspect") == 1, 15, "its inspection held")
+                (container,) = witness.containers(f"{LEASE_LABEL}={lease}")
+                await engine.container_start(container["Id"])  # the dead supervisor's launch
+                await readopted(state_dir, lease, second.log)
+            events = await removed_exactly_once(witness, state_dir, lease, since)
+    (result,) = results
+    assert owner.launched_then is False  # the caller heard Adopted, not Created
     assert (result.status, result.exit_code, result.stdout) == ("exited", 9, b"made\n")
     assert result.evidence == "kernel"
     assert events.count("start") == 1, events

@@ -200,6 +200,33 @@ def test_each_deviation_is_named(change: Callable[[dict[str, Any]], None], field
     assert str(caught.value).startswith(f"container {CONTAINER_ID[:12]}: ")
 
 
+def test_a_container_its_owner_launched_may_run_and_nothing_else_changes() -> None:
+    """``launched``: the supervisor may have started it (its shell waits for the go line), so
+    a running container passes; an exited one does not, nor does a running one unasked."""
+    body = build_create_body(make_spec(), LEASE)
+    running = bent(body, _state(Status="running", Running=True))
+    check_created(running, body, lease=LEASE, name=NAME, launched=True)
+    check_created(bent(body, lambda d: None), body, lease=LEASE, name=NAME, launched=True)
+    with pytest.raises(ContainerMismatch) as caught:
+        check_created(running, body, lease=LEASE, name=NAME)
+    assert "(or a running one" not in caught.value.what
+    exited = bent(body, _state(Status="exited"))
+    with pytest.raises(ContainerMismatch) as caught:
+        check_created(exited, body, lease=LEASE, name=NAME, launched=True)
+    assert caught.value.what == (
+        "state 'exited', expected a stopped 'created' container "
+        "(or a running one its owner started)"
+    )
+    with pytest.raises(ContainerMismatch, match=r"HostConfig\.Memory is 1,"):
+        check_created(
+            bent(body, lambda d: (_state(Status="running", Running=True)(d), _host(Memory=1)(d))),
+            body,
+            lease=LEASE,
+            name=NAME,
+            launched=True,
+        )
+
+
 def test_runtime_mismatch_is_named() -> None:
     body = build_create_body(make_spec(runtime="crun"), LEASE)
     check_created(bent(body, _host(Runtime="crun")), body, lease=LEASE, name=NAME)
