@@ -107,11 +107,12 @@ class _Connection:
 
     def looks_closed(self) -> bool:
         """An idle keep-alive socket that is readable was closed (or spoke out of turn)."""
+        poller = select.poll()  # not select(): it refuses descriptors from 1024 on
         try:
-            readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
-        except (OSError, ValueError):
+            poller.register(self.stream.socket.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except OSError:
             return True
-        return bool(readable)
 
     async def send(self, *events: h11.Event) -> None:
         data = b"".join(self.h11.send(event) or b"" for event in events)

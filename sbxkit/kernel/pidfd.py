@@ -20,6 +20,8 @@ import select
 import struct
 import time
 
+from sbxkit.readiness import readable_now
+
 __all__ = [
     "PIDFD_GET_INFO",
     "PIDFD_INFO_EXIT",
@@ -50,8 +52,7 @@ def open_pidfd(pid: int) -> int:
 
 def still_running(pidfd: int) -> bool:
     """The process has not exited (its pidfd is not readable yet)."""
-    readable, _, _ = select.select([pidfd], [], [], 0)
-    return not readable
+    return not readable_now(pidfd)
 
 
 def reap_watch(pidfd: int) -> select.epoll:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import array
 import contextlib
 import os
-import select
 import socket
 from collections import deque
 
 import trio
 
+from sbxkit.readiness import readable_now
 from sbxkit.supervisor.wire import FrameReader
 
 RECEIVE_CHUNK = 64 * 1024
@@ -73,8 +73,7 @@ class FrameChannel:
         """A frame (or part of one) is here to read now, without waiting."""
         if self._pending or self._reader.pending:
             return True
-        readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
-        return bool(readable)
+        return readable_now(self.stream.socket.fileno())
 
     def unread(self, payload: bytes) -> None:
         """Put a received frame back: the next ``receive_payload`` returns it first."""

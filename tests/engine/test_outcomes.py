@@ -7,8 +7,11 @@ nothing created), through the independent witness and the host's /proc.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,36 @@ async def test_exit_code_is_reported(
     assert result.status == "exited"
     assert result.exit_code == 17
     assert not result.ok
+
+
+@contextlib.contextmanager
+def low_descriptors_taken(below: int = 1100) -> Iterator[None]:
+    """Every free descriptor number under ``below`` taken, so the next ones are higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    taken: list[int] = []
+    try:
+        while (fd := os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)) < below:
+            taken.append(fd)
+        os.close(fd)
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_process_holding_over_a_thousand_descriptors_runs_as_any_other(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
+    """A harness running hundreds of sandboxes from one process holds descriptors from 1024
+    on, which ``select`` refuses (``FD_SETSIZE``): the run's FIFO ends, its init's pidfd and
+    its connections get such numbers here, and the run is judged on the same evidence (the
+    fixture checks which) — before 2026-12-05 the kernel path raised ``ValueError`` here."""
+    with low_descriptors_taken():
+        result = await oneshot(spec(busybox, "echo high; exit 5", runtime=runtime), engine=engine)
+
+    assert (result.status, result.exit_code, result.stdout) == ("exited", 5, b"high\n"), result
 
 
 async def test_one_mib_of_random_stdin_round_trips_through_cat(
