@@ -24,6 +24,7 @@ import _socket  # socket.py would build its enums: a few ms per process, for not
 import binascii
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -61,6 +62,16 @@ _FD = struct.Struct("i")
 MAX_FDS = 4
 HANDSHAKE_S = 10.0
 OFF = ("0", "off", "no", "false")
+
+
+def _readable(fds: list[int], wait_s: float | None) -> set[int]:
+    """Which of ``fds`` can be read, waiting up to ``wait_s`` (None: until one can). ``poll``,
+    not ``select``, which refuses descriptors from 1024 on (sbxkit/readiness.py)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    timeout_ms = None if wait_s is None else math.ceil(wait_s * 1000)
+    return {fd for fd, _ in poller.poll(timeout_ms)}
 
 
 class Declined(Exception):
@@ -215,7 +226,7 @@ class _Channel:
                 raise Interrupted(signals.received[0])
             watched = [self.sock.fileno()] + ([signals.read_fd] if signals is not None else [])
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            readable, _, _ = select.select(watched, [], [], wait)
+            readable = _readable(watched, wait)
             if not readable:
                 raise TimeoutError("no answer from the supervisor")
             if signals is not None and signals.read_fd in readable:

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from sbxkit.engine.transport import _Connection
+from sbxkit.handoff.client import _readable
 from sbxkit.kernel.pidfd import still_running
 from sbxkit.readiness import readable_now
 from sbxkit.supervisor.channel import FrameChannel
@@ -109,3 +110,17 @@ def test_a_pooled_daemon_connection_at_a_high_number_is_reused_until_the_daemon_
         assert connection.looks_closed()
     finally:
         ours.close()
+
+
+def test_the_command_lines_wait_for_its_supervisor_sees_a_high_socket() -> None:
+    """``sbxkit run``'s hand-off (standard library only) waits on its supervisor's socket and
+    its signal pipe; a parent may leave it descriptors from 1024 on."""
+    ours, theirs = high_socket_pair()
+    try:
+        assert _readable([ours.fileno()], 0.0) == set()
+        theirs.sendall(b"\0")
+        assert _readable([ours.fileno()], 0.0) == {ours.fileno()}
+        assert _readable([ours.fileno()], None) == {ours.fileno()}  # waits only while unready
+    finally:
+        ours.close()
+        theirs.close()
