@@ -281,14 +281,28 @@ def interleaving_config(
     args: argparse.Namespace, rounds: int, warmup: int, contenders: Sequence[Contender]
 ) -> dict[str, Any]:
     """The config entries every interleaved benchmark reports (its own follow)."""
+    seed = getattr(args, "shuffle", None)
     return {
         "rounds": rounds,
         "warmup": warmup,
         "quick": bool(args.quick),
         "order": [c.key for c in contenders],
-        "interleaving": "round-robin in the order above, one trio event loop",
+        "shuffle": seed,
+        "interleaving": (
+            "round-robin in the order above, one trio event loop"
+            if seed is None
+            else f"each round in an order drawn afresh (random.Random({seed}).shuffle of the "
+            "order above), one trio event loop"
+        ),
         "clock": "time.perf_counter around each awaited contender call",
     }
+
+
+def order_words(cfg: Mapping[str, Any]) -> str:
+    """``A → B → C``, or that order shuffled each round (``--shuffle``)."""
+    order = " → ".join(cfg["order"])
+    seed = cfg.get("shuffle")
+    return order if seed is None else f"{order}, shuffled each round (seed {seed})"
 
 
 def target_lines(target: Mapping[str, Any]) -> list[str]:

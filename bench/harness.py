@@ -73,11 +73,19 @@ async def run_interleaved(
     warmup: int,
     progress: Callable[[str], None] | None = None,
     progress_every: int = 10,
+    shuffle: int | None = None,
 ) -> None:
     """``warmup`` discarded rounds, then ``rounds`` measured ones, each running every contender
-    once in the given order. Wall time is taken around the awaited call (perf_counter)."""
+    once in the given order — or, with ``shuffle`` (a seed), in an order drawn afresh for each
+    round, so that what runs just before a contender (and what it leaves in the daemon) is
+    every other contender as often, not always the same one. Wall time is taken around the
+    awaited call (perf_counter)."""
+    draw = random.Random(shuffle) if shuffle is not None else None
     for round_no in range(-warmup, rounds):
-        for contender in contenders:
+        order = list(contenders)
+        if draw is not None:
+            draw.shuffle(order)
+        for contender in order:
             if contender.before is not None:
                 await contender.before()
             t0 = time.perf_counter()

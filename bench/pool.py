@@ -139,6 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sustained-warmup", type=int, default=0, metavar="R")
     parser.add_argument(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="draw each round's order afresh from this seed (what runs just before a contender "
+        "then varies, instead of favouring one); default: the same order every round",
+    )
+    parser.add_argument(
         "--note", default="", help="said beside the figures (e.g. what else loads the machine)"
     )
     common.add_out_argument(parser, "pool.json / .md")
@@ -374,10 +382,15 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             say(
                 f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "
                 + " → ".join(c.key for c in contenders)
+                + ("" if args.shuffle is None else f", shuffled each round (seed {args.shuffle})")
             )
             try:
                 await run_interleaved(
-                    contenders, rounds=rounds, warmup=warmup, progress=lambda t: say(f"  {t}")
+                    contenders,
+                    rounds=rounds,
+                    warmup=warmup,
+                    progress=lambda t: say(f"  {t}"),
+                    shuffle=args.shuffle,
                 )
             except ContenderFailed as exc:
                 errors.append(str(exc))
@@ -507,7 +520,7 @@ def render_text(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
         f"{NAME} — {cfg['rounds']} rounds (+{cfg['warmup']} warm-up), interleaved "
-        + " → ".join(cfg["order"]),
+        + common.order_words(cfg),
         *common.ms_table_text(report["contenders"], 20),
         "(ms, wall time per one-shot run)",
         *[
@@ -533,7 +546,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# {NAME} — one-shot `true`, pooled vs cold",
         "",
         f"{m['date']} · {cfg['rounds']} measured rounds (+{cfg['warmup']} warm-up), interleaved "
-        f"`{' → '.join(cfg['order'])}`, pool of {cfg['pool_size']} · "
+        f"`{common.order_words(cfg)}`, pool of {cfg['pool_size']} · "
         + common.docker_md(m, runtime=m["default_runtime"], kernel=True)
         + common.git_md(m),
         *(["", f"Note: {cfg['note']}"] if cfg.get("note") else []),
