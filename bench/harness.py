@@ -153,6 +153,30 @@ def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -
     return {"ratio": ratio, "halves": halves, "bootstrap95": [low, high], "n": n}
 
 
+def median_with_hints(values: Sequence[float]) -> dict[str, Any]:
+    """The median of per-round values (each from one round's contenders, so the drift they
+    saw cancels) with ``ratio_of_medians``'s hints: the median of each half of the rounds and
+    a 95 % bootstrap interval resampling whole rounds."""
+    n = len(values)
+    half = n // 2
+    rng = random.Random(BOOTSTRAP_SEED)
+    boots = sorted(
+        statistics.median(values[rng.randrange(n)] for _ in range(n))
+        for _ in range(BOOTSTRAP_RESAMPLES)
+    )
+    return {
+        "median": statistics.median(values),
+        "halves": [statistics.median(values[:half]), statistics.median(values[half:])]
+        if half >= 1
+        else [],
+        "bootstrap95": [
+            boots[int(0.025 * (len(boots) - 1))],
+            boots[int(0.975 * (len(boots) - 1))],
+        ],
+        "n": n,
+    }
+
+
 # --- machine facts ---------------------------------------------------------------------------
 
 

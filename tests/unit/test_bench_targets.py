@@ -1,12 +1,17 @@
 """A bench's target verdict says whether the run decided it: a median on the target's side
 whose halves or bootstrap interval reach across the target met (or missed) it by the median
-alone (``bench.common.ratio_target``, shared by pool, concurrent_cli, oneshot and supervised)."""
+alone (``bench.common.ratio_target``, shared by pool, concurrent_cli, oneshot and supervised).
+And bench pool's cold ratio beside the part of it sbxkit controls (``beyond_floor``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench.common import ratio_target, target_lines, target_md
+from bench.harness import Contender, StepTimings
+from bench.pool import beyond_floor, beyond_floor_lines
 
 
 def measured(ratio: float, halves: tuple[float, float], interval: tuple[float, float]) -> Any:
@@ -58,3 +63,44 @@ def test_an_unmeasured_ratio_has_no_verdict_and_no_line() -> None:
 
     assert (verdict["met"], verdict["decided"]) == (None, None)
     assert target_lines(verdict) == []
+
+
+def floor_and_cold(rounds: int, beyond_s: float) -> list[Contender]:
+    """The floor and a cold run ``beyond_s`` longer than the floor's create and start, in a
+    daemon that slows round by round (both see the same slowness: they ran in one round)."""
+
+    async def never() -> StepTimings:
+        raise AssertionError("not run")
+
+    raw, cold = Contender("raw", "raw", "", never), Contender("cold", "cold", "", never)
+    for round_no in range(rounds):
+        create, start = 0.010 + 0.0002 * round_no, 0.080 + 0.001 * round_no
+        raw.record(create + start + 0.030, {"create": create, "start": start, "wait": 0.030})
+        cold.record(create + start + beyond_s, {"create": create + beyond_s, "start": start})
+    return [cold, raw]
+
+
+def test_the_cold_runs_own_part_is_its_time_beyond_the_floors_create_and_start() -> None:
+    """bench pool's ``beyond_floor``: what sbxkit controls of the cold ratio, in ms, whatever
+    the daemon's speed, and the room the 0.80 target leaves it, round by round."""
+    beyond = beyond_floor(floor_and_cold(41, 0.005), complete=True)
+
+    assert beyond is not None
+    took, room = beyond["sbxkit_ms"], beyond["room_ms"]
+    assert took["median"] == pytest.approx(5.0)
+    assert took["bootstrap95"] == pytest.approx([5.0, 5.0])
+    # 0.80 × (create + start + 30 ms) − (create + start) at the median round (round 20: create
+    # 14 ms, start 100 ms); it shrinks as the daemon slows while sbxkit's part stays 5 ms.
+    assert room["median"] == pytest.approx(0.8 * 144.0 - 114.0)
+    assert beyond_floor_lines(beyond) == [
+        "cold beyond the floor's own create and start: 5.0 ms (bootstrap95 5.0–5.0); "
+        "the room cold/raw <= 0.80 leaves: 1.2 ms"
+    ]
+
+
+def test_no_figure_without_both_contenders_in_every_round() -> None:
+    cold, raw = floor_and_cold(5, 0.005)
+
+    assert beyond_floor([cold, raw], complete=False) is None
+    assert beyond_floor([cold], complete=True) is None
+    assert beyond_floor_lines(None) == []
