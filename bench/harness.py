@@ -124,57 +124,46 @@ def summarise_ms(samples_s: Sequence[float]) -> dict[str, float | int]:
     }
 
 
-def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, Any]:
-    """Median ratio plus two stability hints: the same ratio over each half of the rounds, and
-    a 95 % bootstrap interval resampling whole rounds (pairs stay together: they were
-    interleaved, so they saw the same drift)."""
-    n = min(len(numerator), len(denominator))
-    num, den = list(numerator[:n]), list(denominator[:n])
-    ratio = statistics.median(num) / statistics.median(den)
-    half = n // 2
-    halves = (
-        [
-            statistics.median(num[:half]) / statistics.median(den[:half]),
-            statistics.median(num[half:]) / statistics.median(den[half:]),
-        ]
-        if half >= 1
-        else []
-    )
-    rng = random.Random(BOOTSTRAP_SEED)
-    boots: list[float] = []
-    for _ in range(BOOTSTRAP_RESAMPLES):
-        picks = [rng.randrange(n) for _ in range(n)]
-        boots.append(
-            statistics.median(num[i] for i in picks) / statistics.median(den[i] for i in picks)
-        )
-    boots.sort()
-    low = boots[int(0.025 * (len(boots) - 1))]
-    high = boots[int(0.975 * (len(boots) - 1))]
-    return {"ratio": ratio, "halves": halves, "bootstrap95": [low, high], "n": n}
-
-
-def median_with_hints(values: Sequence[float]) -> dict[str, Any]:
-    """The median of per-round values (each from one round's contenders, so the drift they
-    saw cancels) with ``ratio_of_medians``'s hints: the median of each half of the rounds and
-    a 95 % bootstrap interval resampling whole rounds."""
-    n = len(values)
+def _round_hints(n: int, statistic: Callable[[Sequence[int]], float]) -> dict[str, Any]:
+    """``statistic`` (of the rounds whose indices it gets) over all ``n`` rounds, over each
+    half of them, and its 95 % bootstrap interval resampling whole rounds (what was measured
+    in one round stays together: it saw the same drift)."""
     half = n // 2
     rng = random.Random(BOOTSTRAP_SEED)
     boots = sorted(
-        statistics.median(values[rng.randrange(n)] for _ in range(n))
-        for _ in range(BOOTSTRAP_RESAMPLES)
+        statistic([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP_RESAMPLES)
     )
     return {
-        "median": statistics.median(values),
-        "halves": [statistics.median(values[:half]), statistics.median(values[half:])]
-        if half >= 1
-        else [],
+        "value": statistic(range(n)),
+        "halves": [statistic(range(half)), statistic(range(half, n))] if half >= 1 else [],
         "bootstrap95": [
             boots[int(0.025 * (len(boots) - 1))],
             boots[int(0.975 * (len(boots) - 1))],
         ],
         "n": n,
     }
+
+
+def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, Any]:
+    """Median ratio plus two stability hints: the same ratio over each half of the rounds, and
+    a 95 % bootstrap interval resampling whole rounds (pairs stay together: they were
+    interleaved, so they saw the same drift)."""
+    n = min(len(numerator), len(denominator))
+    hints = _round_hints(
+        n,
+        lambda rounds: (
+            statistics.median(numerator[i] for i in rounds)
+            / statistics.median(denominator[i] for i in rounds)
+        ),
+    )
+    return {"ratio": hints.pop("value"), **hints}
+
+
+def median_with_hints(values: Sequence[float]) -> dict[str, Any]:
+    """The median of per-round values (each from one round's contenders, so the drift they
+    saw cancels) with ``ratio_of_medians``'s hints."""
+    hints = _round_hints(len(values), lambda rounds: statistics.median(values[i] for i in rounds))
+    return {"median": hints.pop("value"), **hints}
 
 
 # --- machine facts ---------------------------------------------------------------------------

@@ -382,8 +382,9 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             )
             say(
                 f"{NAME}: {warmup} warm-up + {rounds} measured rounds of "
-                + " → ".join(c.key for c in contenders)
-                + ("" if args.shuffle is None else f", shuffled each round (seed {args.shuffle})")
+                + common.order_words(
+                    {"order": [c.key for c in contenders], "shuffle": args.shuffle}
+                )
             )
             try:
                 await run_interleaved(

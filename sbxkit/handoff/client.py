@@ -24,9 +24,7 @@ import _socket  # socket.py would build its enums: a few ms per process, for not
 import binascii
 import contextlib
 import json
-import math
 import os
-import select
 import signal
 import stat
 import struct
@@ -36,6 +34,7 @@ import time
 from sbxkit.handoff.fifos import Ends, Watched, watch
 from sbxkit.handoff.notice import WaitingNotice
 from sbxkit.handoff.scan import PLANNING_ENV, Scan, scan_run
+from sbxkit.readiness import readable
 from sbxkit.supervisor.address import SOCKET_NAME, state_dir_text
 from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
 
@@ -62,16 +61,6 @@ _FD = struct.Struct("i")
 MAX_FDS = 4
 HANDSHAKE_S = 10.0
 OFF = ("0", "off", "no", "false")
-
-
-def _readable(fds: list[int], wait_s: float | None) -> set[int]:
-    """Which of ``fds`` can be read, waiting up to ``wait_s`` (None: until one can). ``poll``,
-    not ``select``, which refuses descriptors from 1024 on (sbxkit/readiness.py)."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    timeout_ms = None if wait_s is None else math.ceil(wait_s * 1000)
-    return {fd for fd, _ in poller.poll(timeout_ms)}
 
 
 class Declined(Exception):
@@ -226,12 +215,12 @@ class _Channel:
                 raise Interrupted(signals.received[0])
             watched = [self.sock.fileno()] + ([signals.read_fd] if signals is not None else [])
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            readable = _readable(watched, wait)
-            if not readable:
+            ready = readable(watched, wait)
+            if not ready:
                 raise TimeoutError("no answer from the supervisor")
-            if signals is not None and signals.read_fd in readable:
+            if signals is not None and signals.read_fd in ready:
                 signals.drain()
-            if self.sock.fileno() in readable:
+            if self.sock.fileno() in ready:
                 self._read()
 
     def _frame(self) -> bytes | None:

@@ -16,9 +16,8 @@ import pytest
 import trio
 
 from sbxkit.engine.transport import _Connection
-from sbxkit.handoff.client import _readable
 from sbxkit.kernel.pidfd import still_running
-from sbxkit.readiness import readable_now
+from sbxkit.readiness import readable, readable_now
 from sbxkit.supervisor.channel import FrameChannel
 
 HIGH = 1500
@@ -117,10 +116,10 @@ def test_the_command_lines_wait_for_its_supervisor_sees_a_high_socket() -> None:
     its signal pipe; a parent may leave it descriptors from 1024 on."""
     ours, theirs = high_socket_pair()
     try:
-        assert _readable([ours.fileno()], 0.0) == set()
+        assert readable([ours.fileno()], 0.0) == set()
         theirs.sendall(b"\0")
-        assert _readable([ours.fileno()], 0.0) == {ours.fileno()}
-        assert _readable([ours.fileno()], None) == {ours.fileno()}  # waits only while unready
+        assert readable([ours.fileno()], 0.0) == {ours.fileno()}
+        assert readable([ours.fileno()], None) == {ours.fileno()}  # waits only while unready
     finally:
         ours.close()
         theirs.close()
