@@ -19,6 +19,11 @@ Contenders, interleaved round-robin in one trio program:
 ``raw``
     The raw Engine API floor of ``bench oneshot``: create, start, wait, delete of a ``true``
     with the same limits and no hardening (stdlib HTTP over the socket, in a worker thread).
+``raw_kernel``
+    The kernel path's daemon and kernel work without sbxkit (bench/kernel_floor.py): sbxkit's
+    own kernel path body through the raw client, timed from the create to the init's exit
+    status on its pidfd. ``raw_kernel/raw`` is the best ``cold/raw`` the kernel path allows on
+    the day's daemon; ``cold/raw_kernel`` how much sbxkit's client and supervisor add to it.
 
 Both sbxkit contenders use the default owner, the supervisor (``--state-dir`` for a private
 one). Targets (issue 21): **pooled ≤ 0.05 × the cold floor** (``pooled/raw``) and **cold ≤
@@ -29,6 +34,7 @@ medians.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -51,6 +57,7 @@ from bench.harness import (
     run_interleaved,
     say,
 )
+from bench.kernel_floor import KernelFloorRun
 from bench.oneshot import raw_contender, raw_create_body
 from bench.pool_plot import write_plot
 from bench.pool_sustained import measure_sustained, sustained_lines, sustained_md
@@ -86,6 +93,7 @@ DEFAULT_ORDER = (
     "cold",
     "cold_daemon",
     "raw",
+    "raw_kernel",
     "cli_held",
     "cli_cold",
 )
@@ -99,6 +107,8 @@ RATIOS = (
     ("held", "raw"),
     ("held", "cold"),
     ("cold", "raw"),
+    ("raw_kernel", "raw"),
+    ("cold", "raw_kernel"),
     ("cli_held", "cli_cold"),
 )
 POOL_SIZE = 2
@@ -178,6 +188,8 @@ class Settling:
         self.leases: set[str] = set()
         self.refills: list[Callable[[], Awaitable[object]]] = []
         """Each waits until its pool has all its containers parked again."""
+        self.chores: list[Callable[[], Awaitable[object]]] = []
+        """Untimed work a run left to be done once (``raw_kernel``'s wait and DELETE)."""
 
     def left(self, result: RunResult) -> RunResult:
         self.pending.add(result.container_id)
@@ -187,6 +199,7 @@ class Settling:
 
     async def settle(self) -> None:
         with trio.fail_after(60):
+            await self.do_chores()
             while self.pending:
                 listed = await trio.to_thread.run_sync(self.witness.containers, BENCH_LABEL)
                 self.pending &= {c["Id"] for c in listed}
@@ -198,6 +211,10 @@ class Settling:
                     await trio.sleep(0.002)
             for refilled in self.refills:
                 await refilled()
+
+    async def do_chores(self) -> None:
+        while self.chores:
+            await self.chores.pop(0)()
 
     def _recorded(self, lease: str) -> bool:
         assert self.records is not None
@@ -331,8 +348,45 @@ def cold_contender(
     return Contender(key, f"sbxkit, cold ({evidence})", what, once, settling.settle)
 
 
+def raw_kernel_contender(
+    api: RawEngine, spec: SandboxSpec, root: Path, settling: Settling
+) -> Contender:
+    """``bench/kernel_floor.py``'s run: made ready after the settling, finished (its wait and
+    DELETE) in the next one — both untimed."""
+    ready: list[KernelFloorRun] = []
+
+    async def before() -> None:
+        await settling.settle()
+        ready.append(await trio.to_thread.run_sync(KernelFloorRun, api, spec, root))
+
+    async def once() -> StepTimings:
+        floor = ready.pop()
+        t0 = time.perf_counter()
+        try:
+            steps = await trio.to_thread.run_sync(floor.timed)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(floor.finish)
+            raise
+        elapsed = time.perf_counter() - t0
+        settling.chores.append(functools.partial(trio.to_thread.run_sync, floor.finish))
+        return {**steps, "outside": elapsed - sum(steps.values())}
+
+    return Contender(
+        "raw_kernel",
+        "raw, the kernel path's body",
+        "stdlib http.client over AF_UNIX in a worker thread, sbxkit's kernel path body "
+        "(bench/kernel_floor.py): POST create, POST start timed to the shell's byte on its "
+        "stderr FIFO, the init found in its cgroup and held as a pidfd, the go line, its exit "
+        "status from the pidfd; then, untimed, the start's answer, POST wait and DELETE",
+        once,
+        before,
+    )
+
+
 async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[str, Any]:
     witness = RawEngine(args.socket)
+    kernel_api = RawEngine(args.socket)
     errors: list[str] = []
     contenders: list[Contender] = []
     spec = true_spec(args.image)
@@ -374,6 +428,9 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                         ),
                         settling,
                     ),
+                    raw_kernel_contender(
+                        kernel_api, spec, Path(state_dir) / "raw-kernel.io", settling
+                    ),
                     *cli_contenders(args, leases, settling),
                 ],
                 args.order,
@@ -397,6 +454,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
             except ContenderFailed as exc:
                 errors.append(str(exc))
             with trio.CancelScope(shield=True):
+                await settling.do_chores()  # the last round's raw_kernel container
                 await held.end(spec)  # the supervisor's pool of the shape, removed now
         burst: dict[str, Any] = {}
         if not errors and args.burst > 0:
@@ -424,6 +482,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
     leaks = await trio.to_thread.run_sync(witness.containers, f"{BENCH_LABEL}={NAME}")
     leaks += await trio.to_thread.run_sync(witness.containers, "sbxkit.bench=pool-raw")
     witness.close()
+    kernel_api.close()
     settling.witness.close()
     facts["loadavg_at_end"] = list(os.getloadavg())
     report = build_report(args, rounds, warmup, facts, contenders, errors, leaks)

@@ -64,6 +64,7 @@ class RawEngine:
         self.socket_path = socket_path
         self.api_version = api_version
         self._conn = UnixHTTPConnection(socket_path, timeout=timeout)
+        self._begun: tuple[str, str] | None = None
 
     @property
     def connects(self) -> int:
@@ -108,6 +109,44 @@ class RawEngine:
         except BaseException:
             self._conn.close()
             raise
+
+    def begin(self, method: str, path: str, body: bytes | None = None) -> None:
+        """Send a request whose answer ``finish`` reads later (the connection carries nothing
+        else meanwhile; ``reset`` after a failure in between). Sent right after another call,
+        on the socket that call kept alive."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            self._conn.request(method, f"/v{self.api_version}{path}", body=body, headers=headers)
+        except BaseException:
+            self._conn.close()
+            raise
+        self._begun = (method, path)
+
+    def finish(self, *, ok: tuple[int, ...] = (200, 201, 204)) -> tuple[int, bytes]:
+        """The answer to the request ``begin`` sent."""
+        assert self._begun is not None
+        method, path = self._begun
+        self._begun = None
+        try:
+            response = self._conn.getresponse()
+            status, data = response.status, response.read()
+        except BaseException:
+            self._conn.close()
+            raise
+        if status not in ok:
+            raise RawAPIError(method, f"/v{self.api_version}{path}", status, data)
+        return status, data
+
+    @property
+    def begun(self) -> bool:
+        """A request ``begin`` sent still waits for ``finish``."""
+        return self._begun is not None
+
+    def reset(self) -> None:
+        """Forget a request ``begin`` sent whose answer was not read: a fresh socket next."""
+        if self._begun is not None:
+            self._begun = None
+            self._conn.close()
 
     def get_json(self, path: str, params: dict[str, str] | None = None) -> Any:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
