@@ -99,6 +99,13 @@ def assert_half_fits_double_does_not(result: RunResult) -> None:
     assert "No space left" in text(result.stderr)
 
 
+SIGINT_AT_DEFAULT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+"""The first line of a child script a test sends SIGINT: a program started from a terminal has
+SIGINT at its default, which Python turns into ``KeyboardInterrupt``. A test run launched as a
+background job of a shell without job control hands its children SIGINT *ignored*, and Python
+leaves an inherited ignore alone — the Ctrl-C tests then waited out their payload's 60 s."""
+
+
 def unique(prefix: str = "sbxt") -> str:
     """A name nobody else uses: prefix plus 64 random bits."""
     return f"{prefix}-{secrets.token_hex(8)}"

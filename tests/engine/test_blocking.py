@@ -18,7 +18,7 @@ import sbxkit
 import sbxkit.aio
 import sbxkit.blocking
 from sbxkit.session import SandboxExpired
-from tests.engine.helpers import BASE_LIMITS, limits, spec, unique, wait_until
+from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, limits, spec, unique, wait_until
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -122,7 +122,8 @@ def test_ctrl_c_removes_the_sandbox_then_raises_keyboard_interrupt(
 ) -> None:
     label = unique("blk")
     script = (
-        textwrap.dedent(
+        SIGINT_AT_DEFAULT
+        + textwrap.dedent(
             f"""
         import sbxkit, sbxkit.blocking
         spec = sbxkit.SandboxSpec(

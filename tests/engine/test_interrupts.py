@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from tests.engine.cli_paths import CliPath
-from tests.engine.helpers import BASE_LIMITS, unique, wait_until
+from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, unique, wait_until
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -38,7 +38,7 @@ def test_ctrl_c_in_trio_run_of_sbxkit_run_is_a_plain_keyboard_interrupt_after_re
     witness: Witness, busybox: str
 ) -> None:
     label = unique("ki")
-    script = textwrap.dedent(
+    script = SIGINT_AT_DEFAULT + textwrap.dedent(
         f"""
         import trio, sbxkit
         spec = sbxkit.SandboxSpec(
