@@ -60,8 +60,9 @@ def kernel_floor_body(spec: SandboxSpec, lease: str, io_dir: Path) -> dict[str, 
 
 
 class KernelFloorRun:
-    """One ``raw_kernel`` run: made ready (blocking, untimed), ``timed`` (blocking), then
-    ``finish`` (blocking, untimed; also after a failure, which removes what was made)."""
+    """One ``raw_kernel`` run: made ready (blocking, untimed), ``timed`` (blocking; a payload
+    that did not exit 0 fails it), then ``finish`` (blocking, untimed; also after a failure:
+    it removes whatever was made, waiting for the daemon's exit path only after a run)."""
 
     def __init__(self, api: RawEngine, spec: SandboxSpec, root: Path) -> None:
         self.api, self.root = api, root
@@ -93,6 +94,8 @@ class KernelFloorRun:
         os.write(self.ends.stdin, GO_LINE)
         self.exit_code = status_code(_exit_status(pid, self.pidfd))
         t3 = clock()
+        if self.exit_code != 0:
+            raise RuntimeError(f"raw_kernel: {self.name} exited {self.exit_code}")
         return {"create": t1 - t0, "start": t2 - t1, "run": t3 - t2}
 
     def _init_pid(self, container_id: str) -> int:
@@ -114,12 +117,10 @@ class KernelFloorRun:
             self.ends.close()
             if self.pidfd is not None:
                 os.close(self.pidfd)
-            if self.container_id is not None:
+            if self.exit_code is not None:  # it ran: its exit path done before the next run
                 if api.begun:
                     api.finish(ok=(204,))
                 api.call("POST", f"/containers/{self.container_id}/wait", ok=(200,))
-                if self.exit_code != 0:
-                    raise RuntimeError(f"raw_kernel: {self.name} exited {self.exit_code}")
         finally:
             api.reset()  # a start whose answer was never read leaves the connection unusable
             api.remove(self.container_id or self.name)
