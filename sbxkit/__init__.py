@@ -74,7 +74,12 @@ if TYPE_CHECKING:
     from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
     from sbxkit.stdio import StdioWorker, open_stdio_worker
     from sbxkit.supervisor.client import SupervisedOwner
-    from sbxkit.supervisor.connect import AdmissionTimeout, CapacityExhausted, SupervisorError
+    from sbxkit.supervisor.connect import (
+        AdmissionTimeout,
+        CapacityExhausted,
+        CreateInterrupted,
+        SupervisorError,
+    )
     from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
@@ -151,6 +156,7 @@ _WHERE: dict[str, str] = {
     "StdioWorker": "sbxkit.stdio",
     "SupervisedOwner": "sbxkit.supervisor.client",
     "SupervisorError": "sbxkit.supervisor.connect",
+    "CreateInterrupted": "sbxkit.supervisor.connect",
     "TmpfsMount": "sbxkit.mounts",
     "VolumeMount": "sbxkit.mounts",
     "apply_profile": "sbxkit.profile",
@@ -198,6 +204,7 @@ __all__ = [
     "ClusterUnavailable",
     "Conflict",
     "ContainerMismatch",
+    "CreateInterrupted",
     "Deadlines",
     "Denial",
     "DockerBackend",

@@ -23,6 +23,8 @@ excluded); the first matching kind wins, anything else is ``other``. Faults atta
   fails before the daemon has seen it, and its effect materialises later.
 - ``Fail(status, message)``: answer with ``status`` and ``{"message": ...}`` without forwarding.
 - ``DelayReply(seconds)``: forward at once (the daemon acts now), hold the reply that long.
+- ``Withhold()``: never forward; hold the request until its client goes away (a client that
+  died before its request left it: nothing reaches the daemon).
 
 Counters per kind: ``seen`` (requests received), ``passed`` (forwarded without a fault) and
 ``faulted`` (a fault applied). ``history`` records every exchange; ``errors`` collects unexpected
@@ -103,6 +105,12 @@ class Orphan:
 
 
 @dataclass(frozen=True)
+class Withhold:
+    """The request never reaches the daemon: held until its client goes away (a client that
+    died after deciding to send it, before it was sent)."""
+
+
+@dataclass(frozen=True)
 class DelayReply:
     seconds: float
 
@@ -113,7 +121,7 @@ class Fail:
     message: str = "injected failure"
 
 
-Fault = Delay | DropReply | Orphan | Fail | DelayReply
+Fault = Delay | DropReply | Orphan | Fail | DelayReply | Withhold
 
 
 @dataclass
@@ -214,6 +222,9 @@ class FaultProxy:
 
     def orphan_create(self, delay: float, *, times: int | None = 1) -> None:
         self.add_fault("create", Orphan(delay), times=times)
+
+    def withhold_create(self, *, times: int | None = 1) -> None:
+        self.add_fault("create", Withhold(), times=times)
 
     def clear_creates(self) -> None:
         self.clear_faults("create")
@@ -548,6 +559,11 @@ class _Session:
             assert proxy._nursery is not None
             proxy._nursery.start_soon(proxy._forward_later, request, fault.delay, exchange)
             return False  # closes the client's connection without an answer
+        if isinstance(fault, Withhold):
+            with contextlib.suppress(*_PEER_GONE):
+                while await self.down.receive_some(READ_CHUNK):
+                    pass  # a client that sends more while it waits is not one this fault is for
+            return False
         if isinstance(fault, Delay):
             await trio.sleep(fault.seconds)
 

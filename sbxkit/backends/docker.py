@@ -51,11 +51,15 @@ from sbxkit.spec import SandboxSpec
 from sbxkit.stdin import StdinSource
 from sbxkit.supervisor import admin
 from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
+from sbxkit.supervisor.connect import CreateInterrupted
 from sbxkit.supervisor.wire import Recover
 
 __all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend", "governed"]
 
 KILLED_BY_SBXKIT = ("timed_out", "output_exceeded")
+CREATE_INTERRUPTIONS = 3
+"""How many times a one-shot run registers afresh after its supervisor died during the create
+(``CreateInterrupted``) before the interruption is its result."""
 
 
 def default_owner(
@@ -180,6 +184,7 @@ class DockerBackend:
             # image is checked before it starts, and a moved name is planned again, afresh.
             facts = await learn_daemon(engine, checked, self.gpu_cursor, reuse_image=True)
             replanned = False
+            interrupted = 0
             while True:
                 try:
                     if await kernel_path_reason(engine, checked, facts) is None:
@@ -195,6 +200,10 @@ class DockerBackend:
                         raise
                     facts = await learn_daemon(engine, checked, self.gpu_cursor)
                     replanned = True
+                except CreateInterrupted:  # no container was ever ours: nothing ran, nor read
+                    interrupted += 1
+                    if interrupted > CREATE_INTERRUPTIONS:
+                        raise
                 except SbxError:
                     forget_image(engine, checked.spec.image)
                     raise

@@ -26,6 +26,7 @@ from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.connect import (
     REPLY_TIMEOUT_S,
+    CreateInterrupted,
     SupervisorError,
     SupervisorSession,
     connect_supervisor,
@@ -262,6 +263,8 @@ class SupervisedOwner:
             try:
                 reply = await link.take(*_CREATE_ANSWERS, timeout=timeout)
             except LinkLost as exc:
+                if link.never_created:
+                    raise CreateInterrupted(f"create: {exc.reason}", lease=lease) from None
                 raise SupervisorError(f"create: {exc.reason}", lease=lease) from None
             if reply is None:
                 raise SupervisorError(f"create: no answer within {timeout:g} s", lease=lease)
@@ -406,6 +409,9 @@ class SupervisedOwner:
         link = self._links.pop(lease, None)
         if link is None:
             return  # never registered: nothing was created
+        if link.lost is not None and link.never_created:
+            link.stop()  # CreateInterrupted: the journal owns the lease, its payload never ran
+            return
         try:
             with trio.CancelScope(shield=True):
                 await self._close(link, lease, container_id)

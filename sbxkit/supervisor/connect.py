@@ -69,6 +69,15 @@ class SupervisorConnectionLost(SupervisorError):
         super().__init__(f"connection lost: {reason}", code="connection")
 
 
+class CreateInterrupted(SupervisorError):
+    """The connection to the supervisor was lost while it created the lease's container (it
+    died), and no restarted supervisor handed a container over: none appeared in time, or
+    none answered. The caller never heard of a container, so nothing of its payload ran; the
+    lease is the supervisor's from here (its journal's record: recovery removes any container
+    the interrupted create made). A one-shot run registers afresh under a new lease
+    (``DockerBackend.run_once``)."""
+
+
 class CapacityExhausted(SupervisorError):
     """A hard bound is used up — lease records or connections — and the request was refused
     explicitly (nothing was created). Retrying later can succeed; CLI exit status 75."""

@@ -159,6 +159,12 @@ class LeaseLink:
         self._scope = trio.CancelScope()
         self._done = trio.Event()
 
+    @property
+    def never_created(self) -> bool:
+        """A registered create whose container the caller never heard of (no Created, no
+        Adopted): nothing of its payload can have run."""
+        return self.register is not None and not self.created
+
     # -- the reader ------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -393,6 +393,24 @@ async def test_a_supervisor_restarted_by_a_service_manager_is_found_and_adopts(
     assert f"lease {result.lease}: re-adopted" in second.log()
 
 
+@contextlib.asynccontextmanager
+async def a_create_its_supervisor_dies_in(
+    state_dir: Path, proxy: FaultProxy, one_run: Callable[[], Awaitable[None]]
+) -> AsyncIterator[tuple[str, Any]]:
+    """``one_run`` under a supervisor behind ``proxy``, killed once the run's create reached
+    the proxy, and restarted; yields the lease and the restarted supervisor once the run is
+    over (both supervisors are stopped when the block ends)."""
+    flags = ("--docker-socket", proxy.path, "--persistent")
+    with running_supervisor(state_dir, *flags) as first, contextlib.ExitStack() as later:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one_run)
+            await eventually(lambda: proxy.seen("create") == 1, 15, "the create reached it")
+            (lease,) = records(state_dir)
+            first.kill()
+            second = later.enter_context(running_supervisor(state_dir, *flags))
+        yield lease, second
+
+
 async def test_a_create_the_supervisor_died_in_is_taken_over_once_its_container_appears(
     engine: Engine, witness: Witness, state_dir: Path, busybox: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -411,19 +429,44 @@ async def test_a_create_the_supervisor_died_in_is_taken_over_once_its_container_
 
     with FaultProxy(witness.socket_path) as proxy:
         proxy.delay_create(3.0)
-        flags = ("--docker-socket", proxy.path, "--persistent")
-        with running_supervisor(state_dir, *flags) as first, contextlib.ExitStack() as later:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one_run)
-                await eventually(lambda: proxy.seen("create") == 1, 15, "the create is held")
-                (lease,) = records(state_dir)
-                first.kill()
-                second = later.enter_context(running_supervisor(state_dir, *flags))
-                await readopted(state_dir, lease, second.log)
+        async with a_create_its_supervisor_dies_in(state_dir, proxy, one_run) as (lease, second):
+            await readopted(state_dir, lease, second.log)
             await removed_exactly_once(witness, state_dir, lease, since)
     (result,) = results
     assert (result.status, result.exit_code, result.stdout) == ("exited", 9, b"made\n")
     assert proxy.seen("create") == 1  # taken over, not created again
+
+
+async def test_a_create_that_never_reached_the_daemon_runs_afresh_under_a_new_lease(
+    engine: Engine, witness: Witness, state_dir: Path, busybox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor dies after journaling the create and before the daemon saw it (a proxy
+    withholds the request until its sender is gone): no container ever appears, and the
+    restarted supervisor cannot hand one over. The caller never heard of a container, so its
+    payload never ran: the run registers afresh under a new lease and finishes with its
+    payload's own result. The interrupted lease stays the journal's tombstone (a late
+    container would be removed), and no container is left."""
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
+    owner = SupervisedOwner(engine, state_dir=state_dir)
+    results: list[RunResult] = []
+
+    async def one_run() -> None:
+        sandbox = spec(busybox, "echo made; exit 9", timeout_s=30)
+        results.append(await run(sandbox, engine=engine, owner=owner))
+
+    with FaultProxy(witness.socket_path) as proxy:
+        proxy.withhold_create()
+        async with a_create_its_supervisor_dies_in(state_dir, proxy, one_run) as (lease, second):
+            await eventually(lambda: records(state_dir) == [lease], 30, "only the tombstone left")
+            log = second.log()
+    (result,) = results
+    assert (result.status, result.exit_code, result.stdout) == ("exited", 9, b"made\n")
+    assert result.lease != lease
+    assert (proxy.seen("create"), proxy.faulted("create")) == (2, 1)  # the withheld, the fresh
+    record = json.loads((state_dir / f"{lease}.lease").read_text())
+    assert record["state"] == "uncertain", record
+    assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
+    assert f"lease {lease}: not re-adopted: its create was interrupted" in log, log
 
 
 async def test_a_request_waiting_for_admission_registers_again_in_the_new_supervisor(
