@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import select
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,9 +37,10 @@ from bench.rawapi import RawEngine
 from sbxkit.kernel.fifos import make_io_dir, open_host_ends, remove_io_dir, sandbox_ids
 from sbxkit.kernel.init import memory_cgroup_of
 from sbxkit.kernel.initpid import init_pid_on_host, learn_cgroup_layout
-from sbxkit.kernel.pidfd import exit_status, status_code, zombie_status
+from sbxkit.kernel.pidfd import exit_status, status_code, wait_reaped, zombie_status
 from sbxkit.kernel.scripts import GO_LINE, kernel_io
 from sbxkit.policy import build_create_body
+from sbxkit.readiness import readable
 from sbxkit.spec import SandboxSpec
 
 PREFIX = "sbxbench-raw-kernel-"
@@ -71,10 +71,10 @@ class KernelFloorRun:
         self.container_id: str | None = None
         self.pidfd: int | None = None
         self.exit_code: int | None = None
-        uid, gid = sandbox_ids(build_create_body(spec, self.lease).user)
-        leaf = make_io_dir(root, self.lease, uid, gid)
+        body = kernel_floor_body(spec, self.lease, root / self.lease)
+        self.body = json.dumps(body).encode()
+        leaf = make_io_dir(root, self.lease, *sandbox_ids(body["User"]))
         try:
-            self.body = json.dumps(kernel_floor_body(spec, self.lease, leaf)).encode()
             self.ends = open_host_ends(leaf)
         except BaseException:
             remove_io_dir(root, self.lease)
@@ -128,30 +128,25 @@ class KernelFloorRun:
 
 
 def _exit_status(pid: int, pidfd: int) -> int:
-    """The init's wait status once it exited: the reap's record, or its zombie's."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    if not poller.poll(LIMIT_S * 1000):
+    """The init's wait status once it exited: its zombie's record, or the reap's."""
+    if not readable([pidfd], LIMIT_S):
         raise RuntimeError(f"raw_kernel: the payload did not end within {LIMIT_S:g} s")
-    deadline = time.monotonic() + LIMIT_S
-    while (status := exit_status(pidfd)) is None:
+    status = exit_status(pidfd)
+    if status is None:
         status = zombie_status(pid, pidfd)
-        if status is not None:
-            return status
-        if time.monotonic() > deadline:
-            raise RuntimeError("raw_kernel: the init was never reaped")
-        time.sleep(0.0001)
+    if status is None:
+        wait_reaped(pidfd, LIMIT_S)
+        status = exit_status(pidfd)
+    if status is None:
+        raise RuntimeError("raw_kernel: the init was never reaped")
     return status
 
 
 def _read_until(fd: int, done: Callable[[bytes], bool], what: str) -> bytes:
     seen = b""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     deadline = time.monotonic() + LIMIT_S
     while not done(seen):
-        left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(left * 1000):
+        if not readable([fd], max(0.0, deadline - time.monotonic())):
             raise RuntimeError(f"raw_kernel: no {what} within {LIMIT_S:g} s")
         chunk = os.read(fd, 4096)
         if not chunk:
