@@ -7,6 +7,7 @@ a script calling ``run_many(cluster=...)``), as a user's would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,20 +239,28 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
     try:
         rayb = node_witnesses["rayb"]
         wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
-        supervisor = _supervisor_of(cluster.root / "state-rayb")
-        assert supervisor is not None
+        state = cluster.root / "state-rayb"
+        assert _supervisor_of(state) is not None, "no supervisor serves rayb's state dir"
         # Everything on the host stops at once: frozen, rayb's callers cannot launch a new
         # supervisor to re-adopt their leases (docs/operations.md), nor can its agent, whose
         # death would have the live supervisor remove the containers.
         frozen = cluster.freeze_node("rayb")
         assert _agent_of(rayb.socket_path) in frozen  # the callers, whose links would relaunch
-        os.kill(supervisor, signal.SIGKILL)
+        # The power goes for every supervisor process of the state dir: the one serving it,
+        # and any other still starting (it leaves when it finds the lock taken) or leaving.
+        gone = _supervisors_of(state)
+        for pid in gone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         cluster.kill_node("rayb", also=frozen)
         # A SIGKILLed process keeps its /proc entry until its threads leave the kernel (an
         # fsync under CI's load takes a while); any other supervisor is a relaunch: a failure.
-        state = cluster.root / "state-rayb"
-        wait_for(lambda: _supervisor_of(state) != supervisor, 30, "rayb's supervisor gone")
-        assert _supervisor_of(state) is None, "a supervisor was relaunched on a frozen node"
+        wait_for(lambda: not _supervisors_of(state) & gone, 30, "rayb's supervisors gone")
+        relaunched = _supervisors_of(state)
+        assert not relaunched, (
+            f"a supervisor was relaunched on a frozen node: {_described(relaunched)} "
+            f"(killed: {_described(gone)})"
+        )
         time.sleep(3)
         stranded = rayb.sbxkit_containers()
         assert stranded, "the test can fail: nothing was left behind on rayb"
@@ -379,8 +388,9 @@ def _agent_of(socket_path: str) -> int | None:
     return None
 
 
-def _supervisor_of(state_dir: Path) -> int | None:
-    """The pid of the supervisor serving ``state_dir`` (read from /proc), or None."""
+def _supervisors_of(state_dir: Path) -> set[int]:
+    """Every process started as the supervisor of ``state_dir`` (read from /proc)."""
+    found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -389,5 +399,38 @@ def _supervisor_of(state_dir: Path) -> int | None:
         except OSError:
             continue
         if b"sbxkit.supervisor" in argv and str(state_dir).encode() in argv:
-            return int(entry.name)
+            found.add(int(entry.name))
+    return found
+
+
+def _supervisor_of(state_dir: Path) -> int | None:
+    """The supervisor serving ``state_dir``: the process holding its instance lock, as
+    /proc/locks names it (a second process may be starting, and leaves when it finds the lock
+    taken); None if nobody holds it."""
+    try:
+        lock = (state_dir / "supervisor.lock").stat()
+    except FileNotFoundError:
+        return None
+    device = (os.major(lock.st_dev), os.minor(lock.st_dev))
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue  # a blocked waiter's line ("N: -> FLOCK …") is not the holder's
+        major, minor, inode = fields[5].split(":")
+        if (int(major, 16), int(minor, 16), int(inode)) == (*device, lock.st_ino):
+            return int(fields[4])
     return None
+
+
+def _described(pids: set[int]) -> str:
+    """Each pid with its parent and command line, for a failure's message."""
+    parts = []
+    for pid in sorted(pids):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            parent = next(line.split()[1] for line in status.splitlines() if line[:5] == "PPid:")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            parts.append(f"{pid} (parent {parent}): {argv.strip()}")
+        except (OSError, StopIteration):
+            parts.append(f"{pid} (gone)")
+    return "; ".join(parts) or "none"
