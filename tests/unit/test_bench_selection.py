@@ -1,9 +1,11 @@
 """``--order`` reorders a bench's contenders, ``--only`` runs just the named ones: a decision run
 of one ratio (``bench pool --only cold,raw``) need not spend its time on the rest. ``--shuffle``
-draws each round's order afresh, so no contender always follows the same one."""
+draws each round's order afresh, so no contender always follows the same one (``bench pool``'s
+default; ``--fixed-order`` keeps one)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import pytest
@@ -11,6 +13,7 @@ import trio
 
 from bench.common import order_contenders
 from bench.harness import Contender, StepTimings, run_interleaved
+from bench.pool import DEFAULT_SHUFFLE_SEED, add_arguments
 
 
 def contender(key: str) -> Contender:
@@ -87,3 +90,12 @@ def test_shuffled_rounds_each_run_every_contender_once_and_vary_their_predecesso
             follows[before, after] += 1
     assert min(follows.values()) > 60, follows
     assert max(follows.values()) < 140, follows
+
+
+def test_bench_pool_shuffles_its_rounds_unless_told_to_keep_one_order() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    assert parser.parse_args([]).shuffle == DEFAULT_SHUFFLE_SEED
+    assert parser.parse_args(["--shuffle", "5"]).shuffle == 5
+    assert parser.parse_args(["--fixed-order"]).shuffle is None
