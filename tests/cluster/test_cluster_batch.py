@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sbxkit.supervisor.statedir import LOCK_NAME
 from tests.cluster.cluster import ADDRESS, NODE_RESOURCES, REPO, LocalCluster
 from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
 
@@ -249,6 +250,7 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
         # The power goes for every supervisor process of the state dir: the one serving it,
         # and any other still starting (it leaves when it finds the lock taken) or leaving.
         gone = _supervisors_of(state)
+        killed = _described(gone)  # before they die: a dead process has no argv to show
         for pid in gone:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -259,7 +261,7 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
         relaunched = _supervisors_of(state)
         assert not relaunched, (
             f"a supervisor was relaunched on a frozen node: {_described(relaunched)} "
-            f"(killed: {_described(gone)})"
+            f"(killed: {killed})"
         )
         time.sleep(3)
         stranded = rayb.sbxkit_containers()
@@ -408,7 +410,7 @@ def _supervisor_of(state_dir: Path) -> int | None:
     /proc/locks names it (a second process may be starting, and leaves when it finds the lock
     taken); None if nobody holds it."""
     try:
-        lock = (state_dir / "supervisor.lock").stat()
+        lock = (state_dir / LOCK_NAME).stat()
     except FileNotFoundError:
         return None
     device = (os.major(lock.st_dev), os.minor(lock.st_dev))
