@@ -5,8 +5,9 @@ must not carry that caller's environment (an API key in it stayed readable in
 ``/proc/<supervisor>/environ`` for the supervisor's whole life). It receives only what it needs:
 
 - ``PATH``: to find ``SBXKIT_SUPERVISOR``'s executable when it is not an absolute path;
-- ``PYTHONPATH``: to import the same sbxkit as its caller (the handshake compares a fingerprint
-  of the supervision sources);
+- ``PYTHONPATH``: for a ``SBXKIT_SUPERVISOR`` command's own imports (the default command runs
+  isolated and is told on its command line where the caller's sbxkit is: the handshake
+  compares a fingerprint of the supervision sources);
 - ``SBXKIT_ENV``: the environment kind its re-check judges ``network = "bridge"`` by;
 - ``LANG``, ``LC_ALL``, ``LC_CTYPE``: the locale its log messages and paths are decoded in.
 

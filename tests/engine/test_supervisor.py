@@ -691,6 +691,51 @@ def test_auto_launch_survives_its_caller_and_exits_when_idle(
     assert containers_with_marker(witness, marker) == []
 
 
+def test_an_auto_launched_supervisor_runs_no_code_from_the_callers_directory(
+    busybox: str, witness: Witness, state_dir: Path, tmp_path: Path
+) -> None:
+    """``sbxkit run`` in an untrusted checkout that plants ``sbxkit/supervisor/__main__.py``:
+    the supervisor it launches starts isolated in ``/`` and imports the caller's sbxkit, so
+    the planted module never runs (it ran with the supervisor's rights when the launch was
+    ``python -m sbxkit.supervisor`` in the caller's directory)."""
+    checkout = tmp_path / "checkout"
+    (checkout / "sbxkit" / "supervisor").mkdir(parents=True)
+    ran = tmp_path / "planted-module-ran"
+    (checkout / "sbxkit" / "__init__.py").write_text("")
+    (checkout / "sbxkit" / "supervisor" / "__init__.py").write_text("")
+    (checkout / "sbxkit" / "supervisor" / "__main__.py").write_text(
+        f"import os\nopen({str(ran)!r}, 'w').write(str(os.getuid()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in {"SBXKIT_SUPERVISOR", "PYTHONPATH"}}
+    env["SBXKIT_STATE_DIR"] = str(state_dir)
+    marker = unique("isolated")
+    limits = ["--memory", "64m", "--timeout", "30s"]
+    cli = str(Path(sys.executable).with_name("sbxkit"))  # the installed console script
+    try:
+        done = subprocess.run(
+            [cli, "run", "--socket", SOCKET, *limits, busybox, "--", "echo", marker],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            stdin=subprocess.DEVNULL,
+        )
+        assert not ran.exists(), f"the planted module ran as uid {ran.read_text()}"
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [marker]
+        pids = supervisor_pids(state_dir)
+        assert len(pids) == 1, pids
+        assert os.readlink(f"/proc/{pids[0]}/cwd") == "/"
+    finally:
+        launched = supervisor_pids(state_dir)
+        for pid in launched:
+            os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: not supervisor_pids(state_dir), 15.0), launched
+    assert containers_with_marker(witness, marker) == []
+    assert witness.sbxkit_containers() == []
+
+
 # --- g. handshake mismatch ----------------------------------------------------------------------
 
 
