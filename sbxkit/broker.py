@@ -101,12 +101,15 @@ class _Workspace:
         return posixpath.join(self.root, "in", str(index))
 
 
-def _open_workspace(work_dir: str | None, uid: int, gid: int, staging: bool) -> _Workspace:
+def _open_workspace(
+    work_dir: str | None, owner: tuple[int, int] | None, staging: bool
+) -> _Workspace:
     """A fresh private directory (0700): ``in/`` for snapshots, ``out/`` for staging.
 
-    The staging directory belongs to the sandbox user (mode 0700) when the broker can chown,
-    else — a broker that is neither root nor the sandbox user — it is mode 0777 and private
-    only through the 0700 root above it.
+    The staging directory belongs to the sandbox user ``owner`` (mode 0700) when the broker can
+    chown, else — a broker that is neither root nor the sandbox user, or a sandbox whose own
+    uid is not chosen yet (``owner`` None) — it is mode 0777 and private only through the 0700
+    root above it.
     """
     try:
         root = tempfile.mkdtemp(prefix="sbxkit-grants-", dir=work_dir)
@@ -121,10 +124,10 @@ def _open_workspace(work_dir: str | None, uid: int, gid: int, staging: bool) -> 
             os.mkdir("out", 0o700, dir_fd=ws.root_fd)
             ws.staging_fd = os.open("out", DIR_FLAGS, dir_fd=ws.root_fd)
             euid = os.geteuid()
-            if euid == 0:
-                os.fchown(ws.staging_fd, uid, gid)
+            if owner is not None and euid == 0:
+                os.fchown(ws.staging_fd, *owner)
                 os.fchmod(ws.staging_fd, STAGING_MODE)
-            elif euid != uid:
+            elif owner is None or euid != owner[0]:
                 os.fchmod(ws.staging_fd, 0o777)
     except BaseException as exc:
         problem = _dispose(ws)
@@ -192,8 +195,10 @@ async def run_with_grants(
     chosen = docker_backend(backend, **docker)
     checked = chosen.check(spec, "grants")
     check_grants(checked.spec, grants, checked.settings)
-    uid, gid = parse_user(spec.user)
-    ws = await trio.to_thread.run_sync(_open_workspace, work_dir, uid, gid, bool(grants.outputs))
+    # A spec that names no user runs as a uid of its own, chosen when the run is planned:
+    # its staging directory is then 0777, private through the 0700 directory above it.
+    owner = parse_user(checked.spec.user) if checked.spec.user is not None else None
+    ws = await trio.to_thread.run_sync(_open_workspace, work_dir, owner, bool(grants.outputs))
     try:
         outcome = await _run_in(ws, checked, grants, stdin, chosen, success)
     except BaseException as exc:

@@ -20,6 +20,8 @@ from sbxkit.engine.client import Engine, open_engine
 from sbxkit.result import RunResult
 from sbxkit.runner import run
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit.uid_holds import host_id_problem
+from sbxkit.uids import HOST_UIDS, ranges_shown, reserved_range_of
 from sbxkit.unwrap import plain_async
 
 
@@ -36,12 +38,22 @@ def _out(result: RunResult) -> str:
     return result.stdout.decode("utf-8", "replace").strip()
 
 
+def _own_ids(text: str) -> bool:
+    """``id -u; id -g`` printed one id twice, from a sandbox range, that no host account has."""
+    ids = text.split()
+    if len(ids) != 2 or ids[0] != ids[1] or not ids[0].isdigit():
+        return False
+    uid = int(ids[0])
+    uids = reserved_range_of(uid)
+    return uids is not None and (uids != HOST_UIDS or host_id_problem(uid) is None)
+
+
 CHECKS = [
     Check(
-        "runs as nobody",
+        "runs as a uid of its own",
         "id -u; id -g",
-        "65534 / 65534",
-        lambda r: r.ok and _out(r).split() == ["65534", "65534"],
+        f"uid = gid in {ranges_shown()}, no host account",
+        lambda r: r.ok and _own_ids(_out(r)),
     ),
     Check(
         "root filesystem is read-only",

@@ -119,3 +119,18 @@ class CleanupError(SbxError):
         self.lease = lease
         self.container_id = container_id
         self.reason = reason
+
+
+class UidTaken(SbxError):
+    """The uid a lease's sandbox would run as (``sbxkit.uids``) is a host account's, in a
+    subordinate range, or held by another owner: nothing was created. A run is planned again
+    under a new lease, and so a new uid, a few times (``UID_ATTEMPTS``) before this is raised."""
+
+    def __init__(self, lease: str, reason: str) -> None:
+        super().__init__(f"lease {lease}: no uid of its own: {reason}")
+        self.lease = lease
+        self.reason = reason
+
+
+UID_ATTEMPTS = 8
+"""How many leases (each with its own uid) a sandbox is planned under before ``UidTaken``."""

@@ -222,7 +222,7 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         """Every exec runs as the sandbox's one non-root user; naming it is fine."""
         if user is None:
             return
-        uid, gid = parse_user(self._sandbox.spec.user)
+        uid, gid = parse_user(self._sandbox.user)
         if user not in (str(uid), f"{uid}:{gid}"):
             raise SandboxUserUnsupportedError(
                 f"the sbxkit sandbox runs every command as {uid}:{gid} (non-root, no "

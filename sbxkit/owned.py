@@ -92,6 +92,8 @@ class OwnedContainer:
         self.engine = engine
         self.plan = plan
         self.spec = plan.spec
+        self.user = plan.user
+        """``UID:GID`` its payload and every exec run as."""
         self.body = plan.body
         self.lease = plan.lease
         self.container_id = container_id
@@ -160,7 +162,7 @@ class OwnedContainer:
             raise NetworkUnavailable(
                 f"the owner {type(self._owner).__name__} cannot govern a network"
             )
-        user = parse_user(self.plan.body.user or self.spec.user)
+        user = parse_user(self.user)
         await self._owner.govern(self.lease, self.container_id, terms, user)
 
     async def denials(self) -> tuple[Denial, ...]:

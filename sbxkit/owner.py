@@ -22,7 +22,7 @@ import trio
 from sbxkit.admission import AdmissionQueue, Budget, Need, default_memory_budget, never_fits
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
-from sbxkit.errors import CleanupError, NeverFits
+from sbxkit.errors import CleanupError, NeverFits, UidTaken
 from sbxkit.kernel.scripts import io_root
 from sbxkit.network.audit import Denial
 from sbxkit.network.governor import Governor
@@ -30,6 +30,7 @@ from sbxkit.network.terms import NetworkTerms
 from sbxkit.ownership import Removal, remove_until_gone
 from sbxkit.supervisor.journal import default_state_dir
 from sbxkit.supervisor.wire import Launch
+from sbxkit.uid_holds import UidHold, hold_own_uid
 
 
 class Owner(Protocol):
@@ -279,6 +280,7 @@ class InProcessOwner:
         self._queued: dict[str, float] = {}
         self._gate: InProcessAdmission | None = None
         self._governors: dict[str, Governor] = {}
+        self._uids: dict[str, UidHold] = {}
 
     async def govern(
         self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
@@ -306,6 +308,11 @@ class InProcessOwner:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
         # timeout alone. A cancel that arrives while waiting for admission is honoured: nothing
         # is under way yet.
+        held = hold_own_uid(lease, body)
+        if isinstance(held, str):
+            raise UidTaken(lease, held)
+        if held is not None:
+            self._uids[lease] = held  # let go once the container is confirmed gone
         asked = trio.current_time()
         self._gate = gate = await in_process_admission(self._engine)
         await gate.admit(lease, need_of_body(body))
@@ -351,6 +358,9 @@ class InProcessOwner:
         if not budget.cancelled_caught:
             if self._gate is not None:
                 self._gate.release(lease)  # confirmed gone: its memory is free again
+            held = self._uids.pop(lease, None)
+            if held is not None:
+                held.release()  # and its uid
             return
         if self._gate is not None:
             self._gate.started(lease)  # the launch is over either way; memory stays held

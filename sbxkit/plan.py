@@ -31,11 +31,12 @@ from sbxkit.kernel.scripts import kernel_io
 from sbxkit.mounts import ExpectedMount, ResolvedMounts
 from sbxkit.network.planning import plan_network
 from sbxkit.network.terms import NetworkTerms
-from sbxkit.policy import container_name, hardened_body
-from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts
+from sbxkit.policy import container_name, hardened_body, with_own_user
+from sbxkit.preflight import DaemonPlan, check_daemon, resolve_mounts, sandbox_uid_range
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_label_list, validate_command, validate_spec
 from sbxkit.supervisor.journal import default_state_dir
+from sbxkit.uids import HOST_UIDS, UidRange
 
 __all__ = [
     "GPU_CURSOR",
@@ -78,12 +79,15 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``Config.Env``): what its containers start with."""
     image_id: str = ""
+    sandbox_uids: UidRange = HOST_UIDS
+    """Where a sandbox that names no user gets its own uid (``sbxkit.uids``)."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """One sandbox, fully decided: what is created, how it is verified and bounded."""
 
     spec: SandboxSpec
+    """The spec as it runs: one that named no user carries the lease's own uid."""
     settings: Settings
     lease: str
     name: str
@@ -103,6 +107,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     io_dir: str | None = None
     """The kernel path's FIFO directory of this lease (``sbxkit.kernel``): its stdio are host
     FIFOs, its command is wrapped (``kernel.scripts.cold_command``). None: the daemon's path."""
+
+    @property
+    def user(self) -> str:
+        """``UID:GID`` the sandbox runs as (the spec's, or the lease's own)."""
+        user = self.body.user or self.spec.user
+        assert user is not None  # build_plan fills it
+        return user
 
 
 def new_lease_id() -> str:
@@ -228,6 +239,7 @@ async def learn_daemon(
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)
+    uids = HOST_UIDS if checked.spec.user is not None else await sandbox_uid_range(engine)
     return DaemonFacts(
         mounts=mounts,
         daemon=daemon,
@@ -235,6 +247,7 @@ async def learn_daemon(
         image_env=image_env,
         image_id=image_id,
         network=network,
+        sandbox_uids=uids,
     )
 
 
@@ -252,7 +265,7 @@ def build_plan(
     the post-create verification compares the container against the final body. A
     ``fifo_root`` (its owner's) puts the sandbox on the kernel path (``kernel_io``).
     """
-    spec = checked.spec
+    spec = with_own_user(checked.spec, lease, facts.sandbox_uids)
     body = hardened_body(
         spec,
         lease,

@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import TypedDict, TypeVar, Unpack
 
+import msgspec
+
 from sbxkit.engine.models import (
     ContainerCreate,
     HealthConfig,
@@ -41,6 +43,7 @@ from sbxkit.rules import (
 )
 from sbxkit.settings import Settings
 from sbxkit.spec import LEASE_LABEL, SandboxSpec, parse_user, spec_labels, validate_spec
+from sbxkit.uids import HOST_UIDS, UidRange, uid_for_lease
 
 __all__ = [
     "LEASE_LABEL",
@@ -49,6 +52,7 @@ __all__ = [
     "container_name",
     "hardened_body",
     "scratch_options",
+    "with_own_user",
 ]
 
 _T = TypeVar("_T")
@@ -82,7 +86,7 @@ def scratch_options(spec: SandboxSpec, *, podman: bool = False) -> str:
     options = f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777"
     if podman:
         return options
-    uid, gid = parse_user(spec.user)
+    uid, gid = parse_user(spec.user or "")
     return f"{options},uid={uid},gid={gid}"
 
 
@@ -182,6 +186,24 @@ class BodyInputs(TypedDict, total=False):
     gpu_devices: Sequence[str] | None
     podman: bool
     network: NetworkTerms | None
+    uids: UidRange
+
+
+def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> SandboxSpec:
+    """``spec`` as it runs under ``lease``: a spec that names no user gets the lease's own uid
+    (and the same gid) in ``uids`` (``sbxkit.uids``)."""
+    if spec.user is not None:
+        return spec
+    uid = uid_for_lease(lease, uids)
+    return msgspec.structs.replace(spec, user=f"{uid}:{uid}")
+
+
+def _owned_tmpfs(options: str, user: str) -> str:
+    """A resolved tmpfs of a spec that named no user, given the sandbox's own uid."""
+    if any(option.startswith("uid=") for option in options.split(",")):
+        return options
+    uid, gid = parse_user(user)
+    return f"{options},uid={uid},gid={gid}"
 
 
 def build_create_body(
@@ -202,6 +224,7 @@ def hardened_body(
     gpu_devices: Sequence[str] | None = None,
     podman: bool = False,
     network: NetworkTerms | None = None,
+    uids: UidRange = HOST_UIDS,
 ) -> ContainerCreate:
     """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
@@ -218,10 +241,17 @@ def hardened_body(
     root-owned tmpfs for a client TLS bundle). ``gpu_devices`` are CDI ids the I/O shell
     resolved against the daemon (required when ``spec.gpus`` is a count). ``podman`` adapts
     the body to a Podman API service: scratch tmpfs without ``uid``/``gid`` and explicit
-    ``nofile``/``nproc``.
+    ``nofile``/``nproc``. A spec that names no user runs as the lease's own uid in ``uids``
+    (``with_own_user``).
     """
     _check_lease(lease)
+    spec = with_own_user(spec, lease, uids)
+    assert spec.user is not None
     resolved = resolved or ResolvedMounts()
+    if not podman:
+        user = spec.user
+        tmpfs = {path: _owned_tmpfs(options, user) for path, options in resolved.tmpfs.items()}
+        resolved = msgspec.structs.replace(resolved, tmpfs=tmpfs)
     mode = network_mode(spec.network)
     bridge = mode == "bridge"
     managed = network if mode == "managed" else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import msgspec
 
@@ -40,6 +41,7 @@ from sbxkit.rules import (
 )
 from sbxkit.settings import Settings
 from sbxkit.spec import SandboxSpec, parse_user
+from sbxkit.uids import HOST_UIDS, MAPPED_UIDS, UidRange
 
 # Docker 26 (API 1.45) added VolumeOptions.Subpath; an older daemon would silently ignore it
 # and mount the whole volume.
@@ -85,15 +87,16 @@ def _bind_string(source: str, mount: BindMount) -> str:
     return f"{source}:{mount.target}:{','.join(options)}"
 
 
-def tmpfs_options(mount: TmpfsMount, user: str, *, podman: bool = False) -> str:
+def tmpfs_options(mount: TmpfsMount, user: str | None, *, podman: bool = False) -> str:
     """Always bounded, nosuid and nodev, owned by the sandbox user; noexec unless ``exec``.
 
-    Podman refuses ``uid=``/``gid=``: there the tmpfs is root's, with the mode asked for.
+    Podman refuses ``uid=``/``gid=``: there the tmpfs is root's, with the mode asked for. A
+    spec with no user gets its owner when its uid is known (``policy.hardened_body``).
     """
     access = "ro" if "ro" in mount.options else "rw"
     execute = "exec" if "exec" in mount.options else "noexec"
     options = f"{access},nosuid,nodev,{execute},size={mount.size_bytes},mode={mount.mode:o}"
-    if podman:
+    if podman or user is None:
         return options
     uid, gid = parse_user(user)
     return f"{options},uid={uid},gid={gid}"
@@ -181,6 +184,31 @@ async def _resolve_volume(
             type="volume", source=mount.source, destination=mount.target, rw=not mount.read_only
         )
     )
+
+
+UID_RANGE_MAX_AGE_S = 60.0
+"""How long a daemon's uid range is kept (per socket, in this process): whether it maps its
+containers' uids changes only with its configuration, and a one-shot run opens a fresh engine
+each time."""
+_uid_ranges: dict[str, tuple[float, UidRange]] = {}
+
+
+async def sandbox_uid_range(engine: Engine) -> UidRange:
+    """Where a sandbox's own uid comes from on this daemon (``sbxkit.uids``): ``MAPPED_UIDS``
+    when it maps container uids to subordinate ids (``userns-remap``, rootless), else
+    ``HOST_UIDS``."""
+    now = time.monotonic()
+    kept = _uid_ranges.get(engine.socket_path)
+    if kept is not None and now - kept[0] < UID_RANGE_MAX_AGE_S:
+        return kept[1]
+    if engine.is_podman:
+        mapped = (await engine.podman_host()).security.rootless
+    else:
+        options = (await engine.cached_info()).security_options or []
+        mapped = any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
+    uids = MAPPED_UIDS if mapped else HOST_UIDS
+    _uid_ranges[engine.socket_path] = (now, uids)
+    return uids
 
 
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -156,6 +156,11 @@ class Sandbox(OwnedView):
     def spec(self) -> SandboxSpec:
         return self._box.spec
 
+    @property
+    def user(self) -> str:
+        """``UID:GID`` every command in it runs as: the spec's, or the sandbox's own uid."""
+        return self._box.user
+
     async def denials(self) -> tuple[Denial, ...]:
         """What the sandbox's governed network refused so far (docs/network.md)."""
         return await self._box.denials()
@@ -217,7 +222,7 @@ class Sandbox(OwnedView):
             attach_stderr=True,
             tty=False,
             privileged=False,
-            user=self.spec.user,
+            user=self._box.user,
             env=env,
             working_dir=workdir,
         )
@@ -353,7 +358,7 @@ class Sandbox(OwnedView):
             attach_stderr=True,
             tty=False,
             privileged=False,
-            user=self.spec.user,
+            user=self._box.user,
         )
         exec_id = await exec_create(engine, self.container_id, body)
         killer = await exec_start(engine, exec_id)
@@ -394,7 +399,7 @@ class Sandbox(OwnedView):
         sandbox (no space, the file size limit) raises ``ArchiveError`` with its message.
         """
         destination = confine_dir(dest_dir, self.files_root)
-        uid, gid = parse_user(self.spec.user)
+        uid, gid = parse_user(self._box.user)
         tar = build_tar(
             files,
             uid=uid,

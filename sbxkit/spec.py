@@ -32,6 +32,7 @@ from sbxkit.rules import (
 )
 from sbxkit.settings import Settings
 from sbxkit.textcheck import check_utf8
+from sbxkit.uids import ranges_shown, reserved_range_of
 from sbxkit.units import GiB, KiB, MiB, parse_size
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "spec_from_dict",
     "validate_command",
     "validate_spec",
+    "validate_user",
 ]
 
 INT64_MAX = 2**63 - 1
@@ -149,7 +151,9 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
     """Set in the container as given; ``SBXKIT_LEASE`` and ``SBXKIT_SANDBOX`` are the
     runtime's and overwrite any value here. Nothing comes from the host unless put here."""
-    user: str = "65534:65534"
+    user: str | None = None
+    """``UID:GID``, non-root. None (the default): a uid of the sandbox's own, the same for its
+    gid, that no host account and no other live sandbox uses (``sbxkit.uids``)."""
     workdir: str | None = None
     network: str | Network = "none"
     """``none`` (default), ``bridge``, ``managed``, or a governed network
@@ -205,6 +209,20 @@ def _check_positive_float(field: str, value: object) -> float:
     if number <= 0:
         raise SpecError(field, _UNBOUNDED)
     return number
+
+
+def validate_user(user: str | None, field: str = "user") -> None:
+    """A named user must be a numeric, non-root ``UID:GID`` outside the ranges sbxkit gives
+    sandboxes their own uids from (one named there could share a live sandbox's)."""
+    if user is None:
+        return
+    for number in parse_user(user, field):
+        if reserved_range_of(number) is not None:
+            raise SpecError(
+                field,
+                f"id {number} is in the ranges sbxkit gives each sandbox a uid of its own from "
+                f"({ranges_shown()}); leave the user unset to get one, or name an id outside them",
+            )
 
 
 def parse_user(user: str, field: str = "user") -> tuple[int, int]:
@@ -408,7 +426,7 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     validate_image(spec.image)
     validate_command(spec.command)
     validate_env(spec.env)
-    parse_user(spec.user)
+    validate_user(spec.user)
     validate_workdir(spec.workdir)
     check_network(spec.network, settings.environment)
     validate_runtime_name(spec.runtime)

@@ -25,7 +25,7 @@ from sbxkit.attached import OutputCallback, run_attached
 from sbxkit.backends.base import Backend, Consumer
 from sbxkit.call_checks import check_stdin
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
-from sbxkit.errors import ImageChanged, SbxError, SpecError
+from sbxkit.errors import UID_ATTEMPTS, ImageChanged, SbxError, SpecError, UidTaken
 from sbxkit.gpu import GpuCursor
 from sbxkit.kernel.host import kernel_path_reason, shellless_images
 from sbxkit.kernel.run import NotAlive, run_on_fifos
@@ -150,14 +150,21 @@ class DockerBackend:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
             owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
             fifo_io = kernel and await kernel_path_reason(engine, checked, facts) is None
-            plan = build_plan(
-                checked,
-                facts,
-                lease=new_lease_id(),
-                body_overrides=body_overrides,
-                fifo_root=owner.fifo_root if fifo_io else None,
-            )
-            async with owned_container(plan, engine, owner) as box:
+            async with contextlib.AsyncExitStack() as stack:
+                for attempt in range(1, UID_ATTEMPTS + 1):
+                    plan = build_plan(
+                        checked,
+                        facts,
+                        lease=new_lease_id(),
+                        body_overrides=body_overrides,
+                        fifo_root=owner.fifo_root if fifo_io else None,
+                    )
+                    try:
+                        box = await stack.enter_async_context(owned_container(plan, engine, owner))
+                        break
+                    except UidTaken:  # nothing was created: a new lease, a new uid
+                        if attempt == UID_ATTEMPTS:
+                            raise
                 yield box
 
     async def run_once(
@@ -184,7 +191,7 @@ class DockerBackend:
             # image is checked before it starts, and a moved name is planned again, afresh.
             facts = await learn_daemon(engine, checked, self.gpu_cursor, reuse_image=True)
             replanned = False
-            interrupted = 0
+            interrupted = taken = 0
             while True:
                 try:
                     if await kernel_path_reason(engine, checked, facts) is None:
@@ -203,6 +210,10 @@ class DockerBackend:
                 except CreateInterrupted:  # no container was ever ours: nothing ran, nor read
                     interrupted += 1
                     if interrupted > CREATE_INTERRUPTIONS:
+                        raise
+                except UidTaken:  # refused before the create: planned under a new lease
+                    taken += 1
+                    if taken >= UID_ATTEMPTS:
                         raise
                 except SbxError:
                     forget_image(engine, checked.spec.image)

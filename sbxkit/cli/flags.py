@@ -268,7 +268,9 @@ def add_sandbox_flags(
         metavar="K=V",
         help="set a variable; a bare K passes the host's value",
     )
-    parser.add_argument("--user", help="UID:GID, non-root (default: 65534:65534)")
+    parser.add_argument(
+        "--user", help="UID:GID, non-root (default: a uid of the sandbox's own, docs/security.md)"
+    )
     parser.add_argument("--workdir", help="absolute working directory")
     parser.add_argument("--network", choices=["none", "bridge", "managed"], help=network_help)
     parser.add_argument(

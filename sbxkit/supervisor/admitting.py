@@ -55,6 +55,7 @@ from sbxkit.supervisor.wire import (
     Register,
     Registered,
 )
+from sbxkit.uid_holds import hold_own_uid
 
 QUEUED_HEARTBEAT_S = 1.0  # a waiting caller hears from us at least this often
 
@@ -223,6 +224,34 @@ class Admitting(Leases):
             await peer.send(Refused(code=refusal[0], reason=refusal[2], field=refusal[1]))
             log(f"lease {register.lease}: refused {refusal[1]}: {refusal[2]}")
             return None
+        taken = self._hold_uid(register)
+        if taken is not None:
+            await peer.send(Refused(code="uid_taken", reason=taken, field="Config.User"))
+            log(f"lease {register.lease}: refused Config.User: {taken}")
+            return None
+        live: LiveLease | None = None
+        try:
+            live = await self._admit_held(peer, register, intent)
+        finally:
+            if live is None and register.lease not in self.records:
+                self.let_uid_go(register.lease)  # nothing was journaled: nothing can exist
+        return live
+
+    def _hold_uid(self, register: Register) -> str | None:
+        """Hold the uid the body runs as when it is the lease's own (``sbxkit.uids``): why it
+        cannot be held, else None. Held until the container is confirmed gone (``_forget``)."""
+        held = hold_own_uid(register.lease, register.body)
+        if isinstance(held, str):
+            return held
+        if held is not None:
+            self.uid_holds[register.lease] = held
+        return None
+
+    async def _admit_held(
+        self, peer: Caller, register: Register, intent: Intent
+    ) -> LiveLease | None:
+        """``_admit`` once the lease's uid is held: the daemon's checks, the admission and
+        launch slot waits, the journal."""
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
             await self._learn_budget(engine)
@@ -404,6 +433,7 @@ class Admitting(Leases):
             nano_cpus=register.reservation.nano_cpus,
             secret_hash=register.secret_hash,
             governed=register.network is not None and register.network.needs_governor,
+            uid=held.uid if (held := self.uid_holds.get(register.lease)) is not None else None,
         )
         live = LiveLease(
             record,

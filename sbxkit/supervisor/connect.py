@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from sbxkit.errors import NeverFits, SbxError
+from sbxkit.errors import NeverFits, SbxError, UidTaken
 from sbxkit.supervisor.channel import FrameChannel
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 from sbxkit.supervisor.journal import check_state_dir
@@ -254,8 +254,12 @@ async def _launched(
     return stream
 
 
-def refusal_error(reply: Refused, lease: str | None = None) -> SupervisorError | NeverFits:
+def refusal_error(
+    reply: Refused, lease: str | None = None
+) -> SupervisorError | NeverFits | UidTaken:
     """The error a refusal stands for: its code decides the class."""
+    if reply.code == "uid_taken":
+        return UidTaken(lease or "?", reply.reason)
     if reply.code == "never_fits":
         return NeverFits(reply.field or "limits", reply.reason, lease=lease)
     if reply.code == "admission_timeout":

@@ -35,6 +35,8 @@ from sbxkit.supervisor.records import LeaseRecord
 from sbxkit.supervisor.wire import (
     Refused,
 )
+from sbxkit.uid_holds import UidHold, hold_uid
+from sbxkit.uids import reserved_range_of
 
 REMOVE_ATTEMPT_BUDGET_S = 5.0
 REMOVE_RETRY_CEILING_S = 0.5
@@ -81,6 +83,7 @@ class ServiceCore:
         self.recovery_done = trio.Event()  # set (and renewed) as one leaves ``recovering``
         self.history: deque[str] = deque(maxlen=HISTORY_LINES)
         self.handoff_import = trio.Lock()  # service.py, ``handoff_loaded``
+        self.uid_holds: dict[str, UidHold] = {}  # lease → its own uid, held until it is gone
 
     async def engine_for(self, socket_path: str) -> Engine:
         engine = self.engines.get(socket_path)
@@ -121,11 +124,29 @@ class ServiceCore:
             return removal.last_error or "not confirmed"
         return None
 
+    def hold_record_uid(self, record: LeaseRecord) -> None:
+        """A recorded lease's own uid, held again (a restarted supervisor's records: their
+        containers may still run). One another process took meanwhile is only logged."""
+        if record.uid is None or record.lease in self.uid_holds:
+            return
+        uids = reserved_range_of(record.uid)
+        held = "not in a sandbox range" if uids is None else hold_uid(record.uid, uids)
+        if isinstance(held, str):
+            log(f"lease {record.lease}: its uid {record.uid} cannot be held again: {held}")
+            return
+        self.uid_holds[record.lease] = held
+
+    def let_uid_go(self, lease: str) -> None:
+        held = self.uid_holds.pop(lease, None)
+        if held is not None:
+            held.release()
+
     async def _forget(self, lease: str) -> None:
         # The container is confirmed gone: its kernel path FIFOs (sbxkit/kernel) go too,
-        # whoever made them — a killed caller leaves none behind.
+        # whoever made them — a killed caller leaves none behind. So does the hold on its uid.
         remove_io_dir(io_root(self.state.path), lease)
         await self.journal.delete(lease)
+        self.let_uid_go(lease)
         self.records.pop(lease, None)
         self.held.pop(lease, None)
         self._release(lease)  # its memory is free only once the container is confirmed gone

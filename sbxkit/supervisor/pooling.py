@@ -282,10 +282,23 @@ class Pooling(Admitting):
     async def _admit_park(
         self, pool: ShapePool, register: Register, parked: trio.Event
     ) -> str | LiveLease:
-        template, lease = pool.claim.template, register.lease
+        lease = register.lease
         refusal = await self._recheck_body(register)
         if refusal is not None:
             return f"refused {refusal[0]}: {refusal[1]}"
+        taken = self._hold_uid(register)  # a taken uid: the next round parks under a new lease
+        if taken is not None:
+            return taken
+        try:
+            return await self._admit_park_held(pool, register, parked)
+        finally:
+            if lease not in self.records:
+                self.let_uid_go(lease)  # not journaled: nothing of it can exist
+
+    async def _admit_park_held(
+        self, pool: ShapePool, register: Register, parked: trio.Event
+    ) -> str | LiveLease:
+        template, lease = pool.claim.template, register.lease
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)
             await self._learn_budget(engine)

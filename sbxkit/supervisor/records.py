@@ -60,6 +60,9 @@ class LeaseRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     governed: bool = False
     """The lease has a governed network: its listeners die with the supervisor, so it is
     never re-adopted (docs/operations.md)."""
+    uid: int | None = None
+    """The sandbox's own uid (``sbxkit.uids``), held while its container may exist; None when
+    its spec named a user."""
 
 
 _decoder = msgspec.json.Decoder(LeaseRecord)

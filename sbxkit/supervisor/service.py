@@ -326,8 +326,10 @@ async def _serve_locked(config: Config, state: StateDir) -> int:
             log(f"blocking new execution: {exc}")
             continue
         service.records[record.lease] = record
-        # Its container may exist: its memory stays reserved until recovery confirms it gone.
+        # Its container may exist: its memory stays reserved until recovery confirms it gone,
+        # and its own uid held.
         service.admission.hold(record.lease, Need(record.memory_bytes, record.nano_cpus))
+        service.hold_record_uid(record)
     if service.records:
         log(f"recovering {len(service.records)} lease record(s)")
     service.hold_for_adoption()

@@ -20,14 +20,20 @@ from sbxkit.mounts import ExpectedMount
 from sbxkit.rules import LEASE_LABEL
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.wire import Claim, PoolTerms
+from sbxkit.uids import body_with_uid, own_range, uid_for_lease
 
 PLACEHOLDER_LEASE = "0" * 32
 LEASE_VARIABLE = "SBXKIT_LEASE"
 
 
 def body_for_lease(template: ContainerCreate, template_lease: str, lease: str) -> ContainerCreate:
-    """``template`` with its lease label, ``SBXKIT_LEASE`` and, on the kernel path, the FIFO
-    directory it binds (``<root>/<lease>``, sbxkit/kernel) set to ``lease``."""
+    """``template`` with its lease label, ``SBXKIT_LEASE``, on the kernel path the FIFO
+    directory it binds (``<root>/<lease>``, sbxkit/kernel), and a uid of the template lease's
+    own (``sbxkit.uids``: its user and tmpfs owners) set to ``lease``'s."""
+    uids = own_range(template.user, template_lease)
+    if uids is not None:
+        old, new = uid_for_lease(template_lease, uids), uid_for_lease(lease, uids)
+        template = body_with_uid(template, old, new)
     labels = dict(template.labels or {})
     if LEASE_LABEL in labels:
         labels[LEASE_LABEL] = lease

@@ -234,6 +234,7 @@ RefusalCode = Literal[
     "policy",  # the create body breaks a hardened invariant (recheck.py); ``field`` names it
     "engine",  # the engine socket is not one this supervisor may talk to
     "shutdown",
+    "uid_taken",  # the lease's own uid is a host account's or held: plan under a new lease
 ]
 
 

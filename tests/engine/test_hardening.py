@@ -16,6 +16,8 @@ import pytest
 from sbxkit.engine.client import Engine
 from sbxkit.result import RunResult
 from sbxkit.spec import MiB
+from sbxkit.uid_holds import host_id_problem
+from sbxkit.uids import HOST_UIDS
 from tests.engine.helpers import (
     assert_half_fits_double_does_not,
     fill_half_then_double,
@@ -28,16 +30,19 @@ from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor, min_pids, read_only_error
 from tests.witness import Witness
 
-NOBODY = "65534"
 
-
-async def test_payload_runs_as_uid_and_gid_65534(
+async def test_the_payload_runs_as_a_uid_and_gid_of_its_own(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
+    """No user named: one id, uid and gid and only group, from the sandbox range, that no
+    host account or group has (sbxkit.uids)."""
     result = await oneshot(spec(busybox, "id -u; id -g; id -G", runtime=runtime), engine=engine)
 
     assert result.ok, result
-    assert text(result.stdout).split() == [NOBODY, NOBODY, NOBODY]
+    uid, gid, groups = text(result.stdout).split()
+    assert uid == gid == groups
+    assert int(uid) in HOST_UIDS
+    assert host_id_problem(int(uid)) is None
 
 
 async def test_root_filesystem_is_read_only(

@@ -37,6 +37,7 @@ from sbxkit.runner import run
 from sbxkit.session import open_sandbox
 from sbxkit.spec import MiB, SandboxSpec
 from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit.uids import HOST_UIDS
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import parked_command, spec, still_parked, unique, wait_until
 from tests.supervision import running_supervisor
@@ -350,7 +351,9 @@ async def test_a_session_starts_from_a_parked_container(
             assert box.container_id == waiting["Id"]  # claimed, not created
             await box.put_files({"in.txt": b"abc"})
             result = await box.exec(["sh", "-c", "cat /tmp/in.txt; echo; id -u"])
-            assert (result.status, result.stdout) == ("exited", b"abc\n65534\n")
+            own = box.user.partition(":")[0]  # the parked container's own uid
+            assert (result.status, result.stdout) == ("exited", f"abc\n{own}\n".encode())
+            assert int(own) in HOST_UIDS
             listing = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
             processes = (await box.exec(["sh", "-c", listing])).stdout.decode()
             assert any(line.startswith("sleep ") for line in processes.splitlines())

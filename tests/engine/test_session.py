@@ -145,9 +145,10 @@ async def test_exec_result_streams_stdin_user_and_env(
             env={"GREETING": "hi", "SBXKIT_LEASE": "forged"},
             workdir="/tmp",
         )
+        own = sandbox.user.partition(":")[0]  # the sandbox's own uid, its gid the same
         assert who.stdout.decode().split("\n") == [
-            "65534",
-            "65534",
+            own,
+            own,
             f"hi {sandbox.lease}",  # the runtime's keys cannot be overwritten
             "/tmp",
             "",
@@ -224,7 +225,8 @@ async def test_a_10_mib_file_round_trip_keeps_its_sha256(
         put_s = time.monotonic() - started
         listing = await sandbox.exec(["sh", "-c", "ls -ln /tmp/work/in; sha256sum /tmp/work/in/*"])
         assert hashlib.sha256(data).hexdigest().encode() in listing.stdout
-        assert b" 65534 " in listing.stdout  # owned by the sandbox user
+        own = sandbox.user.partition(":")[0]
+        assert f" {own} {own} ".encode() in listing.stdout  # owned by the sandbox user
         started = time.monotonic()
         got = await sandbox.get_files(["work/in/big.bin", "/tmp/work/note.txt"])
         get_s = time.monotonic() - started

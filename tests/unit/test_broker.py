@@ -736,7 +736,7 @@ def test_publish_fsyncs_the_file_before_and_the_directory_after_publishing(
 
 
 def test_workspace_is_private_and_staging_belongs_to_the_sandbox_user(tmp_path: Path) -> None:
-    ws = broker._open_workspace(str(tmp_path), 4242, 4343, True)
+    ws = broker._open_workspace(str(tmp_path), (4242, 4343), True)
     try:
         root = Path(ws.root)
         assert root.parent == tmp_path
@@ -755,7 +755,7 @@ def test_workspace_for_a_broker_that_cannot_chown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    ws = broker._open_workspace(str(tmp_path), 4242, 4343, True)
+    ws = broker._open_workspace(str(tmp_path), (4242, 4343), True)
     try:
         # Writable by the sandbox user, reachable only through the 0700 root.
         assert stat.S_IMODE((Path(ws.root) / "out").stat().st_mode) == 0o777
@@ -764,8 +764,21 @@ def test_workspace_for_a_broker_that_cannot_chown(
         broker._dispose(ws)
 
 
+def test_a_sandbox_of_its_own_uid_gets_a_staging_dir_private_through_its_root(
+    tmp_path: Path,
+) -> None:
+    """A spec that names no user runs as a uid chosen when the run is planned, after the
+    workspace exists: its staging directory is 0777 under the 0700 root."""
+    ws = broker._open_workspace(str(tmp_path), None, True)
+    try:
+        assert stat.S_IMODE((Path(ws.root) / "out").stat().st_mode) == 0o777
+        assert stat.S_IMODE(Path(ws.root).stat().st_mode) == 0o700
+    finally:
+        broker._dispose(ws)
+
+
 def test_dispose_removes_whatever_the_payload_left(tmp_path: Path) -> None:
-    ws = broker._open_workspace(str(tmp_path), 4242, 4343, True)
+    ws = broker._open_workspace(str(tmp_path), (4242, 4343), True)
     staging = Path(ws.staging)
     (staging / "deep" / "er").mkdir(parents=True)
     (staging / "deep" / "er" / "f").write_bytes(b"x")
@@ -778,4 +791,4 @@ def test_dispose_removes_whatever_the_payload_left(tmp_path: Path) -> None:
 
 def test_an_unusable_work_dir_is_a_grant_error(tmp_path: Path) -> None:
     with pytest.raises(GrantError, match="cannot create"):
-        broker._open_workspace(str(tmp_path / "missing"), 1, 1, False)
+        broker._open_workspace(str(tmp_path / "missing"), (1, 1), False)

@@ -71,7 +71,7 @@ def test_defaults() -> None:
         scratch_bytes=64 * MiB,
     )
     assert spec.env == {}
-    assert spec.user == "65534:65534"
+    assert spec.user is None  # a uid of the sandbox's own, chosen when it is planned
     assert spec.workdir is None
     assert spec.runtime is None
     assert spec.network == "none"

@@ -18,6 +18,7 @@ from sbxkit.policy import (
     scratch_options,
 )
 from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit.uids import HOST_UIDS, uid_for_lease
 
 LEASE = "0123abcd-lease"
 
@@ -50,6 +51,10 @@ def encoded(spec: SandboxSpec, lease: str = LEASE) -> dict[str, Any]:
     return body
 
 
+OWN = uid_for_lease(LEASE, HOST_UIDS)
+"""The pinned body's lease's own uid (``sbxkit.uids``)."""
+
+
 def test_full_body_is_pinned() -> None:
     assert encoded(make_spec()) == {
         "Image": "python:3.12-slim",
@@ -57,7 +62,7 @@ def test_full_body_is_pinned() -> None:
         "Entrypoint": [],
         # The runtime's own keys are always present (environment ownership, design.md §5).
         "Env": [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1"],
-        "User": "65534:65534",
+        "User": f"{OWN}:{OWN}",
         "Labels": {LEASE_LABEL: LEASE},
         "AttachStdin": True,
         "AttachStdout": True,
@@ -89,7 +94,7 @@ def test_full_body_is_pinned() -> None:
             "Privileged": False,
             "AutoRemove": False,
             "Tmpfs": {
-                "/tmp": (f"rw,nosuid,nodev,noexec,size={64 * MiB},mode=1777,uid=65534,gid=65534")
+                "/tmp": (f"rw,nosuid,nodev,noexec,size={64 * MiB},mode=1777,uid={OWN},gid={OWN}")
             },
         },
     }

@@ -157,7 +157,7 @@ def test_a_minimal_profile_leaves_everything_else_at_the_spec_defaults() -> None
     )
     assert spec.image == "img"
     assert spec.limits == Limits()  # mandatory limits unset: the caller must supply them
-    assert (spec.user, spec.network, spec.runtime, spec.env) == ("65534:65534", "none", None, {})
+    assert (spec.user, spec.network, spec.runtime, spec.env) == (None, "none", None, {})
     assert operator == Settings()
     assert supervisor == SupervisorOptions()
 
