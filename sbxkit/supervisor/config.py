@@ -158,7 +158,10 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
         "--max-connections",
         type=positive_int,
         default=defaults.max_connections,
-        help=f"client connections; more are refused (default: {defaults.max_connections})",
+        help=(
+            "client connections; at the cap the one longest in its handshake is dropped, "
+            f"else a newcomer is refused (default: {defaults.max_connections})"
+        ),
     )
     parser.add_argument(
         "--memory-budget",

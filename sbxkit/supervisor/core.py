@@ -84,6 +84,7 @@ class ServiceCore:
         self.history: deque[str] = deque(maxlen=HISTORY_LINES)
         self.handoff_import = trio.Lock()  # service.py, ``handoff_loaded``
         self.uid_holds: dict[str, UidHold] = {}  # lease → its own uid, held until it is gone
+        self.greeting: dict[int, trio.CancelScope] = {}  # connections before their request
 
     async def engine_for(self, socket_path: str) -> Engine:
         engine = self.engines.get(socket_path)

@@ -116,14 +116,40 @@ class Service(Adopting, Pooling, Recovery):
         if uid != os.geteuid():
             await self._refuse(peer, "peer", f"peer uid {uid} is not the supervisor's uid")
             return
-        if self.connections > self.config.capacity.max_connections:
+        if self.connections > self.config.capacity.max_connections and not self._evict_a_greeter():
             await self._refuse(peer, "capacity", "too many connections")
             return
+        greeting = trio.CancelScope()
+        self.greeting[id(peer)] = greeting
+        try:
+            with greeting:
+                register = await self._greet(peer)
+        finally:
+            self.greeting.pop(id(peer), None)
+        if greeting.cancelled_caught:
+            log("dropped a connection still in its handshake: the connection cap was reached")
+            return
+        if register is None:
+            return
+        await self._serve_request(peer, register)
+
+    def _evict_a_greeter(self) -> bool:
+        """At the connection cap, the connection that has been greeting longest without a
+        request goes (a caller whose handshake is cut retries on a new connection), so idle
+        connections cannot hold every slot: True if there was one."""
+        for scope in self.greeting.values():
+            if not scope.cancel_called:
+                scope.cancel()
+                return True
+        return False
+
+    async def _greet(self, peer: Peer) -> Message | None:
+        """Hello, Welcome and the request; None when the peer said nothing usable."""
         hello: Message | None = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
             hello = await peer.receive()
         if not isinstance(hello, Hello):
-            return
+            return None
         if hello.protocol != PROTOCOL_VERSION or hello.fingerprint != self.fingerprint:
             await self._refuse(
                 peer,
@@ -132,7 +158,7 @@ class Service(Adopting, Pooling, Recovery):
                 f"{PROTOCOL_VERSION} ({self.fingerprint}): drain the older supervisor before "
                 "upgrading",
             )
-            return
+            return None
         # Welcome before the request is read, never held back with its first answer: a caller
         # that never heard it sends its Register again on a new connection (connect_supervisor)
         # — safe only because nothing is journaled before this, else a restarted supervisor
@@ -141,6 +167,9 @@ class Service(Adopting, Pooling, Recovery):
         register: Message | None = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
             register = await peer.receive()
+        return register
+
+    async def _serve_request(self, peer: Peer, register: Message) -> None:
         if isinstance(register, Recover):
             await self.recover_once()
             await peer.send(Report(lines=self.recovery_report(), remaining=len(self.records)))

@@ -772,6 +772,35 @@ def test_a_handshake_mismatch_is_refused(greeting: Hello, state_dir: Path) -> No
         assert sup.proc.poll() is None
 
 
+def test_connections_that_only_say_hello_cannot_keep_a_run_out(
+    state_dir: Path, busybox: str, witness: Witness
+) -> None:
+    """Idle greeters filled every connection slot for the handshake timeout and a real run was
+    refused (``too many connections``, exit 75): at the cap, the connection greeting longest
+    without a request gives its slot to the newcomer; a caller whose handshake is cut retries."""
+    cap = 8
+    with running_supervisor(state_dir, "--max-connections", str(cap)) as sup:
+        idle = [RawClient(sup.socket_path) for _ in range(3 * cap)]
+        try:
+            for client in idle:
+                with contextlib.suppress(OSError):
+                    client.send(hello())
+            marker = unique("past-greeters")
+            env = {**os.environ, "SBXKIT_STATE_DIR": str(state_dir)}
+            done = sbxkit_cli(
+                "run", "--socket", SOCKET, "--memory", "64m", "--timeout", "30s", busybox,
+                "--", "echo", marker, env=env,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.split() == [marker]
+            assert "dropped a connection still in its handshake" in sup.log()
+        finally:
+            for client in idle:
+                client.close()
+        assert sup.proc.poll() is None
+    assert containers_with_marker(witness, marker) == []
+
+
 # --- h. operator commands -----------------------------------------------------------------------
 
 
