@@ -21,6 +21,7 @@ import trio
 
 from sbxkit.cli.daemon_refusal import is_daemon_refusal
 from sbxkit.errors import CleanupError, EngineUnavailable, ImageError, SbxError, SpecError
+from sbxkit.handoff.notice import say
 from sbxkit.result import RunResult, Status, json_fields
 from sbxkit.supervisor.connect import CapacityExhausted
 
@@ -187,14 +188,14 @@ def exit_with(handler: Callable[[argparse.Namespace], int], args: argparse.Names
         if json_errors:
             print_json_error(type(exc).__name__, str(exc), getattr(exc, "field", None), code)
     except Interrupted as exc:
-        print(f"sbxkit: interrupted by {exc}; sandbox removed", file=sys.stderr)
+        say(f"sbxkit: interrupted by {exc}; sandbox removed", sys.stderr)
         code = exc.exit_code
         if json_errors:
             print_json_error("Interrupted", f"interrupted by {exc}", None, code)
     except KeyboardInterrupt:
         # A Ctrl-C outside trio's signal receiver: before the run began, or a repeated one
         # that trio redelivers once the receiver closes (after cleanup). No traceback.
-        print("sbxkit: interrupted by SIGINT", file=sys.stderr)
+        say("sbxkit: interrupted by SIGINT", sys.stderr)
         code = EXIT_SIGINT
     sys.exit(code)
 

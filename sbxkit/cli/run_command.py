@@ -17,7 +17,7 @@ from sbxkit.cli.backend import cli_backend
 from sbxkit.cli.common import cancel_on_signals, exit_code_for, to_json
 from sbxkit.cli.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
 from sbxkit.errors import SpecError
-from sbxkit.handoff.notice import WaitingNotice
+from sbxkit.handoff.notice import WaitingNotice, say
 from sbxkit.plan import CheckedSpec
 from sbxkit.profile import PoolOptions, Profile, load_profile, profile_settings
 from sbxkit.result import RunResult
@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stderr.buffer.write(result.stderr)
         notice = status_notice(result)
         if notice is not None:
-            print(notice, file=sys.stderr)
+            say(notice, sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
 

@@ -38,6 +38,7 @@ from sbxkit.cli.flags import (
     spec_from_args,
 )
 from sbxkit.errors import SbxError
+from sbxkit.handoff.notice import say
 from sbxkit.plan import CheckedSpec
 from sbxkit.profile import Profile, load_profile, profile_settings
 from sbxkit.settings import Settings
@@ -277,13 +278,13 @@ def run_shell(
     stopped = outcome.signal or (pending[0] if pending else None)
     if stopped is not None:
         name = signal.Signals(stopped).name
-        print(f"sbxkit: interrupted by {name}; sandbox removed", file=sys.stderr)
+        say(f"sbxkit: interrupted by {name}; sandbox removed", sys.stderr)
         return 128 + stopped
     assert outcome.exit is not None
     result = outcome.exit
     if result.status == "exited":
         return result.exit_code if result.exit_code is not None else EXIT_INTERNAL
-    print(f"sbxkit: {result.status.replace('_', ' ')}", file=sys.stderr)
+    say(f"sbxkit: {result.status.replace('_', ' ')}", sys.stderr)
     return STATUS_EXIT[result.status]
 
 

@@ -32,7 +32,7 @@ import sys
 import time
 
 from sbxkit.handoff.fifos import Ends, Watched, watch
-from sbxkit.handoff.notice import WaitingNotice
+from sbxkit.handoff.notice import WaitingNotice, say
 from sbxkit.handoff.scan import PLANNING_ENV, Scan, scan_run
 from sbxkit.readiness import readable
 from sbxkit.supervisor.address import SOCKET_NAME, state_dir_text
@@ -110,7 +110,7 @@ def handoff(argv: Sequence[str]) -> int | None:
         except Declined as exc:
             _trace(f"full path: {exc}")
             if signals.received:  # Ctrl-C before anything ran: as the full path says it
-                print(f"sbxkit: interrupted by {signals.name()}", file=sys.stderr)
+                say(f"sbxkit: interrupted by {signals.name()}", sys.stderr)
                 return 128 + signals.received[0]
             return None
     _trace("handed off")
@@ -431,7 +431,7 @@ def _cancel(
         return _print_error(failed, scan)
     code = 128 + int(signum)
     name = signal.Signals(signum).name
-    print(f"sbxkit: interrupted by {name}; sandbox removed", file=sys.stderr)
+    say(f"sbxkit: interrupted by {name}; sandbox removed", sys.stderr)
     if scan.json:
         sys.stdout.write(error_json("Interrupted", f"interrupted by {name}", code) + "\n")
         sys.stdout.flush()
@@ -474,7 +474,7 @@ def _print_result(report: dict[str, Any], watched: Watched, scan: Scan) -> int:
         sys.stdout.buffer.write(stdout)
         sys.stderr.buffer.write(stderr)
         if report.get("notice"):
-            print(report["notice"], file=sys.stderr)
+            say(report["notice"], sys.stderr)
     sys.stdout.flush()
     return int(report["exit_status"])
 

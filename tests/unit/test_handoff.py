@@ -370,3 +370,26 @@ def test_an_exit_and_more_stdin_in_one_poll_end_the_input_once(tmp_path: Path) -
             os.close(fd)
         sandbox.proc.wait()
     assert watched.status == "exited"
+
+
+def test_sbxkits_own_lines_end_what_a_payload_left_open_on_a_terminal_only() -> None:
+    """On a terminal a line of sbxkit's own starts by ending any escape sequence or string,
+    attribute and character set the payload's output left open; elsewhere it is plain."""
+    import io
+    import os
+
+    from sbxkit.handoff.notice import TERMINAL_RESET, say
+
+    plain = io.StringIO()
+    say("sbxkit: timed out", plain)
+    assert plain.getvalue() == "sbxkit: timed out\n"
+    controller, terminal = os.openpty()
+    try:
+        with os.fdopen(terminal, "w", closefd=False) as stream:
+            say("sbxkit: timed out", stream)
+        seen = os.read(controller, 4096)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert seen.startswith(b"\x18\x1b\\")  # CAN, then ST: an OSC or DCS string ends
+    assert seen.replace(b"\r\n", b"\n") == (TERMINAL_RESET + "sbxkit: timed out\n").encode()
