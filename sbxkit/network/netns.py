@@ -242,6 +242,8 @@ async def add_hosts_entries(process: SandboxProcess, names: Sequence[str]) -> No
 
 
 _FILE_MODES = (("ca", "ca.pem", 0o444), ("cert", "cert.pem", 0o444), ("key", "key.pem", 0o400))
+TLS_DIR_MODE = 0o755
+"""The bundle's directory: root's, searchable by the sandbox user, writable by no one else."""
 
 
 def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
@@ -259,9 +261,12 @@ def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int
             opened.append(directory)
         if os.fstat(directory).st_dev == os.fstat(root).st_dev:
             raise NetworkUnavailable(f"{TLS_MOUNT} in the sandbox is not sbxkit's tmpfs")
-        os.mkdir("tls", 0o755, dir_fd=directory)
+        os.mkdir("tls", 0o700, dir_fd=directory)
         tls = os.open("tls", nofollow, dir_fd=directory)
         opened.append(tls)
+        # Explicit, whatever the owner's umask: an auto-launched supervisor runs with 077,
+        # which left the directory 0700 and the payload unable to read its own CA.
+        os.fchmod(tls, TLS_DIR_MODE)
         for attribute, name, mode in _FILE_MODES:
             data = getattr(bundle, attribute)
             if data is None:

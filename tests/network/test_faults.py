@@ -21,9 +21,10 @@ from sbxkit.plan import make_plan
 from sbxkit.settings import Settings
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.connect import SupervisorError
+from tests.network.conftest import LAUNCHER_UMASK, supervisor_with_umask
 from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.supervision import SupervisorProcess, private_state_dir
 from tests.witness import PYTHON, Witness
 
 LOOP = r"""
@@ -63,7 +64,7 @@ async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the
         if "ok" in lines:
             first_ok.set()
 
-    with running_supervisor(state_dir) as supervisor:
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK) as supervisor:
         backend = DockerBackend(
             engine=engine,
             settings=Settings(supervisor_state_dir=str(state_dir)),
@@ -87,7 +88,7 @@ async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the
         assert len(refusals) >= 3, lines  # egress stopped with its owner: fails closed
         assert "Connection refused" in refusals[-1]
         assert witness.sbxkit_containers(), "recovery, not the killed owner, removes it"
-    with running_supervisor(state_dir):  # the next start recovers the journal
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK):  # the next start recovers it
         assert witness.wait_until_no_sbxkit_containers(seconds=30) == []
 
 
