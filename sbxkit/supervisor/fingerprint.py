@@ -17,7 +17,7 @@ else:
 
 __all__ = ["PROTOCOL_VERSION", "SOURCES", "implementation_fingerprint"]
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 """Bumped with every change to the messages (``wire.py``) or their meaning."""
 
 # The sources that define supervision behaviour: a helper built from other revisions of these

@@ -45,8 +45,12 @@ for attempt in range(300):
 
 
 async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the_sandbox(
-    engine: Engine, servers: Servers, witness: Witness
+    engine: Engine, servers: Servers, witness: Witness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its caller cannot launch another (a broken ``SBXKIT_SUPERVISOR``), so nothing re-adopts
+    the lease: egress stays closed, the run fails, and the next supervisor's recovery removes
+    the sandbox. (A caller that can launch one re-adopts it: test_readoption.py.)"""
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
     state_dir = private_state_dir()
     spec = sbxkit.SandboxSpec(
         image=PYTHON,
@@ -88,7 +92,8 @@ async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the
         assert len(refusals) >= 3, lines  # egress stopped with its owner: fails closed
         assert "Connection refused" in refusals[-1]
         assert witness.sbxkit_containers(), "recovery, not the killed owner, removes it"
-    with supervisor_with_umask(state_dir, LAUNCHER_UMASK):  # the next start recovers it
+    # the next start recovers it: held for its caller's grace period (10 s), then removed
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK):
         assert witness.wait_until_no_sbxkit_containers(seconds=30) == []
 
 

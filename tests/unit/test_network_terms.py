@@ -32,6 +32,7 @@ from sbxkit.network.terms import (
 from sbxkit.policy import hardened_body
 from sbxkit.rules import check_network, check_runtime_fit
 from sbxkit.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit.supervisor.adopting import terms_problem
 from sbxkit.supervisor.recheck import recheck_body
 from sbxkit.supervisor.templates import shape_key
 from sbxkit.supervisor.wire import Claim, PoolTerms, Register, Reservation
@@ -472,3 +473,20 @@ def test_denials_are_capped_and_decisions_are_one_line_each() -> None:
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1
     assert msgspec.json.decode(line)["verdict"] == "denied"
+
+
+# --- a governed lease re-adopted after its supervisor died -------------------------------------
+
+
+def test_an_adopts_terms_must_be_a_governed_leases_and_parse() -> None:
+    assert terms_problem(ALLOW, governed=True) is None
+    assert terms_problem(CALLBACK, governed=True) is None
+    assert terms_problem(None, governed=True) is None  # re-adopted closed (a resumed run)
+    assert terms_problem(None, governed=False) is None
+    assert "registered no governed network" in (terms_problem(ALLOW, governed=False) or "")
+    bad = msgspec.structs.replace(ALLOW, allow=["*"])
+    assert "network.allow[0]" in (terms_problem(bad, governed=True) or "")
+    bad = msgspec.structs.replace(ALLOW, audit_log="relative.log")
+    assert "absolute path" in (terms_problem(bad, governed=True) or "")
+    bad = msgspec.structs.replace(ALLOW, gateway="172.17.0.1")
+    assert "gateway" in (terms_problem(bad, governed=True) or "")
