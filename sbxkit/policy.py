@@ -33,6 +33,7 @@ from sbxkit.network.terms import (
     network_mode,
     owned_keys,
     spec_owned_keys,
+    unset_env,
 )
 from sbxkit.rules import (
     HOST_GATEWAY_ALIAS,
@@ -305,7 +306,7 @@ def hardened_body(
         image=spec.image,
         cmd=list(spec.command),
         entrypoint=[],
-        env=_env_list(container_env(spec, lease, network)),
+        env=[*_env_list(container_env(spec, lease, network)), *unset_env(network, podman=podman)],
         user=spec.user,
         working_dir=spec.workdir,
         labels={**spec_labels(spec), **(settings.labels if settings else {}), LEASE_LABEL: lease},

@@ -138,7 +138,7 @@ class ServedOwner(SupervisedOwner):
             raise SupervisorError("a handed-off run starts its container itself", lease=lease)
         register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
         secret, register = with_secret(register)
-        self.secret = None if network is not None and network.needs_governor else secret
+        self.secret = secret  # a governed run's too: resumed, its egress stays closed
         replies = LocalReplies(self._forward, msgspec.json.encode(register))
         intent = Intent()
         self._local[lease] = (replies, intent)

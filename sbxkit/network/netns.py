@@ -185,6 +185,9 @@ def _bind_all(pidfd: int, addresses: Sequence[tuple[str, int]]) -> list[socket.s
                 family = socket.AF_INET6 if ":" in host else socket.AF_INET
                 listener = socket.socket(family, socket.SOCK_STREAM)
                 sockets.append(listener)
+                # A restarted owner binds again where its dead predecessor's connections may
+                # linger in TIME_WAIT (re-adoption); it never shares a port with a listener.
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind((host, port))
                 listener.listen(LISTEN_BACKLOG)
                 listener.setblocking(False)
@@ -219,19 +222,22 @@ async def bind_in_sandbox(
 async def add_hosts_entries(process: SandboxProcess, names: Sequence[str]) -> None:
     """Map ``names`` to 127.0.0.1 in the sandbox's ``/etc/hosts``: the daemon's own file for
     the container (bind-mounted read-only into it; ``ExtraHosts`` is not written under
-    ``NetworkMode: none``), appended in place before the payload runs."""
+    ``NetworkMode: none``), appended in place before the payload runs. A line already there
+    (a restarted owner re-adopting the sandbox) is not written twice."""
     if not names:
         return
     if not process.hosts_path.startswith("/"):
         raise NetworkUnavailable("the daemon reports no hosts file for the sandbox")
-    lines = "".join(f"127.0.0.1\t{name}\n" for name in names).encode("ascii")
+    wanted = [f"127.0.0.1\t{name}\n".encode("ascii") for name in names]
 
     def append() -> None:
-        fd = os.open(process.hosts_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(process.hosts_path, flags)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise NetworkUnavailable("the sandbox's hosts file is not a regular file")
-            os.write(fd, lines)
+            present = set(os.pread(fd, HOSTS_READ_LIMIT, 0).splitlines(keepends=True))
+            os.write(fd, b"".join(line for line in wanted if line not in present))
         finally:
             os.close(fd)
 
@@ -241,7 +247,10 @@ async def add_hosts_entries(process: SandboxProcess, names: Sequence[str]) -> No
         raise NetworkUnavailable(f"cannot name the callback in the sandbox: {exc}") from exc
 
 
+HOSTS_READ_LIMIT = 1024 * 1024
 _FILE_MODES = (("ca", "ca.pem", 0o444), ("cert", "cert.pem", 0o444), ("key", "key.pem", 0o400))
+TLS_DIR_MODE = 0o755
+"""The bundle's directory: root's, searchable by the sandbox user, writable by no one else."""
 
 
 def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
@@ -259,9 +268,17 @@ def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int
             opened.append(directory)
         if os.fstat(directory).st_dev == os.fstat(root).st_dev:
             raise NetworkUnavailable(f"{TLS_MOUNT} in the sandbox is not sbxkit's tmpfs")
-        os.mkdir("tls", 0o755, dir_fd=directory)
+        try:
+            os.mkdir("tls", 0o700, dir_fd=directory)
+        except FileExistsError:
+            # Only an owner of this lease makes it (the payload cannot write in root's
+            # tmpfs): a restarted owner re-adopting the sandbox leaves it as it is.
+            return
         tls = os.open("tls", nofollow, dir_fd=directory)
         opened.append(tls)
+        # Explicit, whatever the owner's umask: an auto-launched supervisor runs with 077,
+        # which left the directory 0700 and the payload unable to read its own CA.
+        os.fchmod(tls, TLS_DIR_MODE)
         for attribute, name, mode in _FILE_MODES:
             data = getattr(bundle, attribute)
             if data is None:
@@ -281,7 +298,8 @@ def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int
 
 async def write_tls_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
     """The client TLS bundle as the sandbox user's files: the key readable by that user
-    alone (0400), the certificates by anyone (0444), in a directory only root may change."""
+    alone (0400), the certificates by anyone (0444), in a directory only root may change;
+    once per sandbox (a directory already there is a previous owner's, left as it is)."""
     try:
         await trio.to_thread.run_sync(_write_bundle, process, bundle, uid, gid)
     except OSError as exc:

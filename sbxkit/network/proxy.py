@@ -3,7 +3,9 @@
 The I/O shell around the pure decisions (request.py, allow.py, addresses.py, clienthello.py).
 For each connection the sandbox opens to its ``127.0.0.1:3128``:
 
-1. read the request head (h11, bounded in size and time) and decide what it asks for;
+1. read the request head (h11, bounded in size and time), refuse an ambiguous framing (both
+   ``Content-Length`` and ``Transfer-Encoding``, a repeated or listed length, a coding other
+   than chunked, a folded line: RFC 9112 §6.3) and decide what it asks for;
 2. match the *name* against the allow-list — no match, no lookup: a refused name is never
    resolved, so it cannot carry data out through DNS;
 3. resolve the name here (the sandbox has no resolver that reaches anything), refuse the
@@ -35,7 +37,7 @@ from sbxkit.network.allow import AllowEntry, entry_text, matching_entry
 from sbxkit.network.audit import Decision, Kind
 from sbxkit.network.clienthello import Hello, HelloProblem, read_client_hello
 from sbxkit.network.names import Destination, IPAddress, destination_text
-from sbxkit.network.request import Refusal, decide_request, forward_headers
+from sbxkit.network.request import Refusal, decide_request, forward_headers, framing_problem
 
 __all__ = [
     "ProxyContext",
@@ -138,23 +140,34 @@ class _Denied(Exception):
         self.destination = destination
 
 
-async def _head(stream: trio.SocketStream, conn: h11.Connection) -> h11.Request:
+async def _head(stream: trio.SocketStream, conn: h11.Connection) -> tuple[h11.Request, str | None]:
+    """The request head parsed by h11, and what is wrong with its framing, judged on the bytes
+    as they came (``framing_problem``: h11's normalised headers hide a fold or a repeated
+    length)."""
+    received = bytearray()  # bounded: h11 refuses a head over MAX_HEAD_BYTES
     with trio.move_on_after(HEAD_TIMEOUT_S):
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _Denied(400, f"malformed request: {exc}") from None
+                problem = framing_problem(bytes(received))
+                reason = f"malformed request: {exc}" if problem is None else _framing(problem)
+                raise _Denied(400, reason) from None
             if isinstance(event, h11.Request):
-                return event
+                return event, framing_problem(bytes(received))
             if event is h11.NEED_DATA:
                 data = await stream.receive_some(CHUNK)
                 conn.receive_data(data)
+                received += data
                 if not data:
                     raise _Denied(400, "the connection closed before a request")
                 continue
             raise _Denied(400, f"unexpected {type(event).__name__}")
     raise _Denied(400, f"no request head within {HEAD_TIMEOUT_S:g} s")
+
+
+def _framing(problem: str) -> str:
+    return f"ambiguous message framing, refused (RFC 9112 section 6.3): {problem}"
 
 
 async def _addresses(
@@ -338,11 +351,13 @@ async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None
         kind: Kind = "request"
         try:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-            request = await _head(stream, conn)
+            request, framing = await _head(stream, conn)
             decided = decide_request(request.method, request.target, request.headers)
             if isinstance(decided, Refusal):
                 raise _Denied(decided.status, decided.reason, decided.destination)
             destination, kind = decided.destination, decided.kind
+            if framing is not None:  # never forwarded: an upstream could read two requests
+                raise _Denied(400, _framing(framing), destination)
             entry = matching_entry(ctx.entries, destination)
             if entry is None:
                 raise _Denied(403, "not on the allow-list", destination)

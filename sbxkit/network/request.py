@@ -12,10 +12,18 @@ a ``ProxyRequest`` or a ``Refusal`` out. Two forms are proxied:
 Anything else is refused with the status a client can read: an origin-form request (the client
 does not know it talks to a proxy), ``https://`` in absolute form (use CONNECT), userinfo, a
 fragment, a missing or repeated ``Host``.
+
+``framing_problem`` judges the raw head's message framing (RFC 9112 §6.3) before anything is
+forwarded: a request whose body length two parsers could read differently — ``Content-Length``
+beside ``Transfer-Encoding``, a repeated or listed ``Content-Length``, a coding other than
+``chunked``, a folded header line — is refused, never forwarded. Forwarded as it came, such a
+request let an upstream that prefers ``Content-Length`` read the rest of the body as a second
+request, one the proxy never decided on (its ``Host`` a denied name).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -23,7 +31,14 @@ import msgspec
 
 from sbxkit.network.names import Destination, parse_host, parse_port, split_host_port
 
-__all__ = ["HOP_BY_HOP", "ProxyRequest", "Refusal", "decide_request", "forward_headers"]
+__all__ = [
+    "HOP_BY_HOP",
+    "ProxyRequest",
+    "Refusal",
+    "decide_request",
+    "forward_headers",
+    "framing_problem",
+]
 
 HOP_BY_HOP = frozenset(
     {
@@ -172,3 +187,46 @@ def forward_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
         if name.lower() not in HOP_BY_HOP and name.lower() not in named
     ]
     return [*kept, (b"Connection", b"close")]
+
+
+_FRAMING = (b"content-length", b"transfer-encoding")
+_DIGITS = re.compile(rb"[0-9]+")
+_OWS = b" \t"
+
+
+def framing_problem(head: bytes) -> str | None:
+    """Why the framing of a request's body is ambiguous, or None (RFC 9112 §6.3).
+
+    ``head`` is the request as received, from its request line through the blank line (what
+    follows is ignored): the raw bytes, since a parser's normalised headers hide exactly what
+    matters here (h11 joins a folded line and merges equal ``Content-Length`` values). Lines
+    end in LF with an optional CR before it, as the parser reads them."""
+    lengths: list[bytes] = []
+    codings: list[bytes] = []
+    for raw in head.split(b"\n")[1:]:
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if not line:
+            break  # the blank line: the head ends here
+        if line[:1] in (b" ", b"\t"):
+            return "an obsolete line folding (a header line that starts with whitespace)"
+        name, colon, value = line.partition(b":")
+        if not colon:
+            continue  # not a header the framing depends on (the parser refuses it anyway)
+        lowered = name.lower()
+        if lowered.strip(_OWS) in _FRAMING and lowered != lowered.strip(_OWS):
+            return f"whitespace around the header name {name.strip(_OWS).decode('latin-1')!r}"
+        if lowered == b"content-length":
+            lengths.append(value.strip(_OWS))
+        elif lowered == b"transfer-encoding":
+            codings.append(value.strip(_OWS))
+    if lengths and codings:
+        return "both Content-Length and Transfer-Encoding: the body's length is ambiguous"
+    if len(lengths) > 1:
+        return "more than one Content-Length header"
+    if lengths and _DIGITS.fullmatch(lengths[0]) is None:
+        return "Content-Length must be one decimal number (a list is ambiguous)"
+    if len(codings) > 1:
+        return "more than one Transfer-Encoding header"
+    if codings and codings[0].lower() != b"chunked":
+        return "a Transfer-Encoding other than exactly chunked"
+    return None

@@ -46,6 +46,7 @@ __all__ = [
     "owned_keys",
     "parse_callback",
     "spec_owned_keys",
+    "unset_env",
 ]
 
 PROXY_PORT = 3128
@@ -292,3 +293,13 @@ def network_env(terms: NetworkTerms | None) -> dict[str, str]:
             env[name] = env[name.lower()] = proxy
         env["NO_PROXY"] = env["no_proxy"] = ",".join(no_proxy)
     return env
+
+
+def unset_env(terms: NetworkTerms | None, *, podman: bool = False) -> list[str]:
+    """Create-body ``Env`` entries for the owned keys sbxkit does not set (after every other
+    entry): without them an image's ``ENV`` for one (``SBXKIT_ENDPOINT``, a proxy) reached
+    the payload. Docker unsets a key listed without ``=``: the image's value is dropped and
+    the payload sees no such variable. Podman would look a bare key up in its own service's
+    environment instead, so there it is listed empty (``KEY=``)."""
+    given = network_env(terms)
+    return sorted(f"{key}=" if podman else key for key in owned_keys(terms) if key not in given)

@@ -12,7 +12,12 @@ its connection drop reconnects and sends ``Adopt`` with the lease's secret (proo
   over only if its container appears within ``CREATE_APPEARS_S``, never started — or started by
   the previous supervisor's launch (``Register.launch``, sent beside the created record's fsync)
   with its shell still waiting for the caller's go line — else its tombstone rules hold;
-- a governed lease is refused: its listeners were the dead supervisor's sockets;
+- a governed lease's listeners were the dead supervisor's sockets: its egress is closed from
+  the crash on (nothing listens in the sandbox). It is held like any other, and an Adopt that
+  brings its terms (``Adopt.network``, what the caller registered) has them bound in the
+  sandbox again — entered as the first governor did (governor.py, netns.py) — before
+  ``Adopted``; if they cannot be, it is refused and recovery removes the container at once.
+  One re-adopted without its terms (a handed-off run resumed once it ended) stays closed;
 - the next secret's hash is journaled (fsync'd) before ``Adopted`` is sent, and the lease then
   lives as any other (``lifecycle.py``) with its original lifetime deadline.
 
@@ -29,9 +34,14 @@ import trio
 from sbxkit.admission import Need
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
-from sbxkit.errors import NotFound, SbxError
+from sbxkit.errors import NotFound, SbxError, SpecError
 from sbxkit.kernel.scripts import IO_TARGET
+from sbxkit.network.allow import parse_allow_list
+from sbxkit.network.governor import Governor
+from sbxkit.network.planning import managed_gateway_problem
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.ownership import carries_lease, find_lease_container
+from sbxkit.spec import parse_user
 from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.lease import Intent, LiveLease, Replies, log
 from sbxkit.supervisor.lifecycle import Leases
@@ -43,6 +53,26 @@ CREATE_APPEARS_S = 5.0
 """How long an interrupted create's container may take to appear for its re-adopting caller:
 a create the previous supervisor sent lands in well under a second here."""
 CREATE_POLL_S = 0.1
+
+
+def terms_problem(terms: NetworkTerms | None, governed: bool) -> str | None:
+    """Why an Adopt's network terms cannot govern the lease (pure): they must parse as a
+    Register's do (recheck.py), and come only for a lease registered governed."""
+    if terms is None or not terms.needs_governor:
+        return None
+    if not governed:
+        return "it registered no governed network; an Adopt cannot add one"
+    try:
+        parse_allow_list(terms.allow, "network.allow")
+    except SpecError as exc:
+        return f"its network terms: {exc.field}: {exc.rule}"
+    if terms.mode == "managed" and terms.allow:
+        return "its network terms: a managed network takes no allow-list"
+    if terms.mode == "none" and (terms.gateway or terms.network_name):
+        return "its network terms: only the managed network has a gateway"
+    if terms.audit_log is not None and not terms.audit_log.startswith("/"):
+        return "its network terms: the audit log must be an absolute path"
+    return None
 
 
 def _launched_waiting(info: ContainerInspect) -> bool:
@@ -78,7 +108,6 @@ class Adopting(Leases):
             if (
                 record.state == "created"
                 and record.secret_hash is not None
-                and not record.governed
                 and record.lifetime_deadline > now
             ):
                 self.held[record.lease] = until
@@ -121,12 +150,9 @@ class Adopting(Leases):
             raise _NotAdopted(f"refused: {refusal_reason(proof)}")
         if lease in self.live or lease in self.adopting:
             raise _NotAdopted("the lease is owned by another connection")
-        if record.governed:
-            self._end_hold(lease)
-            raise _NotAdopted(
-                "its governed network's listeners died with the previous supervisor; a "
-                "governed lease is not re-adopted, recovery removes its container"
-            )
+        problem = terms_problem(adopt.network, record.governed)
+        if problem is not None:
+            raise _NotAdopted(problem)
         if record.lifetime_deadline <= time.time():
             self._end_hold(lease)
             raise _NotAdopted("its lifetime deadline passed; recovery removes its container")
@@ -142,10 +168,12 @@ class Adopting(Leases):
         self, peer: Replies, adopt: Adopt, original: LeaseRecord
     ) -> LiveLease | None:
         lease, record = adopt.lease, original
+        info: ContainerInspect | None = None
         try:
             engine = await self.engine_for(record.engine_socket)
             if record.state == "created":
-                container_id = await self._verified(engine, record)
+                info = await self._verified(engine, record)
+                container_id = None if info is None else record.container_id
             else:
                 container_id = await self._interrupted_create(engine, record)
                 record = rec.adopted_create(record, container_id)
@@ -157,6 +185,10 @@ class Adopting(Leases):
             self.note(f"lease {lease}: its container is already gone; record released")
             await peer.send(Closed(lease=lease))
             return None
+        terms = adopt.network if record.governed else None
+        governor = None
+        if terms is not None and terms.needs_governor and info is not None:
+            governor = await self._govern_again(engine, record, terms, info)
         if check_proof(original, adopt.secret, adopt.next_secret_hash) == "accepted":
             record = rotated(record, adopt.secret, adopt.next_secret_hash)
         if record is not original:
@@ -166,21 +198,85 @@ class Adopting(Leases):
             except (OSError, StorageError) as exc:
                 self.records[lease] = original
                 self.storage_errors.append(f"journal write failed: {exc}")
+                if governor is not None:
+                    governor.close()
                 raise _NotAdopted(f"journal write failed: {exc}") from exc
         now = trio.current_time()
         left = record.lifetime_deadline - time.time()
-        live = LiveLease(record, None, peer, Intent(), now, now + left)
+        live = LiveLease(record, None, peer, Intent(), now, now + left, network=terms)
+        live.governor = governor
         live.intent.started.set()  # no launch slot to hand on: it was started, or will be
         self.live[lease] = live
         self.held.pop(lease, None)
         self._count_running(record)
+        egress = ""
+        if record.governed:
+            egress = (
+                "; its governed network's listeners bound again"
+                if governor is not None
+                else "; its governed network stays closed"
+                if terms is None
+                else "; its governed network goes in once its caller asks"
+            )
         self.note(
             f"lease {lease}: re-adopted by its caller (container {container_id[:12]}, "
-            f"{left:.0f} s left of its lifetime)"
+            f"{left:.0f} s left of its lifetime{egress})"
         )
         await peer.send(Adopted(lease=lease, container_id=container_id))
         self.nursery.start_soon(self._lease_task, live, engine, None, container_id)
         return live
+
+    async def _govern_again(
+        self, engine: Engine, record: LeaseRecord, terms: NetworkTerms, info: ContainerInspect
+    ) -> Governor | None:
+        """A re-adopted running sandbox's listeners, bound again (the TLS bundle and the hosts
+        line are the first governor's, left as they are); None for a sandbox that does not
+        run (never started: its caller asks, as after a create; or its payload ended and
+        nothing more goes out). A running sandbox whose listeners cannot be put back is not
+        re-adopted: its hold ends and recovery removes it at once."""
+        if not info.state.running:
+            return None
+        assert record.container_id is not None
+        try:
+            if terms.mode == "managed":
+                problem = await managed_gateway_problem(engine, terms)
+                if problem is not None:
+                    raise SbxError(problem)
+            governor = Governor(record.lease, terms, user=_sandbox_user(info))
+            await self.nursery.start(governor.run, engine, record.container_id)
+        except (SbxError, OSError) as exc:
+            self._end_hold(record.lease)
+            raise _NotAdopted(
+                f"its governed network could not be put back ({exc}); recovery removes it"
+            ) from exc
+        return governor
+
+    async def _govern(self, lease: str) -> str | None:
+        """``Leases._govern``, and for a lease re-adopted before its container started (no
+        body here): the caller's Govern after its start, as the user its container runs as."""
+        live = self.live.get(lease)
+        if (
+            live is None
+            or live.body is not None
+            or live.governor is not None
+            or live.network is None
+            or not live.network.needs_governor
+            or live.record.container_id is None
+        ):
+            return await super()._govern(lease)
+        try:
+            engine = await self.engine_for(live.record.engine_socket)
+            info = await engine.container_inspect(live.record.container_id)
+            user = _sandbox_user(info)
+            governor = Governor(lease, live.network, user=user)
+            await self.nursery.start(governor.run, engine, live.record.container_id)
+        except (SbxError, OSError) as exc:
+            log(f"lease {lease}: governed network refused: {exc}")
+            return str(exc.rule if isinstance(exc, SpecError) else exc)
+        live.governor = governor
+        if live.stop.is_set():
+            governor.close()  # ended meanwhile: nothing to serve
+        return None
 
     def _count_running(self, record: LeaseRecord) -> None:
         """A re-adopted lease is a live sandbox again (its memory was held all along)."""
@@ -190,9 +286,9 @@ class Adopting(Leases):
         else:
             self.admission.hold(lease, Need(record.memory_bytes, record.nano_cpus), running=True)
 
-    async def _verified(self, engine: Engine, record: LeaseRecord) -> str | None:
-        """The held container's id once the daemon shows it carrying the lease's label;
-        None if it is gone."""
+    async def _verified(self, engine: Engine, record: LeaseRecord) -> ContainerInspect | None:
+        """The held container's inspection once the daemon shows it carrying the lease's
+        label; None if it is gone."""
         assert record.container_id is not None
         try:
             info = await engine.container_inspect(record.container_id)
@@ -200,7 +296,7 @@ class Adopting(Leases):
             return None
         if not carries_lease(info.config.labels, record.lease):
             raise _NotAdopted("its container is labelled for another lease; recovery keeps it")
-        return record.container_id
+        return info
 
     async def _interrupted_create(self, engine: Engine, record: LeaseRecord) -> str:
         """The container of a create the previous supervisor did not get to answer, once it
@@ -227,3 +323,8 @@ class Adopting(Leases):
             return found
         self.wake_reaper.set()  # recovery removes it
         raise _NotAdopted(f"{problem}; recovery removes it")
+
+
+def _sandbox_user(info: ContainerInspect) -> tuple[int, int]:
+    """The uid:gid the sandbox runs as (the TLS bundle's owner), from its inspection."""
+    return parse_user(info.config.user or "")

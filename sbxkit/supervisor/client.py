@@ -207,13 +207,7 @@ class SupervisedOwner:
             raise
         if isinstance(reply, Claimed):
             fds = session.take_fds(reply.fds)
-            network = claim.template.network
-            self._link(
-                reply.lease,
-                session,
-                secret=reply.secret,
-                governed=network is not None and network.needs_governor,
-            )
+            self._link(reply.lease, session, secret=reply.secret, network=claim.template.network)
             if len(fds) != reply.fds:
                 for fd in fds:
                     os.close(fd)
@@ -252,7 +246,7 @@ class SupervisedOwner:
             session,
             secret=secret,
             register=register,
-            governed=network is not None and network.needs_governor,
+            network=network,
             before_register=fifo_dir_keeper(body),
         )
         # From Registered on the supervisor owns the container: cancelling us only closes the

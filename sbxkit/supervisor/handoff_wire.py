@@ -89,8 +89,9 @@ class RunStarted(Message, tag="run_started"):
     lost_json: str | None = None
     secret: str | None = None
     """The lease's secret (the record journals only its hash): should this supervisor die,
-    the command line re-adopts the run in the next one with it (``RunResume``). None: the
-    lease cannot be re-adopted (a governed network's listeners die with the supervisor)."""
+    the command line re-adopts the run in the next one with it (``RunResume``; a governed
+    run's listeners died with this supervisor: its egress stays closed). None: the lease
+    cannot be re-adopted."""
     engine_socket: str = ""
     """The daemon the lease's container lives on (a supervisor launched to resume serves it)."""
     pooled: bool = False

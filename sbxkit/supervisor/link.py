@@ -15,6 +15,10 @@ container of the interrupted create (``Adopted``), or, when the supervisor holds
 the lease (nothing was created), a fresh registration of the same lease. A ``Close`` the caller
 sent is sent again on the new connection. What cannot be re-adopted leaves the link ``lost``:
 the owner's calls raise, and removal reports that durable recovery is required, as before.
+
+A governed lease (docs/network.md) is re-adopted the same way, at once: its ``Adopt`` carries
+the terms it registered, and the new supervisor binds its listeners in the sandbox again
+before it answers ``Adopted`` — until then nothing listens there, so egress stays closed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
 from sbxkit.kernel.fifos import make_io_dir, sandbox_ids
 from sbxkit.kernel.scripts import io_dir_of
+from sbxkit.network.terms import NetworkTerms
 from sbxkit.supervisor.proof import SECRET_BYTES, secret_hash
 from sbxkit.supervisor.wire import (
     Adopt,
@@ -125,7 +130,7 @@ class LeaseLink:
         connect: Connect,
         secret: str | None,
         register: Register | None = None,
-        governed: bool = False,
+        network: NetworkTerms | None = None,
         adopt_within_s: float = ADOPT_WITHIN_S,
         before_register: Callable[[], None] | None = None,
     ) -> None:
@@ -139,7 +144,9 @@ class LeaseLink:
         self.register = register
         """How the lease was registered (None: claimed); sent again when a restarted
         supervisor holds no record of a lease that was never created."""
-        self.governed = governed
+        self.network = network if network is not None and network.needs_governor else None
+        """A governed lease's terms (registered or claimed): its Adopt carries them, so the
+        next supervisor puts its listeners back."""
         self.adopt_within_s = adopt_within_s
         self._before_register = before_register
         """Restores what the Register needs on the host (its FIFO directory: recovery removed
@@ -212,9 +219,6 @@ class LeaseLink:
         if self._secret is None:
             self._lose("the lease has no secret to re-adopt it with")
             return False
-        if self.governed:
-            self._lose("a governed lease is not re-adopted: its listeners died with the supervisor")
-            return False
         self.adopting = True
         self._closing_at_drop = self.closing
         self._notify()
@@ -245,6 +249,7 @@ class LeaseLink:
             lease=self.lease,
             secret=self._secret,
             next_secret_hash=secret_hash(self._next_secret),
+            network=self.network,
         )
         try:
             session = await self._connect(adopt)

@@ -285,17 +285,22 @@ def _check_network(
 
 
 def _check_owned_env(body: ContainerCreate, network: NetworkTerms | None) -> None:
-    """The owned variables are exactly sbxkit's for the registered network (and absent when
-    it set none): a body cannot point the proxy variables elsewhere."""
+    """The owned variables are exactly sbxkit's for the registered network, each listed once:
+    a body cannot point the proxy variables elsewhere, and one it does not set is unset
+    (``KEY``; ``KEY=`` for Podman: ``unset_env``) so an image's value cannot reach the payload.
+    Listed twice, Docker hands both to the payload, where the first one wins a lookup."""
     wanted = network_env(network)
     owned = owned_keys(network)
-    found: dict[str, str] = {}
+    found: dict[str, list[str | None]] = {}
     for item in body.env or []:
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
         if key in owned:
-            found[key] = value
-    if found != wanted:
-        raise _refuse("Config.Env", "the governed network's variables are not sbxkit's")
+            found.setdefault(key, []).append(value if sep else None)
+    for key in owned:
+        values = found.get(key, [])
+        ok = len(values) == 1 and values[0] in ((wanted[key],) if key in wanted else (None, ""))
+        if not ok:
+            raise _refuse("Config.Env", "the governed network's variables are not sbxkit's")
 
 
 _TMPFS_FLAGS = frozenset({"rw", "ro", "nosuid", "nodev", "noexec", "exec"})

@@ -119,11 +119,6 @@ class Recovery(ServiceCore):
                         f"{info.state.status}; held {left:.1f} s for its caller to re-adopt"
                     )
                 return
-            if record.governed and record.secret_hash is not None:
-                log(
-                    f"lease {record.lease}: governed network, not held for re-adoption (its "
-                    "listeners died with the previous supervisor)"
-                )
             error = await self._remove_container(engine, record.lease, record.container_id)
             if error is None:
                 await self._forget(record.lease)

@@ -56,7 +56,8 @@ A caller whose supervisor died re-adopts its lease in the restarted one (issue 2
 docs/operations.md, "Re-adoption"), proving it with the lease's secret (proof.py):
 
     Hello                            ─►
-    Adopt(lease, secret, next_hash)  ─►     (the record's hash checked; the next one journaled)
+    Adopt(lease, secret, next_hash,  ─►     (the record's hash checked; the next one journaled;
+          network)                          a governed lease's listeners bound again)
                                      ◄─     Adopted(lease, container_id) | Unadopted | Closed
     Close                            ─►     (from here as for any lease)
                                      ◄─     Closed | Orphaned
@@ -197,6 +198,10 @@ class Adopt(Message, tag="adopt"):
     lease: str
     secret: str
     next_secret_hash: str
+    network: NetworkTerms | None = None
+    """A governed lease's terms, as registered (or claimed): the supervisor puts its listeners
+    back in the sandbox before ``Adopted``. Without them a governed lease is re-adopted with
+    its egress closed (nothing listens), as for a handed-off run resumed once it ended."""
 
 
 class Recover(Message, tag="recover"):

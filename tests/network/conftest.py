@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from sbxkit.engine.client import Engine, open_engine
 from sbxkit.owner import InProcessOwner
 from sbxkit.settings import Settings
 from tests.network.servers import DnsWitness, Servers, running_servers
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.supervision import SupervisorProcess, private_state_dir
 from tests.witness import BUSYBOX, PYTHON, Witness
 
 TIER = os.environ.get("SBXKIT_NETWORK_TIER")
@@ -87,11 +88,34 @@ def dns(tier: str) -> Iterator[DnsWitness]:
     witness.close()
 
 
+LAUNCHER_UMASK = 0o077
+"""What an auto-launched supervisor runs with (sbxkit/supervisor/launch.py): the tier's
+supervisors run as a user's would, not with the test process's umask (issue 38: a 0700 TLS
+directory broke the https callback on the default path, and no test saw it)."""
+
+
+@contextmanager
+def supervisor_with_umask(state_dir: Path, umask: int, *extra: str) -> Iterator[SupervisorProcess]:
+    """A supervisor as ``running_supervisor`` starts one, under ``umask`` (inherited at fork:
+    set in this process around the start only)."""
+    previous = os.umask(umask)
+    try:
+        process = SupervisorProcess(state_dir, extra)
+    finally:
+        os.umask(previous)
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="session")
 def supervisor(tier: str) -> Iterator[SupervisorProcess]:
-    """One supervisor for the tier's supervised tests (its pid is what the socket check reads)."""
+    """One supervisor for the tier's supervised tests (its pid is what the socket check
+    reads), with the umask the launcher gives an auto-launched one."""
     state_dir = private_state_dir()
-    with running_supervisor(state_dir, "--idle-exit", "600") as process:
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK, "--idle-exit", "600") as process:
         yield process
 
 

@@ -27,6 +27,7 @@ METADATA = "metadata.sbxkit.test"  # 169.254.169.254
 UNKNOWN = "unknown.sbxkit.test"  # in no hosts file: only DNS could answer (the witness)
 CALLBACK = "callback.sbxkit.test"  # 127.0.0.1 in the tier's namespace
 LITERAL = "203.0.113.10"  # reached only by an entry that is this address
+NAIVE_PORT = 8081  # on ALLOWED's address: the upstream that prefers Content-Length
 BIG_BYTES = 256 * 1024
 
 
@@ -72,6 +73,115 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+class NaiveUpstream:
+    """An upstream as lenient as many behind a CDN: it keeps reading requests on a connection
+    whatever ``Connection`` says (until 1 s of silence), and frames a body by
+    ``Content-Length`` when there is one, ``Transfer-Encoding: chunked`` only otherwise. A
+    request that carries both is where it and a parser that prefers the coding part ways: the
+    rest of the body becomes a request of its own here. Records (method, target, Host, body)."""
+
+    IDLE_S = 1.0
+
+    def __init__(self, address: str, port: int) -> None:
+        self.requests: list[tuple[str, str, str, bytes]] = []
+        self._lock = threading.Lock()
+        self._sock = socket.create_server((address, port), reuse_port=False)
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="naive upstream", daemon=True)
+        self._thread.start()
+
+    def seen(self) -> list[tuple[str, str, str, bytes]]:
+        with self._lock:
+            return list(self.requests)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        try:
+            self._read_requests(connection)
+        except ValueError:  # a length it cannot read: the connection ends
+            connection.close()
+
+    def _read_requests(self, connection: socket.socket) -> None:
+        connection.settimeout(self.IDLE_S)
+        buffer = b""
+
+        def more() -> bool:
+            nonlocal buffer
+            try:
+                data = connection.recv(65536)
+            except OSError:
+                return False
+            buffer += data
+            return bool(data)
+
+        with connection:
+            while True:
+                buffer = buffer.lstrip(b"\r\n")  # RFC 9112 §2.2: empty lines before a request
+                while b"\r\n\r\n" not in buffer:
+                    if not more():
+                        return
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                first, *lines = head.split(b"\r\n")
+                parts = first.split(b" ")
+                if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+                    return  # not a request: the connection ends
+                headers = [line.partition(b":") for line in lines]
+                fields = {name.strip().lower(): value.strip() for name, _, value in headers}
+                if b"content-length" in fields:  # preferred: the lenient choice
+                    size = int(fields[b"content-length"])
+                    while len(buffer) < size:
+                        if not more():
+                            return
+                    body, buffer = buffer[:size], buffer[size:]
+                elif fields.get(b"transfer-encoding", b"").lower() == b"chunked":
+                    body = b""
+                    while True:
+                        while b"\r\n" not in buffer:
+                            if not more():
+                                return
+                        size_line, _, buffer = buffer.partition(b"\r\n")
+                        size = int(size_line, 16)
+                        while len(buffer) < size + 2:
+                            if not more():
+                                return
+                        body, buffer = body + buffer[:size], buffer[size + 2 :]
+                        if size == 0:
+                            break
+                else:
+                    body = b""
+                host = fields.get(b"host", b"").decode("latin-1")
+                with self._lock:
+                    self.requests.append(
+                        (parts[0].decode(), parts[1].decode("latin-1"), host, body)
+                    )
+                reply = f"naive {host} {parts[1].decode('latin-1')}".encode()
+                try:
+                    connection.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(reply) + reply
+                    )
+                except OSError:
+                    return
+
+
 @dataclass
 class Servers:
     """Every stand-in server, by the name a test uses, and the CA their certificates chain to."""
@@ -81,10 +191,13 @@ class Servers:
     seen: dict[str, Seen]
     client_bundle: dict[str, Path]
     """The callback's client TLS bundle (ca, cert, key files) for the https callback."""
+    naive: NaiveUpstream
+    """``ALLOWED:NAIVE_PORT``: the upstream a desync would split a request for."""
 
     def clear(self) -> None:
         for record in self.seen.values():
             record.clear()
+        self.naive.clear()
 
 
 def _serve(address: str, port: int, label: str, seen: Seen, tls: ssl.SSLContext | None) -> _Server:
@@ -130,9 +243,17 @@ def running_servers(directory: Path) -> Iterator[Servers]:
             "127.0.0.1", 9443, "callback-tls", seen["callback_tls"], tls(CALLBACK, client_ca=ca)
         ),
     ]
+    naive = NaiveUpstream("192.0.2.10", NAIVE_PORT)
     try:
-        yield Servers(ca=ca, ca_pem=ca.cert_pem.bytes().decode(), seen=seen, client_bundle=bundle)
+        yield Servers(
+            ca=ca,
+            ca_pem=ca.cert_pem.bytes().decode(),
+            seen=seen,
+            client_bundle=bundle,
+            naive=naive,
+        )
     finally:
+        naive.close()
         for server in servers:
             server.shutdown()
             server.server_close()

@@ -19,7 +19,9 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
 from sbxkit.network.terms import Network
+from sbxkit.owner import InProcessOwner
 from sbxkit.result import RunResult
+from sbxkit.settings import Settings
 from tests.network.conftest import supervised
 from tests.network.payloads import FETCH, RAW, TUNNEL, command, output
 from tests.network.servers import (
@@ -27,6 +29,7 @@ from tests.network.servers import (
     DENIED,
     LITERAL,
     METADATA,
+    NAIVE_PORT,
     OTHER_NAME,
     PRIVATE,
     UNKNOWN,
@@ -280,3 +283,90 @@ async def test_refused_before_anything_is_created(
         assert info.value.field == field
     creates = witness.events(began, time.time() + 1, type=["container"], event=["create"])
     assert creates == []
+
+
+SMUGGLED = f"GET /smuggled HTTP/1.1\r\nHost: {DENIED}\r\n\r\n"
+CHUNK = f"{len(SMUGGLED):x}\r\n"
+NAIVE = f"{ALLOWED}:{NAIVE_PORT}"
+
+
+def _post(path: str, *lines: str, body: str = "") -> str:
+    return "\r\n".join([f"POST http://{NAIVE}{path} HTTP/1.1", f"Host: {NAIVE}", *lines, "", body])
+
+
+DESYNCS = {
+    # the finding: h11 frames the body by the coding, the upstream by the length — the chunk
+    # after CHUNK's size line is a whole request of its own there, for a denied name
+    "both": _post(
+        "/first",
+        f"Content-Length: {len(CHUNK)}",
+        "Transfer-Encoding: chunked",
+        body=f"{CHUNK}{SMUGGLED}\r\n0\r\n\r\n",
+    ),
+    "two lengths": _post("/two", "Content-Length: 4", "Content-Length: 4", body="abcd"),
+    "a length list": _post("/list", "Content-Length: 4, 4", body="abcd"),
+    "folded": _post("/folded", "Transfer-Encoding:", " chunked", body="4\r\nabcd\r\n0\r\n\r\n"),
+}
+CLEAR = {
+    "length": _post("/length", "Content-Length: 4", body="abcd"),
+    "chunked": _post("/chunked", "Transfer-Encoding: chunked", body="4\r\nabcd\r\n0\r\n\r\n"),
+}
+
+SEND_EACH = r"""
+import json, socket, sys
+replies = {}
+for name, request in json.loads(sys.argv[1]).items():
+    connection = socket.create_connection(("127.0.0.1", 3128), timeout=15)
+    connection.sendall(request.encode("latin-1"))
+    reply = b""
+    while chunk := connection.recv(65536):
+        reply += chunk
+    replies[name] = reply.decode("latin-1")
+print(json.dumps(replies))
+"""
+"""``python3 -c SEND_EACH JSON``: each named raw request on a connection of its own, in order."""
+
+
+@pytest.mark.parametrize("owner", ["supervised", "in_process"])
+async def test_an_ambiguous_framing_is_refused_and_never_reaches_the_upstream(
+    owner: str,
+    engine: Engine,
+    supervisor: SupervisorProcess,
+    servers: Servers,
+    tmp_path: Path,
+) -> None:
+    """Issue 38, finding 5: a hostile payload smuggles a request for a denied name inside one
+    for an allowed name. The upstream (servers.NaiveUpstream) would read two requests; it
+    reads none, each ambiguous request is a 400 and a denial in the audit log, and the clear
+    ones beside them go through."""
+    log = tmp_path / "egress.jsonl"
+    if owner == "supervised":
+        backend = supervised(supervisor, engine, network_audit_log=str(log))
+    else:
+        settings = Settings(network_audit_log=str(log))
+        backend = DockerBackend(engine=engine, owner=InProcessOwner(engine), settings=settings)
+    requests = {**CLEAR, **DESYNCS}
+    spec = governed(servers, command(SEND_EACH, json.dumps(requests)), allow=[NAIVE])
+    result = await backend.run_once(spec)
+    assert result.exit_code == 0, result.stderr
+    replies = output(result.stdout)
+    seen = servers.naive.seen()
+    assert not [request for request in seen if request[2] != NAIVE], seen  # nothing smuggled
+    assert seen == [
+        ("POST", "/length", NAIVE, b"abcd"),
+        ("POST", "/chunked", NAIVE, b"abcd"),
+    ]
+    for name in CLEAR:
+        assert replies[name].startswith("HTTP/1.1 200 "), replies[name]
+    for name in DESYNCS:
+        assert replies[name].startswith("HTTP/1.1 400 "), (name, replies[name])
+        assert "ambiguous message framing" in replies[name]
+    assert [(d.destination, d.kind) for d in result.denials] == [(NAIVE, "http")] * len(DESYNCS)
+    assert "both Content-Length and Transfer-Encoding" in result.denials[0].reason
+    denied = [
+        line
+        for line in map(json.loads, log.read_text().splitlines())
+        if line["verdict"] == "denied"
+    ]
+    assert [line["destination"] for line in denied] == [NAIVE] * len(DESYNCS)
+    assert all("ambiguous message framing" in line["reason"] for line in denied)

@@ -21,9 +21,10 @@ from sbxkit.plan import make_plan
 from sbxkit.settings import Settings
 from sbxkit.supervisor.client import SupervisedOwner
 from sbxkit.supervisor.connect import SupervisorError
+from tests.network.conftest import LAUNCHER_UMASK, supervisor_with_umask
 from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers
-from tests.supervision import SupervisorProcess, private_state_dir, running_supervisor
+from tests.supervision import SupervisorProcess, private_state_dir
 from tests.witness import PYTHON, Witness
 
 LOOP = r"""
@@ -44,8 +45,12 @@ for attempt in range(300):
 
 
 async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the_sandbox(
-    engine: Engine, servers: Servers, witness: Witness
+    engine: Engine, servers: Servers, witness: Witness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its caller cannot launch another (a broken ``SBXKIT_SUPERVISOR``), so nothing re-adopts
+    the lease: egress stays closed, the run fails, and the next supervisor's recovery removes
+    the sandbox. (A caller that can launch one re-adopts it: test_readoption.py.)"""
+    monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")
     state_dir = private_state_dir()
     spec = sbxkit.SandboxSpec(
         image=PYTHON,
@@ -63,7 +68,7 @@ async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the
         if "ok" in lines:
             first_ok.set()
 
-    with running_supervisor(state_dir) as supervisor:
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK) as supervisor:
         backend = DockerBackend(
             engine=engine,
             settings=Settings(supervisor_state_dir=str(state_dir)),
@@ -87,7 +92,8 @@ async def test_a_killed_supervisor_takes_egress_with_it_and_recovery_removes_the
         assert len(refusals) >= 3, lines  # egress stopped with its owner: fails closed
         assert "Connection refused" in refusals[-1]
         assert witness.sbxkit_containers(), "recovery, not the killed owner, removes it"
-    with running_supervisor(state_dir):  # the next start recovers the journal
+    # the next start recovers it: held for its caller's grace period (10 s), then removed
+    with supervisor_with_umask(state_dir, LAUNCHER_UMASK):
         assert witness.wait_until_no_sbxkit_containers(seconds=30) == []
 
 

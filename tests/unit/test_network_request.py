@@ -1,14 +1,22 @@
 """What a request to the allow-list proxy asks for: CONNECT and absolute-form HTTP, decided
-from the parsed head; every other shape refused with a status and a reason."""
+from the parsed head; every other shape refused with a status and a reason; a head whose body
+framing two parsers could read differently refused (RFC 9112 §6.3)."""
 
 from __future__ import annotations
 
+import h11
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sbxkit.network.names import Destination
-from sbxkit.network.request import ProxyRequest, Refusal, decide_request, forward_headers
+from sbxkit.network.request import (
+    ProxyRequest,
+    Refusal,
+    decide_request,
+    forward_headers,
+    framing_problem,
+)
 
 
 def decide(method: bytes, target: bytes, *headers: tuple[bytes, bytes]) -> ProxyRequest | Refusal:
@@ -113,3 +121,116 @@ def test_any_head_is_decided_never_raises(
 ) -> None:
     decided = decide_request(method, target, headers)
     assert isinstance(decided, ProxyRequest | Refusal)
+
+
+def head(*lines: bytes, end: bytes = b"\r\n") -> bytes:
+    return end.join([b"POST http://allowed.test/ HTTP/1.1", *lines, b"", b""])
+
+
+@pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        # the finding: both lengths, the smuggled request riding in what one parser calls body
+        ([b"Content-Length: 4", b"Transfer-Encoding: chunked"], "both Content-Length and"),
+        ([b"transfer-encoding: chunked", b"content-length: 0"], "both Content-Length and"),
+        ([b"Content-Length: 4", b"Transfer-Encoding: identity"], "both Content-Length and"),
+        ([b"Content-Length: 4", b"Content-Length: 4"], "more than one Content-Length"),
+        ([b"Content-Length: 4", b"Content-Length: 5"], "more than one Content-Length"),
+        ([b"Content-Length: 4, 4"], "one decimal number"),
+        ([b"Content-Length: +4"], "one decimal number"),
+        ([b"Content-Length: 0x4"], "one decimal number"),
+        ([b"Content-Length:"], "one decimal number"),
+        ([b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked"], "more than one Transfer"),
+        ([b"Transfer-Encoding: gzip, chunked"], "other than exactly chunked"),
+        ([b"Transfer-Encoding: chunked, chunked"], "other than exactly chunked"),
+        ([b"Transfer-Encoding: identity"], "other than exactly chunked"),
+        ([b"Transfer-Encoding: xchunked"], "other than exactly chunked"),
+        ([b"Transfer-Encoding:", b" chunked"], "obsolete line folding"),
+        ([b"X-Note: a", b"\tTransfer-Encoding: chunked"], "obsolete line folding"),
+        ([b"Content-Length: 4", b"X-Note: a", b" b"], "obsolete line folding"),
+        ([b"Transfer-Encoding : chunked"], "whitespace around the header name"),
+        ([b"Content-Length\t: 4"], "whitespace around the header name"),
+    ],
+)
+def test_an_ambiguous_framing_is_named(lines: list[bytes], reason: str) -> None:
+    problem = framing_problem(head(*lines))
+    assert problem is not None
+    assert reason in problem
+    assert framing_problem(head(*lines, end=b"\n")) == problem  # bare LF lines alike
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [],
+        [b"Content-Length: 0"],
+        [b"Content-Length:  12 "],
+        [b"Transfer-Encoding: chunked"],
+        [b"Transfer-Encoding: Chunked"],  # coding names are case-insensitive
+        [b"Content-Type: text/plain", b"X-Content-Length: 4", b"X-Transfer-Encoding: gzip"],
+    ],
+)
+def test_a_single_clear_framing_passes(lines: list[bytes]) -> None:
+    assert framing_problem(head(*lines)) is None
+
+
+def test_only_the_head_is_judged() -> None:
+    smuggled = b"GET / HTTP/1.1\r\nHost: denied.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert framing_problem(head(b"Content-Length: 47") + smuggled) is None
+    assert framing_problem(b"") is None
+    assert framing_problem(b"CONNECT a.test:443 HTTP/1.1\r\nContent-Length: 1, 2\r\n") is not None
+
+
+FRAMING_LINES = st.sampled_from(
+    [
+        b"Content-Length: 4",
+        b"content-length: 7",
+        b"Content-Length: 4, 4",
+        b"Content-Length: 4,5",
+        b"Transfer-Encoding: chunked",
+        b"TRANSFER-ENCODING: CHUNKED",
+        b"Transfer-Encoding: gzip, chunked",
+        b"Transfer-Encoding:",
+        b" chunked",
+        b"\tContent-Length: 4",
+        b"Transfer-Encoding : chunked",
+        b"Host: allowed.test",
+        b"X-Any: value",
+    ]
+)
+
+
+def _framing_of(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    return [name.lower() for name, _ in headers if name.lower() in _FRAMING_NAMES]
+
+
+_FRAMING_NAMES = (b"content-length", b"transfer-encoding")
+
+
+@given(st.lists(FRAMING_LINES, max_size=6), st.sampled_from([b"\r\n", b"\n"]))
+def test_what_passes_is_framed_one_way_for_every_parser(lines: list[bytes], end: bytes) -> None:
+    """Whatever head a payload builds: one carrying both a length and a coding is refused,
+    and one that passes, as h11 reads it, is forwarded with at most one framing header —
+    the one h11 framed its body by — so an upstream cannot read another body length."""
+    raw = head(*lines, end=end)
+    problem = framing_problem(raw)
+    names = {line.partition(b":")[0].strip().lower() for line in lines}
+    if {b"content-length", b"transfer-encoding"} <= names:
+        assert problem is not None
+    if problem is not None:
+        return
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(raw)
+    try:
+        request = conn.next_event()
+    except h11.RemoteProtocolError:
+        return  # h11 refuses it too (the proxy answers 400)
+    assert isinstance(request, h11.Request)
+    forwarded = _framing_of(forward_headers(list(request.headers)))
+    assert len(forwarded) <= 1
+    assert forwarded == _framing_of(list(request.headers))
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_are_judged_never_raise(data: bytes) -> None:
+    assert framing_problem(data) is None or isinstance(framing_problem(data), str)

@@ -27,10 +27,12 @@ from sbxkit.network.terms import (
     check_network_spec,
     network_env,
     parse_callback,
+    unset_env,
 )
 from sbxkit.policy import hardened_body
 from sbxkit.rules import check_network, check_runtime_fit
 from sbxkit.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit.supervisor.adopting import terms_problem
 from sbxkit.supervisor.recheck import recheck_body
 from sbxkit.supervisor.templates import shape_key
 from sbxkit.supervisor.wire import Claim, PoolTerms, Register, Reservation
@@ -168,7 +170,12 @@ MANAGED = NetworkTerms(
 
 
 def env_of(body: ContainerCreate) -> dict[str, str]:
-    return dict(item.partition("=")[::2] for item in body.env or [])
+    """The variables a body sets (``K=V``); ``unset_of`` has the ones it unsets (``K``)."""
+    return dict(item.partition("=")[::2] for item in body.env or [] if "=" in item)
+
+
+def unset_of(body: ContainerCreate) -> list[str]:
+    return [item for item in body.env or [] if "=" not in item]
 
 
 def test_the_proxy_variables_point_at_the_sandboxes_own_loopback() -> None:
@@ -212,6 +219,45 @@ def test_owned_variables_are_sbxkits_whatever_the_spec_says() -> None:
     assert plain["HTTPS_PROXY"] == "http://evil.example:3128"
     assert "SBXKIT_ENDPOINT" not in plain
     assert "SBXKIT_TLS_KEY" not in plain
+
+
+CALLBACK_KEYS = ["SBXKIT_ENDPOINT", "SBXKIT_TLS_CA", "SBXKIT_TLS_CERT", "SBXKIT_TLS_KEY"]
+
+
+def test_an_owned_key_sbxkit_does_not_set_is_unset_over_the_image() -> None:
+    """Issue 38, finding 7: an image's ``ENV SBXKIT_ENDPOINT`` reached the payload. Each owned
+    key sbxkit does not set is listed bare after the rest (Docker drops the image's value),
+    or empty for Podman (which would look a bare key up in its own environment)."""
+    plain = hardened_body(spec(), LEASE)
+    assert unset_of(plain) == CALLBACK_KEYS
+    assert (plain.env or [])[-4:] == CALLBACK_KEYS  # after every value: nothing sets them again
+    podman = hardened_body(spec(), LEASE, podman=True)
+    assert [item for item in podman.env or [] if item.endswith("=")] == [
+        f"{key}=" for key in CALLBACK_KEYS
+    ]
+    assert unset_of(podman) == []
+    governed = hardened_body(spec(network=Network(allow=["a"])), LEASE, network=ALLOW)
+    assert unset_of(governed) == CALLBACK_KEYS  # the proxy's are set, the callback's unset
+    with_callback = hardened_body(spec(network=Network(allow=["a"])), LEASE, network=CALLBACK)
+    assert unset_of(with_callback) == []  # every owned key has sbxkit's value
+    assert unset_env(MANAGED) == sorted([*PROXY_KEYS, *CALLBACK_KEYS[1:]])
+    assert unset_env(None) == CALLBACK_KEYS
+
+
+def test_the_recheck_wants_each_owned_key_once_and_unset_if_not_sbxkits() -> None:
+    body = hardened_body(spec(), LEASE)
+    assert recheck(body, None) is None
+    assert recheck(hardened_body(spec(), LEASE, podman=True), None) is None
+    for tampered in (
+        [e for e in body.env or [] if e != "SBXKIT_ENDPOINT"],  # the image's value would pass
+        [*(body.env or []), "SBXKIT_ENDPOINT"],  # twice
+        ["SBXKIT_ENDPOINT=http://x:1", *(body.env or [])],  # first of two: Docker keeps both
+    ):
+        refusal = recheck(msgspec.structs.replace(body, env=tampered), None)
+        assert refusal.field == "Config.Env", tampered
+    governed = hardened_body(spec(network=Network(allow=["a"])), LEASE, network=ALLOW)
+    doubled = ["HTTPS_PROXY=http://evil:1", *(governed.env or [])]
+    assert recheck(msgspec.structs.replace(governed, env=doubled), ALLOW).field == "Config.Env"
 
 
 def test_a_governed_body_stays_none_and_a_managed_one_joins_the_network() -> None:
@@ -427,3 +473,20 @@ def test_denials_are_capped_and_decisions_are_one_line_each() -> None:
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1
     assert msgspec.json.decode(line)["verdict"] == "denied"
+
+
+# --- a governed lease re-adopted after its supervisor died -------------------------------------
+
+
+def test_an_adopts_terms_must_be_a_governed_leases_and_parse() -> None:
+    assert terms_problem(ALLOW, governed=True) is None
+    assert terms_problem(CALLBACK, governed=True) is None
+    assert terms_problem(None, governed=True) is None  # re-adopted closed (a resumed run)
+    assert terms_problem(None, governed=False) is None
+    assert "registered no governed network" in (terms_problem(ALLOW, governed=False) or "")
+    bad = msgspec.structs.replace(ALLOW, allow=["*"])
+    assert "network.allow[0]" in (terms_problem(bad, governed=True) or "")
+    bad = msgspec.structs.replace(ALLOW, audit_log="relative.log")
+    assert "absolute path" in (terms_problem(bad, governed=True) or "")
+    bad = msgspec.structs.replace(ALLOW, gateway="172.17.0.1")
+    assert "gateway" in (terms_problem(bad, governed=True) or "")

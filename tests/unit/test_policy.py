@@ -53,6 +53,8 @@ def encoded(spec: SandboxSpec, lease: str = LEASE) -> dict[str, Any]:
 
 OWN = uid_for_lease(LEASE, HOST_UIDS)
 """The pinned body's lease's own uid (``sbxkit.uids``)."""
+UNSET = ["SBXKIT_ENDPOINT", "SBXKIT_TLS_CA", "SBXKIT_TLS_CERT", "SBXKIT_TLS_KEY"]
+"""Owned keys a body without a callback unsets (``unset_env``): Docker drops an image's value."""
 
 
 def test_full_body_is_pinned() -> None:
@@ -60,8 +62,9 @@ def test_full_body_is_pinned() -> None:
         "Image": "python:3.12-slim",
         "Cmd": ["python", "-c", "print(1)"],
         "Entrypoint": [],
-        # The runtime's own keys are always present (environment ownership, design.md §5).
-        "Env": [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1"],
+        # The runtime's own keys are always present (environment ownership, docs/security.md);
+        # the callback's, which it sets only for a callback, are unset over the image's ENV.
+        "Env": [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", *UNSET],
         "User": f"{OWN}:{OWN}",
         "Labels": {LEASE_LABEL: LEASE},
         "AttachStdin": True,
@@ -144,7 +147,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     )
     assert body["WorkingDir"] == "/work"
     assert body["User"] == "1000:2000"
-    assert body["Env"] == ["A=x=y", "B=2", f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1"]
+    assert body["Env"] == ["A=x=y", "B=2", f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", *UNSET]
     assert body["Labels"] == {"team": "ml", LEASE_LABEL: LEASE}
     host = body["HostConfig"]
     assert set(host) == HARDENED_HOST_KEYS | {"Runtime"}
@@ -239,8 +242,8 @@ def test_env_encoding_is_sorted_key_equals_value(env: dict[str, str]) -> None:
     env = {key: value.replace("\0", "") for key, value in env.items()}
     body = encoded(make_spec(env=env))
     expected = {**env, "SBXKIT_LEASE": LEASE, "SBXKIT_SANDBOX": "1"}  # the runtime's keys win
-    assert body["Env"] == [f"{key}={expected[key]}" for key in sorted(expected)]
-    parsed = dict(item.split("=", 1) for item in body["Env"])
+    assert body["Env"] == [*(f"{key}={expected[key]}" for key in sorted(expected)), *UNSET]
+    parsed = dict(item.split("=", 1) for item in body["Env"][: -len(UNSET)])
     assert parsed == expected
 
 
