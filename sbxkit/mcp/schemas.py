@@ -361,8 +361,8 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
         },
         {
             "name": "sandbox_list",
-            "description": "List this client's open sandboxes (time left, idle time, limits) "
-            "and how many more it may open.",
+            "description": "List the open sandboxes of this session (time left, idle time, "
+            "limits), and how many of its quota this client holds.",
             "inputSchema": _obj({}, []),
             "outputSchema": SANDBOX_LIST,
         },

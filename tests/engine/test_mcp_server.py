@@ -9,12 +9,16 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pwd
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
@@ -22,10 +26,13 @@ import trio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.accounts import Account, local_account
 from tests.engine.helpers import creates_during, processes_with_marker, wait_until
 from tests.engine.mcp_support import (
     CELLS,
     ERA_CELLS,
+    TENANT_ATTACK,
+    UNAUTHENTICATED_ATTACK,
     HttpServer,
     connect,
     mcp_servers,
@@ -406,9 +413,9 @@ async def test_an_http_session_that_ends_takes_its_sandboxes(
     before it exits."""
     server = HttpServer(profile, tmp_path / "http-server.log")
     try:
-        async with Client(server.url, mode="legacy") as staying:
+        async with server.client(mode="legacy") as staying:
             kept = structured(await call(staying, "sandbox_open"))["sandbox_id"]
-            async with Client(server.url, mode="legacy") as leaving:
+            async with server.client(mode="legacy") as leaving:
                 structured(await call(leaving, "sandbox_open"))
                 structured(await call(leaving, "sandbox_open"))
                 assert len(witness.sbxkit_containers()) == 3
@@ -427,12 +434,14 @@ async def test_an_http_session_that_ends_takes_its_sandboxes(
 
 
 CLIENT_SCRIPT = """
-import os, sys, trio
+import os, sys, trio, httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 async def main():
     if sys.argv[1].startswith("http://"):
-        server = sys.argv[1]
+        auth = {"Authorization": "Bearer " + os.environ["MCP_TOKEN"]}
+        server = streamable_http_client(sys.argv[1], http_client=httpx2.AsyncClient(headers=auth))
     else:
         argv, env = sys.argv[1:], dict(os.environ)
         server = StdioServerParameters(command=sys.executable, args=argv, env=env)
@@ -446,10 +455,13 @@ trio.run(main)
 """
 
 
-def start_client(witness: Witness, *target: str) -> subprocess.Popen[bytes]:
+def start_client(
+    witness: Witness, *target: str, token: str | None = None
+) -> subprocess.Popen[bytes]:
     """A client process holding one open sandbox and one run under way (two containers)."""
     client = subprocess.Popen(
         [sys.executable, "-c", CLIENT_SCRIPT, *target],
+        env={**os.environ, "MCP_TOKEN": token or ""},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -488,13 +500,13 @@ async def test_killing_an_http_client_removes_everything(tmp_path: Path, witness
     profile = write_profile(tmp_path, idle_timeout=20)
     server = HttpServer(profile, tmp_path / "http-server.log")
     try:
-        client = start_client(witness, server.url)
+        client = start_client(witness, server.url, token=server.token)
         sigkill(client)
         killed = time.monotonic()
         assert await wait_for(lambda: len(witness.sbxkit_containers()) == 1, 5)  # the run's
         assert time.monotonic() - killed < 5
         assert await wait_for(lambda: witness.sbxkit_containers() == [], 40)  # idle
-        async with Client(server.url) as other:
+        async with server.client() as other:
             assert structured(await call(other, "run", command=["true"]))["exit_code"] == 0
     finally:
         server.stop()
@@ -662,3 +674,177 @@ async def scripted_agent(client: Client) -> dict[str, Any]:
     structured(await call(client, "sandbox_close", sandbox_id=box))
     found = dict(pair.split("=") for pair in read["content"].split())
     return {"attempts": attempts, **{key: float(value) for key, value in found.items()}}
+
+
+# --- HTTP: who may call, and as whom (issue 38) ---------------------------------------------------
+
+
+SECRET = "the victim's notes\n"
+
+
+def address(server: HttpServer) -> tuple[str, str]:
+    parts = urlsplit(server.url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    return parts.hostname, str(parts.port)
+
+
+def outline(answers: dict[str, Any]) -> dict[str, Any]:
+    """Each step of an attack: its HTTP status and, when the call reached a tool, what it got."""
+    shown: dict[str, Any] = {}
+    for step, answer in answers.items():
+        if isinstance(answer, list):
+            shown[step] = [outline({str(i): item})[str(i)] for i, item in enumerate(answer)]
+            continue
+        result = (answer.get("reply") or {}).get("result") or {}
+        content = json.dumps(result.get("structuredContent"))[:160] if result else None
+        shown[step] = (answer["status"], result.get("isError"), content)
+    return shown
+
+
+def as_account(account: Account, script: str, *args: str) -> dict[str, Any]:
+    done = account.python(script, *args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers: dict[str, Any] = json.loads(done.stdout)
+    return answers
+
+
+async def write_notes(client: Client, box: str) -> None:
+    structured(
+        await call(client, "sandbox_write_file", sandbox_id=box, path="notes.txt", content=SECRET)
+    )
+
+
+async def read_notes(client: Client, box: str) -> str:
+    read = structured(await call(client, "sandbox_read_file", sandbox_id=box, path="notes.txt"))
+    content: str = read["content"]
+    return content
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+async def test_another_account_without_the_token_gets_nothing(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """The finding, replayed by another local account with plain standard-library HTTP: it
+    lists the victim's sandboxes, reads and overwrites its file, opens sandboxes under made-up
+    session ids past the quota, and tries a wrong token and another scheme. Every request is
+    refused 401 with a Bearer challenge before anything runs: nothing is created, the victim's
+    file is its own, and the log names the refused account — without any token."""
+    profile = write_profile(tmp_path, max_sandboxes_per_client=2)
+    server = HttpServer(profile, tmp_path / "http-server.log")
+    wrong = secrets.token_urlsafe(32)
+    try:
+        async with server.client() as victim:  # the 2026-07-28 protocol: no session
+            box = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            await write_notes(victim, box)
+            plan = {"sandbox_id": box, "path": "notes.txt", "wrong_token": wrong}
+            since = time.time()
+            with local_account() as attacker:
+                answers = await trio.to_thread.run_sync(
+                    lambda: as_account(
+                        attacker, UNAUTHENTICATED_ATTACK, *address(server), json.dumps(plan)
+                    )
+                )
+            assert not account_exists(attacker.name)
+            refused = {step: answer["status"] for step, answer in answers.items()}
+            assert refused == dict.fromkeys(answers, 401), outline(answers)
+            for answer in answers.values():
+                assert answer["www_authenticate"].startswith('Bearer realm="sbxkit mcp"'), answer
+            assert creates_during(witness, since) == []
+            assert await read_notes(victim, box) == SECRET
+            listed = structured(await call(victim, "sandbox_list"))
+            assert [entry["sandbox_id"] for entry in listed["sandboxes"]] == [box]
+        # The token the victim used: generated, in a file only this account can read, whose
+        # path — never the token — the server printed.
+        assert server.token_path is not None, server.output()
+        assert stat.S_IMODE(os.stat(server.token_path).st_mode) == 0o600
+        assert server.token
+        assert server.token not in server.output()
+    finally:
+        server.stop()
+    log = server.output()
+    assert f"(uid {attacker.uid}): no Authorization header" in log
+    assert f"(uid {attacker.uid}): a wrong bearer token" in log
+    assert f"(uid {attacker.uid}): the Authorization header is not a bearer token" in log
+    assert wrong not in log
+    assert server.token not in log
+    assert not server.token_left_behind  # the server removed its token file when it stopped
+    assert witness.sbxkit_containers() == []
+
+
+async def test_a_client_with_its_own_token_stays_in_its_own_sandboxes(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """Two clients, each with a token of its own (--token-file): the other account, with its
+    token, sees none of the victim's sandboxes and cannot read, write, run in or close them;
+    the victim's session id (as if leaked), a made-up one, or any on a 2026-07-28 request is
+    refused, and so is ending the victim's session; its quota counts per token however many
+    sessions it opens, so the victim's own quota stays whole."""
+    tokens = {"victim": secrets.token_urlsafe(32), "mallory": secrets.token_urlsafe(32)}
+    token_file = tmp_path / "tokens"
+    token_file.write_text("".join(f"{name} {token}\n" for name, token in tokens.items()))
+    token_file.chmod(0o600)
+    profile = write_profile(tmp_path, max_sandboxes_per_client=2, max_sandboxes=4)
+    server = HttpServer(profile, tmp_path / "http-server.log", "--token-file", str(token_file))
+    sessions: list[str] = []
+    try:
+        assert server.token_path is None
+        assert "clients: victim, mallory" in server.output()
+        async with server.client(tokens["victim"], mode="legacy", sessions=sessions) as victim:
+            box = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            await write_notes(victim, box)
+            [session] = sessions
+            plan = {"token": tokens["mallory"], "sandbox_id": box, "path": "notes.txt"}
+            plan["session"] = session
+            with local_account() as mallory:
+                answers = await trio.to_thread.run_sync(
+                    lambda: as_account(mallory, TENANT_ATTACK, *address(server), json.dumps(plan))
+                )
+            assert not account_exists(mallory.name)
+            shown = outline(answers)
+            assert raw_structured(answers["list"])["sandboxes"] == [], shown
+            for step in ("read", "write", "exec", "close"):
+                error = raw_structured(answers[step], error=True)["error"]
+                assert error["field"] == "sandbox_id", shown
+                assert f"no open sandbox {box} for this client" in error["message"], shown
+            assert answers["victims_session"]["status"] == 404, shown
+            assert answers["made_up_session"]["status"] == 404, shown
+            assert answers["made_up_modern_session"]["status"] == 400, shown
+            assert answers["delete_victims_session"]["status"] == 404, shown
+            opens = answers["opens"]
+            assert [raw_structured(answer).get("sandbox_id", "")[:4] for answer in opens[:2]] == [
+                "sbx-",
+                "sbx-",
+            ], shown
+            for answer in opens[2:4]:  # sessionless and in its own session: one quota
+                error = raw_structured(answer, error=True)["error"]
+                assert error["field"] == "mcp.max_sandboxes_per_client", shown
+            assert opens[4]["status"] == 400, shown
+            # The victim: its file, its session, its quota — all its own.
+            assert await read_notes(victim, box) == SECRET
+            second = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            listed = structured(await call(victim, "sandbox_list"))
+            assert {entry["sandbox_id"] for entry in listed["sandboxes"]} == {box, second}
+            assert len(witness.sbxkit_containers()) == 4  # two each
+    finally:
+        server.stop()
+    log = server.output()
+    assert all(token not in log for token in tokens.values())
+    assert witness.sbxkit_containers() == []
+
+
+def raw_structured(answer: dict[str, Any], *, error: bool = False) -> dict[str, Any]:
+    """The structured content of a tool result a raw client got (an error when ``error``)."""
+    result = (answer.get("reply") or {}).get("result")
+    assert answer["status"] == 200, answer
+    assert result is not None, answer
+    assert result.get("isError", False) is error, result
+    content: dict[str, Any] = result["structuredContent"]
+    return content
