@@ -13,7 +13,8 @@ server: every sandbox is removed, then it exits 0. SIGINT/SIGTERM do the same, t
 **HTTP**: the SDK's streamable HTTP app served by uvicorn, bound to a loopback address only
 (``sbxkit.mcp.options.parse_http_address``) with the SDK's DNS-rebinding checks on, behind the
 gate (``sbxkit.mcp.gate``: a bearer token on every request, identity from it and from the
-session the server issued).
+session the server issued) and the connection guard (``sbxkit.mcp.connections``: a deadline
+for request heads, a connection limit that drops silent connections first).
 uvicorn is asyncio-only, so the hub runs in a portal's trio thread
 (``sbxkit.mcp.server.PortalCalls``). A session the client ends (``DELETE``) has its sandboxes
 removed at once; sessions and sandboxes left idle end after ``mcp.idle_timeout``; stopping the
@@ -23,6 +24,7 @@ server removes everything.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sys
 from typing import cast
@@ -34,6 +36,14 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from sbxkit.cli.common import cancel_on_signals
 from sbxkit.errors import SpecError
+from sbxkit.mcp.connections import (
+    KEEP_ALIVE_S,
+    LISTEN_QUEUE,
+    MAX_HEAD_BYTES,
+    ConnectionGuard,
+    accept_backlog,
+    connection_limit,
+)
 from sbxkit.mcp.gate import Gate, RateLimitedLog
 from sbxkit.mcp.hub import Caller, Hub
 from sbxkit.mcp.policy import McpPolicy
@@ -150,7 +160,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(LISTEN_QUEUE)
     except OSError as exc:
         sock.close()
         raise SpecError("--http", f"cannot listen on {host}:{port}: {exc.strerror}") from None
@@ -218,6 +228,11 @@ def _serve_http(
         await calls.call(hub.close_client, caller)
 
     gate = Gate(app, credentials, close_client, log)
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    guard = ConnectionGuard(
+        connection_limit(open_files if open_files != resource.RLIM_INFINITY else 1 << 20),
+        warn=log.warning,
+    )
     shown = f"[{host}]" if ":" in host else host
     if token_path is not None:
         print(
@@ -231,16 +246,36 @@ def _serve_http(
     print(f"sbxkit mcp: serving http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
     config = uvicorn.Config(
         gate,
+        http=guard.protocol(),
         lifespan="on",
         # uvicorn warns of every malformed request, before any token is checked: a stream of
-        # them from anyone would flood stderr. The gate's own refusals are logged,
-        # rate-limited.
+        # them from anyone would flood stderr. The gate's and the guard's own refusals are
+        # logged, rate-limited.
         log_level="error",
         ws="none",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        # A backstop only: the guard keeps connections under its own limit, dropping silent
+        # ones first, where uvicorn would answer every newcomer 503. uvicorn counts a dropped
+        # connection until the loop's next turn, so its limit sits past the guard's by two
+        # accept batches: it never refuses a request the guard admitted.
+        limit_concurrency=guard.limit + 2 * accept_backlog(guard.limit) + 1,
+        # asyncio accepts up to a backlog of connections before any of them runs, and a
+        # dropped one lets go of its descriptor only on the next turn of the loop: at most
+        # limit + 2 * backlog descriptors, half the file limit, even under a flood.
+        backlog=accept_backlog(guard.limit),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # asyncio listened with the accept batch as backlog; the kernel's queue may be
+            # longer, so that a burst of connections waits there (using no descriptor of
+            # ours) instead of being refused.
+            for listening in sockets or []:
+                listening.listen(LISTEN_QUEUE)
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             try:
                 await super().shutdown(sockets)

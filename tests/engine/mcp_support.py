@@ -78,12 +78,17 @@ def server_argv(profile: Path, *extra: str) -> list[str]:
 
 class HttpServer:
     """``sbxkit mcp --http 127.0.0.1:0`` as a process; ``url`` is where it serves, ``token``
-    the bearer token it generated (read from the file whose path it printed), if it did."""
+    the bearer token it generated (read from the file whose path it printed), if it did.
+    ``open_files`` starts it with that soft file-descriptor limit (a user's usual 1024)."""
 
-    def __init__(self, profile: Path, log: Path, *extra: str) -> None:
+    def __init__(
+        self, profile: Path, log: Path, *extra: str, open_files: int | None = None
+    ) -> None:
         self.log = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         argv = server_argv(profile, "--http", "127.0.0.1:0", *extra)
+        if open_files is not None:  # the soft limit only, as a user's shell sets it
+            argv = ["prlimit", f"--nofile={open_files}:", *argv]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log
         )
@@ -355,3 +360,52 @@ print(json.dumps(done))
 """
 )
 """A second client with a token of its own, against the first's sandboxes and quota."""
+
+HALF_OPEN_FLOOD = r"""
+import json, resource, select, socket, sys, time
+
+host, port, count, trickling = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # what any account may do
+head = f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()  # never finished
+held = []
+for _ in range(count):
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.settimeout(5)
+    try:
+        conn.connect((host, port))
+        conn.sendall(head)
+    except OSError:
+        conn.close()
+        continue
+    held.append(conn)
+print(json.dumps({"held": len(held)}), flush=True)
+slow = held[:trickling]  # slowloris: a header line every second, never the blank line
+while not select.select([sys.stdin], [], [], 1.0)[0]:
+    for index, conn in enumerate(slow):
+        try:
+            conn.sendall(f"X-Slow-{index}: {time.monotonic()}\r\n".encode())
+        except OSError:
+            pass
+sys.stdin.readline()
+
+
+def closed(conn):
+    conn.setblocking(False)
+    try:
+        return conn.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+print(json.dumps({
+    "held": len(held),
+    "closed": sum(closed(conn) for conn in held),
+    "slow_closed": sum(closed(conn) for conn in slow),
+}), flush=True)
+"""
+"""Another account opens ``count`` connections that never finish a request head (``trickling``
+of them sending a header line every second), holds them until told on stdin, then says how
+many the server closed."""

@@ -7,6 +7,7 @@ removal whatever ends the client or the server — each proved by the independen
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import pwd
@@ -31,6 +32,7 @@ from tests.engine.helpers import creates_during, processes_with_marker, wait_unt
 from tests.engine.mcp_support import (
     CELLS,
     ERA_CELLS,
+    HALF_OPEN_FLOOD,
     TENANT_ATTACK,
     UNAUTHENTICATED_ATTACK,
     HttpServer,
@@ -848,3 +850,111 @@ def raw_structured(answer: dict[str, Any], *, error: bool = False) -> dict[str, 
     assert result.get("isError", False) is error, result
     content: dict[str, Any] = result["structuredContent"]
     return content
+
+
+HEAD_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5.0
+"""docs/mcp.md: a request head must arrive within 10 s; an idle connection closes after 5 s."""
+FLOOD = 1200
+"""More half-open connections than a user's file-descriptor limit of 1024 (the red team held
+1,104)."""
+VICTIM_BOUND_S = 30.0
+"""A ``run`` of ``echo`` answers in a second or two; thirty is noise-proof, and far below the
+SDK client's five-minute read timeout the old server ran into."""
+
+
+def server_fds(server: HttpServer) -> int:
+    return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+
+def idle_connection_closed(server: HttpServer, idle_s: float) -> bool:
+    """An authenticated request on a fresh connection, then ``idle_s`` of silence: has the
+    server closed the connection (keep-alive timeout)?"""
+    host, port = address(server)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": LEGACY_HELLO}
+    headers = {
+        "Authorization": f"Bearer {server.token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    conn.request("POST", "/mcp", json.dumps(body), headers)
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+    time.sleep(idle_s)
+    assert conn.sock is not None
+    conn.sock.settimeout(5)
+    try:
+        return conn.sock.recv(1) == b""
+    except OSError:
+        return True
+    finally:
+        conn.close()
+
+
+LEGACY_HELLO = {
+    "protocolVersion": "2025-11-25",
+    "capabilities": {},
+    "clientInfo": {"name": "keep-alive", "version": "0"},
+}
+
+
+async def test_half_open_connections_from_another_account_do_not_starve_a_client(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """The server runs with a user's limit of 1024 open files. Another account opens 1,200
+    connections that never finish a request head (ten of them trickling a header line every
+    second) and holds them: the victim's ``run`` still answers within its bound, a newcomer
+    still connects, the server never holds more than its connection limit, and every one of
+    the attacker's connections is closed within the head deadline. An authenticated
+    connection left idle is closed after the keep-alive timeout."""
+    profile = write_profile(tmp_path)
+    server = HttpServer(profile, tmp_path / "http-server.log", open_files=1024)
+    try:
+        async with server.client() as victim:
+            before = structured(await call(victim, "run", command=["echo", "before"]))
+            assert before["stdout"] == "before\n"
+            with local_account() as attacker:
+                flood = attacker.popen(
+                    ["python3", "-I", "-c", HALF_OPEN_FLOOD, *address(server), str(FLOOD), "10"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                try:
+                    assert flood.stdout is not None
+                    assert flood.stdin is not None
+                    line = await trio.to_thread.run_sync(flood.stdout.readline)
+                    assert line, flood.communicate(timeout=10)[1][-2000:]
+                    flooded = time.monotonic()
+                    held = json.loads(line)["held"]
+                    fds = server_fds(server)
+                    began = time.monotonic()
+                    with trio.fail_after(VICTIM_BOUND_S):
+                        during = structured(await call(victim, "run", command=["echo", "during"]))
+                        async with server.client() as newcomer:
+                            listed = structured(await call(newcomer, "sandbox_list"))
+                    answered_in = time.monotonic() - began
+                    assert during["stdout"] == "during\n"
+                    assert listed["sandboxes"] == []
+                    await trio.sleep(max(0.0, flooded + HEAD_TIMEOUT_S + 3 - time.monotonic()))
+                    flood.stdin.write("check\n")
+                    flood.stdin.flush()
+                    line = await trio.to_thread.run_sync(flood.stdout.readline)
+                    assert line, flood.communicate(timeout=10)[1][-2000:]
+                    report = json.loads(line)
+                finally:
+                    flood.kill()
+                    flood.wait(10)
+            assert not account_exists(attacker.name)
+        assert answered_in < VICTIM_BOUND_S
+        assert fds < 600, fds  # limit 256 + 2 accept batches of 128 + its own (docs/mcp.md)
+        assert report == {"held": held, "closed": held, "slow_closed": min(10, held)}, report
+        assert await trio.to_thread.run_sync(idle_connection_closed, server, KEEP_ALIVE_S + 2.0)
+    finally:
+        server.stop()
+    log = server.output()
+    assert "the limit of 256 connections was reached" in log, log[-3000:]
+    assert witness.sbxkit_containers() == []

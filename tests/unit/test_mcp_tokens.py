@@ -12,6 +12,7 @@ import stat
 import pytest
 
 from sbxkit.errors import SpecError
+from sbxkit.mcp.connections import accept_backlog, connection_limit
 from sbxkit.mcp.gate import RateLimitedLog, _address, modern_route, peer_uid
 from sbxkit.mcp.tokens import (
     DEFAULT_NAME,
@@ -101,6 +102,16 @@ def test_a_generated_token_is_long_and_fresh() -> None:
     credentials = Credentials(generated(token))
     assert credentials.verify(f"Bearer {token}".encode()) == (DEFAULT_NAME, "")
     assert parse_tokens(token, WHERE)[0].digest == generated(token)[0].digest
+
+
+def test_connections_hold_at_most_half_the_file_limit() -> None:
+    for files in (64, 256, 1024, 4096, 65536, 1 << 20):
+        limit = connection_limit(files)
+        assert limit <= 256
+        if files >= 64:
+            assert limit + 2 * accept_backlog(limit) <= files // 2 + 16
+    assert connection_limit(1024) == 256
+    assert accept_backlog(256) == 128
 
 
 def test_the_refusal_log_says_what_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
