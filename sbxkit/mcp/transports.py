@@ -14,7 +14,8 @@ server: every sandbox is removed, then it exits 0. SIGINT/SIGTERM do the same, t
 (``sbxkit.mcp.options.parse_http_address``) with the SDK's DNS-rebinding checks on, behind the
 gate (``sbxkit.mcp.gate``: a bearer token on every request, identity from it and from the
 session the server issued) and the connection guard (``sbxkit.mcp.connections``: a deadline
-for request heads, a connection limit that drops silent connections first).
+for request heads, a connection limit that drops silent connections first). Request bodies
+may be as large as ``max_file_bytes`` needs (``sbxkit.mcp.options.request_body_limit``).
 uvicorn is asyncio-only, so the hub runs in a portal's trio thread
 (``sbxkit.mcp.server.PortalCalls``). A session the client ends (``DELETE``) has its sandboxes
 removed at once; sessions and sandboxes left idle end after ``mcp.idle_timeout``; stopping the
@@ -46,6 +47,7 @@ from sbxkit.mcp.connections import (
 )
 from sbxkit.mcp.gate import Gate, RateLimitedLog
 from sbxkit.mcp.hub import Caller, Hub
+from sbxkit.mcp.options import request_body_limit
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.server import PortalCalls, TrioCalls, build_server
 from sbxkit.mcp.token_files import remove_token_file, write_generated_token
@@ -221,6 +223,7 @@ def _serve_http(
         host=host,
         transport_security=rebinding_checks(host, port),
         session_idle_timeout=policy.options.idle_timeout,
+        max_request_body_size=request_body_limit(policy.file_bytes),
     )
     log = RateLimitedLog()
 

@@ -25,7 +25,7 @@ import httpx2
 import mcp_types
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, streamable_http_client
 
 from tests.witness import BUSYBOX, PYTHON
 
@@ -135,7 +135,12 @@ class HttpServer:
 
 @asynccontextmanager
 async def http_client(
-    url: str, token: str | None, *, sessions: list[str] | None = None, **client: Any
+    url: str,
+    token: str | None,
+    *,
+    sessions: list[str] | None = None,
+    max_sse_event_size: int | None = DEFAULT_MAX_SSE_EVENT_SIZE,
+    **client: Any,
 ) -> AsyncIterator[Client]:
     """The SDK's client over streamable HTTP, its HTTP client sending ``Authorization:
     Bearer TOKEN`` on every request (docs/mcp.md shows the same). ``sessions`` collects the
@@ -151,7 +156,10 @@ async def http_client(
     timeout = httpx2.Timeout(30, read=300)
     async with (
         httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks) as http,
-        Client(streamable_http_client(url, http_client=http), **client) as session,
+        Client(
+            streamable_http_client(url, http_client=http, max_sse_event_size=max_sse_event_size),
+            **client,
+        ) as session,
     ):
         yield session
 

@@ -7,6 +7,7 @@ removal whatever ends the client or the server — each proved by the independen
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -958,3 +959,75 @@ async def test_half_open_connections_from_another_account_do_not_starve_a_client
     log = server.output()
     assert "the limit of 256 connections was reached" in log, log[-3000:]
     assert witness.sbxkit_containers() == []
+
+
+# --- HTTP: transfers as large as max_file_bytes -----------------------------------------------
+
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""The profile's default ``max_file_bytes``, as the red team's server had it."""
+WRITE = "sandbox_write_file"
+BLOB = "blob.bin"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_file_of_max_file_bytes_goes_through_http(
+    mode: str, profile: Path, tmp_path: Path
+) -> None:
+    """A write of exactly max_file_bytes succeeds over HTTP, as binary (base64) and as text,
+    and reads back whole; so does a run whose stdin and files are each that large; one byte
+    more is a tool error naming max_file_bytes, not a protocol error (the SDK's default 4 MiB
+    request cap made it HTTP 413). The client lifts the SDK client's 1 MiB cap on one SSE
+    event, as docs/mcp.md says a client reading large files must."""
+    blob = os.urandom(MAX_FILE_BYTES)
+    text = "x" * MAX_FILE_BYTES
+    server = HttpServer(profile, tmp_path / "http-server.log")
+    try:
+        async with server.client(mode=mode, max_sse_event_size=None) as client:
+            box = structured(await call(client, "sandbox_open"))["sandbox_id"]
+            written = structured(
+                await call(
+                    client,
+                    "sandbox_write_file",
+                    sandbox_id=box,
+                    path="blob.bin",
+                    content=base64.b64encode(blob).decode(),
+                    encoding="base64",
+                )
+            )
+            assert written["bytes"] == MAX_FILE_BYTES
+            digest = structured(
+                await call(client, "sandbox_exec", sandbox_id=box, command=["sha256sum", BLOB])
+            )
+            assert digest["stdout"].split()[0] == hashlib.sha256(blob).hexdigest()
+            back = structured(
+                await call(
+                    client, "sandbox_read_file", sandbox_id=box, path="blob.bin", encoding="base64"
+                )
+            )
+            assert base64.b64decode(back["content"]) == blob
+            as_text = await call(client, WRITE, sandbox_id=box, path="t", content=text)
+            assert structured(as_text)["bytes"] == MAX_FILE_BYTES
+            over = tool_error(
+                await call(
+                    client,
+                    "sandbox_write_file",
+                    sandbox_id=box,
+                    path="blob.bin",
+                    content=base64.b64encode(blob + b"!").decode(),
+                    encoding="base64",
+                )
+            )
+            assert (over["field"], "mcp.max_file_bytes" in over["message"]) == ("content", True)
+            over_text = tool_error(
+                await call(client, WRITE, sandbox_id=box, path="t", content=text + "x")
+            )
+            assert "mcp.max_file_bytes" in over_text["message"], over_text
+            count = ["sh", "-c", "wc -c < /dev/stdin; wc -c < big.txt"]
+            ran = structured(
+                await call(client, "run", command=count, stdin=text, files={"big.txt": text})
+            )
+            assert ran["stdout"].split() == [str(MAX_FILE_BYTES)] * 2, ran
+            structured(await call(client, "sandbox_close", sandbox_id=box))
+    finally:
+        server.stop()

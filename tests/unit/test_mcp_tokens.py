@@ -1,6 +1,7 @@
 """``sbxkit mcp --http``'s door, its pure parts: token files and how a presented token is
-checked, the refusal log, and the kernel's socket table that names a refused peer's account.
-(tests/engine/test_mcp_server.py attacks the real server from another account.)"""
+checked, the request-size and connection bounds, the refusal log, and the kernel's socket table
+that names a refused peer's account. (tests/engine/test_mcp_server.py attacks the real server
+from another account.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from sbxkit.errors import SpecError
 from sbxkit.mcp.connections import accept_backlog, connection_limit
 from sbxkit.mcp.gate import RateLimitedLog, _address, modern_route, peer_uid
+from sbxkit.mcp.options import request_body_limit
 from sbxkit.mcp.tokens import (
     DEFAULT_NAME,
     MIN_TOKEN_CHARS,
@@ -102,6 +104,15 @@ def test_a_generated_token_is_long_and_fresh() -> None:
     credentials = Credentials(generated(token))
     assert credentials.verify(f"Bearer {token}".encode()) == (DEFAULT_NAME, "")
     assert parse_tokens(token, WHERE)[0].digest == generated(token)[0].digest
+
+
+def test_requests_have_room_for_every_call_within_max_file_bytes() -> None:
+    """Two payloads (a run's stdin and files) of max_file_bytes, every byte escaped at
+    JSON's longest (\\u001f), and the rest of the call: base64 (4/3) fits many times over."""
+    four_mib = 4 * 1024 * 1024
+    assert request_body_limit(four_mib) == 2 * 6 * four_mib + 1024 * 1024
+    assert request_body_limit(1) > 4 * 1024 * 1024 // 4
+    assert request_body_limit(four_mib) > 2 * (four_mib * 4 // 3 + 4096)
 
 
 def test_connections_hold_at_most_half_the_file_limit() -> None:
