@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
+import jsonschema
 import pytest
 import trio
 from mcp import Client
@@ -1031,3 +1032,85 @@ async def test_a_file_of_max_file_bytes_goes_through_http(
             structured(await call(client, "sandbox_close", sandbox_id=box))
     finally:
         server.stop()
+
+
+# --- what a client checks: output schemas and annotations -----------------------------------------
+
+
+GONE = "sbx-" + "0" * 24
+ERROR_CALLS: dict[str, dict[str, Any]] = {
+    "run": {"command": ["true"], "image": "alpine:3"},
+    "sandbox_open": {"lifetime": 10**9},
+    "sandbox_exec": {"sandbox_id": GONE, "command": ["true"]},
+    "sandbox_write_file": {"sandbox_id": GONE, "path": "x", "content": ""},
+    "sandbox_read_file": {"sandbox_id": GONE, "path": "x"},
+    "sandbox_close": {"sandbox_id": GONE},
+    "sandbox_list": {"everything": True},
+}
+"""A refused call of every tool."""
+
+
+def schema_validator(schema: dict[str, Any] | None) -> Any:
+    """A JSON-schema validator of the schema's dialect (2020-12, MCP's default), the schema
+    itself checked first."""
+    assert schema is not None
+    validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+async def test_every_result_conforms_to_its_tools_output_schema(
+    cell: str, profile: Path, tmp_path: Path
+) -> None:
+    """An error result is checked against the tool's output schema as strictly as a result
+    (the MCP Inspector does so): every tool's refusal conforms, and so does every tool's
+    result."""
+    async with connect(cell, profile, tmp_path) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert set(ERROR_CALLS) == set(tools)
+        for name, arguments in ERROR_CALLS.items():
+            refused = await client.call_tool(name, arguments)
+            tool_error(refused)
+            schema_validator(tools[name].output_schema).validate(refused.structured_content)
+        box = structured(await call(client, "sandbox_open"))["sandbox_id"]
+        results = {
+            "run": await call(client, "run", command=["echo", "hi"]),
+            "sandbox_exec": await call(client, "sandbox_exec", sandbox_id=box, command=["true"]),
+            "sandbox_write_file": await call(
+                client, "sandbox_write_file", sandbox_id=box, path="f", content="x"
+            ),
+            "sandbox_read_file": await call(client, "sandbox_read_file", sandbox_id=box, path="f"),
+            "sandbox_list": await call(client, "sandbox_list"),
+            "sandbox_close": await call(client, "sandbox_close", sandbox_id=box),
+        }
+        for name, result in results.items():
+            schema_validator(tools[name].output_schema).validate(structured(result))
+
+
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+EXPECTED_ANNOTATIONS = {
+    # tool: (read-only, destructive, idempotent, open world) with no network and no writable
+    # mount: a run changes nothing that outlives its sandbox, so running it again adds nothing
+    "run": (False, False, True, False),
+    "sandbox_open": (False, False, False, False),
+    "sandbox_exec": (False, True, False, False),
+    "sandbox_write_file": (False, True, True, False),
+    "sandbox_read_file": (True, False, True, False),
+    "sandbox_close": (False, True, True, False),
+    "sandbox_list": (True, False, True, False),
+}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+async def test_every_tool_carries_annotations(cell: str, profile: Path, tmp_path: Path) -> None:
+    async with connect(cell, profile, tmp_path) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == set(EXPECTED_ANNOTATIONS)
+    for name, expected in EXPECTED_ANNOTATIONS.items():
+        annotations = tools[name].annotations
+        assert annotations is not None, name
+        shown = annotations.model_dump(by_alias=True)
+        assert tuple(shown[hint] for hint in HINTS) == expected, (name, shown)
+        assert annotations.title
+        assert tools[name].title == annotations.title
