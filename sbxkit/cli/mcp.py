@@ -13,6 +13,7 @@ from typing import Any
 from sbxkit.errors import SpecError
 from sbxkit.mcp.options import parse_http_address
 from sbxkit.mcp.policy import policy_from_profile
+from sbxkit.mcp.token_files import read_token_file
 from sbxkit.plan import check_spec
 from sbxkit.profile import load_profile
 
@@ -26,6 +27,9 @@ class MissingExtra(SpecError):
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     address = parse_http_address(args.http) if args.http is not None else None
+    if args.token_file is not None and address is None:
+        raise SpecError("--token-file", "authenticates HTTP clients: use it with --http")
+    credentials = read_token_file(args.token_file) if args.token_file is not None else None
     policy = policy_from_profile(load_profile(args.profile))
     # The profile's sandbox as this environment will judge every call's (SBXKIT_ENV, the
     # supervisor's state dir): refused now rather than on every call.
@@ -41,7 +45,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="sbxkit mcp: %(name)s: %(message)s")
     if address is None:
         return transports.serve_stdio(policy, args.socket)
-    return transports.serve_http(policy, *address, args.socket)
+    return transports.serve_http(policy, *address, args.socket, credentials)
 
 
 def add_mcp_parser(sub: Any) -> argparse.ArgumentParser:
@@ -63,7 +67,16 @@ def add_mcp_parser(sub: Any) -> argparse.ArgumentParser:
         "--http",
         metavar="127.0.0.1:PORT",
         help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; HOST must be "
-        "a loopback address (127.0.0.1 or [::1]); PORT 0 picks a free one",
+        "a loopback address (127.0.0.1 or [::1]); PORT 0 picks a free one. Every request "
+        "needs Authorization: Bearer TOKEN: without --token-file the server generates a token "
+        "and prints the path of the file (0600) that holds it",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="with --http: the bearer tokens clients must present, one per line, TOKEN or "
+        "NAME TOKEN (each named client has its own quota); the file must be this account's "
+        "and closed to group and others (chmod 600)",
     )
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")
     parser.set_defaults(handler=cmd_mcp)

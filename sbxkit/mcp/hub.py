@@ -17,8 +17,10 @@ still being created or waits for admission. A ``run`` needs no
 holder: it is one ``sbxkit.run`` inside the tool call, cancelled with it.
 
 Quotas (``sbxkit.mcp.quotas``) count open sandboxes and runs under way alike. Nothing here
-knows MCP: the server calls the method named as each tool with a client key and the tool's
-decoded arguments.
+knows MCP: the server calls the method named as each tool with the ``Caller`` and the tool's
+decoded arguments. A caller's ``account`` is whose quota a call counts against (the stdio peer,
+an HTTP client's credential); its ``owner`` is whose sandboxes it may see and use (the account
+itself, or one HTTP session of it).
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ CLOSE_BUDGET_S = 60.0
 and past this the supervisor, which holds every lease, removes what is left."""
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a call (see the module doc): both parts come from the transport — the stdio
+    peer, or an authenticated credential and the session the server issued it — never from
+    anything a request merely says."""
+
+    account: str
+    owner: str
+
+
 class UnknownSandbox(SpecError):
     """No open sandbox of this client has that id (never opened, another client's, ended)."""
 
@@ -87,7 +99,7 @@ class OpenSandbox:
     """One open sandbox and its holder task's state."""
 
     sandbox_id: str
-    client: str
+    client: Caller
     request: OpenRequest
     opened: trio.Event = field(default_factory=trio.Event)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -119,7 +131,7 @@ class Hub:
         self.quotas = Quotas(options.max_sandboxes_per_client, options.max_sandboxes)
         self.started = trio.Event()
         self._open: dict[str, OpenSandbox] = {}
-        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[Caller, str]] = OrderedDict()
         self._nursery: trio.Nursery | None = None
         self._closing = trio.Event()
         self._stopped = trio.Event()
@@ -148,7 +160,7 @@ class Hub:
         with trio.CancelScope(shield=True):
             await self._stopped.wait()
 
-    async def close_client(self, client: str) -> None:
+    async def close_client(self, client: Caller) -> None:
         """The client disconnected: remove its sandboxes (waits, shielded)."""
         with trio.CancelScope(shield=True):
             await self._end_all(lambda entry: entry.client == client, "its client disconnected")
@@ -215,7 +227,7 @@ class Hub:
         finally:
             self._open.pop(entry.sandbox_id, None)
             self._remember(entry)
-            self.quotas.give(entry.client)
+            self.quotas.give(entry.client.account)
             entry.opened.set()
             entry.closed.set()
 
@@ -224,7 +236,7 @@ class Hub:
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
 
-    def _find(self, client: str, sandbox_id: str) -> OpenSandbox:
+    def _find(self, client: Caller, sandbox_id: str) -> OpenSandbox:
         entry = self._open.get(sandbox_id)
         if entry is not None and entry.client == client and entry.usable:
             return entry
@@ -236,7 +248,7 @@ class Hub:
         )
 
     @contextmanager
-    def _using(self, client: str, sandbox_id: str) -> Iterator[Sandbox]:
+    def _using(self, client: Caller, sandbox_id: str) -> Iterator[Sandbox]:
         """The client's open sandbox, marked busy (not idle) while a call uses it."""
         entry = self._find(client, sandbox_id)
         assert entry.sandbox is not None
@@ -265,10 +277,10 @@ class Hub:
 
     # -- the tools ----------------------------------------------------------------------------
 
-    async def run(self, client: str, args: RunArgs) -> RunResult:
+    async def run(self, client: Caller, args: RunArgs) -> RunResult:
         request = run_request(self.policy, args)
         self._refuse_when_stopping()
-        self.quotas.take(client)
+        self.quotas.take(client.account)
         try:
             return await sbxkit_run(
                 request.spec,
@@ -278,20 +290,20 @@ class Hub:
                 socket_path=self.socket_path,
             )
         finally:
-            self.quotas.give(client)
+            self.quotas.give(client.account)
 
-    async def sandbox_open(self, client: str, args: OpenArgs) -> SandboxView:
+    async def sandbox_open(self, client: Caller, args: OpenArgs) -> SandboxView:
         request = open_request(self.policy, args)
         self._refuse_when_stopping()
         assert self._nursery is not None, "the hub is not serving"
-        self.quotas.take(client)
+        self.quotas.take(client.account)
         entry = OpenSandbox(sandbox_id=new_sandbox_id(), client=client, request=request)
         self._open[entry.sandbox_id] = entry
         try:
             self._nursery.start_soon(self._hold, entry)
         except BaseException:
             self._open.pop(entry.sandbox_id)
-            self.quotas.give(client)
+            self.quotas.give(client.account)
             raise
         try:
             await entry.opened.wait()
@@ -305,7 +317,7 @@ class Hub:
             raise HubStopping(f"the sandbox ended while opening: {entry.ended}")
         return self.view(entry)
 
-    async def sandbox_exec(self, client: str, args: ExecArgs) -> RunResult:
+    async def sandbox_exec(self, client: Caller, args: ExecArgs) -> RunResult:
         entry = self._find(client, args.sandbox_id)
         request = exec_request(self.policy, entry.request.command_limits, args)
         with self._using(client, args.sandbox_id) as sandbox:
@@ -321,7 +333,7 @@ class Hub:
                 env=request.env,
             )
 
-    async def sandbox_write_file(self, client: str, args: WriteFileArgs) -> dict[str, Any]:
+    async def sandbox_write_file(self, client: Caller, args: WriteFileArgs) -> dict[str, Any]:
         relative = file_path(args.path)
         data = content_bytes(args.content, args.encoding, self.policy.file_bytes)
         directory, _, name = relative.rpartition("/")
@@ -332,7 +344,7 @@ class Hub:
         path = f"{FILES_ROOT}/{relative}"
         return {"sandbox_id": args.sandbox_id, "path": path, "bytes": len(data)}
 
-    async def sandbox_read_file(self, client: str, args: ReadFileArgs) -> dict[str, Any]:
+    async def sandbox_read_file(self, client: Caller, args: ReadFileArgs) -> dict[str, Any]:
         relative = file_path(args.path)
         with self._using(client, args.sandbox_id) as sandbox:
             found = await sandbox.get_files(
@@ -356,14 +368,14 @@ class Hub:
             "bytes": len(data),
         }
 
-    async def sandbox_close(self, client: str, args: CloseArgs) -> dict[str, Any]:
+    async def sandbox_close(self, client: Caller, args: CloseArgs) -> dict[str, Any]:
         """Remove the sandbox before returning; a removal failure is raised, never hidden."""
         entry = self._find(client, args.sandbox_id)
         entry.end("closed by sandbox_close")
         await self._wait_removed(entry)
         return {"sandbox_id": args.sandbox_id, "closed": True}
 
-    async def sandbox_list(self, client: str, args: ListArgs) -> dict[str, Any]:
+    async def sandbox_list(self, client: Caller, args: ListArgs) -> dict[str, Any]:
         mine = [
             self.view(entry)
             for entry in self._open.values()
@@ -373,7 +385,7 @@ class Hub:
         return sandbox_list(
             mine,
             per_client=quotas.per_client,
-            held=quotas.held(client),
+            held=quotas.held(client.account),
             held_in_all=quotas.held(),
             in_all=quotas.in_all,
         )

@@ -71,6 +71,21 @@ def file_bytes(options: McpOptions) -> int:
     return value
 
 
+JSON_ESCAPE_FACTOR = 6
+"""The most bytes JSON spends on one byte of text (``\\u001f``); base64 spends 4/3."""
+PAYLOADS_PER_CALL = 2
+"""A ``run`` carries the most: its stdin and its files, each up to ``max_file_bytes``."""
+REQUEST_SLACK = 1024 * 1024
+"""Room for everything else in a request: the command, names, variables, the envelope."""
+
+
+def request_body_limit(file_bytes: int) -> int:
+    """The largest HTTP request body the server reads: whatever a call within ``file_bytes``
+    carries, however its client escapes it, so that a call past ``max_file_bytes`` reaches
+    the tool — which refuses it naming the option — instead of failing as a protocol error."""
+    return PAYLOADS_PER_CALL * JSON_ESCAPE_FACTOR * file_bytes + REQUEST_SLACK
+
+
 def validate_mcp_options(options: McpOptions) -> None:
     """Every value of ``[mcp]`` on its own; how it fits the rest of the profile (an image to
     default to, the mandatory limits) is ``sbxkit.mcp.policy``'s, when a server starts."""

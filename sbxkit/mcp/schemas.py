@@ -1,9 +1,17 @@
-"""The tools a model sees: names, descriptions, input and output JSON schemas (pure).
+"""The tools a model sees: names, titles, descriptions, annotations, input and output JSON
+schemas (pure).
 
 Descriptions are built from the operator's policy, so they state what this server really
 gives: the network, the writable places, the mounts, each limit's ceiling, the images, the
 quotas and lifetimes. The input schemas list exactly the fields ``sbxkit.mcp.arguments``
 accepts (tests/unit/test_mcp_policy.py checks they agree); nothing else reaches a sandbox.
+
+Each output schema admits the tool's result and its error (``{"error": {type, field, rule,
+message}}``, sent with ``isError``): the protocol asks structured content to conform to the
+tool's output schema, and a client that validates error results too (the MCP Inspector does)
+must not refuse the error it is meant to show. The annotations are computed from the policy
+too: whether a command can change anything that outlives its sandbox (a writable bind mount
+or volume) or reach beyond this machine (a network other than ``none``).
 """
 
 from __future__ import annotations
@@ -126,6 +134,79 @@ CLOSED = {
     "required": ["sandbox_id", "closed"],
 }
 
+TOOL_ERROR = {
+    "type": "object",
+    "description": "Only on an error result (isError: true): why the call was refused or "
+    "failed. Nothing was created.",
+    "properties": {
+        "type": {"type": "string", "description": "the error's kind, e.g. SpecError"},
+        "field": {
+            "type": ["string", "null"],
+            "description": "the argument (or profile option) at fault",
+        },
+        "rule": {"type": ["string", "null"], "description": "the rule it broke"},
+        "message": {"type": "string", "description": "field and rule in one sentence"},
+    },
+    "required": ["type", "field", "rule", "message"],
+}
+
+
+def admitting_errors(result: dict[str, Any]) -> dict[str, Any]:
+    """A tool's output schema: its result, or (on an error result) ``{"error": …}``. The
+    properties stay at the top, as every protocol version reads them; which fields are
+    required depends on which of the two it is."""
+    return {
+        "type": "object",
+        "properties": {**result["properties"], "error": TOOL_ERROR},
+        "anyOf": [
+            {"required": result["required"], "not": {"required": ["error"]}},
+            {"required": ["error"], "maxProperties": 1},
+        ],
+    }
+
+
+def lasting_effects(policy: McpPolicy) -> bool:
+    """Whether a command can change something that outlives its sandbox: a writable bind
+    mount or volume of the operator's, or the world a network reaches."""
+    base = policy.base
+    writable = any(not isinstance(m, TmpfsMount) and not m.read_only for m in base.mounts)
+    return writable or open_world(policy)
+
+
+def open_world(policy: McpPolicy) -> bool:
+    return policy.base.network != "none"
+
+
+def tool_annotations(policy: McpPolicy) -> dict[str, dict[str, Any]]:
+    """Each tool's MCP annotations, true of this server's sandboxes. Commands are not
+    read-only (they create a container and may change what is in it); they are destructive
+    and not idempotent only when they can reach past their sandbox (``lasting_effects``), and
+    open-world only with a network. The file tools act on the sandbox alone."""
+    lasting = lasting_effects(policy)
+    reaches_out = open_world(policy)
+
+    def hints(
+        title: str, read_only: bool, destructive: bool, idempotent: bool, world: bool
+    ) -> dict[str, Any]:
+        return {
+            "title": title,
+            "readOnlyHint": read_only,
+            "destructiveHint": destructive,
+            "idempotentHint": idempotent,
+            "openWorldHint": world,
+        }
+
+    return {
+        "run": hints("Run a command in a fresh sandbox", False, lasting, not lasting, reaches_out),
+        "sandbox_open": hints("Open a sandbox", False, False, False, False),
+        "sandbox_exec": hints("Run a command in an open sandbox", False, True, False, reaches_out),
+        "sandbox_write_file": hints("Write a file in a sandbox", False, True, True, False),
+        "sandbox_read_file": hints("Read a file from a sandbox", True, False, True, False),
+        "sandbox_close": hints("Close a sandbox", False, True, True, False),
+        "sandbox_list": hints("List my sandboxes", True, False, True, False),
+    }
+
+
 SANDBOX_ID = {
     "type": "string",
     "description": "The id sandbox_open returned (sbx-…).",
@@ -241,7 +322,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
         "description": f"A path under {FILES_ROOT}: relative to it (src/main.py) or absolute "
         f"inside it (/tmp/src/main.py).",
     }
-    tools = [
+    tools: list[dict[str, Any]] = [
         {
             "name": "run",
             "description": f"Run one command in {summary}, created for this call and removed "
@@ -361,11 +442,16 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
         },
         {
             "name": "sandbox_list",
-            "description": "List this client's open sandboxes (time left, idle time, limits) "
-            "and how many more it may open.",
+            "description": "List the open sandboxes of this session (time left, idle time, "
+            "limits), and how many of its quota this client holds.",
             "inputSchema": _obj({}, []),
             "outputSchema": SANDBOX_LIST,
         },
     ]
     assert [tool["name"] for tool in tools] == list(ARGS), "a tool without its arguments"
+    hinted = tool_annotations(policy)
+    for tool in tools:
+        tool["outputSchema"] = admitting_errors(tool["outputSchema"])
+        tool["annotations"] = hinted[tool["name"]]
+        tool["title"] = hinted[tool["name"]]["title"]
     return tools

@@ -36,7 +36,7 @@ from mcp.shared.exceptions import MCPError
 
 from sbxkit.errors import SbxError
 from sbxkit.mcp.arguments import ARGS, Args, decode_args
-from sbxkit.mcp.hub import Hub
+from sbxkit.mcp.hub import Caller, Hub
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields
@@ -48,11 +48,10 @@ logger = logging.getLogger("sbxkit.mcp")
 
 SERVER_NAME = "sbxkit"
 PROGRESS_INTERVAL_S = 1.0
-STDIO_CLIENT = "stdio"
+STDIO_CALLER = Caller("stdio", "stdio")
 """Over stdio the server has one client: the process that launched it."""
-HTTP_CLIENT = "http"
-"""Streamable HTTP requests without a session (the 2026-07-28 protocol) share one client."""
-SESSION_HEADER = "mcp-session-id"
+CALLER_SCOPE_KEY = "sbxkit.caller"
+"""Where the HTTP gate (``sbxkit.mcp.gate``) leaves a request's ``Caller`` in its ASGI scope."""
 INSTRUCTIONS = (
     "Tools that run commands in hardened, disposable Linux sandboxes. Use run for one "
     "command; sandbox_open and then sandbox_write_file, sandbox_exec and sandbox_read_file "
@@ -108,19 +107,22 @@ class PortalCalls:
             await anyio.to_thread.run_sync(self.portal.close)
 
 
-def client_key(ctx: ServerRequestContext[Any, Any]) -> str:
-    """Whose sandboxes a call may see: the stdio peer, an HTTP session, or the sessionless
-    HTTP client (see docs/mcp.md, "Clients and lifetimes")."""
-    headers = getattr(ctx.request, "headers", None)
-    if headers is None:
-        return STDIO_CLIENT
-    session = headers.get(SESSION_HEADER)
-    return session_client(session) if session else HTTP_CLIENT
+class Unauthenticated(SbxError):
+    """An HTTP request reached a tool without the gate's identity (never, when served by
+    ``sbxkit.mcp.transports``): refused rather than guessed."""
 
 
-def session_client(session_id: str) -> str:
-    """The client of an HTTP session (``Mcp-Session-Id``, the 2025-11-25 protocol)."""
-    return f"http-session:{session_id}"
+def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    """Whose quota and sandboxes a call acts on: the stdio peer, or what the HTTP gate
+    established from the request's bearer token and the session the server issued (see
+    docs/mcp.md, "Who is a client")."""
+    request = ctx.request
+    if request is None:
+        return STDIO_CALLER
+    caller = getattr(request, "scope", {}).get(CALLER_SCOPE_KEY)
+    if not isinstance(caller, Caller):
+        raise Unauthenticated("this request carries no authenticated client")
+    return caller
 
 
 def ok_result(structured: dict[str, Any]) -> types.CallToolResult:
@@ -181,7 +183,7 @@ while it runs (None: no progress; it is quick)."""
 
 
 async def call_hub(
-    ctx: Ctx, hub: Hub, calls: Calls, name: str, client: str, args: Args
+    ctx: Ctx, hub: Hub, calls: Calls, name: str, client: Caller, args: Args
 ) -> dict[str, Any]:
     """The hub's method of the tool's name, reporting progress for the slow ones."""
     method = getattr(hub, name)
@@ -215,7 +217,7 @@ def build_server(policy: McpPolicy, hub: Hub, calls: Calls) -> Server[None]:
             )
         try:
             args = decode_args(params.arguments, kind)
-            return ok_result(await call_hub(ctx, hub, calls, params.name, client_key(ctx), args))
+            return ok_result(await call_hub(ctx, hub, calls, params.name, caller_of(ctx), args))
         except SbxError as exc:
             return error_result(exc)
         except Exception as exc:  # a bug must not end the server: say so, keep serving

@@ -11,18 +11,24 @@ server: every sandbox is removed, then it exits 0. SIGINT/SIGTERM do the same, t
 128 + the signal.
 
 **HTTP**: the SDK's streamable HTTP app served by uvicorn, bound to a loopback address only
-(``sbxkit.mcp.options.parse_http_address``) with the SDK's DNS-rebinding checks on. uvicorn is
-asyncio-only, so the hub runs in a portal's trio thread (``sbxkit.mcp.server.PortalCalls``).
-A session the client ends (``DELETE``) has its sandboxes removed at once; sessions and
-sandboxes left idle end after ``mcp.idle_timeout``; stopping the server removes everything.
+(``sbxkit.mcp.options.parse_http_address``) with the SDK's DNS-rebinding checks on, behind the
+gate (``sbxkit.mcp.gate``: a bearer token on every request, identity from it and from the
+session the server issued) and the connection guard (``sbxkit.mcp.connections``: a deadline
+for request heads, a connection limit that drops silent connections first). Request bodies
+may be as large as ``max_file_bytes`` needs (``sbxkit.mcp.options.request_body_limit``).
+uvicorn is asyncio-only, so the hub runs in a portal's trio thread
+(``sbxkit.mcp.server.PortalCalls``). A session the client ends (``DELETE``) has its sandboxes
+removed at once; sessions and sandboxes left idle end after ``mcp.idle_timeout``; stopping the
+server removes everything.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sys
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import trio
@@ -31,9 +37,21 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from sbxkit.cli.common import cancel_on_signals
 from sbxkit.errors import SpecError
-from sbxkit.mcp.hub import Hub
+from sbxkit.mcp.connections import (
+    KEEP_ALIVE_S,
+    LISTEN_QUEUE,
+    MAX_HEAD_BYTES,
+    ConnectionGuard,
+    accept_backlog,
+    connection_limit,
+)
+from sbxkit.mcp.gate import Gate, RateLimitedLog
+from sbxkit.mcp.hub import Caller, Hub
+from sbxkit.mcp.options import request_body_limit
 from sbxkit.mcp.policy import McpPolicy
-from sbxkit.mcp.server import PortalCalls, TrioCalls, build_server, session_client
+from sbxkit.mcp.server import PortalCalls, TrioCalls, build_server
+from sbxkit.mcp.token_files import remove_token_file, write_generated_token
+from sbxkit.mcp.tokens import Credentials
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """A JSON-RPC message longer than this is not one: the connection ends instead of buffering
@@ -144,7 +162,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(LISTEN_QUEUE)
     except OSError as exc:
         sock.close()
         raise SpecError("--http", f"cannot listen on {host}:{port}: {exc.strerror}") from None
@@ -162,39 +180,41 @@ def rebinding_checks(host: str, port: int) -> TransportSecuritySettings:
     )
 
 
-class EndSessionsOnDelete:
-    """ASGI wrapper: when a client ends its session (``DELETE`` answered 2xx), its
-    sandboxes are removed before the answer's last byte is sent on."""
-
-    def __init__(self, app: Any, hub: Hub, calls: PortalCalls) -> None:
-        self.app = app
-        self.hub = hub
-        self.calls = calls
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "DELETE":
-            await self.app(scope, receive, send)
-            return
-        session = dict(scope.get("headers") or []).get(b"mcp-session-id")
-        status: list[int] = []
-
-        async def watch(message: Any) -> None:
-            if message.get("type") == "http.response.start":
-                status.append(message["status"])
-            await send(message)
-
-        await self.app(scope, receive, watch)
-        if session and status and 200 <= status[0] < 300:
-            client = session_client(session.decode("latin-1"))
-            await self.calls.call(self.hub.close_client, client)
-
-
-def serve_http(policy: McpPolicy, host: str, port: int, socket_path: str | None) -> int:
-    """Serve streamable HTTP at ``http://HOST:PORT/mcp`` until SIGINT/SIGTERM."""
-    import uvicorn
-
+def serve_http(
+    policy: McpPolicy,
+    host: str,
+    port: int,
+    socket_path: str | None,
+    credentials: Credentials | None = None,
+) -> int:
+    """Serve streamable HTTP at ``http://HOST:PORT/mcp`` until SIGINT/SIGTERM, to clients
+    with a bearer token: ``credentials`` (the operator's ``--token-file``), or one generated
+    here and written to a file only this account can read (its path is printed; the token
+    never is)."""
     sock = listening_socket(host, port)
     port = sock.getsockname()[1]
+    token_path = None
+    try:
+        if credentials is None:
+            token_path, credentials = write_generated_token(host, port)
+        return _serve_http(policy, sock, host, port, socket_path, credentials, token_path)
+    finally:
+        sock.close()
+        if token_path is not None:
+            remove_token_file(token_path)
+
+
+def _serve_http(
+    policy: McpPolicy,
+    sock: socket.socket,
+    host: str,
+    port: int,
+    socket_path: str | None,
+    credentials: Credentials,
+    token_path: str | None,
+) -> int:
+    import uvicorn
+
     hub = Hub(policy, socket_path=socket_path)
     calls = PortalCalls()
     server = build_server(policy, hub, calls)
@@ -203,14 +223,70 @@ def serve_http(policy: McpPolicy, host: str, port: int, socket_path: str | None)
         host=host,
         transport_security=rebinding_checks(host, port),
         session_idle_timeout=policy.options.idle_timeout,
+        max_request_body_size=request_body_limit(policy.file_bytes),
+    )
+    log = RateLimitedLog()
+
+    async def close_client(caller: Caller) -> None:
+        await calls.call(hub.close_client, caller)
+
+    gate = Gate(app, credentials, close_client, log)
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    guard = ConnectionGuard(
+        connection_limit(open_files if open_files != resource.RLIM_INFINITY else 1 << 20),
+        warn=log.warning,
     )
     shown = f"[{host}]" if ":" in host else host
+    if token_path is not None:
+        print(
+            f"sbxkit mcp: bearer token in {token_path} (readable by this account only; "
+            "removed when the server stops)",
+            file=sys.stderr,
+        )
+    else:
+        names = ", ".join(credentials.names)
+        print(f"sbxkit mcp: clients: {names} (--token-file)", file=sys.stderr)
     print(f"sbxkit mcp: serving http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
     config = uvicorn.Config(
-        EndSessionsOnDelete(app, hub, calls),
+        gate,
+        http=guard.protocol(),
         lifespan="on",
-        log_level="warning",
+        # uvicorn warns of every malformed request, before any token is checked: a stream of
+        # them from anyone would flood stderr. The gate's and the guard's own refusals are
+        # logged, rate-limited.
+        log_level="error",
+        ws="none",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        # A backstop only: the guard keeps connections under its own limit, dropping silent
+        # ones first, where uvicorn would answer every newcomer 503. uvicorn counts a dropped
+        # connection until the loop's next turn, so its limit sits past the guard's by two
+        # accept batches: it never refuses a request the guard admitted.
+        limit_concurrency=guard.limit + 2 * accept_backlog(guard.limit) + 1,
+        # asyncio accepts up to a backlog of connections before any of them runs, and a
+        # dropped one lets go of its descriptor only on the next turn of the loop: at most
+        # limit + 2 * backlog descriptors, half the file limit, even under a flood.
+        backlog=accept_backlog(guard.limit),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # asyncio listened with the accept batch as backlog; the kernel's queue may be
+            # longer, so that a burst of connections waits there (using no descriptor of
+            # ours) instead of being refused.
+            for listening in sockets or []:
+                listening.listen(LISTEN_QUEUE)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().shutdown(sockets)
+            finally:
+                # uvicorn re-raises a stopping signal once it has shut down: the token goes
+                # with the server, before that.
+                if token_path is not None:
+                    remove_token_file(token_path)
+
+    Server(config).run(sockets=[sock])
     return 0

@@ -7,25 +7,36 @@ removal whatever ends the client or the server — each proved by the independen
 from __future__ import annotations
 
 import base64
+import hashlib
+import http.client
 import json
 import os
+import pwd
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
+import jsonschema
 import pytest
 import trio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.accounts import Account, local_account
 from tests.engine.helpers import creates_during, processes_with_marker, wait_until
 from tests.engine.mcp_support import (
     CELLS,
     ERA_CELLS,
+    HALF_OPEN_FLOOD,
+    TENANT_ATTACK,
+    UNAUTHENTICATED_ATTACK,
     HttpServer,
     connect,
     mcp_servers,
@@ -406,9 +417,9 @@ async def test_an_http_session_that_ends_takes_its_sandboxes(
     before it exits."""
     server = HttpServer(profile, tmp_path / "http-server.log")
     try:
-        async with Client(server.url, mode="legacy") as staying:
+        async with server.client(mode="legacy") as staying:
             kept = structured(await call(staying, "sandbox_open"))["sandbox_id"]
-            async with Client(server.url, mode="legacy") as leaving:
+            async with server.client(mode="legacy") as leaving:
                 structured(await call(leaving, "sandbox_open"))
                 structured(await call(leaving, "sandbox_open"))
                 assert len(witness.sbxkit_containers()) == 3
@@ -427,12 +438,14 @@ async def test_an_http_session_that_ends_takes_its_sandboxes(
 
 
 CLIENT_SCRIPT = """
-import os, sys, trio
+import os, sys, trio, httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 async def main():
     if sys.argv[1].startswith("http://"):
-        server = sys.argv[1]
+        auth = {"Authorization": "Bearer " + os.environ["MCP_TOKEN"]}
+        server = streamable_http_client(sys.argv[1], http_client=httpx2.AsyncClient(headers=auth))
     else:
         argv, env = sys.argv[1:], dict(os.environ)
         server = StdioServerParameters(command=sys.executable, args=argv, env=env)
@@ -446,10 +459,13 @@ trio.run(main)
 """
 
 
-def start_client(witness: Witness, *target: str) -> subprocess.Popen[bytes]:
+def start_client(
+    witness: Witness, *target: str, token: str | None = None
+) -> subprocess.Popen[bytes]:
     """A client process holding one open sandbox and one run under way (two containers)."""
     client = subprocess.Popen(
         [sys.executable, "-c", CLIENT_SCRIPT, *target],
+        env={**os.environ, "MCP_TOKEN": token or ""},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -488,13 +504,13 @@ async def test_killing_an_http_client_removes_everything(tmp_path: Path, witness
     profile = write_profile(tmp_path, idle_timeout=20)
     server = HttpServer(profile, tmp_path / "http-server.log")
     try:
-        client = start_client(witness, server.url)
+        client = start_client(witness, server.url, token=server.token)
         sigkill(client)
         killed = time.monotonic()
         assert await wait_for(lambda: len(witness.sbxkit_containers()) == 1, 5)  # the run's
         assert time.monotonic() - killed < 5
         assert await wait_for(lambda: witness.sbxkit_containers() == [], 40)  # idle
-        async with Client(server.url) as other:
+        async with server.client() as other:
             assert structured(await call(other, "run", command=["true"]))["exit_code"] == 0
     finally:
         server.stop()
@@ -662,3 +678,439 @@ async def scripted_agent(client: Client) -> dict[str, Any]:
     structured(await call(client, "sandbox_close", sandbox_id=box))
     found = dict(pair.split("=") for pair in read["content"].split())
     return {"attempts": attempts, **{key: float(value) for key, value in found.items()}}
+
+
+# --- HTTP: who may call, and as whom (issue 38) ---------------------------------------------------
+
+
+SECRET = "the victim's notes\n"
+
+
+def address(server: HttpServer) -> tuple[str, str]:
+    parts = urlsplit(server.url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    return parts.hostname, str(parts.port)
+
+
+def outline(answers: dict[str, Any]) -> dict[str, Any]:
+    """Each step of an attack: its HTTP status and, when the call reached a tool, what it got."""
+    shown: dict[str, Any] = {}
+    for step, answer in answers.items():
+        if isinstance(answer, list):
+            shown[step] = [outline({str(i): item})[str(i)] for i, item in enumerate(answer)]
+            continue
+        result = (answer.get("reply") or {}).get("result") or {}
+        content = json.dumps(result.get("structuredContent"))[:160] if result else None
+        shown[step] = (answer["status"], result.get("isError"), content)
+    return shown
+
+
+def as_account(account: Account, script: str, *args: str) -> dict[str, Any]:
+    done = account.python(script, *args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers: dict[str, Any] = json.loads(done.stdout)
+    return answers
+
+
+async def write_notes(client: Client, box: str) -> None:
+    structured(
+        await call(client, "sandbox_write_file", sandbox_id=box, path="notes.txt", content=SECRET)
+    )
+
+
+async def read_notes(client: Client, box: str) -> str:
+    read = structured(await call(client, "sandbox_read_file", sandbox_id=box, path="notes.txt"))
+    content: str = read["content"]
+    return content
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+async def test_another_account_without_the_token_gets_nothing(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """The finding, replayed by another local account with plain standard-library HTTP: it
+    lists the victim's sandboxes, reads and overwrites its file, opens sandboxes under made-up
+    session ids past the quota, and tries a wrong token and another scheme. Every request is
+    refused 401 with a Bearer challenge before anything runs: nothing is created, the victim's
+    file is its own, and the log names the refused account — without any token."""
+    profile = write_profile(tmp_path, max_sandboxes_per_client=2)
+    server = HttpServer(profile, tmp_path / "http-server.log")
+    wrong = secrets.token_urlsafe(32)
+    try:
+        async with server.client() as victim:  # the 2026-07-28 protocol: no session
+            box = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            await write_notes(victim, box)
+            plan = {"sandbox_id": box, "path": "notes.txt", "wrong_token": wrong}
+            since = time.time()
+            with local_account() as attacker:
+                answers = await trio.to_thread.run_sync(
+                    lambda: as_account(
+                        attacker, UNAUTHENTICATED_ATTACK, *address(server), json.dumps(plan)
+                    )
+                )
+            assert not account_exists(attacker.name)
+            refused = {step: answer["status"] for step, answer in answers.items()}
+            assert refused == dict.fromkeys(answers, 401), outline(answers)
+            for answer in answers.values():
+                assert answer["www_authenticate"].startswith('Bearer realm="sbxkit mcp"'), answer
+            assert creates_during(witness, since) == []
+            assert await read_notes(victim, box) == SECRET
+            listed = structured(await call(victim, "sandbox_list"))
+            assert [entry["sandbox_id"] for entry in listed["sandboxes"]] == [box]
+        # The token the victim used: generated, in a file only this account can read, whose
+        # path — never the token — the server printed.
+        assert server.token_path is not None, server.output()
+        assert stat.S_IMODE(os.stat(server.token_path).st_mode) == 0o600
+        assert server.token
+        assert server.token not in server.output()
+    finally:
+        server.stop()
+    log = server.output()
+    assert f"(uid {attacker.uid}): no Authorization header" in log
+    assert f"(uid {attacker.uid}): a wrong bearer token" in log
+    assert f"(uid {attacker.uid}): the Authorization header is not a bearer token" in log
+    assert wrong not in log
+    assert server.token not in log
+    assert not server.token_left_behind  # the server removed its token file when it stopped
+    assert witness.sbxkit_containers() == []
+
+
+async def test_a_client_with_its_own_token_stays_in_its_own_sandboxes(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """Two clients, each with a token of its own (--token-file): the other account, with its
+    token, sees none of the victim's sandboxes and cannot read, write, run in or close them;
+    the victim's session id (as if leaked), a made-up one, or any on a 2026-07-28 request is
+    refused, and so is ending the victim's session; its quota counts per token however many
+    sessions it opens, so the victim's own quota stays whole."""
+    tokens = {"victim": secrets.token_urlsafe(32), "mallory": secrets.token_urlsafe(32)}
+    token_file = tmp_path / "tokens"
+    token_file.write_text("".join(f"{name} {token}\n" for name, token in tokens.items()))
+    token_file.chmod(0o600)
+    profile = write_profile(tmp_path, max_sandboxes_per_client=2, max_sandboxes=4)
+    server = HttpServer(profile, tmp_path / "http-server.log", "--token-file", str(token_file))
+    sessions: list[str] = []
+    try:
+        assert server.token_path is None
+        assert "clients: victim, mallory" in server.output()
+        async with server.client(tokens["victim"], mode="legacy", sessions=sessions) as victim:
+            box = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            await write_notes(victim, box)
+            [session] = sessions
+            plan = {"token": tokens["mallory"], "sandbox_id": box, "path": "notes.txt"}
+            plan["session"] = session
+            with local_account() as mallory:
+                answers = await trio.to_thread.run_sync(
+                    lambda: as_account(mallory, TENANT_ATTACK, *address(server), json.dumps(plan))
+                )
+            assert not account_exists(mallory.name)
+            shown = outline(answers)
+            assert raw_structured(answers["list"])["sandboxes"] == [], shown
+            for step in ("read", "write", "exec", "close"):
+                error = raw_structured(answers[step], error=True)["error"]
+                assert error["field"] == "sandbox_id", shown
+                assert f"no open sandbox {box} for this client" in error["message"], shown
+            assert answers["victims_session"]["status"] == 404, shown
+            assert answers["made_up_session"]["status"] == 404, shown
+            assert answers["made_up_modern_session"]["status"] == 400, shown
+            assert answers["delete_victims_session"]["status"] == 404, shown
+            opens = answers["opens"]
+            assert [raw_structured(answer).get("sandbox_id", "")[:4] for answer in opens[:2]] == [
+                "sbx-",
+                "sbx-",
+            ], shown
+            for answer in opens[2:4]:  # sessionless and in its own session: one quota
+                error = raw_structured(answer, error=True)["error"]
+                assert error["field"] == "mcp.max_sandboxes_per_client", shown
+            assert opens[4]["status"] == 400, shown
+            # The victim: its file, its session, its quota — all its own.
+            assert await read_notes(victim, box) == SECRET
+            second = structured(await call(victim, "sandbox_open"))["sandbox_id"]
+            listed = structured(await call(victim, "sandbox_list"))
+            assert {entry["sandbox_id"] for entry in listed["sandboxes"]} == {box, second}
+            assert len(witness.sbxkit_containers()) == 4  # two each
+    finally:
+        server.stop()
+    log = server.output()
+    assert all(token not in log for token in tokens.values())
+    assert witness.sbxkit_containers() == []
+
+
+def raw_structured(answer: dict[str, Any], *, error: bool = False) -> dict[str, Any]:
+    """The structured content of a tool result a raw client got (an error when ``error``)."""
+    result = (answer.get("reply") or {}).get("result")
+    assert answer["status"] == 200, answer
+    assert result is not None, answer
+    assert result.get("isError", False) is error, result
+    content: dict[str, Any] = result["structuredContent"]
+    return content
+
+
+HEAD_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5.0
+"""docs/mcp.md: a request head must arrive within 10 s; an idle connection closes after 5 s."""
+FLOOD = 1200
+"""More half-open connections than a user's file-descriptor limit of 1024 (the red team held
+1,104)."""
+VICTIM_BOUND_S = 30.0
+"""A ``run`` of ``echo`` answers in a second or two; thirty is noise-proof, and far below the
+SDK client's five-minute read timeout the old server ran into."""
+
+
+def server_fds(server: HttpServer) -> int:
+    return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+
+def idle_connection_closed(server: HttpServer, idle_s: float) -> bool:
+    """An authenticated request on a fresh connection, then ``idle_s`` of silence: has the
+    server closed the connection (keep-alive timeout)?"""
+    host, port = address(server)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": LEGACY_HELLO}
+    headers = {
+        "Authorization": f"Bearer {server.token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    conn.request("POST", "/mcp", json.dumps(body), headers)
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+    time.sleep(idle_s)
+    assert conn.sock is not None
+    conn.sock.settimeout(5)
+    try:
+        return conn.sock.recv(1) == b""
+    except OSError:
+        return True
+    finally:
+        conn.close()
+
+
+LEGACY_HELLO = {
+    "protocolVersion": "2025-11-25",
+    "capabilities": {},
+    "clientInfo": {"name": "keep-alive", "version": "0"},
+}
+
+
+async def test_half_open_connections_from_another_account_do_not_starve_a_client(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """The server runs with a user's limit of 1024 open files. Another account opens 1,200
+    connections that never finish a request head (ten of them trickling a header line every
+    second) and holds them: the victim's ``run`` still answers within its bound, a newcomer
+    still connects, the server never holds more than its connection limit, and every one of
+    the attacker's connections is closed within the head deadline. An authenticated
+    connection left idle is closed after the keep-alive timeout."""
+    profile = write_profile(tmp_path)
+    server = HttpServer(profile, tmp_path / "http-server.log", open_files=1024)
+    try:
+        async with server.client() as victim:
+            before = structured(await call(victim, "run", command=["echo", "before"]))
+            assert before["stdout"] == "before\n"
+            with local_account() as attacker:
+                flood = attacker.popen(
+                    ["python3", "-I", "-c", HALF_OPEN_FLOOD, *address(server), str(FLOOD), "10"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                try:
+                    assert flood.stdout is not None
+                    assert flood.stdin is not None
+                    line = await trio.to_thread.run_sync(flood.stdout.readline)
+                    assert line, flood.communicate(timeout=10)[1][-2000:]
+                    flooded = time.monotonic()
+                    held = json.loads(line)["held"]
+                    fds = server_fds(server)
+                    began = time.monotonic()
+                    with trio.fail_after(VICTIM_BOUND_S):
+                        during = structured(await call(victim, "run", command=["echo", "during"]))
+                        async with server.client() as newcomer:
+                            listed = structured(await call(newcomer, "sandbox_list"))
+                    answered_in = time.monotonic() - began
+                    assert during["stdout"] == "during\n"
+                    assert listed["sandboxes"] == []
+                    await trio.sleep(max(0.0, flooded + HEAD_TIMEOUT_S + 3 - time.monotonic()))
+                    flood.stdin.write("check\n")
+                    flood.stdin.flush()
+                    line = await trio.to_thread.run_sync(flood.stdout.readline)
+                    assert line, flood.communicate(timeout=10)[1][-2000:]
+                    report = json.loads(line)
+                finally:
+                    flood.kill()
+                    flood.wait(10)
+            assert not account_exists(attacker.name)
+        assert answered_in < VICTIM_BOUND_S
+        assert fds < 600, fds  # limit 256 + 2 accept batches of 128 + its own (docs/mcp.md)
+        assert report == {"held": held, "closed": held, "slow_closed": min(10, held)}, report
+        assert await trio.to_thread.run_sync(idle_connection_closed, server, KEEP_ALIVE_S + 2.0)
+    finally:
+        server.stop()
+    log = server.output()
+    assert "the limit of 256 connections was reached" in log, log[-3000:]
+    assert witness.sbxkit_containers() == []
+
+
+# --- HTTP: transfers as large as max_file_bytes -----------------------------------------------
+
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""The profile's default ``max_file_bytes``, as the red team's server had it."""
+WRITE = "sandbox_write_file"
+BLOB = "blob.bin"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_file_of_max_file_bytes_goes_through_http(
+    mode: str, profile: Path, tmp_path: Path
+) -> None:
+    """A write of exactly max_file_bytes succeeds over HTTP, as binary (base64) and as text,
+    and reads back whole; so does a run whose stdin and files are each that large; one byte
+    more is a tool error naming max_file_bytes, not a protocol error (the SDK's default 4 MiB
+    request cap made it HTTP 413). The client lifts the SDK client's 1 MiB cap on one SSE
+    event, as docs/mcp.md says a client reading large files must."""
+    blob = os.urandom(MAX_FILE_BYTES)
+    text = "x" * MAX_FILE_BYTES
+    server = HttpServer(profile, tmp_path / "http-server.log")
+    try:
+        async with server.client(mode=mode, max_sse_event_size=None) as client:
+            box = structured(await call(client, "sandbox_open"))["sandbox_id"]
+            written = structured(
+                await call(
+                    client,
+                    "sandbox_write_file",
+                    sandbox_id=box,
+                    path="blob.bin",
+                    content=base64.b64encode(blob).decode(),
+                    encoding="base64",
+                )
+            )
+            assert written["bytes"] == MAX_FILE_BYTES
+            digest = structured(
+                await call(client, "sandbox_exec", sandbox_id=box, command=["sha256sum", BLOB])
+            )
+            assert digest["stdout"].split()[0] == hashlib.sha256(blob).hexdigest()
+            back = structured(
+                await call(
+                    client, "sandbox_read_file", sandbox_id=box, path="blob.bin", encoding="base64"
+                )
+            )
+            assert base64.b64decode(back["content"]) == blob
+            as_text = await call(client, WRITE, sandbox_id=box, path="t", content=text)
+            assert structured(as_text)["bytes"] == MAX_FILE_BYTES
+            over = tool_error(
+                await call(
+                    client,
+                    "sandbox_write_file",
+                    sandbox_id=box,
+                    path="blob.bin",
+                    content=base64.b64encode(blob + b"!").decode(),
+                    encoding="base64",
+                )
+            )
+            assert (over["field"], "mcp.max_file_bytes" in over["message"]) == ("content", True)
+            over_text = tool_error(
+                await call(client, WRITE, sandbox_id=box, path="t", content=text + "x")
+            )
+            assert "mcp.max_file_bytes" in over_text["message"], over_text
+            count = ["sh", "-c", "wc -c < /dev/stdin; wc -c < big.txt"]
+            ran = structured(
+                await call(client, "run", command=count, stdin=text, files={"big.txt": text})
+            )
+            assert ran["stdout"].split() == [str(MAX_FILE_BYTES)] * 2, ran
+            structured(await call(client, "sandbox_close", sandbox_id=box))
+    finally:
+        server.stop()
+
+
+# --- what a client checks: output schemas and annotations -----------------------------------------
+
+
+GONE = "sbx-" + "0" * 24
+ERROR_CALLS: dict[str, dict[str, Any]] = {
+    "run": {"command": ["true"], "image": "alpine:3"},
+    "sandbox_open": {"lifetime": 10**9},
+    "sandbox_exec": {"sandbox_id": GONE, "command": ["true"]},
+    "sandbox_write_file": {"sandbox_id": GONE, "path": "x", "content": ""},
+    "sandbox_read_file": {"sandbox_id": GONE, "path": "x"},
+    "sandbox_close": {"sandbox_id": GONE},
+    "sandbox_list": {"everything": True},
+}
+"""A refused call of every tool."""
+
+
+def schema_validator(schema: dict[str, Any] | None) -> Any:
+    """A JSON-schema validator of the schema's dialect (2020-12, MCP's default), the schema
+    itself checked first."""
+    assert schema is not None
+    validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+async def test_every_result_conforms_to_its_tools_output_schema(
+    cell: str, profile: Path, tmp_path: Path
+) -> None:
+    """An error result is checked against the tool's output schema as strictly as a result
+    (the MCP Inspector does so): every tool's refusal conforms, and so does every tool's
+    result."""
+    async with connect(cell, profile, tmp_path) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert set(ERROR_CALLS) == set(tools)
+        for name, arguments in ERROR_CALLS.items():
+            refused = await client.call_tool(name, arguments)
+            tool_error(refused)
+            schema_validator(tools[name].output_schema).validate(refused.structured_content)
+        box = structured(await call(client, "sandbox_open"))["sandbox_id"]
+        results = {
+            "run": await call(client, "run", command=["echo", "hi"]),
+            "sandbox_exec": await call(client, "sandbox_exec", sandbox_id=box, command=["true"]),
+            "sandbox_write_file": await call(
+                client, "sandbox_write_file", sandbox_id=box, path="f", content="x"
+            ),
+            "sandbox_read_file": await call(client, "sandbox_read_file", sandbox_id=box, path="f"),
+            "sandbox_list": await call(client, "sandbox_list"),
+            "sandbox_close": await call(client, "sandbox_close", sandbox_id=box),
+        }
+        for name, result in results.items():
+            schema_validator(tools[name].output_schema).validate(structured(result))
+
+
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+EXPECTED_ANNOTATIONS = {
+    # tool: (read-only, destructive, idempotent, open world) with no network and no writable
+    # mount: a run changes nothing that outlives its sandbox, so running it again adds nothing
+    "run": (False, False, True, False),
+    "sandbox_open": (False, False, False, False),
+    "sandbox_exec": (False, True, False, False),
+    "sandbox_write_file": (False, True, True, False),
+    "sandbox_read_file": (True, False, True, False),
+    "sandbox_close": (False, True, True, False),
+    "sandbox_list": (True, False, True, False),
+}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+async def test_every_tool_carries_annotations(cell: str, profile: Path, tmp_path: Path) -> None:
+    async with connect(cell, profile, tmp_path) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == set(EXPECTED_ANNOTATIONS)
+    for name, expected in EXPECTED_ANNOTATIONS.items():
+        annotations = tools[name].annotations
+        assert annotations is not None, name
+        shown = annotations.model_dump(by_alias=True)
+        assert tuple(shown[hint] for hint in HINTS) == expected, (name, shown)
+        assert annotations.title
+        assert tools[name].title == annotations.title

@@ -47,6 +47,7 @@ PURE = [
     "mcp/quotas.py",
     "mcp/shapes.py",
     "mcp/schemas.py",
+    "mcp/tokens.py",
     "network/names.py",
     "network/allow.py",
     "network/addresses.py",

@@ -134,3 +134,57 @@ def test_the_profile_is_required() -> None:
     done = sbxkit_cli("mcp")
     assert done.returncode == 2
     assert "--profile" in done.stderr
+
+
+GOOD_TOKEN = "k" * 43
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "rule"),
+    [
+        (None, 0o600, "no such file"),
+        (GOOD_TOKEN, 0o644, "is open to group or others (mode 0644)"),
+        (GOOD_TOKEN, 0o660, "is open to group or others (mode 0660)"),
+        ("tooshort-but-secret", 0o600, "line 1: the token is 19 characters; at least 32"),
+        (f"a {GOOD_TOKEN}\n{GOOD_TOKEN}x\n", 0o600, "line 2: name each token"),
+    ],
+)
+def test_a_token_file_is_refused_by_name(
+    profile: Path, tmp_path: Path, content: str | None, mode: int, rule: str
+) -> None:
+    """Before anything listens (exit 2): the option and the file named, the rule said, the
+    token never shown."""
+    path = tmp_path / "tokens"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(mode)
+    done = sbxkit_cli(
+        "mcp", "--profile", str(profile), "--http", "127.0.0.1:0", "--token-file", str(path)
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"--token-file {path}: {rule}" in done.stderr
+    assert "serving" not in done.stderr
+    for secret in (GOOD_TOKEN, "tooshort-but-secret"):
+        assert secret not in done.stderr
+
+
+def test_a_token_file_is_for_http(profile: Path, tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(GOOD_TOKEN)
+    path.chmod(0o600)
+    done = sbxkit_cli("mcp", "--profile", str(profile), "--token-file", str(path))
+    assert done.returncode == 2, done.stderr
+    assert "--token-file: authenticates HTTP clients: use it with --http" in done.stderr
+
+
+def test_a_token_file_is_not_followed_through_a_link(profile: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.write_text(GOOD_TOKEN)
+    real.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    done = sbxkit_cli(
+        "mcp", "--profile", str(profile), "--http", "127.0.0.1:0", "--token-file", str(link)
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"--token-file {link}: is a symbolic link; name the file itself" in done.stderr

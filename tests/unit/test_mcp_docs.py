@@ -10,6 +10,7 @@ from typing import Any
 
 from sbxkit.cli.main import build_parser
 from sbxkit.mcp.policy import policy_from_profile
+from sbxkit.mcp.tokens import Credentials, parse_tokens
 from sbxkit.profile import decode_profile
 from tests.doc_blocks import ROOT, Block, extract
 
@@ -33,10 +34,20 @@ def test_the_stdio_config_launches_sbxkit_mcp() -> None:
     assert all(isinstance(value, str) for value in entry.get("env", {}).values())
 
 
-def test_the_http_config_names_a_loopback_url() -> None:
-    assert [server["url"] for server in servers() if "url" in server] == [
-        "http://127.0.0.1:8765/mcp"
-    ]
+def test_the_http_config_names_a_loopback_url_and_sends_the_token() -> None:
+    [entry] = [server for server in servers() if "url" in server]
+    assert entry["url"] == "http://127.0.0.1:8765/mcp"
+    scheme, _, token = entry["headers"]["Authorization"].partition(" ")
+    assert (scheme, token.startswith("${")) == ("Bearer", True)
+
+
+def test_the_documented_token_file_is_one_a_server_accepts() -> None:
+    [example] = [block for block in blocks("text") if "--token-file" in block.code]
+    credentials = Credentials(parse_tokens(example.code, "docs/mcp.md"))
+    assert credentials.names == ("desktop", "ci")
+    [command] = [line for line in example.code.splitlines() if line.startswith("# sbxkit mcp")]
+    args = build_parser().parse_args(command.split()[2:])
+    assert (args.http, args.token_file) == ("127.0.0.1:8765", "~/.config/sbxkit/mcp.tokens")
 
 
 def test_the_documented_profile_starts_a_server() -> None:
@@ -51,4 +62,4 @@ def test_the_documented_profile_starts_a_server() -> None:
 def test_only_the_server_commands_are_skipped() -> None:
     skipped = [block.lang for block in extract((ROOT / SOURCE).read_text(), SOURCE) if block.skip]
     assert skipped == ["sh"]
-    assert [block.skip for block in blocks("python")] == [None]  # it runs as written
+    assert [block.skip for block in blocks("python")] == [None, None]  # they run as written

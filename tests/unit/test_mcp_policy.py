@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import jsonschema
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -406,6 +407,105 @@ def test_descriptions_state_this_servers_sandbox(policy: McpPolicy) -> None:
     assert limits["cpus"]["maximum"] == 1
     assert run["inputSchema"]["properties"]["image"]["enum"] == [PYTHON, BUSYBOX]
     assert "60 s without a call" in tools["sandbox_open"]["description"]
+
+
+def validator_of(schema: dict[str, Any]) -> Any:
+    validator = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+RESULTS: dict[str, dict[str, Any]] = {
+    "run": {
+        "status": "exited",
+        "exit_code": 0,
+        "stdout": "hi\n",
+        "stderr": "",
+        "stdout_bytes": 3,
+        "stderr_bytes": 0,
+        "overflowed": None,
+        "evidence": {"oom": None, "kill": None, "witness": "kernel"},
+        "duration_s": 0.5,
+    },
+    "sandbox_open": {
+        "sandbox_id": SANDBOX_ID,
+        "image": PYTHON,
+        "workdir": "/tmp",
+        "files_root": "/tmp",
+        "limits": {"cpus": 1.0},
+        "lifetime_s": 60.0,
+        "expires_in_s": 59.0,
+        "idle_timeout_s": 60.0,
+        "idle_s": 0.0,
+        "busy": False,
+    },
+    "sandbox_write_file": {"sandbox_id": SANDBOX_ID, "path": "/tmp/x", "bytes": 1},
+    "sandbox_read_file": {
+        "sandbox_id": SANDBOX_ID,
+        "path": "/tmp/x",
+        "content": "x",
+        "encoding": "utf-8",
+        "bytes": 1,
+    },
+    "sandbox_close": {"sandbox_id": SANDBOX_ID, "closed": True},
+    "sandbox_list": {"sandboxes": [], "open_or_running": 0, "max_per_client": 2},
+}
+RESULTS["sandbox_exec"] = RESULTS["run"]
+
+
+def test_output_schemas_admit_each_result_and_each_error(policy: McpPolicy) -> None:
+    """What a strict client checks of every result, an error result included (the MCP
+    Inspector does): the result's shape, or ``{"error": …}``, never a mixture."""
+    errors = [
+        error_fields(SpecError("limits.memory", "never raise it")),
+        error_fields(SbxError("boom")),
+        error_fields(QuotaExhausted("mcp.max_sandboxes", "the server holds 16")),
+    ]
+    for tool in tool_definitions(policy):
+        validator = validator_of(tool["outputSchema"])
+        result = RESULTS[tool["name"]]
+        validator.validate(result)
+        for error in errors:
+            validator.validate(error)
+        wrong = [
+            {},
+            {**result, **errors[0]},  # a result with an error in it
+            {"error": {**errors[0]["error"], "message": None}},
+            {"error": {"type": "SpecError"}},
+            {key: value for key, value in result.items() if key != next(iter(result))},
+        ]
+        for instance in wrong:
+            assert not validator.is_valid(instance), (tool["name"], instance)
+
+
+def test_annotations_say_what_each_tool_can_change(policy: McpPolicy) -> None:
+    """With no network and a read-only mount a command changes nothing past its sandbox;
+    a writable mount makes commands destructive, a network makes them open-world too."""
+
+    def hints(profile: str) -> dict[str, tuple[bool, bool, bool, bool]]:
+        keys = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+        return {
+            tool["name"]: tuple(tool["annotations"][key] for key in keys)
+            for tool in tool_definitions(policy_from_profile(decode_profile(profile)))
+        }
+
+    closed = hints(PROFILE)
+    assert closed["run"] == (False, False, True, False)
+    assert closed["sandbox_exec"] == (False, True, False, False)
+    assert closed["sandbox_read_file"][0]
+    assert closed["sandbox_list"][0]
+    assert not any(hint[3] for hint in closed.values())
+    writable = hints(PROFILE.replace('target = "/data"', 'target = "/data"\nread_only = false'))
+    assert writable["run"] == (False, True, False, False)
+    assert writable["sandbox_exec"] == (False, True, False, False)
+    networked = hints(
+        PROFILE.replace("enable_bind_mounts", 'network = "bridge"\nenable_bind_mounts')
+    )
+    assert networked["run"] == (False, True, False, True)
+    assert networked["sandbox_exec"] == (False, True, False, True)
+    assert networked["sandbox_open"][3] is False
+    for tool in tool_definitions(policy):
+        assert tool["title"] == tool["annotations"]["title"]
 
 
 # --- quotas, addresses, errors -------------------------------------------------------------------
