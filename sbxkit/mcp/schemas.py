@@ -257,7 +257,7 @@ def sandbox_summary(policy: McpPolicy) -> str:
         mounts = f"; the operator's mounts: {places}"
     return (
         f"a fresh Linux container ({network}, read-only root filesystem, non-root user "
-        f"{base.user}, no capabilities; writable: {FILES_ROOT} "
+        f"{base.user or 'of its own'}, no capabilities; writable: {FILES_ROOT} "
         f"({show('scratch_bytes', base.limits.scratch_bytes)}) and /dev/shm{mounts})"
     )
 
