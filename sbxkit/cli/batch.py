@@ -40,7 +40,10 @@ Cluster: ``--ray ADDRESS`` runs the batch on a Ray cluster, each job on a node's
 supervisor (docs/cluster.md). Its lines add ``node`` and ``attempt``; an attempt whose node was
 lost mid-run gets a line of its own with the status ``lost`` (the job is retried elsewhere up
 to ``--retries`` times, and a resume runs it: a ``lost`` line does not make a job done). A node
-refused when it joins is named on stderr; with no node accepted the exit status is 69.
+refused when it joins is named on stderr; with no node accepted the exit status is 69, and so
+it is for a cluster that does not enforce Ray's token authentication (nothing is sent to it).
+The driver needs Ray's token (``RAY_AUTH_MODE=token``) and the cluster secret
+(``SBXKIT_CLUSTER_SECRET_FILE``; refused with exit status 2 when missing or readable by others).
 
 Exit status: 0 when every job ran (whatever the payloads did: read ``status`` and
 ``exit_code``); 1 when some job could not run and has an ``error`` line instead (the line stays,
@@ -128,8 +131,8 @@ EPILOG = (
     "exit status: 0 every job ran (whatever its payload did: read each line's status and "
     "exit_code); 1 some job could not run (its line is an error; --retry-errors re-runs it); "
     "2 refused input, before anything runs; 69 engine unavailable (with --ray: no node of the "
-    "cluster can run the batch); 74 a sandbox's removal "
-    "failed; 128+N interrupted by signal N"
+    "cluster can run the batch, or it does not enforce token authentication); 74 a sandbox's "
+    "removal failed; 128+N interrupted by signal N"
 )
 """``--help``'s own words: the module doc is reStructuredText, not terminal text."""
 
@@ -263,7 +266,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--ray",
         metavar="ADDRESS",
         help="run the batch on the Ray cluster whose head is at ADDRESS (HOST:PORT), each job "
-        "on a node's own engine and supervisor (docs/cluster.md; needs sbxkit[ray])",
+        "on a node's own engine and supervisor (docs/cluster.md; needs sbxkit[ray], Ray's token "
+        "authentication and SBXKIT_CLUSTER_SECRET_FILE)",
     )
     parser.add_argument(
         "--retries",

@@ -7,6 +7,15 @@ lifecycle with the default owner: the node's own supervisor admits, journals and
 sandbox exactly as for a local run (``run_many`` of one job, so a supervisor whose hard bounds
 are used up is waited for as locally).
 
+What the agent allows is its node's own configuration (``node_settings``): the node's
+environment (``SBXKIT_ENV``, ``SBXKIT_EVIDENCE``, ``SBXKIT_NETWORK_AUDIT_LOG``,
+``SBXKIT_LABELS``, ``SBXKIT_STATE_DIR``) and, if ``SBXKIT_NODE_PROFILE`` names one, a profile's
+operator switches (``enable_bind_mounts``, ``enable_named_volumes``, its supervisor). The driver
+sends only its container labels: nothing it sends widens a node's policy.
+
+Everything the agent reports or returns is sealed with the batch's keys from the node's cluster
+secret (``seal.py``), and it runs only jobs sealed with the same keys.
+
 sbxkit is trio; a Ray actor is asyncio. The agent keeps a trio loop in a thread (``Portal``)
 and each Ray call awaits its run there; cancelling the call (the driver's Ctrl-C) removes the
 container before the call returns. The supervisor is launched (when absent) in a session of its
@@ -27,11 +36,18 @@ import trio
 
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.cluster.images import image_fingerprints
+from sbxkit.cluster.seal import Forged, Keys, context
+from sbxkit.cluster.secret import load_secret
 from sbxkit.cluster.wire import (
     Cancelled,
     Done,
+    JoinRefused,
     NodeReport,
+    Outcome,
     RemoteJob,
+    SealedOutcome,
+    SealedReport,
+    Unsealed,
     decode_job,
     decode_terms,
     encode,
@@ -40,9 +56,18 @@ from sbxkit.errors import SbxError
 from sbxkit.harness import Job, JobError, JobResult, run_many
 from sbxkit.plan import effective_settings
 from sbxkit.portal import Portal
+from sbxkit.profile import load_profile, profile_settings
+from sbxkit.settings import Settings
 from sbxkit.supervisor.fingerprint import implementation_fingerprint
 
-WIRE_SOURCES = ("cluster/wire.py", "harness.py", "result.py", "spec.py", "settings.py")
+WIRE_SOURCES = (
+    "cluster/wire.py",
+    "cluster/seal.py",
+    "harness.py",
+    "result.py",
+    "spec.py",
+    "settings.py",
+)
 """What the driver and the agents must agree on, besides the supervisor's own protocol."""
 
 
@@ -56,17 +81,34 @@ def implementation() -> str:
     return digest.hexdigest()[:32]
 
 
+NODE_PROFILE_ENV = "SBXKIT_NODE_PROFILE"
+
+
+def node_settings(driver_labels: dict[str, str]) -> Settings:
+    """What this node allows: its own profile (``SBXKIT_NODE_PROFILE``) and environment; the
+    driver's labels are added under the node's own."""
+    path = os.environ.get(NODE_PROFILE_ENV, "").strip()
+    own = profile_settings(load_profile(path))[0] if path else Settings()
+    own = effective_settings(own)
+    return msgspec.structs.replace(own, labels={**driver_labels, **own.labels})
+
+
 class NodeAgent:
     """The actor's body (the driver wraps it with ``ray.remote``); see the module doc."""
 
     def __init__(self, terms: bytes, node_name: str) -> None:
         batch = decode_terms(terms)
-        own = msgspec.structs.replace(
-            batch.settings, supervisor_state_dir=None, supervisor_command=None
-        )
-        self._settings = effective_settings(own)  # this node's state dir, not the driver's
+        self._problem: str | None = None  # reported by join, never raised here
+        self._keys: Keys | None = None
+        self._settings = Settings()
+        try:
+            self._keys = Keys(load_secret(), batch.batch_id)
+            self._settings = node_settings(batch.labels)
+        except SbxError as exc:
+            self._problem = str(exc)
         self._capacity_wait_s = batch.capacity_wait_s
         self._name = node_name
+        self._node_id = ""
         self._portal = Portal()
         self._portal.start()
         self._backend: DockerBackend | None = None
@@ -75,24 +117,31 @@ class NodeAgent:
 
     # -- joining --------------------------------------------------------------------------------
 
-    async def join(self, images: list[str]) -> bytes:
+    async def join(self, images: list[str], challenge: bytes) -> bytes:
         """Check the node for the batch: engine, supervisor (launched if absent, one recovery
-        pass), the images' content. Returns a ``NodeReport``."""
-        report: NodeReport = await self._portal.acall(self._join, images)
-        return encode(report)
-
-    async def _join(self, images: list[str]) -> NodeReport:
+        pass), the images' content. Returns a ``SealedReport`` (a ``NodeReport`` bound to
+        ``challenge`` and this node), or ``JoinRefused`` when it cannot seal one."""
         import ray  # the actor runs under Ray: its runtime context names the node
 
-        node_id = ray.get_runtime_context().get_node_id()
+        self._node_id = ray.get_runtime_context().get_node_id()
+        if self._keys is None:
+            return encode(JoinRefused(reason=self._problem or "no cluster secret"))
+        report: NodeReport = await self._portal.acall(self._join, images, challenge)
+        bound = context(challenge, self._node_id)
+        return encode(SealedReport(sealed=self._keys.seal("report", bound, encode(report))))
+
+    async def _join(self, images: list[str], challenge: bytes) -> NodeReport:
         backend = DockerBackend(settings=self._settings)
         report = NodeReport(
-            node_id=node_id,
+            node_id=self._node_id,
             name=self._name,
             implementation=implementation(),
             engine=os.environ.get("DOCKER_HOST", "(discovered)"),
             agent_pid=os.getpid(),
+            challenge=challenge,
         )
+        if self._problem is not None:  # the secret is fine, the node's configuration not
+            return msgspec.structs.replace(report, config_error=self._problem)
         try:
             await backend.preflight()
         except SbxError as exc:
@@ -112,23 +161,40 @@ class NodeAgent:
 
     # -- running --------------------------------------------------------------------------------
 
-    async def run(self, job: bytes, caller_pid: int) -> bytes:
-        """Run one attempt of a job (a ``RemoteJob``); returns its ``Done`` or ``Cancelled``.
+    async def run(self, index: int, attempt: int, sealed_job: bytes, caller_pid: int) -> bytes:
+        """Run one attempt of a job (a sealed ``RemoteJob``); returns its ``Done`` or
+        ``Cancelled``, sealed and bound to ``index`` and ``attempt``. A job that does not open
+        with this batch's keys is not run (``Unsealed``).
 
         ``caller_pid``: the relay task's process on this node. Should it die (its Ray worker
         killed), nobody would receive this run's result and the job would be retried: the run is
         cancelled, its container removed, rather than left running as a silent duplicate."""
+        if self._keys is None:
+            return encode(Unsealed(reason=self._problem or "no cluster secret"))
+        bound = context(index, attempt)
+        try:
+            job = decode_job(self._keys.open("job", bound, sealed_job))
+        except (Forged, msgspec.DecodeError) as exc:
+            return encode(Unsealed(reason=f"the job did not open: {exc}"))
+        return self._seal(bound, await self._attempt(job, caller_pid))
+
+    async def _attempt(self, job: RemoteJob, caller_pid: int) -> Outcome:
+        cancelled = Cancelled(node=self._name, node_id=self._node_id)
         task = asyncio.current_task()
         if self._closing or self._backend is None or task is None:
-            return encode(Cancelled(node=self._name))
+            return cancelled
         self._runs.add(task)
         try:
-            done: JobResult = await self._portal.acall(self._run, decode_job(job), caller_pid)
+            done: JobResult = await self._portal.acall(self._run, job, caller_pid)
         except asyncio.CancelledError:  # the container is already removed (Portal.acall)
-            return encode(Cancelled(node=self._name))
+            return cancelled
         finally:
             self._runs.discard(task)
-        return encode(Done(job=done, node=self._name))
+        return Done(job=done, node=self._name, node_id=self._node_id)
+
+    def _seal(self, bound: bytes, outcome: Outcome) -> bytes:
+        assert self._keys is not None
+        return encode(SealedOutcome(sealed=self._keys.seal("outcome", bound, encode(outcome))))
 
     async def _run(self, job: RemoteJob, caller_pid: int) -> JobResult:
         assert self._backend is not None

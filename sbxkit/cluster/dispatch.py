@@ -2,9 +2,14 @@
 attempt leads to.
 
 This is not a scheduler: it never chooses a node. It keeps the batch's order (jobs start in
-input order; a retried job goes to the head of the queue), bounds how many relay tasks are in
-Ray at once, and counts attempts so that every job ends exactly once — with a result, or with
-an error once its retries are used up — however many attempts were lost on the way.
+input order; a retried job goes to the head of the driver's queue), bounds how many relay tasks
+are in Ray at once, and counts attempts so that every job ends exactly once — with a result, or
+with an error once its retries are used up — however many attempts were lost on the way.
+
+Relays are submitted beyond what the accepted nodes hold (``ahead``): the ones that do not fit
+wait in Ray, queued against the sbxkit resources, which is what Ray reports as resource demand
+(``ray status``, the autoscaler's view) and what an autoscaler adds nodes for. Without it the
+driver would hold the work back and Ray would see none waiting.
 """
 
 from __future__ import annotations
@@ -13,6 +18,15 @@ from collections import deque
 from collections.abc import Sequence
 
 from sbxkit.errors import SpecError
+
+AHEAD_MIN = 4
+"""Relays queued in Ray beyond the accepted nodes' capacity: at least this many, else as many
+as that capacity (so the demand Ray shows grows with the cluster)."""
+
+
+def ahead(capacity: int) -> int:
+    """How many relays may wait in Ray beyond ``capacity`` running ones."""
+    return max(capacity, AHEAD_MIN)
 
 
 class Dispatch:
@@ -32,9 +46,11 @@ class Dispatch:
         self.in_flight: set[int] = set()
 
     def next(self, capacity: int) -> int | None:
-        """The next job to submit, or None while ``min(parallel, capacity)`` are in flight or
-        nothing waits. ``capacity``: the sandboxes the accepted nodes advertise in all."""
-        if not self._queue or len(self.in_flight) >= min(self.parallel, capacity):
+        """The next job to submit, or None while ``min(parallel, capacity + ahead(capacity))``
+        are in flight or nothing waits. ``capacity``: the sandboxes the accepted nodes
+        advertise in all."""
+        bound = min(self.parallel, capacity + ahead(capacity))
+        if not self._queue or len(self.in_flight) >= bound:
             return None
         index = self._queue.popleft()
         self._attempts[index] += 1

@@ -7,6 +7,11 @@ failure detection (a dead node or actor fails its tasks). sbxkit decides which n
 node's supervisor), and keeps the batch's account: every attempt ends in exactly one outcome,
 a lost one is retried up to ``retries`` times (``dispatch.Dispatch``).
 
+Before anything of the batch is sent, the driver asks the cluster whether it enforces Ray's
+token authentication (``rayauth``) and refuses it otherwise, and loads the cluster secret
+(``secret``): every job crosses Ray sealed, every report and outcome is believed only if it
+opens with the batch's keys (``seal``).
+
 The I/O shell: Ray's blocking calls run in worker threads, each relay's completion comes back
 through its ``ObjectRef.future()`` into the trio loop. However the batch ends — done, failed,
 cancelled (Ctrl-C) — the agents are told to cancel their runs and wait for their removals
@@ -28,17 +33,23 @@ import trio
 
 from sbxkit.cluster.dispatch import Dispatch
 from sbxkit.cluster.membership import Membership
-from sbxkit.cluster.options import ClusterOptions, ClusterUnavailable
+from sbxkit.cluster.options import ClusterOptions, ClusterUnauthenticated, ClusterUnavailable
+from sbxkit.cluster.rayauth import HOW_TO, cluster_enforces_token_auth
 from sbxkit.cluster.relay import relay
 from sbxkit.cluster.resources import fits, job_resources
+from sbxkit.cluster.seal import Forged, Keys, context, new_batch_id
+from sbxkit.cluster.secret import load_secret
 from sbxkit.cluster.wire import (
     AgentLost,
     AgentTerms,
     Cancelled,
     Done,
     NotAccepted,
+    Outcome,
     RemoteJob,
+    SealedOutcome,
     decode_outcome,
+    decode_reply,
     encode,
 )
 from sbxkit.errors import SbxError, SpecError
@@ -50,6 +61,8 @@ from sbxkit.spec import SandboxSpec
 CLEANUP_BUDGET_S = 60.0
 """How long the end of a batch may take: the agents' removals, then Ray's own shutdown."""
 NODE_ID = re.compile(r"node ID: ([0-9a-f]{16,})")
+UNVERIFIED_TRIES = 3
+"""Outcomes that do not verify one job may get back before it ends with an error."""
 
 
 def import_ray() -> Any:
@@ -74,21 +87,25 @@ async def run_on_cluster(
     capacity_wait_s: float,
 ) -> list[JobResult]:
     ray = import_ray()
+    keys = Keys(load_secret(), new_batch_id())  # refused by name before Ray is asked anything
     batch_settings = effective_settings(settings)
     specs = [_spec_or_error(job, batch_settings) for job in jobs]
     images = sorted({spec.image for spec in specs if isinstance(spec, SandboxSpec)})
     terms = AgentTerms(
-        settings=msgspec.structs.replace(
-            batch_settings, supervisor_state_dir=None, supervisor_command=None
-        ),
-        capacity_wait_s=capacity_wait_s,
+        batch_id=keys.batch_id, labels=batch_settings.labels, capacity_wait_s=capacity_wait_s
     )
     initialized_here = await trio.to_thread.run_sync(_connect, ray, options)
-    membership = Membership(ray, options, encode(terms), images)
-    batch = _Batch(ray, options, jobs, needs, specs, parallel, membership, on_result, on_start)
+    membership = Membership(ray, options, encode(terms), images, keys)
+    batch = _Batch(
+        ray, options, jobs, needs, specs, parallel, membership, keys, on_result, on_start
+    )
     try:
-        await membership.start()
-        return await batch.run()
+        await _refuse_unauthenticated(ray, options)
+        async with trio.open_nursery() as nursery:  # the joins, for the whole batch
+            await membership.start(nursery)
+            results = await batch.run()
+            nursery.cancel_scope.cancel()
+        return results
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_BUDGET_S):
             await batch.stop()
@@ -108,9 +125,52 @@ def _connect(ray: Any, options: ClusterOptions) -> bool:
             logging_level=logging.ERROR,
             log_to_driver=False,
         )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
+        refusal = _authentication_error(ray, exc)
+        if refusal is not None:
+            raise ClusterUnauthenticated(
+                options.address,
+                f"refused this driver's credentials ({refusal}): the cluster enforces token "
+                "authentication; run the driver with RAY_AUTH_MODE=token and the cluster's "
+                "token (RAY_AUTH_TOKEN_PATH=FILE or RAY_AUTH_TOKEN); docs/cluster.md",
+            ) from None
         raise ClusterUnavailable(options.address, f"cannot connect: {exc}") from None
     return True
+
+
+def _authentication_error(ray: Any, exc: BaseException | None) -> str | None:
+    """What of ``exc`` says the cluster refused this driver's credentials, or None. ray.init
+    wraps Ray's AuthenticationError, at times only as the text of a traceback it carries."""
+    while exc is not None:
+        if isinstance(exc, ray.exceptions.AuthenticationError):
+            text = str(exc).strip()
+            return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+        for line in str(exc).splitlines():
+            if "AuthenticationError" in line or "InvalidAuthToken" in line:
+                return line.strip()[:200]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+async def _refuse_unauthenticated(ray: Any, options: ClusterOptions) -> None:
+    """Raise ClusterUnauthenticated unless the cluster's GCS refuses a caller without its
+    token (asked of the cluster itself, ``rayauth``)."""
+    gcs = ray.get_runtime_context().gcs_address
+    enforced = await cluster_enforces_token_auth(gcs)
+    if enforced is True:
+        return
+    if enforced is False:
+        raise ClusterUnauthenticated(
+            options.address,
+            f"does not enforce token authentication (its GCS at {gcs} answered a caller "
+            "without a token): any account or network peer that reaches it can join and run "
+            f"code on every node as the node's user; nothing was sent. To turn it on: {HOW_TO}",
+        )
+    raise ClusterUnauthenticated(
+        options.address,
+        f"could not be asked whether it enforces token authentication ({enforced}); nothing "
+        "was sent",
+    )
 
 
 def _spec_or_error(job: Job, settings: Settings) -> SandboxSpec | JobError:
@@ -135,10 +195,13 @@ class _Batch:
         specs: Sequence[SandboxSpec | JobError],
         parallel: int,
         membership: Membership,
+        keys: Keys,
         on_result: ResultCallback | None,
         on_start: StartCallback | None,
     ) -> None:
         self.ray = ray
+        self.keys = keys
+        self.unverified = [0] * len(jobs)
         self.options = options
         self.jobs = jobs
         self.needs = needs
@@ -186,6 +249,8 @@ class _Batch:
     # -- submitting ---------------------------------------------------------------------------
 
     def _submit_what_fits(self) -> None:
+        if self.membership.stale:
+            return  # an unknown node answered: not before the refresh has excluded it
         while (index := self.dispatch.next(self.membership.capacity)) is not None:
             spec = self.specs[index]
             assert isinstance(spec, SandboxSpec)
@@ -206,16 +271,16 @@ class _Batch:
                 )
                 continue
             job = self.jobs[index]
-            payload = encode(
-                RemoteJob(
-                    id=job.id, spec=spec, stdin=job.stdin, attempt=self.dispatch.attempt(index)
-                )
-            )
+            attempt = self.dispatch.attempt(index)
+            payload = encode(RemoteJob(id=job.id, spec=spec, stdin=job.stdin, attempt=attempt))
+            sealed = self.keys.seal("job", context(index, attempt), payload)
             placement: dict[str, Any] = {"resources": asked, "scheduling_strategy": "SPREAD"}
             if self.membership.excluded:
                 excluded = ",".join(sorted(self.membership.excluded))
                 placement["label_selector"] = {"ray.io/node-id": f"!in({excluded})"}
-            ref = self.relay.options(**placement).remote(payload, self.membership.agents)
+            ref = self.relay.options(**placement).remote(
+                self.keys.batch_id, index, attempt, sealed, self.membership.agents
+            )
             self.in_flight[index] = ref
             self.started[index] = trio.current_time()
             ref.future().add_done_callback(_post_to(self.token, self.send, index, ref))
@@ -229,7 +294,7 @@ class _Batch:
             return  # an attempt already accounted for
         del self.in_flight[index]
         try:
-            outcome = decode_outcome(future.result())
+            outcome = self._opened(index, future.result())
         except self.ray.exceptions.TaskCancelledError:
             self._lost(index, "the relay task was cancelled", None)
             return
@@ -239,7 +304,9 @@ class _Batch:
                 self.membership.node_lost(node_id)
             self._lost(index, _describe(exc), self.membership.name_of(node_id))
             return
-        if isinstance(outcome, Done):
+        if isinstance(outcome, str):
+            self._unverified(index, outcome)
+        elif isinstance(outcome, Done):
             self.dispatch.finished(index)
             attempt = self.dispatch.attempt(index)
             done = msgspec.structs.replace(outcome.job, node=outcome.node, attempt=attempt)
@@ -254,6 +321,43 @@ class _Batch:
         else:
             assert isinstance(outcome, Cancelled)
             self._lost(index, f"node {outcome.node} cancelled the run", outcome.node)
+
+    def _opened(self, index: int, data: bytes) -> Outcome | str:
+        """The relay's reply opened with the batch's outcome key, or why it does not open."""
+        try:
+            reply = decode_reply(data)
+        except msgspec.DecodeError:
+            return "a reply that is not sbxkit's"
+        if not isinstance(reply, SealedOutcome):
+            return f"an unsealed reply ({reply.reason[:200]})"
+        bound = context(index, self.dispatch.attempt(index))
+        try:
+            return decode_outcome(self.keys.open("outcome", bound, reply.sealed))
+        except (Forged, msgspec.DecodeError):
+            return "an outcome that does not verify against the cluster secret"
+
+    def _unverified(self, index: int, what: str) -> None:
+        """Not from an agent holding the secret: whichever node sent it ran nothing of this
+        batch (it could not open the job), so the attempt does not count; the job goes back
+        to the queue, and relays wait until the node is excluded."""
+        self.membership.unverified()
+        self.unverified[index] += 1
+        if self.unverified[index] < UNVERIFIED_TRIES:
+            self.dispatch.not_placed(index)
+            return
+        self.dispatch.finished(index)
+        self._end(
+            index,
+            JobResult(
+                id=self.jobs[index].id,
+                error=JobError(
+                    type="Unverified",
+                    message=f"{UNVERIFIED_TRIES} attempts came back with {what}; a node "
+                    "without the cluster secret took them",
+                ),
+                attempt=self.dispatch.attempt(index),
+            ),
+        )
 
     def _lost(self, index: int, reason: str, node: str | None) -> None:
         attempt = self.dispatch.attempt(index)

@@ -3,6 +3,7 @@
 Each node's agent reports what it found (``NodeReport``): its Docker engine, its supervisor,
 the content of every image the batch names, and the sbxkit it runs. A node is refused when:
 
+- its own configuration is unusable (``SBXKIT_NODE_PROFILE``, its environment);
 - its engine does not answer, or its supervisor cannot be reached or started;
 - it runs a different sbxkit than the driver (the wire between them would not match);
 - an image the batch names is missing there, or differs from the reference.
@@ -59,6 +60,9 @@ def refusal_reasons(
             f"it runs a different sbxkit (fingerprint {report.implementation[:12]}, the "
             f"driver's {implementation[:12]}): install the same sbxkit on every node"
         )
+    if report.config_error is not None:
+        reasons.append(f"its own configuration: {report.config_error}")
+        return tuple(reasons)  # nothing else was checked
     if report.engine_error is not None:
         reasons.append(f"no Docker engine: {report.engine_error}")
         return tuple(reasons)  # images cannot be judged without an engine

@@ -25,6 +25,12 @@ class ClusterUnavailable(EngineUnavailable):
         self.address = address
 
 
+class ClusterUnauthenticated(ClusterUnavailable):
+    """The Ray cluster lets in callers without its token (it does not enforce token
+    authentication), or the driver has no token for one that does: nothing is sent to it.
+    (``sbxkit batch --ray`` exits 69, with how to turn it on.)"""
+
+
 DEFAULT_RETRIES = 1
 JOIN_TIMEOUT_S = 120.0
 
@@ -44,6 +50,10 @@ class ClusterOptions:
     ``join_timeout_s`` bounds how long a node may take to start its agent and join, and how
     long the batch waits for a node when none is left. ``nodes`` (node names, as Ray lists
     them) restricts the batch to those nodes; the others are left alone.
+
+    The cluster must enforce Ray's token authentication (asked of it before anything is sent:
+    ``ClusterUnauthenticated`` otherwise), and this process needs Ray's token and the cluster
+    secret (``SBXKIT_CLUSTER_SECRET_FILE``) that the sandbox nodes hold (docs/cluster.md).
     """
 
     def __init__(

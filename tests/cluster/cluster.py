@@ -8,6 +8,12 @@ environment (``DOCKER_HOST``) and keeps its own supervisor state dir, so placeme
 observable per daemon. Unix sockets are files: the daemons outside the namespace are reachable
 from inside it.
 
+The cluster runs as docs/cluster.md says a cluster must: every node and the driver with Ray's
+token authentication (``RAY_AUTH_MODE=token``, the token in a 0600 file named by
+``RAY_AUTH_TOKEN_PATH``), and the sbxkit nodes and the driver with the cluster secret (a 0600
+file named by ``SBXKIT_CLUSTER_SECRET_FILE``). ``LocalCluster(..., auth=False)`` starts one the
+way the old docs did, without either, to show what that let in.
+
 What Ray would otherwise do on the network, and what stops it here (docs/cluster.md):
 ``RAY_USAGE_STATS_ENABLED=0`` and ``--include-dashboard=false`` leave a minimal API server on
 the head that still reports "usage stats disabled" to Ray's server
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -64,15 +71,39 @@ class Node:
         return int(pids["raylet"][0])
 
 
+def write_private(path: Path, text: str) -> Path:
+    """``text`` in a new file only its owner can read (0600 from the start)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    return path
+
+
 class LocalCluster:
     """``start()`` the namespace, the head and the worker nodes; ``stop()`` all of it."""
 
-    def __init__(self, root: Path, sockets: dict[str, str]) -> None:
+    def __init__(
+        self, root: Path, sockets: dict[str, str], *, auth: bool = True, tag: str = "ray"
+    ) -> None:
         self.root = root
         self.sockets = sockets
-        self.netns = f"sbxkit-ray-{os.getpid()}"
+        self.auth = auth
+        self.netns = f"sbxkit-{tag}-{os.getpid()}"
         self.nodes: dict[str, Node] = {}
         self.home = root / "home"
+        self.token_path = root / "ray-token"
+        self.secret_path = root / "cluster-secret"
+
+    def auth_env(self) -> dict[str, str]:
+        """What every node and the driver get: Ray's token and the cluster secret (or, for
+        ``auth=False``, token authentication off, as Ray's default was)."""
+        if not self.auth:
+            return {"RAY_AUTH_MODE": "disabled"}
+        return {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+            "SBXKIT_CLUSTER_SECRET_FILE": str(self.secret_path),
+        }
 
     # -- namespace ------------------------------------------------------------------------------
 
@@ -93,6 +124,9 @@ class LocalCluster:
         assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
         self.home.mkdir(parents=True)
         (self.home / "ray_bootstrap_config.yaml").write_text("{}\n")
+        if self.auth:
+            write_private(self.token_path, secrets.token_hex(32))
+            write_private(self.secret_path, secrets.token_hex(32))
         self.nodes["head"] = self._launch("head", ["--head", "--port", str(HEAD_PORT)], {})
         self._wait(self.nodes["head"])
         for name in self.sockets:
@@ -100,23 +134,32 @@ class LocalCluster:
         for name in self.sockets:
             self._wait(self.nodes[name])
 
-    def start_node(self, name: str, *, wait: bool = True, socket: str | None = None) -> Node:
+    def start_node(
+        self,
+        name: str,
+        *,
+        wait: bool = True,
+        socket: str | None = None,
+        env: dict[str, str] | None = None,
+        resources: dict[str, int] | None = None,
+    ) -> Node:
         """(Re)start worker node ``name``: its daemon (``socket``, default its own) through
-        DOCKER_HOST, its own supervisor state dir, sbxkit resources."""
+        DOCKER_HOST, its own supervisor state dir, sbxkit resources; ``env`` on top."""
         socket = socket if socket is not None else self.sockets[name]
-        env = {
+        node_env = {
             "DOCKER_HOST": f"unix://{socket}",
             "SBXKIT_STATE_DIR": str(self.root / f"state-{name}"),
+            **(env or {}),
         }
         argv = [
             "--address",
             ADDRESS,
             "--resources",
-            json.dumps(NODE_RESOURCES),
+            json.dumps(NODE_RESOURCES if resources is None else resources),
             "--num-cpus",
             str(NODE_CPUS),
         ]
-        node = self._launch(name, argv, env)
+        node = self._launch(name, argv, node_env)
         self.nodes[name] = node
         if wait:
             self._wait(node)
@@ -141,7 +184,7 @@ class LocalCluster:
                 ]
             ),
             cwd=REPO,
-            env={**os.environ, **RAY_QUIET, "HOME": str(self.home), **env},
+            env={**_outer_env(), **RAY_QUIET, "HOME": str(self.home), **self.auth_env(), **env},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -206,8 +249,33 @@ class LocalCluster:
     def pids(self) -> list[int]:
         return [int(p) for p in self._ip("netns", "pids", self.netns).split()]
 
+    def strays(self) -> dict[int, str]:
+        """Processes in the namespace that belong to no running node (a node's launcher and
+        its descendants: Ray's processes and workers) and are no node's supervisor (which
+        outlives its node by design): what a test left behind. pid → command line."""
+        kept: set[int] = set()
+        for node in self.nodes.values():
+            if node.process.poll() is None:
+                kept |= {node.process.pid} | _descendants(node.process.pid)
+        found = {}
+        for pid in set(self.pids()) - kept:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile
+            if b"sbxkit.supervisor" in argv and any(
+                a.startswith(str(self.root).encode()) for a in argv
+            ):
+                continue
+            found[pid] = b" ".join(argv).decode(errors="replace").strip()
+        return found
+
+    def listeners_of(self, pids: set[int]) -> list[str]:
+        """The namespace's listening sockets held by any of ``pids``."""
+        return [entry for entry in self.listeners() if any(f"pid={pid}," in entry for pid in pids)]
+
     def driver_env(self) -> dict[str, str]:
-        return {**os.environ, **RAY_QUIET}
+        return {**_outer_env(), **RAY_QUIET, **self.auth_env()}
 
     # -- teardown -------------------------------------------------------------------------------
 
@@ -222,6 +290,12 @@ class LocalCluster:
                     os.kill(pid, signal.SIGTERM if time.monotonic() < deadline - 20 else 9)
             time.sleep(0.5)
         self._ip("netns", "del", self.netns)
+
+
+def _outer_env() -> dict[str, str]:
+    """This process's environment less any Ray credential or cluster secret of its own."""
+    own = ("RAY_AUTH_", "SBXKIT_CLUSTER_SECRET", "RAY_ADDRESS")
+    return {k: v for k, v in os.environ.items() if not k.startswith(own)}
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -9,9 +9,12 @@ each node's daemon, checked by an independent witness per daemon.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +81,22 @@ def both_nodes_up(cluster: LocalCluster) -> None:
         if node is not None:
             cluster.stop_node(name)
         cluster.start_node(name)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes(cluster: LocalCluster) -> Iterator[None]:
+    """Every test leaves the namespace with the cluster's own processes only: no driver, no
+    extra node, no attacker, and so no listener of theirs (Ray's ports included)."""
+    yield
+    deadline = time.monotonic() + 30
+    while (strays := cluster.strays()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if strays:
+        listening = cluster.listeners_of(set(strays))
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"processes left in the cluster's namespace: {strays}; listening: {listening}")
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,13 @@
 """The cluster integration's pure parts, without Ray or a daemon: resources, the join verdict,
-the batch's attempt accounting, the wire, image content, result lines of attempts, and the
-refusals of bad options (the real cluster is tests/cluster/)."""
+the batch's attempt accounting, the wire and its seals, the cluster secret's checks, the token
+authentication probe's verdict, a node's own settings, image content, result lines of attempts,
+and the refusals of bad options (the real cluster is tests/cluster/)."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -17,10 +20,12 @@ import pytest
 import sbxkit
 from sbxkit.cli.progress import Progress
 from sbxkit.cli.results import encode_result, scan_results
-from sbxkit.cluster import ClusterUnavailable, RayCluster
-from sbxkit.cluster.dispatch import Dispatch
+from sbxkit.cluster import ClusterUnauthenticated, ClusterUnavailable, RayCluster
+from sbxkit.cluster.agent import NODE_PROFILE_ENV, node_settings
+from sbxkit.cluster.dispatch import AHEAD_MIN, Dispatch
 from sbxkit.cluster.images import content_fingerprint
 from sbxkit.cluster.join import image_reference, judge
+from sbxkit.cluster.rayauth import probe_environment, verdict
 from sbxkit.cluster.resources import (
     MEMORY_MIB,
     SANDBOXES,
@@ -30,7 +35,29 @@ from sbxkit.cluster.resources import (
     job_resources,
     node_resources,
 )
-from sbxkit.cluster.wire import Done, NodeReport, RemoteJob, decode_job, decode_outcome, encode
+from sbxkit.cluster.seal import BATCH_ID_BYTES, Forged, Keys, context, new_batch_id
+from sbxkit.cluster.secret import (
+    MIN_SECRET_BYTES,
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    file_problem,
+    length_problem,
+    load_secret,
+)
+from sbxkit.cluster.wire import (
+    AgentTerms,
+    Done,
+    JoinRefused,
+    NodeReport,
+    RemoteJob,
+    Unsealed,
+    decode_job,
+    decode_join_reply,
+    decode_outcome,
+    decode_reply,
+    decode_terms,
+    encode,
+)
 from sbxkit.errors import EngineUnavailable, SpecError
 from sbxkit.harness import Job, JobError, JobResult, Need, run_many
 from sbxkit.result import PhaseTimings, RunResult
@@ -107,11 +134,13 @@ def test_each_refusal_names_the_node_and_what_to_fix() -> None:
         report("missing", images={"img": None}),
         report("other", implementation="older", images={"img": "sha256:1"}),
         report("nosup", images={"img": "sha256:1"}, supervisor_error="unsafe state dir"),
+        report("badconf", config_error="SBXKIT_NODE_PROFILE: no such file"),
     ]
     accepted, refused = judge(reports, implementation="impl", reference=reference)
     assert [r.name for r in accepted] == ["ok"]
     why = {r.name: str(r) for r in refused}
-    assert set(why) == {"noengine", "stale", "missing", "other", "nosup"}
+    assert set(why) == {"noengine", "stale", "missing", "other", "nosup", "badconf"}
+    assert "its own configuration: SBXKIT_NODE_PROFILE" in why["badconf"]
     assert "node noengine" in why["noengine"]
     assert "no Docker engine" in why["noengine"]
     assert "'img' differs" in why["stale"]
@@ -132,14 +161,29 @@ def test_without_a_majority_no_holder_is_accepted() -> None:
 # --- the batch's accounting ---------------------------------------------------------------------
 
 
-def test_jobs_go_in_order_within_parallel_and_the_nodes_capacity() -> None:
+def test_jobs_go_in_order_within_parallel() -> None:
     d = Dispatch(5, parallel=3, retries=1, previous=[0] * 5)
-    assert d.next(capacity=0) is None  # no accepted node: nothing goes
-    assert [d.next(capacity=2), d.next(capacity=2), d.next(capacity=2)] == [0, 1, None]
-    assert d.next(capacity=8) == 2
+    assert [d.next(capacity=8), d.next(capacity=8), d.next(capacity=8)] == [0, 1, 2]
     assert d.next(capacity=8) is None  # parallel=3
     d.finished(0)
     assert d.next(capacity=8) == 3
+
+
+def test_work_beyond_the_nodes_capacity_waits_in_ray_as_demand() -> None:
+    """Relays beyond what the accepted nodes hold are submitted (Ray queues them against the
+    sbxkit resources: its resource demand), as many again as the capacity, at least
+    AHEAD_MIN; never beyond parallel."""
+    d = Dispatch(100, parallel=100, retries=0, previous=[0] * 100)
+    submitted = []
+    while (index := d.next(capacity=0)) is not None:  # no accepted node yet: demand all the same
+        submitted.append(index)
+    assert submitted == list(range(AHEAD_MIN))
+    while (index := d.next(capacity=8)) is not None:
+        submitted.append(index)
+    assert len(submitted) == 16  # 8 running, 8 waiting in Ray
+    assert len(d.in_flight) == 16
+    small = Dispatch(10, parallel=3, retries=0, previous=[0] * 10)
+    assert [small.next(capacity=8) for _ in range(4)] == [0, 1, 2, None]
 
 
 def test_a_lost_attempt_is_retried_first_then_ends_when_retries_are_used_up() -> None:
@@ -200,8 +244,150 @@ def exited(stdout: bytes) -> RunResult:
 def test_jobs_and_outcomes_cross_as_bytes() -> None:
     job = RemoteJob(id=7, spec=SPEC, stdin=b"\x00in", attempt=2)
     assert decode_job(encode(job)) == job
-    done = Done(job=JobResult(id="a", result=exited(b"out\xff")), node="raya")
+    done = Done(job=JobResult(id="a", result=exited(b"out\xff")), node="raya", node_id="n1")
     assert decode_outcome(encode(done)) == done
+    assert decode_join_reply(encode(JoinRefused(reason="no secret"))) == JoinRefused(
+        reason="no secret"
+    )
+    assert decode_reply(encode(Unsealed(reason="x"))) == Unsealed(reason="x")
+
+
+def test_the_driver_sends_a_node_no_policy() -> None:
+    """What an agent is started with carries labels, not settings: nothing the driver sends
+    can switch on bind mounts or anything else a node allows."""
+    assert set(AgentTerms.__struct_fields__) == {"batch_id", "labels", "capacity_wait_s"}
+    widened = {"batch_id": b"b" * 16, "labels": {}, "capacity_wait_s": 1.0}
+    widened["settings"] = {"enable_bind_mounts": True}
+    with pytest.raises(msgspec.ValidationError, match="settings"):
+        decode_terms(msgspec.msgpack.encode(widened))
+
+
+def test_a_nodes_settings_are_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(NODE_PROFILE_ENV, raising=False)
+    monkeypatch.setenv("SBXKIT_LABELS", "node=own,shared=node")
+    own = node_settings({"shared": "driver", "run": "r1"})
+    assert own.enable_bind_mounts is False
+    assert own.enable_named_volumes is False
+    assert own.labels == {"shared": "node", "run": "r1", "node": "own"}  # the node's win
+    profile = tmp_path / "node.toml"
+    profile.write_text("[sandbox.docker]\nenable_bind_mounts = true\n")
+    monkeypatch.setenv(NODE_PROFILE_ENV, str(profile))
+    assert node_settings({}).enable_bind_mounts is True  # the node's operator may
+
+
+# --- the seals ----------------------------------------------------------------------------------
+
+SECRET = b"s" * MIN_SECRET_BYTES
+
+
+def test_a_sealed_message_opens_only_where_it_was_bound() -> None:
+    batch = new_batch_id()
+    keys = Keys(SECRET, batch)
+    sealed = keys.seal("outcome", context(3, 1), b"result")
+    assert Keys(SECRET, batch).open("outcome", context(3, 1), sealed) == b"result"
+    assert b"result" not in sealed  # encrypted, not only signed
+    forged = {
+        "another secret": lambda: Keys(b"t" * 32, batch).open("outcome", context(3, 1), sealed),
+        "another batch": lambda: Keys(SECRET, new_batch_id()).open(
+            "outcome", context(3, 1), sealed
+        ),
+        "another purpose": lambda: keys.open("report", context(3, 1), sealed),
+        "another attempt": lambda: keys.open("outcome", context(3, 2), sealed),
+        "another job": lambda: keys.open("outcome", context(4, 1), sealed),
+        "one bit changed": lambda: keys.open(
+            "outcome", context(3, 1), sealed[:-1] + bytes([sealed[-1] ^ 1])
+        ),
+        "truncated": lambda: keys.open("outcome", context(3, 1), sealed[:20]),
+        "not sealed at all": lambda: keys.open("outcome", context(3, 1), b"result"),
+    }
+    for attempt in forged.values():
+        with pytest.raises(Forged):  # each of them
+            attempt()
+    assert keys.seal("job", b"", b"x") != keys.seal("job", b"", b"x")  # a fresh nonce each
+    assert len(batch) == BATCH_ID_BYTES
+    with pytest.raises(ValueError, match="a batch id has 16 bytes"):
+        Keys(SECRET, b"short")
+
+
+def test_contexts_are_unambiguous() -> None:
+    assert context(12, 3) != context(1, 23)
+    assert context(b"ab", "c") != context(b"a", "bc")
+
+
+# --- the cluster secret -------------------------------------------------------------------------
+
+
+def test_a_secret_is_long_enough() -> None:
+    assert length_problem(b"x" * MIN_SECRET_BYTES) is None
+    short = length_problem(b"x" * (MIN_SECRET_BYTES - 1))
+    assert short is not None
+    assert "too short (31 bytes; at least 32)" in short
+    assert "secrets.token_hex(32)" in short  # says how to make one
+
+
+def test_a_secret_file_is_its_owners_alone() -> None:
+    me = 1000
+    assert file_problem(stat.S_IFREG | 0o600, me, me) is None
+    assert file_problem(stat.S_IFREG | 0o400, 0, me) is None  # root's, say a mounted secret
+    group = file_problem(stat.S_IFREG | 0o640, me, me)
+    assert group is not None
+    assert "mode 0640" in group
+    assert "chmod 600" in group
+    world = file_problem(stat.S_IFREG | 0o604, me, me)
+    assert world is not None
+    assert "mode 0604" in world
+    other = file_problem(stat.S_IFREG | 0o600, 1001, me)
+    assert other is not None
+    assert "uid 1001" in other
+    assert file_problem(stat.S_IFIFO | 0o600, me, me) == "is not a regular file"
+
+
+def test_load_secret_refuses_by_name(tmp_path: Path) -> None:
+    def refused(environ: dict[str, str]) -> SpecError:
+        with pytest.raises(SpecError) as caught:
+            load_secret(environ)
+        return caught.value
+
+    assert refused({}).field == SECRET_FILE_ENV  # missing
+    assert "is not set" in str(refused({}))
+    assert refused({SECRET_ENV: "short"}).field == SECRET_ENV
+    good = tmp_path / "secret"
+    good.write_text("k" * 64 + "\n")
+    os.chmod(good, 0o600)
+    assert load_secret({SECRET_FILE_ENV: str(good)}) == b"k" * 64  # the newline stripped
+    assert load_secret({SECRET_ENV: "v" * 40}) == b"v" * 40
+    both = refused({SECRET_FILE_ENV: str(good), SECRET_ENV: "v" * 40})
+    assert "both set" in str(both)
+    os.chmod(good, 0o644)
+    readable = refused({SECRET_FILE_ENV: str(good)})
+    assert (readable.field, "mode 0644" in str(readable)) == (SECRET_FILE_ENV, True)
+    short = tmp_path / "short"
+    short.write_text("k" * 10)
+    os.chmod(short, 0o600)
+    assert "too short" in str(refused({SECRET_FILE_ENV: str(short)}))
+    assert "absolute" in str(refused({SECRET_FILE_ENV: "secret"}))
+    assert "cannot be opened" in str(refused({SECRET_FILE_ENV: str(tmp_path / "none")}))
+
+
+# --- asking the cluster about token authentication ---------------------------------------------
+
+
+def test_the_probe_runs_without_any_token() -> None:
+    environ = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "t",
+        "RAY_AUTH_TOKEN_PATH": "/t",
+        "PATH": "/bin",
+    }
+    assert probe_environment(environ) == {"RAY_AUTH_MODE": "disabled", "PATH": "/bin"}
+
+
+def test_only_a_refusal_for_authentication_counts_as_enforced() -> None:
+    assert verdict(0, 'noise\n{"enforced": true, "said": "x"}\n') is True
+    assert verdict(0, '{"enforced": false}') is False
+    assert verdict(0, '{"error": "ConnectionError: gone"}') == "ConnectionError: gone"
+    assert "without a verdict" in str(verdict(1, "Traceback ..."))
+    assert "without a verdict" in str(verdict(0, ""))
 
 
 def test_image_content_is_its_layers_and_run_configuration() -> None:
@@ -308,6 +494,7 @@ def test_cluster_unavailable_is_an_engine_unavailable() -> None:
     error = ClusterUnavailable("h:1", "no node can run the batch: node a refused")
     assert isinstance(error, EngineUnavailable)  # sbxkit batch exits 69
     assert str(error) == "Ray cluster at h:1: no node can run the batch: node a refused"
+    assert isinstance(ClusterUnauthenticated("h:1", "x"), ClusterUnavailable)
     assert sbxkit.RayCluster is RayCluster
 
 
