@@ -1,4 +1,5 @@
-"""sbxkit's benchmarks: ratios against baselines measured in the same run (design.md §7).
+"""sbxkit's benchmarks: ratios against baselines measured in the same run (bench/README.md,
+"Method").
 
 Each benchmark is a module exposing ``NAME``, ``SUMMARY``, ``add_arguments(parser)`` and
 ``main(args) -> int`` and is registered in ``bench.__main__.BENCHMARKS``. ``python -m bench``

@@ -5,7 +5,7 @@ Contenders, interleaved round-robin in one trio program (see README.md for the m
 ``sbxkit``
     ``await sbxkit.runner.run(spec, engine=engine)`` on one engine opened up front, as a
     long-lived application would hold it, with the runner's default owner (the supervisor).
-    The full hardened lifecycle of design.md §3.
+    The full hardened lifecycle (docs/architecture.md).
 ``sbxkit_inproc``
     The same with ``owner=InProcessOwner(engine)``: no supervisor.
 ``raw``

@@ -1,4 +1,5 @@
-"""A one-shot payload on an owned container: attach, start, stream, wait (design.md §3, 5–8).
+"""A one-shot payload on an owned container: attach, start, stream, wait (docs/architecture.md,
+"The one-shot lifecycle", steps 5–8).
 
 ``run_attached`` runs a verified, still stopped container's command once: it attaches (before
 start, so no output is lost), registers the ``next-exit`` wait, starts, feeds stdin, streams

@@ -1,9 +1,10 @@
 """Harness mode: run many one-shot jobs, boundedly parallel, within the host's budget.
 
-``run_many`` is what a benchmark harness (or ``sbxkit batch``) wants from sbxkit: hand it a list
-of jobs, get one result per job. Each job is one ``run_once`` of a backend (Docker by default),
-so each keeps the whole one-shot lifecycle (design.md §3) and removes its own container through
-its owner, whatever happens — a timeout, an error, or the caller cancelling the batch.
+``run_many`` is what a benchmark harness (or ``sbxkit batch``) wants from sbxkit: hand it a list of
+jobs, get one result per job. Each job is one ``run_once`` of a backend (Docker by default), so each
+keeps the whole one-shot lifecycle (docs/architecture.md, "The one-shot lifecycle") and removes its
+own container through its owner, whatever happens — a timeout, an error, or the caller cancelling
+the batch.
 
 Host admission is the owner's, in one place whatever the caller: the supervisor queues each
 run until its memory fits the host's budget (docs/operations.md, "Capacity and admission"), and

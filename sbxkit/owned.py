@@ -1,9 +1,9 @@
 """The owned container: created stopped, verified, owned, started, removed — the one lifecycle
 under every consumer (one-shot runs, sessions, PTYs, stdio workers, grants, the harness).
 
-``owned_container(plan, engine, owner)`` creates the plan's container through the owner,
-verifies it against the plan and removes it through the owner on every exit (design.md §3,
-steps 3–4 and 9); ``attached`` attaches to it, registers the exit wait and starts it;
+``owned_container(plan, engine, owner)`` creates the plan's container through the owner, verifies it
+against the plan and removes it through the owner on every exit (docs/architecture.md, "The one-shot
+lifecycle", steps 3–4 and 9); ``attached`` attaches to it, registers the exit wait and starts it;
 ``ContainerProcess`` is the exit of a started container's main process.
 """
 

@@ -1,11 +1,11 @@
 """Which container is a lease's, and removing it until the daemon confirms it gone.
 
 One definition for both owners (``InProcessOwner`` and the supervisor): a container is a lease's
-only when its ``sbxkit.lease`` label names that lease — and, when it is looked up rather than
-known by id, when its name is the lease's name too (pitfalls.md: own containers by lease label,
-never by name prefix). Removal retries with backoff until the daemon says the container is
-gone: 404 is gone, 409 "removal already in progress" is not success, any other error is
-retried; the caller bounds the whole loop with its own deadline.
+only when its ``sbxkit.lease`` label names that lease — and, when it is looked up rather than known
+by id, when its name is the lease's name too (containers are owned by lease label, never by name
+prefix: another tool's container may share a prefix). Removal retries with backoff until the daemon
+says the container is gone: 404 is gone, 409 "removal already in progress" is not success, any other
+error is retried; the caller bounds the whole loop with its own deadline.
 """
 
 from __future__ import annotations

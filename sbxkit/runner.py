@@ -1,5 +1,5 @@
 """The one-shot run: ``run(spec)`` creates a fresh hardened sandbox, runs the command once and
-removes the sandbox (design.md §3).
+removes the sandbox (docs/architecture.md, "The one-shot lifecycle").
 
 The lifecycle itself is the backend's (``sbxkit.backends.docker.DockerBackend.run_once``): the
 plan (``sbxkit.plan``), the owned container (``sbxkit.owned``) and the attached payload

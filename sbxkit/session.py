@@ -1,7 +1,7 @@
 """Long-lived sandboxes: ``open_sandbox``, ``Sandbox.exec`` and file transfer.
 
 A session is one hardened container (the same create body, post-create verification and owner
-as a one-shot run, design.md §3) whose own command only keeps it alive — ``sleep`` under the
+as a one-shot run, docs/security.md) whose own command only keeps it alive — ``sleep`` under the
 init process. Work happens in Docker execs. The owner (the supervisor by default) holds the
 lease with a lifetime deadline of ``spec.limits.timeout_s``: the whole session's time limit.
 Leaving the ``async with`` block — normally, by an exception or by cancellation — removes the

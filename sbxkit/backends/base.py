@@ -2,7 +2,7 @@
 
 Two backends implement it:
 
-- ``sbxkit.backends.docker.DockerBackend`` — the hardened container of design.md §3: the plan
+- ``sbxkit.backends.docker.DockerBackend`` — the hardened container (docs/security.md): the plan
   (``sbxkit.plan``) and the one owned-container lifecycle (``sbxkit.owned``).
 - ``sbxkit.backends.sbx.SbxBackend`` — a Docker Sandboxes microVM driven through the ``sbx``
   CLI (docs/adr-sbx.md).

@@ -1,4 +1,4 @@
-"""The Docker backend: the hardened container of design.md §3, for every consumer.
+"""The Docker backend: the hardened container (docs/security.md), for every consumer.
 
 ``own`` is the one lifecycle every Docker consumer stands on: check the spec (once), open the
 engine, build the plan (``sbxkit.plan.make_plan``: image, mounts, runtime, GPUs, the hardened
@@ -7,10 +7,10 @@ removes the container through the owner. ``run_once`` is ``own`` plus the one-sh
 ``sbxkit.attached``; sessions, PTYs, stdio workers, grants and the harness call ``own`` or
 ``run_once`` through a backend, never the engine directly.
 
-Cleanup ownership stays where design.md §4 puts it. With the default owner, the supervisor
-journals every lease and recovers orphans itself at its start and in its reaper loop;
-``reconcile_orphans`` asks it for one more pass now (``sbxkit leases recover``). With an
-explicit in-process owner there is nothing durable to recover, so it returns ``[]``.
+Cleanup ownership stays with the owner (docs/architecture.md, "The owner seam"). With the default
+owner, the supervisor journals every lease and recovers orphans itself at its start and in its
+reaper loop; ``reconcile_orphans`` asks it for one more pass now (``sbxkit leases recover``). With
+an explicit in-process owner there is nothing durable to recover, so it returns ``[]``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def default_owner(
 
 
 class DockerBackend:
-    """Hardened Docker containers (design.md §3): every consumer, one lifecycle."""
+    """Hardened Docker containers (docs/security.md): every consumer, one lifecycle."""
 
     kind = "docker"
 
@@ -174,7 +174,7 @@ class DockerBackend:
         *,
         on_output: OutputCallback | None = None,
     ) -> RunResult:
-        """Run ``spec.command`` once in a fresh container and remove it (design.md §3).
+        """Run ``spec.command`` once in a fresh container and remove it (docs/architecture.md).
 
         Where the host can tell (``sbxkit.kernel``), the run's stdio are host FIFOs and its
         exit the kernel's word: the result returns at the payload's exit, and — with the

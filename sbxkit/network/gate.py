@@ -7,8 +7,8 @@ run of a governed spec starts a shell that blocks in ``read`` on its stdin::
     sh -c 'IFS= read -r _ && exec "$0" "$@"' CMD ARG...
 
 The owner installs the listeners (governor.py), then sbxkit writes one newline, then the run's
-own stdin (``Prefixed``): ``read`` consumes exactly that line from the pipe (pitfalls.md: a
-shell's ``read`` does not read ahead; ``sh -s`` would) and the command replaces the shell,
+own stdin (``Prefixed``): ``read`` consumes exactly that line from the pipe (a shell's
+``read`` does not read ahead on a pipe; ``sh -s`` would) and the command replaces the shell,
 byte-exact stdin and all. The command travels as argv in the create body, never quoted into a
 line, so nothing here depends on how a pool's claim is carried; it is the pool's parked shell
 reduced to a gate. The image needs ``/bin/sh``, as a pool's does.

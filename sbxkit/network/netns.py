@@ -1,6 +1,6 @@
 """Entering a started sandbox from the host: listeners on its loopback, files it reads.
 
-The thin I/O shell under the governor (design.md §7a). A sandbox with ``NetworkMode: none``
+The thin I/O shell under the governor (docs/network.md). A sandbox with ``NetworkMode: none``
 has a network namespace of its own holding only loopback. A host process with
 ``CAP_SYS_ADMIN`` opens a pidfd of the sandbox's init, calls ``setns(pidfd, CLONE_NEWNET)`` in
 a *fresh* thread (Python 3.11 has no ``os.setns``: ``ctypes``), binds and listens, and the

@@ -3,7 +3,7 @@
 A parked container's main process is a shell waiting for exactly one line on its stdin
 (``PARK_SCRIPT``). A claim writes one line, then the run's stdin byte-exact: the ``read``
 builtin consumes exactly one line from a pipe (``sh -s`` would read ahead and eat the
-payload's input, pitfalls.md). The line is::
+payload's input). The line is::
 
     unset PWD OLDPWD SHLVL; K1='v1' K2='v2' ... exec 'argv0' 'argv1' ...
 

@@ -1,1 +1,2 @@
-"""The independent supervisor process and its client (design.md §4)."""
+"""The independent supervisor process and its client (docs/architecture.md, "The owner seam";
+docs/operations.md)."""

@@ -636,8 +636,9 @@ async def test_point_lists_cover_every_hook_of_a_run(
 
 
 async def test_cancel_before_create_sends_no_create(witness: Witness, busybox: str) -> None:
-    """Cancelled after the image check, before the create request exists: design.md §3 shields
-    only creation that is already under way, so no create should reach the daemon."""
+    """Cancelled after the image check, before the create request exists: the one-shot lifecycle
+    (docs/architecture.md, step 3) shields only creation that is already under way, so no create
+    should reach the daemon."""
     async with cancelling_engine(witness.socket_path) as engine:
         outcome = await run_with_cancel(
             engine, make_spec(busybox, ["sh", "-c", "sleep 30"]), ("image_inspect#1", "after")

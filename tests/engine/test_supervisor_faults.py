@@ -1,4 +1,4 @@
-"""The supervisor under injected faults, against the real daemon (design.md §4, §6).
+"""The supervisor under injected faults, against the real daemon (docs/operations.md).
 
 A real supervisor process (``tests.supervision``) reaches the daemon only through a fault proxy
 (``tests.faultproxy``) in front of ``/var/run/docker.sock``: ``--docker-socket PROXY``. The caller

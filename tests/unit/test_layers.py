@@ -1,4 +1,5 @@
-"""The import graph design.md §1 promises: dependencies point down, pure cores import no I/O."""
+"""The import graph docs/architecture.md promises: dependencies point down, pure cores import no
+I/O."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ PURE = [
     "pool/shape.py",
     "argtypes.py",
     "units.py",
+    "uids.py",
     "mcp/options.py",
     "mcp/arguments.py",
     "mcp/policy.py",
