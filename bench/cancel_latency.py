@@ -6,15 +6,11 @@ moment of cancellation (both the host's wall clock: the daemon stamps events wit
 ``time.Now()``). Events are read live by the standard-library client (``bench.rawapi``), an
 independent witness. Contenders, interleaved sample by sample:
 
-``sbxkit``
-    ``sbxkit.runner.run(spec, engine=engine)`` (default owner: the supervisor) in a trio cancel
-    scope; cancellation = ``scope.cancel()``. The run removes its container (shielded, through
-    the owner) before the cancellation propagates.
-``sbxkit_inproc``
-    The same with ``owner=InProcessOwner(engine)``.
-``raw``
-    The floor: create + start through the raw API in a worker thread; cancellation =
-    ``DELETE /containers/{id}?force=1&v=1`` (kill and remove in one call).
+``sbxkit`` ``sbxkit._consumers.runner.run(spec, engine=engine)`` (default owner: the supervisor) in
+a trio cancel scope; cancellation = ``scope.cancel()``. The run removes its container (shielded,
+through the owner) before the cancellation propagates. ``sbxkit_inproc`` The same with
+``owner=InProcessOwner(engine)``. ``raw`` The floor: create + start through the raw API in a worker
+thread; cancellation = ``DELETE /containers/{id}?force=1&v=1`` (kill and remove in one call).
 
 Also reported: ``unwound`` — cancellation to the cancelled call returning in the client.
 
@@ -45,10 +41,10 @@ from bench.suite import (
     peer_body,
     summarise,
 )
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.owner import InProcessOwner
-from sbxkit.runner import run
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "cancel_latency"
 SUMMARY = "cancel → container destroyed (daemon event), p50/p99: sbxkit vs raw DELETE force"

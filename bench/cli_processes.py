@@ -34,9 +34,9 @@ from bench.harness import SBXKIT_SOURCE, Contender, StepTimings
 from bench.pool import Settling, supervisor_pools_full
 from bench.rawapi import RawEngine
 from bench.suite import BENCH_LABEL
-from sbxkit.supervisor.admin import pools_request
-from sbxkit.supervisor.environment import supervisor_environment
-from sbxkit.supervisor.wire import EndPools
+from sbxkit._lifecycle.launch_environment import supervisor_environment
+from sbxkit._lifecycle.leases_admin import pools_request
+from sbxkit._protocol.wire import EndPools
 
 CPUS, MEMORY, PIDS = "1", "64m", "64"
 POOL_SIZE = 2

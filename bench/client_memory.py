@@ -18,7 +18,7 @@ Two modes, in separate children (tracemalloc's own bookkeeping would inflate the
 Contenders:
 
 ``sbxkit``
-    ``sbxkit.harness.run_many(64 jobs, parallel=64, engine=engine)``, default owner (the
+    ``sbxkit._consumers.harness.run_many(64 jobs, parallel=64, engine=engine)``, default owner (the
     supervisor: one Unix-socket connection per lease). Ended by cancelling the batch.
 ``docker_py``
     64 threads of a ``ThreadPoolExecutor`` on one ``DockerClient`` (pool 64), each
@@ -65,10 +65,10 @@ from bench.suite import (
     peer_body,
     summarise,
 )
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._consumers.runner import run
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.engine.client import open_engine
-from sbxkit.harness import Job, run_many
-from sbxkit.runner import run
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "client_memory"
 SUMMARY = "client memory per concurrent sandbox at 64 in flight: sbxkit vs docker-py vs aiodocker"

@@ -46,10 +46,10 @@ from bench.harness import (
 )
 from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket
+from sbxkit._consumers.session import Sandbox, open_sandbox
+from sbxkit._model.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
-from sbxkit.session import Sandbox, open_sandbox
-from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
 
 NAME = "exec_latency"
 SUMMARY = "median exec `true` in a warm sandbox: sbxkit vs docker-py exec_run vs `docker exec`"

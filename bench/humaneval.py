@@ -6,7 +6,7 @@ run as ``python3 -c PROGRAM`` in ``sbxkit-test/python:latest`` at 8 in parallel;
 passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B …):
 
 ``sbxkit``
-    ``sbxkit.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner.
+    ``sbxkit._consumers.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner.
 ``sbxkit_pooled``
     The same through a pool of 8 (``open_pool`` opened with the run, so its own warm-up is in
     the wall time; ``run_many(..., pool=pool)``, docs/pool.md).
@@ -49,11 +49,11 @@ from bench.suite import (
     peer_body,
     summarise,
 )
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.harness import Job, run_many
 from sbxkit.pool import open_pool
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "humaneval"
 SUMMARY = (

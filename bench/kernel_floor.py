@@ -34,14 +34,14 @@ import msgspec
 
 from bench.harness import StepTimings
 from bench.rawapi import RawEngine
-from sbxkit.kernel.fifos import make_io_dir, open_host_ends, remove_io_dir, sandbox_ids
-from sbxkit.kernel.init import memory_cgroup_of
-from sbxkit.kernel.initpid import init_pid_on_host, learn_cgroup_layout
-from sbxkit.kernel.pidfd import exit_status, status_code, wait_reaped, zombie_status
-from sbxkit.kernel.scripts import GO_LINE, kernel_io
-from sbxkit.policy import build_create_body
-from sbxkit.readiness import readable
-from sbxkit.spec import SandboxSpec
+from sbxkit._kernel.fifos import make_io_dir, open_host_ends, remove_io_dir, sandbox_ids
+from sbxkit._kernel.init import memory_cgroup_of
+from sbxkit._kernel.initpid import init_pid_on_host, learn_cgroup_layout
+from sbxkit._kernel.pidfd import exit_status, status_code, wait_reaped, zombie_status
+from sbxkit._kernel.scripts import GO_LINE, kernel_io
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.policy import build_create_body
+from sbxkit._util.readiness import readable
 
 PREFIX = "sbxbench-raw-kernel-"
 LIMIT_S = 30.0

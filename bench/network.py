@@ -41,8 +41,8 @@ import trustme
 
 from bench import common
 from bench.harness import Contender, ContenderFailed, run_interleaved, say
-from sbxkit.network.allow import parse_allow_list
-from sbxkit.network.audit import Decision
+from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_audit import Decision
 from sbxkit.network.proxy import ProxyContext, proxy_connection, serve_listener
 
 NAME = "network"

@@ -3,7 +3,7 @@
 Contenders, interleaved round-robin in one trio program (see README.md for the method):
 
 ``sbxkit``
-    ``await sbxkit.runner.run(spec, engine=engine)`` on one engine opened up front, as a
+    ``await sbxkit._consumers.runner.run(spec, engine=engine)`` on one engine opened up front, as a
     long-lived application would hold it, with the runner's default owner (the supervisor).
     The full hardened lifecycle (docs/architecture.md).
 ``sbxkit_inproc``
@@ -79,13 +79,13 @@ from bench.suite import (
     peer_body,
 )
 from bench.tracing import CallTracer, public_async_methods
+from sbxkit._consumers.runner import run as sbxkit_run
+from sbxkit._lifecycle.owner import InProcessOwner, Owner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import build_create_body
+from sbxkit._protocol.journal import default_state_dir
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.owner import InProcessOwner, Owner
-from sbxkit.policy import build_create_body
-from sbxkit.runner import run as sbxkit_run
-from sbxkit.spec import LEASE_LABEL, Limits, MiB, SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.journal import default_state_dir
 
 NAME = "oneshot"
 SUMMARY = (
@@ -290,8 +290,8 @@ def sbxkit_contender(
     owner_factory: OwnerFactory | None = None,
     tracer: CallTracer | None = None,
 ) -> Contender:
-    """``sbxkit.runner.run(spec, engine=engine)`` — with the runner's default owner unless
-    ``owner_factory`` makes one per run. Steps: sbxkit's own phase timings, plus ``outside``
+    """``sbxkit._consumers.runner.run(spec, engine=engine)`` — with the runner's default owner
+    unless ``owner_factory`` makes one per run. Steps: sbxkit's own phase timings, plus ``outside``
     (wall time not in any phase: validation, image check, the exit inspect)."""
 
     async def once() -> StepTimings:
@@ -326,7 +326,8 @@ def sbxkit_contender(
     return Contender(
         key,
         label,
-        f"await sbxkit.runner.run(spec, engine=engine), {owner_text}; engine opened once",
+        f"await sbxkit._consumers.runner.run(spec, engine=engine), {owner_text}; "
+        "engine opened once",
         once,
     )
 

@@ -63,17 +63,17 @@ from bench.pool_plot import write_plot
 from bench.pool_sustained import measure_sustained, sustained_lines, sustained_md
 from bench.rawapi import RawEngine
 from bench.suite import default_busybox, default_socket, percentile
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.leases_admin import pools_request
+from sbxkit._model.result import RunResult
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._protocol.records import record_filename
+from sbxkit._protocol.wire import ListPools
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import open_engine
 from sbxkit.pool import Pool, open_pool
 from sbxkit.pool.held import HeldPool, PooledBackend
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
-from sbxkit.supervisor.admin import pools_request
-from sbxkit.supervisor.records import record_filename
-from sbxkit.supervisor.wire import ListPools
 
 NAME = "pool"
 SUMMARY = "one-shot `true`: claimed from a warm pool vs a cold sbxkit run vs the raw floor"

@@ -38,11 +38,11 @@ from typing import Any
 import trio
 
 from bench.harness import ratio_of_medians, say
+from sbxkit._consumers.runner import run
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.pool import open_pool
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.spec import SandboxSpec
 
 CONTENDERS = ("cold", "pooled", "pooled_warm", "pooled_waiting")
 LABELS = {

@@ -48,12 +48,12 @@ from typing import Any, TypeVar
 import trio
 
 from bench.suite import default_busybox, default_socket
+from sbxkit._lifecycle.outcome import docker_time
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import open_engine
-from sbxkit.outcome import docker_time
 from sbxkit.pool import Pool, open_pool
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 LABEL = "sbxkit.bench-pool-timeline"
 POINTS = (

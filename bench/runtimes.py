@@ -3,12 +3,10 @@
 For each runtime in ``--runtimes`` (default ``runc,crun,runsc``) two contenders, interleaved
 round by round with every other runtime's:
 
-``raw_R``
-    The floor (``bench.oneshot.raw_one_shot``: create → start → wait → delete through the
-    standard-library client, one keep-alive connection) with ``HostConfig.Runtime = R``.
-``sbxkit_R``
-    ``sbxkit.runner.run(spec, engine=engine)`` with ``spec.runtime = R`` (the default owner,
-    the supervisor).
+``raw_R`` The floor (``bench.oneshot.raw_one_shot``: create → start → wait → delete through the
+standard-library client, one keep-alive connection) with ``HostConfig.Runtime = R``. ``sbxkit_R``
+``sbxkit._consumers.runner.run(spec, engine=engine)`` with ``spec.runtime = R`` (the default owner,
+the supervisor).
 
 The daemon's default runtime (runc on Docker, crun on Podman) is asked for by no name, as a
 default run does. Every cell uses the same bounds, with **gVisor's floor of pids** (so all
@@ -51,11 +49,11 @@ from bench.oneshot import raw_contender, sbxkit_contender
 from bench.plot import plot_report
 from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch, LeakCheck, default_busybox, label_of, peer_body
+from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import PODMAN_ULIMITS
 from sbxkit.engine.client import open_engine
 from sbxkit.engine.discovery import ping_socket
-from sbxkit.policy import PODMAN_ULIMITS
-from sbxkit.rules import GVISOR_MIN_PIDS
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "runtimes"
 SUMMARY = "one-shot `true`: raw floor and sbxkit under runc, crun and runsc (one engine per run)"

@@ -2,22 +2,18 @@
 
 The payload is ``head -c 268435456 /dev/zero`` in busybox. Contenders, interleaved:
 
-``sbxkit``
-    ``await sbxkit.runner.run(spec, engine=engine)`` with ``output_bytes`` 257 MiB (the cap
-    above the output, so all 256 MiB is captured and kept, as a caller would get it), the
-    runner's default owner. Its stream window is ``RunResult.timings.run_s``: start returned →
-    exit reply + drain, during which sbxkit demultiplexes and caps every frame.
-``raw``
-    The floor: the same hardened create body (``build_create_body`` of the same spec, so the
-    daemon does exactly the same work — log driver ``none``, init, limits), then a minimal
-    reader on the standard library: a Unix socket, ``POST /attach?stream=1&stdout=1&stderr=1``
-    with ``Upgrade: tcp``, start through a second connection, then ``recv_into`` a 1 MiB
-    buffer, parsing the 8-byte frame headers and counting payload bytes (not keeping them).
-    Window: start returned → EOF on the attach socket. Run in a worker thread.
-``raw_keep``
-    Diagnostic: the same reader keeping the stdout payload as a caller would get it (appended
-    to a ``bytearray``, one ``bytes`` at the end), so ``sbxkit/raw_keep`` says how much of the
-    gap to ``raw`` is keeping 256 MiB rather than sbxkit's own per-read and per-frame work.
+``sbxkit`` ``await sbxkit._consumers.runner.run(spec, engine=engine)`` with ``output_bytes`` 257 MiB
+(the cap above the output, so all 256 MiB is captured and kept, as a caller would get it), the
+runner's default owner. Its stream window is ``RunResult.timings.run_s``: start returned → exit
+reply + drain, during which sbxkit demultiplexes and caps every frame. ``raw`` The floor: the same
+hardened create body (``build_create_body`` of the same spec, so the daemon does exactly the same
+work — log driver ``none``, init, limits), then a minimal reader on the standard library: a Unix
+socket, ``POST /attach?stream=1&stdout=1&stderr=1`` with ``Upgrade: tcp``, start through a second
+connection, then ``recv_into`` a 1 MiB buffer, parsing the 8-byte frame headers and counting payload
+bytes (not keeping them). Window: start returned → EOF on the attach socket. Run in a worker thread.
+``raw_keep`` Diagnostic: the same reader keeping the stdout payload as a caller would get it
+(appended to a ``bytearray``, one ``bytes`` at the end), so ``sbxkit/raw_keep`` says how much of the
+gap to ``raw`` is keeping 256 MiB rather than sbxkit's own per-read and per-frame work.
 
 MB/s = 268435456 / 10^6 / window. Also reported: the client process's CPU seconds per run
 (``time.process_time``, all threads), since on 2 cores the client competes with the daemon.
@@ -48,10 +44,10 @@ from bench.suite import (
     label_of,
     summarise,
 )
+from sbxkit._consumers.runner import run
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import build_create_body
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.policy import build_create_body
-from sbxkit.runner import run
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "streaming"
 SUMMARY = "MB/s of a 256 MiB stdout: sbxkit vs a raw attach-stream reader (stdlib)"

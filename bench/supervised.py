@@ -71,16 +71,16 @@ from bench.oneshot import (
 )
 from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch
+from sbxkit._consumers.runner import run as sbxkit_run
+from sbxkit._lifecycle import leases_admin as admin
+from sbxkit._lifecycle.owner import InProcessOwner, Owner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.spec import LEASE_LABEL, SandboxSpec
+from sbxkit._protocol.journal import LOG_NAME, StateDir
+from sbxkit._protocol.records import RECORD_SUFFIX
+from sbxkit._protocol.wire import Recover
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.errors import SbxError
-from sbxkit.owner import InProcessOwner, Owner
-from sbxkit.runner import run as sbxkit_run
-from sbxkit.spec import LEASE_LABEL, SandboxSpec
-from sbxkit.supervisor import admin
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.journal import LOG_NAME, StateDir
-from sbxkit.supervisor.records import RECORD_SUFFIX
-from sbxkit.supervisor.wire import Recover
 
 NAME = "supervised"
 SUMMARY = "one-shot `true`: supervised vs in-process owner (ratio of medians), fsyncs per lease"
@@ -188,8 +188,8 @@ def run_contender(
     return Contender(
         key,
         label,
-        f"await sbxkit.runner.run(spec, engine=engine, owner={owner_text}), a new owner per "
-        "run; engine opened once",
+        "await sbxkit._consumers.runner.run(spec, engine=engine, "
+        f"owner={owner_text}), a new owner per run; engine opened once",
         once,
     )
 

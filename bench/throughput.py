@@ -3,18 +3,14 @@
 Contenders, interleaved round-robin in one trio program (README.md's method); one measured
 call is one whole batch of N jobs at parallelism P, and jobs/s = N / its wall time:
 
-``sbxkit``
-    ``await sbxkit.harness.run_many(jobs, parallel=P, engine=engine)`` — harness mode with the
-    runner's default owner (the supervisor) and admission against the daemon's budget.
-``sbxkit_inproc``
-    The same with ``owner_factory=InProcessOwner``: the supervisor's share of the cost.
-``docker_py``
-    A ``concurrent.futures.ThreadPoolExecutor(P)`` over one ``docker.DockerClient`` (pool sized
-    for P): per job ``containers.create`` → ``start`` → ``wait`` → ``remove(force, v)``, what
-    ``containers.run(..., remove=True)`` does without following logs.
-``aiodocker``
-    ``asyncio.gather`` under an ``asyncio.Semaphore(P)`` on one ``aiodocker.Docker``, on a
-    persistent asyncio loop in its own thread: create → start → wait → delete(force, v).
+``sbxkit`` ``await sbxkit._consumers.harness.run_many(jobs, parallel=P, engine=engine)`` — harness
+mode with the runner's default owner (the supervisor) and admission against the daemon's budget.
+``sbxkit_inproc`` The same with ``owner_factory=InProcessOwner``: the supervisor's share of the
+cost. ``docker_py`` A ``concurrent.futures.ThreadPoolExecutor(P)`` over one ``docker.DockerClient``
+(pool sized for P): per job ``containers.create`` → ``start`` → ``wait`` → ``remove(force, v)``,
+what ``containers.run(..., remove=True)`` does without following logs. ``aiodocker``
+``asyncio.gather`` under an ``asyncio.Semaphore(P)`` on one ``aiodocker.Docker``, on a persistent
+asyncio loop in its own thread: create → start → wait → delete(force, v).
 
 All run the same image and command with the same bounds (cpus 0.1 so 16 fit the daemon's
 2-CPU budget, memory 32 MiB, pids 64) and no network (``NetworkDisabled``, as sbxkit sends);
@@ -56,10 +52,10 @@ from bench.suite import (
     peer_body,
     summarise,
 )
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.harness import Job, run_many
-from sbxkit.owner import InProcessOwner
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 NAME = "throughput"
 SUMMARY = "jobs/s at 1, 4 and 16 in parallel: sbxkit run_many vs docker-py threads vs aiodocker"

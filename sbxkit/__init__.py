@@ -23,10 +23,8 @@ if TYPE_CHECKING:
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit.archive import ArchiveError, SandboxFileNotFound
-    from sbxkit.backends.base import Backend, open_backend
-    from sbxkit.backends.docker import DockerBackend
-    from sbxkit.broker import (
+    from sbxkit._consumers.archive import ArchiveError, SandboxFileNotFound
+    from sbxkit._consumers.broker import (
         GrantError,
         GrantResult,
         Grants,
@@ -35,6 +33,45 @@ if TYPE_CHECKING:
         Receipt,
         run_with_grants,
     )
+    from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
+    from sbxkit._consumers.oneshot import run
+    from sbxkit._consumers.pty import PtySession, open_pty
+    from sbxkit._consumers.session import (
+        Sandbox,
+        SandboxExit,
+        SandboxExpired,
+        SandboxUnusable,
+        open_sandbox,
+    )
+    from sbxkit._consumers.stdio import StdioWorker, open_stdio_worker
+    from sbxkit._grammar.profile import apply_profile, load_profile
+    from sbxkit._lifecycle.connect import (
+        AdmissionTimeout,
+        CapacityExhausted,
+        CreateInterrupted,
+        SupervisorError,
+    )
+    from sbxkit._lifecycle.owner import InProcessOwner, Owner
+    from sbxkit._lifecycle.supervised import SupervisedOwner
+    from sbxkit._model.gpu import GpuRequest
+    from sbxkit._model.mounts import BindMount, TmpfsMount, VolumeMount
+    from sbxkit._model.network_audit import Denial
+    from sbxkit._model.network_terms import CallbackTls, Network
+    from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
+    from sbxkit._model.settings import Settings
+    from sbxkit._model.spec import (
+        Limits,
+        MiB,
+        SandboxSpec,
+        parse_size,
+        spec_from_dict,
+        validate_spec,
+    )
+    from sbxkit._model.units import GiB, KiB, parse_duration
+    from sbxkit._plan.plan import CheckedSpec, check_spec
+    from sbxkit._plan.policy import LEASE_LABEL, build_create_body
+    from sbxkit.backends.base import Backend, open_backend
+    from sbxkit.backends.docker import DockerBackend
     from sbxkit.cluster import ClusterUnavailable, NodeRefusal, RayCluster
     from sbxkit.engine.client import Deadlines, Engine, open_engine
     from sbxkit.errors import (
@@ -53,34 +90,10 @@ if TYPE_CHECKING:
         SbxError,
         SpecError,
     )
-    from sbxkit.gpu import GpuRequest
-    from sbxkit.harness import Job, JobError, JobResult, run_many
-    from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
-    from sbxkit.network.audit import Denial
     from sbxkit.network.netns import NetworkUnavailable
-    from sbxkit.network.terms import CallbackTls, Network
-    from sbxkit.oneshot import run
-    from sbxkit.owner import InProcessOwner, Owner
-    from sbxkit.plan import CheckedSpec, check_spec
-    from sbxkit.policy import LEASE_LABEL, build_create_body
     from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
     from sbxkit.pool.inprocess import Pool, open_pool
     from sbxkit.pool.shapes import PoolPerShape
-    from sbxkit.profile import apply_profile, load_profile
-    from sbxkit.pty import PtySession, open_pty
-    from sbxkit.result import PhaseTimings, RunResult, Status, Usage
-    from sbxkit.session import Sandbox, SandboxExit, SandboxExpired, SandboxUnusable, open_sandbox
-    from sbxkit.settings import Settings
-    from sbxkit.spec import Limits, MiB, SandboxSpec, parse_size, spec_from_dict, validate_spec
-    from sbxkit.stdio import StdioWorker, open_stdio_worker
-    from sbxkit.supervisor.client import SupervisedOwner
-    from sbxkit.supervisor.connect import (
-        AdmissionTimeout,
-        CapacityExhausted,
-        CreateInterrupted,
-        SupervisorError,
-    )
-    from sbxkit.units import GiB, KiB, parse_duration
 
 # Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 # ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
@@ -95,15 +108,15 @@ _WHERE: dict[str, str] = {
     "NodeRefusal": "sbxkit.cluster",
     "ClusterUnavailable": "sbxkit.cluster",
     "open_backend": "sbxkit.backends.base",
-    "check_spec": "sbxkit.plan",
-    "CheckedSpec": "sbxkit.plan",
+    "check_spec": "sbxkit._plan.plan",
+    "CheckedSpec": "sbxkit._plan.plan",
     "DockerBackend": "sbxkit.backends.docker",
     "Backend": "sbxkit.backends.base",
-    "AdmissionTimeout": "sbxkit.supervisor.connect",
-    "ArchiveError": "sbxkit.archive",
-    "SandboxFileNotFound": "sbxkit.archive",
-    "BindMount": "sbxkit.mounts",
-    "CapacityExhausted": "sbxkit.supervisor.connect",
+    "AdmissionTimeout": "sbxkit._lifecycle.connect",
+    "ArchiveError": "sbxkit._consumers.archive",
+    "SandboxFileNotFound": "sbxkit._consumers.archive",
+    "BindMount": "sbxkit._model.mounts",
+    "CapacityExhausted": "sbxkit._lifecycle.connect",
     "CleanupError": "sbxkit.errors",
     "Conflict": "sbxkit.errors",
     "ContainerMismatch": "sbxkit.errors",
@@ -115,63 +128,63 @@ _WHERE: dict[str, str] = {
     "EngineProtocolError": "sbxkit.errors",
     "EngineTimeout": "sbxkit.errors",
     "EngineUnavailable": "sbxkit.errors",
-    "GpuRequest": "sbxkit.gpu",
-    "Network": "sbxkit.network.terms",
-    "CallbackTls": "sbxkit.network.terms",
-    "Denial": "sbxkit.network.audit",
+    "GpuRequest": "sbxkit._model.gpu",
+    "Network": "sbxkit._model.network_terms",
+    "CallbackTls": "sbxkit._model.network_terms",
+    "Denial": "sbxkit._model.network_audit",
     "NetworkUnavailable": "sbxkit.network.netns",
-    "GrantError": "sbxkit.broker",
-    "GrantResult": "sbxkit.broker",
-    "Grants": "sbxkit.broker",
+    "GrantError": "sbxkit._consumers.broker",
+    "GrantResult": "sbxkit._consumers.broker",
+    "Grants": "sbxkit._consumers.broker",
     "ImageError": "sbxkit.errors",
-    "InProcessOwner": "sbxkit.owner",
-    "InputGrant": "sbxkit.broker",
-    "Job": "sbxkit.harness",
-    "JobError": "sbxkit.harness",
-    "JobResult": "sbxkit.harness",
-    "LEASE_LABEL": "sbxkit.policy",
-    "Limits": "sbxkit.spec",
-    "MiB": "sbxkit.spec",
-    "KiB": "sbxkit.units",
-    "GiB": "sbxkit.units",
-    "parse_duration": "sbxkit.units",
+    "InProcessOwner": "sbxkit._lifecycle.owner",
+    "InputGrant": "sbxkit._consumers.broker",
+    "Job": "sbxkit._consumers.harness",
+    "JobError": "sbxkit._consumers.harness",
+    "JobResult": "sbxkit._consumers.harness",
+    "LEASE_LABEL": "sbxkit._plan.policy",
+    "Limits": "sbxkit._model.spec",
+    "MiB": "sbxkit._model.spec",
+    "KiB": "sbxkit._model.units",
+    "GiB": "sbxkit._model.units",
+    "parse_duration": "sbxkit._model.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
-    "OutputGrant": "sbxkit.broker",
-    "Owner": "sbxkit.owner",
-    "PhaseTimings": "sbxkit.result",
-    "PtySession": "sbxkit.pty",
-    "Receipt": "sbxkit.broker",
-    "RunResult": "sbxkit.result",
-    "Sandbox": "sbxkit.session",
-    "SandboxExit": "sbxkit.session",
-    "SandboxExpired": "sbxkit.session",
-    "SandboxSpec": "sbxkit.spec",
-    "SandboxUnusable": "sbxkit.session",
+    "OutputGrant": "sbxkit._consumers.broker",
+    "Owner": "sbxkit._lifecycle.owner",
+    "PhaseTimings": "sbxkit._model.result",
+    "PtySession": "sbxkit._consumers.pty",
+    "Receipt": "sbxkit._consumers.broker",
+    "RunResult": "sbxkit._model.result",
+    "Sandbox": "sbxkit._consumers.session",
+    "SandboxExit": "sbxkit._consumers.session",
+    "SandboxExpired": "sbxkit._consumers.session",
+    "SandboxSpec": "sbxkit._model.spec",
+    "SandboxUnusable": "sbxkit._consumers.session",
     "SbxError": "sbxkit.errors",
-    "Settings": "sbxkit.settings",
+    "Settings": "sbxkit._model.settings",
     "SpecError": "sbxkit.errors",
-    "Status": "sbxkit.result",
-    "Usage": "sbxkit.result",
-    "StdioWorker": "sbxkit.stdio",
-    "SupervisedOwner": "sbxkit.supervisor.client",
-    "SupervisorError": "sbxkit.supervisor.connect",
-    "CreateInterrupted": "sbxkit.supervisor.connect",
-    "TmpfsMount": "sbxkit.mounts",
-    "VolumeMount": "sbxkit.mounts",
-    "apply_profile": "sbxkit.profile",
-    "build_create_body": "sbxkit.policy",
-    "load_profile": "sbxkit.profile",
+    "Status": "sbxkit._model.result",
+    "Usage": "sbxkit._model.result",
+    "StdioWorker": "sbxkit._consumers.stdio",
+    "SupervisedOwner": "sbxkit._lifecycle.supervised",
+    "SupervisorError": "sbxkit._lifecycle.connect",
+    "CreateInterrupted": "sbxkit._lifecycle.connect",
+    "TmpfsMount": "sbxkit._model.mounts",
+    "VolumeMount": "sbxkit._model.mounts",
+    "apply_profile": "sbxkit._grammar.profile",
+    "build_create_body": "sbxkit._plan.policy",
+    "load_profile": "sbxkit._grammar.profile",
     "open_engine": "sbxkit.engine.client",
-    "open_pty": "sbxkit.pty",
-    "open_sandbox": "sbxkit.session",
-    "open_stdio_worker": "sbxkit.stdio",
-    "parse_size": "sbxkit.spec",
-    "run": "sbxkit.oneshot",
-    "run_many": "sbxkit.harness",
-    "run_with_grants": "sbxkit.broker",
-    "spec_from_dict": "sbxkit.spec",
-    "validate_spec": "sbxkit.spec",
+    "open_pty": "sbxkit._consumers.pty",
+    "open_sandbox": "sbxkit._consumers.session",
+    "open_stdio_worker": "sbxkit._consumers.stdio",
+    "parse_size": "sbxkit._model.spec",
+    "run": "sbxkit._consumers.oneshot",
+    "run_many": "sbxkit._consumers.harness",
+    "run_with_grants": "sbxkit._consumers.broker",
+    "spec_from_dict": "sbxkit._model.spec",
+    "validate_spec": "sbxkit._model.spec",
 }
 _SUBMODULES = ("aio", "blocking")  # non-trio callers: scripts and notebooks, asyncio
 

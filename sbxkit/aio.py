@@ -11,7 +11,7 @@
 
 sbxkit is trio code. Calling it as ``asyncio.to_thread(trio.run, sbxkit.run, spec)`` works but
 leaks the sandbox's lifetime: cancelling the asyncio task abandons the thread, and the container
-runs on until its payload ends. Here each call runs in a trio thread (``sbxkit.portal``), and
+runs on until its payload ends. Here each call runs in a trio thread (``sbxkit._util.portal``), and
 cancelling the awaiting task cancels the trio call and waits for its cleanup — the container's
 removal — before ``CancelledError`` propagates. ``asyncio.timeout`` works the same way.
 """
@@ -22,13 +22,13 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from sbxkit import oneshot
-from sbxkit.harness import Job, JobResult
-from sbxkit.harness import run_many as _harness_run_many
-from sbxkit.portal import Portal
-from sbxkit.result import RunResult
-from sbxkit.spec import SandboxSpec
-from sbxkit.unwrap import plain_async
+from sbxkit._consumers import oneshot
+from sbxkit._consumers.harness import Job, JobResult
+from sbxkit._consumers.harness import run_many as _harness_run_many
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.portal import Portal
+from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 

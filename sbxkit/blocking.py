@@ -8,7 +8,7 @@
         sandbox.put_files({"in.txt": b"3 4\\n"})
         print(sandbox.exec(["wc", "-w", "/tmp/in.txt"]).stdout)
 
-Each call runs sbxkit's trio code in a worker thread (``sbxkit.portal``), so it works from any
+Each call runs sbxkit's trio code in a worker thread (``sbxkit._util.portal``), so it works from any
 thread, with or without an event loop running (Jupyter included). Ctrl-C while a call waits
 cancels it: the sandbox is removed, then a plain ``KeyboardInterrupt`` is raised (pressing it
 again waits for the same removal). Leaving a ``with open_sandbox`` block — normally or by an
@@ -25,13 +25,13 @@ from typing import Any
 
 import trio
 
-from sbxkit import oneshot, session
-from sbxkit.harness import Job, JobResult
-from sbxkit.harness import run_many as _harness_run_many
-from sbxkit.portal import Portal
-from sbxkit.result import RunResult
-from sbxkit.spec import SandboxSpec
-from sbxkit.unwrap import plain_async
+from sbxkit._consumers import oneshot, session
+from sbxkit._consumers.harness import Job, JobResult
+from sbxkit._consumers.harness import run_many as _harness_run_many
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.portal import Portal
+from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 

@@ -35,14 +35,14 @@ from inspect_ai.util import (
 )
 
 from sbxkit import aio
+from sbxkit._consumers.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
+from sbxkit._grammar.profile import apply_profile, load_profile
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import parse_user
+from sbxkit._plan.plan import CheckedSpec, check_spec
+from sbxkit._protocol.journal import default_state_dir
+from sbxkit._util.portal import Portal
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.plan import CheckedSpec, check_spec
-from sbxkit.portal import Portal
-from sbxkit.profile import apply_profile, load_profile
-from sbxkit.result import RunResult
-from sbxkit.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
-from sbxkit.spec import parse_user
-from sbxkit.supervisor.journal import default_state_dir
 
 T = TypeVar("T")
 
@@ -63,7 +63,7 @@ def _on_trio() -> bool:
 
 class _Loop:
     """Where one sandbox's trio code runs: the eval's own loop when Inspect runs on trio; a
-    portal (trio in a worker thread, sbxkit/portal.py) when it runs on asyncio, so that
+    portal (trio in a worker thread, sbxkit/_util/portal.py) when it runs on asyncio, so that
     cancelling an Inspect task still cancels the sbxkit call and waits for its cleanup."""
 
     def __init__(self) -> None:
@@ -199,8 +199,8 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
     async def cli_cleanup(cls, id: str | None) -> None:
         """``inspect sandbox cleanup sbxkit``: ask the supervisor to recover every lease whose
         owner is gone (a killed eval's sandboxes are normally removed at once anyway)."""
-        from sbxkit.supervisor import admin
-        from sbxkit.supervisor.wire import Recover
+        from sbxkit._lifecycle import leases_admin as admin
+        from sbxkit._protocol.wire import Recover
 
         async def recover() -> None:
             report = await admin.request(default_state_dir(), Recover())

@@ -205,7 +205,7 @@ def run_shell(block: Block, state: DocState, extra_env: dict[str, str] | None = 
 def check_toml(block: Block) -> None:
     data = tomllib.loads(block.code)
     if "sandbox" in data:
-        from sbxkit.profile import decode_profile
+        from sbxkit._grammar.profile import decode_profile
 
         decode_profile(block.code, source=block.id)
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.base import open_backend
 from sbxkit.backends.sbx import SbxBackend, SbxConfig
 from sbxkit.backends.sbx_commands import (
@@ -36,7 +37,6 @@ from sbxkit.backends.sbx_commands import (
     sandbox_name,
     sbx_create_args,
 )
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 BINARY = os.environ.get("SBXKIT_SBX_BINARY", "sbx")
 TEMPLATE = os.environ.get("SBXKIT_SBX_TEMPLATE", "docker/sandbox-templates:shell")

@@ -1,6 +1,7 @@
 """Execution backends behind one runner interface (``Backend``).
 
-- ``sbxkit.backends.docker.DockerBackend``: hardened Docker containers (``sbxkit.runner.run``).
+- ``sbxkit.backends.docker.DockerBackend``: hardened Docker containers
+  (``sbxkit._consumers.runner.run``).
 - ``sbxkit.backends.sbx.SbxBackend``: Docker Sandboxes microVMs through the ``sbx`` CLI.
 - ``sbxkit.backends.sbx_commands``: the pure ``sbx`` argv builders and the ``sbx ls`` parser.
 

@@ -3,7 +3,7 @@
 Two backends implement it:
 
 - ``sbxkit.backends.docker.DockerBackend`` — the hardened container (docs/security.md): the plan
-  (``sbxkit.plan``) and the one owned-container lifecycle (``sbxkit.owned``).
+  (``sbxkit._plan.plan``) and the one owned-container lifecycle (``sbxkit._lifecycle.owned``).
 - ``sbxkit.backends.sbx.SbxBackend`` — a Docker Sandboxes microVM driven through the ``sbx``
   CLI (docs/adr-sbx.md).
 
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 import trio
 
+from sbxkit._model.result import RunResult, Stream
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.stdin import StdinSource
 from sbxkit.errors import SpecError
-from sbxkit.result import RunResult, Stream
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
 
 if TYPE_CHECKING:  # the Docker primitives; a backend module imports this one, not the reverse
-    from sbxkit.owned import OwnedContainer
-    from sbxkit.plan import CheckedSpec
+    from sbxkit._lifecycle.owned import OwnedContainer
+    from sbxkit._plan.plan import CheckedSpec
 
 __all__ = ["CONSUMERS", "Backend", "Consumer", "open_backend", "refuse"]
 

@@ -1,11 +1,11 @@
 """The Docker backend: the hardened container (docs/security.md), for every consumer.
 
 ``own`` is the one lifecycle every Docker consumer stands on: check the spec (once), open the
-engine, build the plan (``sbxkit.plan.make_plan``: image, mounts, runtime, GPUs, the hardened
-body), then ``sbxkit.owned.owned_container`` creates, verifies and — however the block ends —
-removes the container through the owner. ``run_once`` is ``own`` plus the one-shot steps of
-``sbxkit.attached``; sessions, PTYs, stdio workers, grants and the harness call ``own`` or
-``run_once`` through a backend, never the engine directly.
+engine, build the plan (``sbxkit._plan.plan.make_plan``: image, mounts, runtime, GPUs, the hardened
+body), then ``sbxkit._lifecycle.owned.owned_container`` creates, verifies and — however the block
+ends — removes the container through the owner. ``run_once`` is ``own`` plus the one-shot steps of
+``sbxkit._lifecycle.attached``; sessions, PTYs, stdio workers, grants and the harness call ``own``
+or ``run_once`` through a backend, never the engine directly.
 
 Cleanup ownership stays with the owner (docs/architecture.md, "The owner seam"). With the default
 owner, the supervisor journals every lease and recovers orphans itself at its start and in its
@@ -21,20 +21,22 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
-from sbxkit.attached import OutputCallback, run_attached
-from sbxkit.backends.base import Backend, Consumer
-from sbxkit.call_checks import check_stdin
-from sbxkit.engine.client import Engine, engine_or_open, open_engine
-from sbxkit.errors import UID_ATTEMPTS, ImageChanged, SbxError, SpecError, UidTaken
-from sbxkit.gpu import GpuCursor
-from sbxkit.kernel.host import kernel_path_reason, shellless_images
-from sbxkit.kernel.run import NotAlive, run_on_fifos
-from sbxkit.kernel.supervise import KernelSupervise, supervise_kernel
-from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
-from sbxkit.network.terms import Network
-from sbxkit.owned import OwnedContainer, owned_container
-from sbxkit.owner import Owner
-from sbxkit.plan import (
+from sbxkit._lifecycle import leases_admin as admin
+from sbxkit._lifecycle.attached import OutputCallback, run_attached
+from sbxkit._lifecycle.connect import CreateInterrupted
+from sbxkit._lifecycle.kernel_run import NotAlive, run_on_fifos
+from sbxkit._lifecycle.kernel_watch import KernelSupervise, supervise_kernel
+from sbxkit._lifecycle.owned import OwnedContainer, owned_container
+from sbxkit._lifecycle.owner import Owner
+from sbxkit._lifecycle.supervised import QueueObserver, SupervisedOwner
+from sbxkit._model.call_checks import check_stdin
+from sbxkit._model.gpu import GpuCursor
+from sbxkit._model.network_terms import Network
+from sbxkit._model.result import RunResult
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.kernel_host import kernel_path_reason, shellless_images
+from sbxkit._plan.plan import (
     GPU_CURSOR,
     CheckedSpec,
     DaemonFacts,
@@ -45,14 +47,12 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
-from sbxkit.result import RunResult
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
-from sbxkit.supervisor import admin
-from sbxkit.supervisor.client import QueueObserver, SupervisedOwner
-from sbxkit.supervisor.connect import CreateInterrupted
-from sbxkit.supervisor.wire import Recover
+from sbxkit._protocol.wire import Recover
+from sbxkit._util.stdin import StdinSource
+from sbxkit.backends.base import Backend, Consumer
+from sbxkit.engine.client import Engine, engine_or_open, open_engine
+from sbxkit.errors import UID_ATTEMPTS, ImageChanged, SbxError, SpecError, UidTaken
+from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
 
 __all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend", "governed"]
 
@@ -176,7 +176,7 @@ class DockerBackend:
     ) -> RunResult:
         """Run ``spec.command`` once in a fresh container and remove it (docs/architecture.md).
 
-        Where the host can tell (``sbxkit.kernel``), the run's stdio are host FIFOs and its
+        Where the host can tell (``sbxkit._kernel``), the run's stdio are host FIFOs and its
         exit the kernel's word: the result returns at the payload's exit, and — with the
         supervisor as owner, unless ``wait_for_removal`` — the removal goes on under it (the
         lease closes only once the daemon confirmed it). Elsewhere, the daemon's path.

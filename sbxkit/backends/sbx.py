@@ -56,6 +56,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from sbxkit._model.call_checks import check_stdin
+from sbxkit._model.result import PhaseTimings, RunResult, Status, Stream
+from sbxkit._model.rules import check_env, merge_env, runtime_env
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec, validate_spec
+from sbxkit._plan.plan import CheckedSpec
+from sbxkit._protocol.journal import default_state_dir
+from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer, refuse
 from sbxkit.backends.sbx_commands import (
     DEFAULT_AGENT,
@@ -89,18 +97,10 @@ from sbxkit.backends.sbx_exec import (
     SbxUnavailable,
     process_exec,
 )
-from sbxkit.call_checks import check_stdin
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.plan import CheckedSpec
-from sbxkit.result import PhaseTimings, RunResult, Status, Stream
-from sbxkit.rules import check_env, merge_env, runtime_env
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, validate_spec
-from sbxkit.stdin import StdinSource
-from sbxkit.supervisor.journal import default_state_dir
 
 if TYPE_CHECKING:
-    from sbxkit.owned import OwnedContainer
+    from sbxkit._lifecycle.owned import OwnedContainer
 
 __all__ = [
     "CompletedCommand",
@@ -512,5 +512,5 @@ def _classify(done: CompletedCommand) -> tuple[Status, int | None, str | None]:
             "exec", code, f"the sbx client was killed by signal {-code if code else '?'}"
         )
     # sbx reports no OOM flag and no kill events: a 137 is reported as the exit it is, never
-    # as an OOM nobody saw (sbxkit/outcome.py).
+    # as an OOM nobody saw (sbxkit/_lifecycle/outcome.py).
     return "exited", code, None

@@ -29,8 +29,8 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
+from sbxkit._model.predicates import has_control
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.predicates import has_control
 
 __all__ = [
     "DEFAULT_AGENT",

@@ -11,11 +11,11 @@ from functools import partial
 import msgspec
 import trio
 
+from sbxkit._lifecycle.output import OutputCapture
+from sbxkit._model.result import Stream
+from sbxkit._util.unwrap import plain_async
 from sbxkit.engine.frames import STDERR, STDOUT
 from sbxkit.errors import CleanupError, EngineUnavailable, SbxError
-from sbxkit.output import OutputCapture
-from sbxkit.result import Stream
-from sbxkit.unwrap import plain_async
 
 COMMAND_OUTPUT_CAP = 1024 * 1024
 """Bytes kept per stream of the runner's own commands (create, policy, rm, ls)."""

@@ -6,7 +6,7 @@
 - ``main``: the parser, and ``main()`` (the ``sbxkit`` console script).
 """
 
-from sbxkit.cli.common import (
+from sbxkit._grammar.common import (
     EXIT_CAPACITY,
     EXIT_CLEANUP_FAILED,
     EXIT_ENGINE_UNAVAILABLE,
@@ -23,7 +23,7 @@ from sbxkit.cli.common import (
     exit_with,
     to_json,
 )
-from sbxkit.cli.flags import spec_from_args
+from sbxkit._grammar.flags import spec_from_args
 from sbxkit.cli.main import build_parser, main
 
 __all__ = [

@@ -12,7 +12,7 @@ from sbxkit.errors import SpecError
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sbxkit.demo import main as demo_main
+    from sbxkit.cli.demo import main as demo_main
 
     return demo_main(image=args.image, socket_path=args.socket)
 
@@ -25,8 +25,8 @@ def cmd_supervisor(args: argparse.Namespace) -> int:
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    from sbxkit.supervisor import admin
-    from sbxkit.supervisor.journal import default_state_dir
+    from sbxkit._lifecycle import leases_admin as admin
+    from sbxkit._protocol.journal import default_state_dir
 
     state_dir = args.state_dir or default_state_dir()
     if args.leases_action == "list":
@@ -53,8 +53,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
 def cmd_pools(args: argparse.Namespace) -> int:
     """``pools list`` shows the supervisor's held pools; ``pools end SHAPE|--all`` ends them
     (their parked containers removed before it returns; claimed ones run on)."""
-    from sbxkit.supervisor import admin
-    from sbxkit.supervisor.journal import default_state_dir
+    from sbxkit._lifecycle import leases_admin as admin
+    from sbxkit._protocol.journal import default_state_dir
 
     state_dir = args.state_dir or default_state_dir()
     if args.pools_action == "list":

@@ -68,12 +68,18 @@ from typing import Any, NoReturn
 import msgspec
 import trio
 
-from sbxkit.argtypes import ascii_float, non_negative_int, positive_int
+from sbxkit._consumers.harness import Job, JobId, JobResult, run_many
+from sbxkit._grammar.backend_choice import cli_backend
+from sbxkit._grammar.common import Interrupted, cancel_on_signals, exit_with
+from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, sandbox_options
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec, parse_size, spec_error_from
+from sbxkit._plan.plan import check_spec
+from sbxkit._util.argtypes import ascii_float, non_negative_int, positive_int
+from sbxkit._util.bounded_read import read_bounded
+from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.bounded_read import read_bounded
-from sbxkit.cli.backend import cli_backend
-from sbxkit.cli.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
 from sbxkit.cli.progress import Progress, format_clock, format_progress
 from sbxkit.cli.results import (
@@ -88,13 +94,7 @@ from sbxkit.cli.results import (
 from sbxkit.cluster import NodeRefusal, RayCluster
 from sbxkit.cluster.options import DEFAULT_RETRIES
 from sbxkit.errors import SpecError
-from sbxkit.harness import Job, JobId, JobResult, run_many
-from sbxkit.plan import check_spec
 from sbxkit.pool.shapes import PoolPerShape
-from sbxkit.profile import PoolOptions, Profile, load_profile, sandbox_options
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec, parse_size, spec_error_from
-from sbxkit.unwrap import plain_async
 
 __all__ = [
     "JobsFileError",
@@ -217,7 +217,7 @@ def load_jobs(
     path: Path, settings: Settings | None = None, defaults: Mapping[str, Any] | None = None
 ) -> list[Job]:
     """A regular file of at most ``MAX_JOBS_BYTES``, read within the input deadline; a FIFO,
-    a device or a directory is refused by kind (sbxkit/bounded_read.py)."""
+    a device or a directory is refused by kind (sbxkit/_util/bounded_read.py)."""
     data = read_bounded(path, field="JOBS", limit=MAX_JOBS_BYTES)
     return decode_jobs(data, str(path), settings, defaults)
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import trio
 
-from sbxkit.argtypes import positive_int
+from sbxkit._model.spec import parse_size
+from sbxkit._util.argtypes import positive_int
 from sbxkit.cluster.resources import node_resources
 from sbxkit.engine.client import open_engine
-from sbxkit.spec import parse_size
 from sbxkit.supervisor.config import Capacity
 
 DESCRIPTION = (

@@ -7,7 +7,7 @@ file rewrite ``--retry-errors`` needs:
   ``output_bytes``, ``timeout_s``, …) or the names of ``sbxkit run``'s flags and profiles
   (``memory``, ``max_output``, ``timeout``, ``fsize``, ``scratch``, ``shm``); sizes may be strings
   such as ``"64m"`` or ``"1.5g"``, the time limit such as ``"5m"`` or ``"500ms"``, read as
-  ``sbxkit run`` reads them (sbxkit/units.py).
+  ``sbxkit run`` reads them (sbxkit/_model/units.py).
 - ``with_defaults``: a job line over the batch's defaults (``--profile`` and flags): a field the
   line gives wins, and ``limits``, ``env`` and ``labels`` merge key by key.
 - ``without_error_lines``: RESULTS without the ``error`` lines of the given ids, so
@@ -25,19 +25,19 @@ from typing import Any
 
 import msgspec
 
-from sbxkit.cli.flags import LIMIT_FLAGS, check_limit_flag, limit_value
-from sbxkit.errors import SpecError
-from sbxkit.plan import effective_settings
-from sbxkit.profile import (
+from sbxkit._grammar.flags import LIMIT_FLAGS, check_limit_flag, limit_value
+from sbxkit._grammar.profile import (
     Profile,
     load_profile,
     profile_limits,
     profile_settings,
     sandbox_options,
 )
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec
-from sbxkit.units import parse_duration, parse_size
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._model.units import parse_duration, parse_size
+from sbxkit._plan.plan import effective_settings
+from sbxkit.errors import SpecError
 
 LIMIT_ALIASES = {
     "memory": "memory_bytes",

@@ -7,13 +7,13 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
+from sbxkit._grammar.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
+from sbxkit._grammar.flags import parse_with_flags_after_image
+from sbxkit._grammar.run_grammar import add_run_parser
 from sbxkit.cli.admin import add_admin_parsers
 from sbxkit.cli.batch import add_batch_parser
 from sbxkit.cli.cluster import add_cluster_parser
-from sbxkit.cli.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
-from sbxkit.cli.flags import parse_with_flags_after_image
 from sbxkit.cli.mcp import add_mcp_parser
-from sbxkit.cli.run_command import add_run_parser
 from sbxkit.cli.shell import add_shell_parser
 
 

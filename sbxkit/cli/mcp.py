@@ -10,12 +10,12 @@ import argparse
 import logging
 from typing import Any
 
+from sbxkit._grammar.mcp_options import parse_http_address
+from sbxkit._grammar.profile import load_profile
+from sbxkit._plan.plan import check_spec
 from sbxkit.errors import SpecError
-from sbxkit.mcp.options import parse_http_address
 from sbxkit.mcp.policy import policy_from_profile
 from sbxkit.mcp.token_files import read_token_file
-from sbxkit.plan import check_spec
-from sbxkit.profile import load_profile
 
 SDK_MODULES = {"mcp", "mcp_types", "uvicorn", "starlette", "anyio", "pydantic"}
 INSTALL_HINT = "pip install 'sbxkit[mcp]'"

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from sbxkit._consumers.harness import JobId, JobResult
 from sbxkit.errors import CleanupError
-from sbxkit.harness import JobId, JobResult
 
 # --- progress ------------------------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from sbxkit.bounded_read import file_kind_problem
+from sbxkit._consumers.harness import Job, JobError, JobId, JobResult
+from sbxkit._model.result import json_fields
+from sbxkit._util.bounded_read import file_kind_problem
 from sbxkit.errors import SpecError
-from sbxkit.harness import Job, JobError, JobId, JobResult
-from sbxkit.result import json_fields
 
 
 class ResultsFileError(SpecError):

@@ -28,25 +28,25 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
-from sbxkit.backends.base import Backend, open_backend
-from sbxkit.cli.backend import cli_backend
-from sbxkit.cli.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
-from sbxkit.cli.flags import (
+from sbxkit._grammar.backend_choice import cli_backend
+from sbxkit._grammar.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
+from sbxkit._grammar.flags import (
     ImageAndCommand,
     add_sandbox_flags,
     parse_with_flags_after_image,
     spec_from_args,
 )
+from sbxkit._grammar.profile import Profile, load_profile, profile_settings
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.notice import say
+from sbxkit.backends.base import Backend, open_backend
 from sbxkit.errors import SbxError
-from sbxkit.handoff.notice import say
-from sbxkit.plan import CheckedSpec
-from sbxkit.profile import Profile, load_profile, profile_settings
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec
 
 if TYPE_CHECKING:  # the PTY layer loads only when a shell runs, not for every subcommand
-    from sbxkit.pty import PtySession
-    from sbxkit.session import SandboxExit
+    from sbxkit._consumers.pty import PtySession
+    from sbxkit._consumers.session import SandboxExit
 
 DEFAULT_COMMAND = ["/bin/sh"]
 SHELL_DEFAULTS = {
@@ -215,7 +215,7 @@ async def _session(
 
             async def work() -> None:
                 try:
-                    from sbxkit.pty import open_pty
+                    from sbxkit._consumers.pty import open_pty
 
                     async with (
                         open_backend(backend),

@@ -34,6 +34,12 @@ from pathlib import Path
 import msgspec
 import trio
 
+from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
+from sbxkit._grammar.profile import load_profile, profile_settings
+from sbxkit._model.settings import Settings
+from sbxkit._plan.plan import effective_settings
+from sbxkit._protocol.fingerprint import implementation_fingerprint
+from sbxkit._util.portal import Portal
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.cluster.images import image_fingerprints
 from sbxkit.cluster.seal import Forged, Keys, context
@@ -53,12 +59,6 @@ from sbxkit.cluster.wire import (
     encode,
 )
 from sbxkit.errors import SbxError
-from sbxkit.harness import Job, JobError, JobResult, run_many
-from sbxkit.plan import effective_settings
-from sbxkit.portal import Portal
-from sbxkit.profile import load_profile, profile_settings
-from sbxkit.settings import Settings
-from sbxkit.supervisor.fingerprint import implementation_fingerprint
 
 WIRE_SOURCES = (
     "cluster/wire.py",

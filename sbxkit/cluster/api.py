@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sbxkit._consumers.harness import Job, JobResult, Need, ResultCallback, StartCallback
+from sbxkit._model.settings import Settings
 from sbxkit.cluster.options import ClusterOptions
-from sbxkit.harness import Job, JobResult, Need, ResultCallback, StartCallback
-from sbxkit.settings import Settings
 
 
 class RayCluster(ClusterOptions):

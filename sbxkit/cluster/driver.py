@@ -31,6 +31,10 @@ from typing import Any
 import msgspec
 import trio
 
+from sbxkit._consumers.harness import Job, JobError, JobResult, Need, ResultCallback, StartCallback
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.plan import CheckedSpec, check_spec, effective_settings
 from sbxkit.cluster.dispatch import Dispatch
 from sbxkit.cluster.membership import Membership
 from sbxkit.cluster.options import ClusterOptions, ClusterUnauthenticated, ClusterUnavailable
@@ -53,10 +57,6 @@ from sbxkit.cluster.wire import (
     encode,
 )
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.harness import Job, JobError, JobResult, Need, ResultCallback, StartCallback
-from sbxkit.plan import CheckedSpec, check_spec, effective_settings
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec
 
 CLEANUP_BUDGET_S = 60.0
 """How long the end of a batch may take: the agents' removals, then Ray's own shutdown."""

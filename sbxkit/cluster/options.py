@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping
 
+from sbxkit._consumers.harness import JobId
 from sbxkit.cluster.join import NodeRefusal
 from sbxkit.errors import EngineUnavailable, SpecError
-from sbxkit.harness import JobId
 
 RefusalCallback = Callable[[NodeRefusal], object]
 

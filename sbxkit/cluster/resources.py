@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from sbxkit.admission import default_memory_budget
-from sbxkit.harness import Need
+from sbxkit._consumers.harness import Need
+from sbxkit._lifecycle.admission import default_memory_budget
 
 SANDBOXES = "sbxkit_sandboxes"
 MEMORY_MIB = "sbxkit_memory_mib"

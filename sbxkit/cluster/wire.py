@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from sbxkit.harness import JobId, JobResult
-from sbxkit.spec import SandboxSpec
+from sbxkit._consumers.harness import JobId, JobResult
+from sbxkit._model.spec import SandboxSpec
 
 
 class RemoteJob(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

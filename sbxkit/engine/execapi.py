@@ -6,13 +6,13 @@ from ``engine.client`` so the one-shot client stays small. Like the rest of ``sb
 this knows nothing of sandboxes: it speaks the endpoints and returns msgspec models.
 
 Exec has no kill endpoint (moby #9167, #9231, #38704 were closed): ending one exec is the
-caller's business (``sbxkit.session`` kills its process group from inside the container).
+caller's business (``sbxkit._consumers.session`` kills its process group from inside the container).
 
 The archive endpoints work on what the daemon sees of the container's filesystem: the image
 layers plus volumes and bind mounts. They do **not** see tmpfs mounts, and refuse to write
 anywhere on a read-only root filesystem (Docker 20.10: ``PUT`` → "container rootfs is marked
 read-only"; ``GET`` of a file written into a tmpfs → 404, the daemon reads the image's
-directory underneath). sbxkit's sandboxes have exactly that shape, so ``sbxkit.session``
+directory underneath). sbxkit's sandboxes have exactly that shape, so ``sbxkit._consumers.session``
 transfers files with ``tar`` through an exec instead; these two calls are here for completeness
 (writable volumes or binds).
 """

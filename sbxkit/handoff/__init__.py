@@ -9,13 +9,15 @@ line writes stdin and reads output itself (output never passes through the super
 the exit on the pidfd, and asks the supervisor for the verdict. Whatever the hand-off does not
 serve runs on the full path (``sbxkit.cli``), which reproduces every error exactly.
 
+This package is the command line's side; the supervisor's is ``sbxkit.supervisor.handoff``
+(``serve``, ``owner``, ``resume``).
+
 - ``scan``: what the command line reads of argv before the supervisor's parse (pure);
-- ``notice``: the "waiting for capacity" line a terminal sees (shared with the full path);
 - ``client``: the command line's side: ``main`` (the console script), the hand-off, the run on
   the FIFOs, the output — standard library only, no trio, no ``sbxkit.cli``;
-- ``serve``: the supervisor's side: parse, plan, run on the kernel path, judge, reply;
-- ``owner``: the lease of a handed-off run, owned by this supervisor in-process.
+- ``fifos``: the run on the sandbox's FIFO ends and its init's pidfd;
+- ``rejoin``: a handed-off run carried on in the next supervisor after a crash.
 
 Nothing here is imported by this package's ``__init__``: the command line loads only what it
-uses, and the supervisor loads ``serve`` on the first hand-off.
+uses. The "waiting for capacity" notice it prints is ``sbxkit._util.notice``.
 """

@@ -5,7 +5,7 @@ Standard library only (plus the few sbxkit modules that are: ``scan``, ``fifos``
 no ``sbxkit.cli``. ``main`` tries the hand-off and runs the full path (``sbxkit.cli.main``) when
 the hand-off declines — nothing of the payload has run then, and nothing of stdin was read.
 
-The hand-off (sbxkit/supervisor/wire.py, ``Run``): connect to the state directory's supervisor
+The hand-off (sbxkit/_protocol/wire.py, ``Run``): connect to the state directory's supervisor
 (its socket must be ours, and so must its peer), send ``Hello`` and ``Run`` in one write, print
 the "waiting for capacity" notices a terminal gets, then take ``RunStarted`` and the sandbox's
 ends, run it on them (``fifos.watch``), send ``RunEnded`` and print what ``RunReport`` says
@@ -31,12 +31,12 @@ import struct
 import sys
 import time
 
+from sbxkit._protocol.address import SOCKET_NAME, state_dir_text
+from sbxkit._protocol.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
+from sbxkit._util.notice import WaitingNotice, say
+from sbxkit._util.readiness import readable
 from sbxkit.handoff.fifos import Ends, Watched, watch
-from sbxkit.handoff.notice import WaitingNotice, say
 from sbxkit.handoff.scan import PLANNING_ENV, Scan, scan_run
-from sbxkit.readiness import readable
-from sbxkit.supervisor.address import SOCKET_NAME, state_dir_text
-from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
 
 TYPE_CHECKING = False  # typing is not loaded here: a process per job pays for every import
 if TYPE_CHECKING:
@@ -341,9 +341,9 @@ def _forget_fifos(state_dir: str, lease: str) -> None:
     record was journaled for it (nothing is before admission), so no recovery removes it."""
     from pathlib import Path  # a rare path: these load what the hand-off otherwise avoids
 
-    from sbxkit.kernel.fifos import remove_io_dir
-    from sbxkit.kernel.scripts import io_root
-    from sbxkit.supervisor.records import LEASE_ID
+    from sbxkit._kernel.fifos import remove_io_dir
+    from sbxkit._kernel.scripts import io_root
+    from sbxkit._protocol.records import LEASE_ID
 
     if LEASE_ID.fullmatch(lease):
         with contextlib.suppress(OSError):
@@ -489,7 +489,7 @@ def _print_error(error: dict[str, Any], scan: Scan) -> int:
     return int(error["exit_status"])
 
 
-# -- the messages (sbxkit/supervisor/wire.py: Hello, Run, RunEnded, RunCancel) ----------------
+# -- the messages (sbxkit/_protocol/wire.py: Hello, Run, RunEnded, RunCancel) ----------------
 
 
 def hello_message() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A handed-off run on its FIFOs, watched by the command line (standard library only).
 
-The parallel of ``sbxkit.kernel.supervise.supervise_kernel`` in a process without trio: the
+The parallel of ``sbxkit._lifecycle.kernel_watch.supervise_kernel`` in a process without trio: the
 line that lets the payload go, then stdin, into the ``in`` FIFO; ``out`` and ``err`` read under
 the per-stream cap until their EOF; the exit seen on the init's pidfd (readable once it exited);
 all within the time limit, counted from the hand-off. After the exit, output is drained at most
@@ -21,7 +21,7 @@ import os
 import select
 import time
 
-from sbxkit.capped import CappedBuffer
+from sbxkit._util.capped import CappedBuffer
 
 TYPE_CHECKING = False  # typing and dataclasses are not loaded here: each costs a few ms
 if TYPE_CHECKING:

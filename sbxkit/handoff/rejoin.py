@@ -22,13 +22,13 @@ from typing import Any
 import msgspec
 import trio
 
+from sbxkit._kernel.init import REAP_LIMIT_S, REAP_POLL_S
+from sbxkit._kernel.pidfd import exit_status, status_code, wait_reaped
+from sbxkit._lifecycle.connect import connect_supervisor, receive_reply
+from sbxkit._lifecycle.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
+from sbxkit._protocol.proof import secret_hash
+from sbxkit._protocol.wire import RunEnded, RunError, RunInterrupted, RunReport, RunResume
 from sbxkit.errors import SbxError
-from sbxkit.kernel.init import REAP_LIMIT_S, REAP_POLL_S
-from sbxkit.kernel.pidfd import exit_status, status_code, wait_reaped
-from sbxkit.supervisor.connect import connect_supervisor, receive_reply
-from sbxkit.supervisor.link import ADOPT_WITHIN_S, RETRY_CEILING_S, new_secret
-from sbxkit.supervisor.proof import secret_hash
-from sbxkit.supervisor.wire import RunEnded, RunError, RunInterrupted, RunReport, RunResume
 
 __all__ = ["rejoin", "resume_message"]
 

@@ -9,12 +9,12 @@ the hub ends each open sandbox when
 - no call used it for ``mcp.idle_timeout`` seconds (the reaper below);
 - the server stops (``close``: every sandbox is removed before it returns).
 
-``sbxkit.session.open_sandbox`` is an ``async with`` block, and a trio cancel scope must be
-left by the task that entered it, so each open sandbox lives in a holder task of the hub's
-nursery until its scope is cancelled (as the Inspect provider's ``_Holder`` does): being
-cancelled, ``open_sandbox`` removes the container (shielded, time-bounded) — also while it is
-still being created or waits for admission. A ``run`` needs no
-holder: it is one ``sbxkit.run`` inside the tool call, cancelled with it.
+``sbxkit._consumers.session.open_sandbox`` is an ``async with`` block, and a trio cancel scope must
+be left by the task that entered it, so each open sandbox lives in a holder task of the hub's
+nursery until its scope is cancelled (as the Inspect provider's ``_Holder`` does): being cancelled,
+``open_sandbox`` removes the container (shielded, time-bounded) — also while it is still being
+created or waits for admission. A ``run`` needs no holder: it is one ``sbxkit.run`` inside the tool
+call, cancelled with it.
 
 Quotas (``sbxkit.mcp.quotas``) count open sandboxes and runs under way alike. Nothing here
 knows MCP: the server calls the method named as each tool with the ``Caller`` and the tool's
@@ -36,6 +36,9 @@ from typing import Any
 
 import trio
 
+from sbxkit._consumers.oneshot import run as sbxkit_run
+from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
+from sbxkit._model.result import RunResult
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.mcp.arguments import (
     FILES_ROOT,
@@ -52,9 +55,6 @@ from sbxkit.mcp.arguments import (
 from sbxkit.mcp.policy import McpPolicy, OpenRequest, exec_request, open_request, run_request
 from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.shapes import SandboxView, sandbox_list
-from sbxkit.oneshot import run as sbxkit_run
-from sbxkit.result import RunResult
-from sbxkit.session import Sandbox, SandboxExpired, open_sandbox
 
 logger = logging.getLogger("sbxkit.mcp")
 

@@ -20,6 +20,18 @@ from typing import Any
 
 import msgspec
 
+from sbxkit._grammar.mcp_options import McpOptions, file_bytes
+from sbxkit._grammar.profile import (
+    LIMIT_FIELDS,
+    ROOT,
+    Profile,
+    ProfileLimits,
+    apply_profile,
+    profile_limits,
+)
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import MANDATORY_LIMITS, Limits, MiB, SandboxSpec, check_limit, parse_size
+from sbxkit._model.spec import validate_spec as validate_spec
 from sbxkit.errors import SpecError
 from sbxkit.mcp.arguments import (
     ExecArgs,
@@ -28,17 +40,12 @@ from sbxkit.mcp.arguments import (
     run_files,
     text_bytes,
 )
-from sbxkit.mcp.options import McpOptions, file_bytes
-from sbxkit.profile import LIMIT_FIELDS, ROOT, Profile, ProfileLimits, apply_profile, profile_limits
-from sbxkit.settings import Settings
-from sbxkit.spec import MANDATORY_LIMITS, Limits, MiB, SandboxSpec, check_limit, parse_size
-from sbxkit.spec import validate_spec as validate_spec
 
 DEFAULT_WORKDIR = "/tmp"
 """Where commands start unless the profile names a workdir: the scratch tmpfs, where files
 are written (as for Inspect's samples, docs/inspect.md)."""
 PLACEHOLDER_COMMAND = ["true"]
-"""A session's own command is replaced by a keep-alive (``sbxkit.session``)."""
+"""A session's own command is replaced by a keep-alive (``sbxkit._consumers.session``)."""
 
 SANDBOX_LIMIT = "this sandbox's"  # its limits.timeout and limits.max_output, set at sandbox_open
 _NAME_OF = {field: name for name, (field, _) in LIMIT_FIELDS.items()}

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sbxkit._grammar.profile import LIMIT_FIELDS
+from sbxkit._model.mounts import Mount, TmpfsMount
+from sbxkit._model.spec import Limits
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
 from sbxkit.mcp.policy import McpPolicy, show
 from sbxkit.mcp.shapes import COMMAND_FIELDS
-from sbxkit.mounts import Mount, TmpfsMount
-from sbxkit.profile import LIMIT_FIELDS
-from sbxkit.spec import Limits
 
 STRING = {"type": "string"}
 NULLABLE_STRING = {"type": ["string", "null"]}

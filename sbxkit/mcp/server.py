@@ -8,7 +8,7 @@ unexpected exception is logged and answered the same way: a tool call never ends
 Where the hub runs. The SDK is built on anyio. Over stdio it runs on trio, in the same event
 loop as sbxkit (``TrioCalls``). Streamable HTTP is served by uvicorn, which runs on asyncio
 only, so there the hub lives in a trio thread and every call crosses through a
-``sbxkit.portal.Portal`` (``PortalCalls``, as ``sbxkit.aio`` does): cancelling the asyncio
+``sbxkit._util.portal.Portal`` (``PortalCalls``, as ``sbxkit.aio`` does): cancelling the asyncio
 side cancels the sbxkit call and waits for its cleanup.
 
 Cancellation and progress. An MCP cancellation (``notifications/cancelled``, or a closed
@@ -34,13 +34,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
+from sbxkit._util.portal import Portal
 from sbxkit.errors import SbxError
 from sbxkit.mcp.arguments import ARGS, Args, decode_args
 from sbxkit.mcp.hub import Caller, Hub
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import command_result, error_fields, sandbox_fields
-from sbxkit.portal import Portal
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
+from sbxkit._grammar.profile import LIMIT_FIELDS
+from sbxkit._model.result import RunResult, json_fields
+from sbxkit._model.spec import Limits
 from sbxkit.errors import SbxError
-from sbxkit.profile import LIMIT_FIELDS
-from sbxkit.result import RunResult, json_fields
-from sbxkit.spec import Limits
 
 
 class SandboxView(msgspec.Struct, frozen=True, kw_only=True):

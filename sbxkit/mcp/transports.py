@@ -11,15 +11,14 @@ server: every sandbox is removed, then it exits 0. SIGINT/SIGTERM do the same, t
 128 + the signal.
 
 **HTTP**: the SDK's streamable HTTP app served by uvicorn, bound to a loopback address only
-(``sbxkit.mcp.options.parse_http_address``) with the SDK's DNS-rebinding checks on, behind the
-gate (``sbxkit.mcp.gate``: a bearer token on every request, identity from it and from the
-session the server issued) and the connection guard (``sbxkit.mcp.connections``: a deadline
-for request heads, a connection limit that drops silent connections first). Request bodies
-may be as large as ``max_file_bytes`` needs (``sbxkit.mcp.options.request_body_limit``).
-uvicorn is asyncio-only, so the hub runs in a portal's trio thread
-(``sbxkit.mcp.server.PortalCalls``). A session the client ends (``DELETE``) has its sandboxes
-removed at once; sessions and sandboxes left idle end after ``mcp.idle_timeout``; stopping the
-server removes everything.
+(``sbxkit._grammar.mcp_options.parse_http_address``) with the SDK's DNS-rebinding checks on, behind
+the gate (``sbxkit.mcp.gate``: a bearer token on every request, identity from it and from the
+session the server issued) and the connection guard (``sbxkit.mcp.connections``: a deadline for
+request heads, a connection limit that drops silent connections first). Request bodies may be as
+large as ``max_file_bytes`` needs (``sbxkit._grammar.mcp_options.request_body_limit``). uvicorn is
+asyncio-only, so the hub runs in a portal's trio thread (``sbxkit.mcp.server.PortalCalls``). A
+session the client ends (``DELETE``) has its sandboxes removed at once; sessions and sandboxes left
+idle end after ``mcp.idle_timeout``; stopping the server removes everything.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ import trio
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
-from sbxkit.cli.common import cancel_on_signals
+from sbxkit._grammar.common import cancel_on_signals
+from sbxkit._grammar.mcp_options import request_body_limit
 from sbxkit.errors import SpecError
 from sbxkit.mcp.connections import (
     KEEP_ALIVE_S,
@@ -47,7 +47,6 @@ from sbxkit.mcp.connections import (
 )
 from sbxkit.mcp.gate import Gate, RateLimitedLog
 from sbxkit.mcp.hub import Caller, Hub
-from sbxkit.mcp.options import request_body_limit
 from sbxkit.mcp.policy import McpPolicy
 from sbxkit.mcp.server import PortalCalls, TrioCalls, build_server
 from sbxkit.mcp.token_files import remove_token_file, write_generated_token

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sbxkit.network.names import IPAddress
+from sbxkit._model.network_names import IPAddress
 
 __all__ = ["REFUSED_V4", "REFUSED_V6", "address_problem"]
 

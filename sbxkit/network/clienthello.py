@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sbxkit.network.names import normalize_name
+from sbxkit._model.network_names import normalize_name
 
 __all__ = ["MAX_HELLO_BYTES", "NEED_MORE", "Hello", "HelloProblem", "read_client_hello"]
 

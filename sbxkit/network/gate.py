@@ -16,8 +16,8 @@ reduced to a gate. The image needs ``/bin/sh``, as a pool's does.
 
 from __future__ import annotations
 
+from sbxkit._util.stdin import Prefixed
 from sbxkit.errors import SpecError
-from sbxkit.stdin import Prefixed
 
 __all__ = ["GATE_LINE", "GATE_SCRIPT", "Prefixed", "gate_command"]
 

@@ -23,9 +23,10 @@ from functools import partial
 
 import trio
 
+from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
+from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms
 from sbxkit.engine.client import Engine
-from sbxkit.network.allow import parse_allow_list
-from sbxkit.network.audit import Decision, Denial, Denials, encode_decision
 from sbxkit.network.netns import (
     NetworkUnavailable,
     SandboxProcess,
@@ -43,7 +44,6 @@ from sbxkit.network.proxy import (
     serve_listener,
     system_resolver,
 )
-from sbxkit.network.terms import PROXY_PORT, NetworkTerms
 
 __all__ = ["Governor"]
 

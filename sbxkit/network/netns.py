@@ -26,9 +26,9 @@ from typing import TypeVar
 
 import trio
 
+from sbxkit._model.network_terms import TLS_MOUNT, TlsBundle
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
-from sbxkit.network.terms import TLS_MOUNT, TlsBundle
 
 __all__ = [
     "NetworkUnavailable",

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import h11
 import trio
 
+from sbxkit._model.network_allow import AllowEntry, entry_text, matching_entry
+from sbxkit._model.network_audit import Decision, Kind
+from sbxkit._model.network_names import Destination, IPAddress, destination_text
 from sbxkit.network.addresses import address_problem
-from sbxkit.network.allow import AllowEntry, entry_text, matching_entry
-from sbxkit.network.audit import Decision, Kind
 from sbxkit.network.clienthello import Hello, HelloProblem, read_client_hello
-from sbxkit.network.names import Destination, IPAddress, destination_text
 from sbxkit.network.request import Refusal, decide_request, forward_headers, framing_problem
 
 __all__ = [

@@ -29,7 +29,7 @@ from typing import Literal
 
 import msgspec
 
-from sbxkit.network.names import Destination, parse_host, parse_port, split_host_port
+from sbxkit._model.network_names import Destination, parse_host, parse_port, split_host_port
 
 __all__ = [
     "HOP_BY_HOP",

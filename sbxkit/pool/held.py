@@ -28,19 +28,18 @@ from typing import Any, Unpack
 import msgspec
 import trio
 
-from sbxkit.attached import OutputCallback
-from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
-from sbxkit.call_checks import check_pool_options, check_stdin
-from sbxkit.engine.client import Engine, engine_or_open
-from sbxkit.errors import SbxError, SpecError
-from sbxkit.kernel.fifos import HostEnds
-from sbxkit.kernel.host import kernel_path_reason
-from sbxkit.kernel.init import ContainerInit
-from sbxkit.kernel.supervise import Exited, KernelIO, KernelSupervise, supervise_kernel
-from sbxkit.outcome import Verdict, judge_exit
-from sbxkit.owned import OwnedContainer
-from sbxkit.plan import (
+from sbxkit._kernel.fifos import HostEnds
+from sbxkit._kernel.init import ContainerInit
+from sbxkit._lifecycle.attached import OutputCallback
+from sbxkit._lifecycle.kernel_watch import Exited, KernelIO, KernelSupervise, supervise_kernel
+from sbxkit._lifecycle.outcome import Verdict, judge_exit
+from sbxkit._lifecycle.owned import OwnedContainer
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.call_checks import check_pool_options, check_stdin
+from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.kernel_host import kernel_path_reason
+from sbxkit._plan.plan import (
     LIFETIME_MARGIN_S,
     CheckedSpec,
     DaemonFacts,
@@ -49,15 +48,16 @@ from sbxkit.plan import (
     learn_daemon,
     new_lease_id,
 )
-from sbxkit.policy import claim_env
+from sbxkit._plan.policy import claim_env
+from sbxkit._protocol.wire import Claim, Claimed, PoolTerms
+from sbxkit._util.stdin import StdinSource
+from sbxkit.backends.base import Consumer
+from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
+from sbxkit.engine.client import Engine, engine_or_open
+from sbxkit.errors import SbxError, SpecError
 from sbxkit.pool.line import claim_line
 from sbxkit.pool.shape import parked_spec
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
-from sbxkit.result import PhaseTimings, RunResult
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.wire import Claim, Claimed, PoolTerms
 
 __all__ = ["HeldPool", "PoolUnavailable", "PooledBackend"]
 

@@ -29,22 +29,22 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from sbxkit.attached import OutputCallback, Ran
+from sbxkit._kernel.scripts import GO_LINE
+from sbxkit._lifecycle.attached import OutputCallback, Ran
+from sbxkit._lifecycle.kernel_run import started_on_fifos
+from sbxkit._lifecycle.owned import OwnedContainer, attached
+from sbxkit._model.call_checks import check_pool_options
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.parking import Parking, ParkingBudget
+from sbxkit._util.stdin import StdinSource
+from sbxkit._util.unwrap import plain_errors
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.call_checks import check_pool_options
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.kernel.run import started_on_fifos
-from sbxkit.kernel.scripts import GO_LINE
-from sbxkit.owned import OwnedContainer, attached
-from sbxkit.plan import CheckedSpec
 from sbxkit.pool.line import claim_line_within
-from sbxkit.pool.parking import Parking, ParkingBudget
 from sbxkit.pool.shape import parked_spec, shape_of
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
-from sbxkit.result import RunResult
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
-from sbxkit.unwrap import plain_errors
 
 __all__ = ["Claim", "Pool", "open_pool", "parked_transport"]
 

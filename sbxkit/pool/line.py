@@ -28,9 +28,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from sbxkit.kernel.scripts import SHELL_OWN_KEYS, shell_carries
-from sbxkit.policy import claim_env
-from sbxkit.spec import SandboxSpec
+from sbxkit._kernel.scripts import SHELL_OWN_KEYS, shell_carries
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.policy import claim_env
 
 __all__ = [
     "MAX_CLAIM_LINE",

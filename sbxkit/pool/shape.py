@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.pool.line import PARK_SCRIPT
-from sbxkit.spec import SandboxSpec
 
 __all__ = ["parked_spec", "shape_of"]
 

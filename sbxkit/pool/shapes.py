@@ -24,20 +24,20 @@ from contextlib import asynccontextmanager
 import msgspec
 import trio
 
+from sbxkit._model.call_checks import MAX_POOL_SIZE, check_pool_options
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.parking import ParkingBudget
+from sbxkit._util.stdin import StdinSource
+from sbxkit._util.unwrap import plain_errors
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.call_checks import MAX_POOL_SIZE, check_pool_options
 from sbxkit.errors import CleanupError, SpecError
-from sbxkit.plan import CheckedSpec
 from sbxkit.pool.inprocess import Pool
 from sbxkit.pool.line import claim_line_within
-from sbxkit.pool.parking import ParkingBudget
 from sbxkit.pool.shape import shape_of
 from sbxkit.pool.sizing import pool_sizes
-from sbxkit.result import RunResult
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
-from sbxkit.unwrap import plain_errors
 
 __all__ = ["PoolPerShape", "ShapePools", "open_shape_pools"]
 

@@ -3,7 +3,7 @@ contract (docs/pool.md).
 
 - ``AttachTransport`` (the daemon's path): the claim line and stdin go through the container's
   attach stream, output comes back multiplexed on it, the exit is the daemon's ``wait``.
-- ``FifoTransport`` (the kernel's path, ``sbxkit.kernel``): the claim line and stdin go into the
+- ``FifoTransport`` (the kernel's path, ``sbxkit._kernel``): the claim line and stdin go into the
   sandbox's ``in`` FIFO, output comes from its ``out``/``err`` FIFOs until their EOF, the exit
   is its init's pidfd — verified when the container was parked.
 
@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sbxkit.attached import Outcome, OutputCallback, supervise
+from sbxkit._lifecycle.attached import Outcome, OutputCallback, supervise
+from sbxkit._lifecycle.kernel_run import Judge, kernel_verdict
+from sbxkit._lifecycle.kernel_watch import Exited, KernelIO, KernelSupervise, supervise_kernel
+from sbxkit._lifecycle.outcome import Verdict
+from sbxkit._model.result import Evidence
+from sbxkit._util.stdin import Prefixed, StdinSource
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.transport import HijackedStream
-from sbxkit.kernel.run import Judge, kernel_verdict
-from sbxkit.kernel.supervise import Exited, KernelIO, KernelSupervise, supervise_kernel
-from sbxkit.outcome import Verdict
-from sbxkit.result import Evidence
-from sbxkit.stdin import Prefixed, StdinSource
 
 __all__ = ["AttachTransport", "ClaimTransport", "Claimed", "FifoTransport"]
 

@@ -3,7 +3,7 @@ journaled while waiting), take a launch slot, journal the lease and start its ta
 directory is audited afresh at every admission; a caller waiting for capacity or a launch slot
 hears ``Queued`` at least every second, and the admission deadline bounds both waits.
 
-The rules are ``sbxkit/admission.py``'s; docs/operations.md, "Capacity and admission".
+The rules are ``sbxkit/_lifecycle/admission.py``'s; docs/operations.md, "Capacity and admission".
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from typing import Literal
 import msgspec
 import trio
 
-from sbxkit.admission import (
-    Budget,
-    Need,
-    default_memory_budget,
-    never_fits,
-)
+from sbxkit._kernel.fifos import io_dir_problem
+from sbxkit._kernel.scripts import io_dir_of
+from sbxkit._lifecycle.admission import Budget, Need, default_memory_budget, never_fits
+from sbxkit._lifecycle.uid_holds import hold_own_uid
+from sbxkit._plan.network_planning import managed_gateway_problem
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.proof import is_well_formed
+from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.wire import Closed, Queued, RefusalCode, Refused, Register, Registered
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SbxError
-from sbxkit.kernel.fifos import io_dir_problem
-from sbxkit.kernel.scripts import io_dir_of
-from sbxkit.network.planning import managed_gateway_problem
-from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
     Caller,
@@ -39,23 +38,12 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
-from sbxkit.supervisor.proof import is_well_formed
 from sbxkit.supervisor.recheck import (
     engine_socket_problem,
     recheck_body,
     unknown_field,
     volume_backing_problem,
 )
-from sbxkit.supervisor.records import LeaseRecord, StorageError
-from sbxkit.supervisor.wire import (
-    Closed,
-    Queued,
-    RefusalCode,
-    Refused,
-    Register,
-    Registered,
-)
-from sbxkit.uid_holds import hold_own_uid
 
 QUEUED_HEARTBEAT_S = 1.0  # a waiting caller hears from us at least this often
 
@@ -238,7 +226,7 @@ class Admitting(Leases):
         return live
 
     def _hold_uid(self, register: Register) -> str | None:
-        """Hold the uid the body runs as when it is the lease's own (``sbxkit.uids``): why it
+        """Hold the uid the body runs as when it is the lease's own (``sbxkit._model.uids``): why it
         cannot be held, else None. Held until the container is confirmed gone (``_forget``)."""
         held = hold_own_uid(register.lease, register.body)
         if isinstance(held, str):

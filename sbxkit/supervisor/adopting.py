@@ -31,23 +31,23 @@ import time
 
 import trio
 
-from sbxkit.admission import Need
+from sbxkit._kernel.scripts import IO_TARGET
+from sbxkit._lifecycle.admission import Need
+from sbxkit._lifecycle.ownership import carries_lease, find_lease_container
+from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._model.spec import parse_user
+from sbxkit._plan.network_planning import managed_gateway_problem
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.proof import check_proof, refusal_reason, rotated
+from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.wire import Adopt, Adopted, Closed, Unadopted
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import NotFound, SbxError, SpecError
-from sbxkit.kernel.scripts import IO_TARGET
-from sbxkit.network.allow import parse_allow_list
 from sbxkit.network.governor import Governor
-from sbxkit.network.planning import managed_gateway_problem
-from sbxkit.network.terms import NetworkTerms
-from sbxkit.ownership import carries_lease, find_lease_container
-from sbxkit.spec import parse_user
-from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.lease import Intent, LiveLease, Replies, log
 from sbxkit.supervisor.lifecycle import Leases
-from sbxkit.supervisor.proof import check_proof, refusal_reason, rotated
-from sbxkit.supervisor.records import LeaseRecord, StorageError
-from sbxkit.supervisor.wire import Adopt, Adopted, Closed, Unadopted
 
 CREATE_APPEARS_S = 5.0
 """How long an interrupted create's container may take to appear for its re-adopting caller:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from sbxkit.argtypes import positive_float, positive_int
+from sbxkit._model.units import parse_duration, parse_size
+from sbxkit._util.argtypes import positive_float, positive_int
 from sbxkit.errors import SpecError
-from sbxkit.units import parse_duration, parse_size
 
 ADMISSION_TIMEOUT_S = 3600.0
 """How long a request may wait for capacity by default: a batch of thousands at any sane
@@ -212,7 +212,7 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    from sbxkit.supervisor.journal import default_state_dir
+    from sbxkit._protocol.journal import default_state_dir
 
     cpu_budget = None if args.cpu_budget is None else round(args.cpu_budget * 1e9)
     return Config(

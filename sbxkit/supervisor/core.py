@@ -12,18 +12,19 @@ from collections import deque
 
 import trio
 
-from sbxkit.admission import (
-    AdmissionQueue,
-    Budget,
-)
+from sbxkit._kernel.fifos import remove_io_dir
+from sbxkit._kernel.scripts import io_root
+from sbxkit._lifecycle.admission import AdmissionQueue, Budget
+from sbxkit._lifecycle.ownership import Removal, remove_until_gone
+from sbxkit._lifecycle.uid_holds import UidHold, hold_uid
+from sbxkit._model.uids import reserved_range_of
+from sbxkit._plan.policy import container_name
+from sbxkit._protocol.fingerprint import implementation_fingerprint
+from sbxkit._protocol.journal import Journal, StateDir
+from sbxkit._protocol.records import LeaseRecord
+from sbxkit._protocol.wire import Refused
 from sbxkit.engine.client import Engine, connect
-from sbxkit.kernel.fifos import remove_io_dir
-from sbxkit.kernel.scripts import io_root
-from sbxkit.ownership import Removal, remove_until_gone
-from sbxkit.policy import container_name
 from sbxkit.supervisor.config import Config
-from sbxkit.supervisor.fingerprint import implementation_fingerprint
-from sbxkit.supervisor.journal import Journal, StateDir
 from sbxkit.supervisor.lease import (
     Caller,
     Intent,
@@ -31,12 +32,6 @@ from sbxkit.supervisor.lease import (
     log,
 )
 from sbxkit.supervisor.recheck import allowed_engine_sockets
-from sbxkit.supervisor.records import LeaseRecord
-from sbxkit.supervisor.wire import (
-    Refused,
-)
-from sbxkit.uid_holds import UidHold, hold_uid
-from sbxkit.uids import reserved_range_of
 
 REMOVE_ATTEMPT_BUDGET_S = 5.0
 REMOVE_RETRY_CEILING_S = 0.5

@@ -18,22 +18,17 @@ from typing import Protocol
 
 import trio
 
+from sbxkit._lifecycle.kernel_watch import Exited, KernelIO
+from sbxkit._model.mounts import ExpectedMount
+from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._model.result import Evidence
+from sbxkit._plan.verify import check_created
+from sbxkit._protocol.channel import FrameChannel
+from sbxkit._protocol.records import LeaseRecord
+from sbxkit._protocol.wire import Launch, Message, decode_client, encode
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import Conflict, EngineError, SbxError
-from sbxkit.kernel.supervise import Exited, KernelIO
-from sbxkit.mounts import ExpectedMount
 from sbxkit.network.governor import Governor
-from sbxkit.network.terms import NetworkTerms
-from sbxkit.result import Evidence
-from sbxkit.supervisor.channel import FrameChannel
-from sbxkit.supervisor.records import LeaseRecord
-from sbxkit.supervisor.wire import (
-    Launch,
-    Message,
-    decode_client,
-    encode,
-)
-from sbxkit.verify import check_created
 
 
 def log(message: str) -> None:

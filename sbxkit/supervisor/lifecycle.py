@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import trio
 
+from sbxkit._lifecycle.ownership import carries_lease
+from sbxkit._model.spec import parse_user
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.wire import Closed, Created, Expiring, Failed, Launched, Orphaned
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import ContainerMismatch, EngineError, SbxError, SpecError
 from sbxkit.network.governor import Governor
 from sbxkit.network.netns import NetworkUnavailable
-from sbxkit.ownership import carries_lease
-from sbxkit.spec import parse_user
-from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.core import ServiceCore
 from sbxkit.supervisor.lease import (
     LaunchSlot,
@@ -21,14 +22,6 @@ from sbxkit.supervisor.lease import (
     first_of,
     is_definite_create_failure,
     log,
-)
-from sbxkit.supervisor.wire import (
-    Closed,
-    Created,
-    Expiring,
-    Failed,
-    Launched,
-    Orphaned,
 )
 
 REGISTERED_HELD_S = 1.0

@@ -4,7 +4,7 @@ A ``Claim`` names a shape by a template (``templates.py``). The first claim of a
 its pool; every claim takes the oldest parked container of the shape, if one is parked, and
 hands its lease to the claiming connection (``Claimed``) — from there it is that connection's
 lease like any other: Close or EOF removes it. With none parked a claim waits only for a park
-already under way for it (``sbxkit/pool/parking.py``, the mechanism the in-process pool
+already under way for it (``sbxkit/_util/parking.py``, the mechanism the in-process pool
 shares); otherwise the answer is ``Unclaimed`` and the caller runs cold.
 
 Each parked container is an ordinary lease of this supervisor, created by the one lease task
@@ -28,14 +28,26 @@ from typing import Any
 import msgspec
 import trio
 
-from sbxkit.admission import Need, never_fits
+from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit._kernel.scripts import GO_LINE, io_dir_of, io_root
+from sbxkit._lifecycle.admission import Need, never_fits
+from sbxkit._lifecycle.kernel_run import start_on_fifos
+from sbxkit._lifecycle.kernel_watch import NotAlive
+from sbxkit._protocol.proof import SECRET_BYTES, secret_hash
+from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.wire import (
+    Claim,
+    Claimed,
+    HeldPoolState,
+    Pools,
+    PoolTerms,
+    Refused,
+    Register,
+    Unclaimed,
+)
+from sbxkit._util.parking import Parking
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
-from sbxkit.kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
-from sbxkit.kernel.run import start_on_fifos
-from sbxkit.kernel.scripts import GO_LINE, io_dir_of, io_root
-from sbxkit.kernel.supervise import NotAlive
-from sbxkit.pool.parking import Parking
 from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.lease import (
     Intent,
@@ -47,25 +59,13 @@ from sbxkit.supervisor.lease import (
     first_of,
     log,
 )
-from sbxkit.supervisor.proof import SECRET_BYTES, secret_hash
 from sbxkit.supervisor.recheck import unknown_field
-from sbxkit.supervisor.records import LeaseRecord, StorageError
 from sbxkit.supervisor.templates import (
     body_for_lease,
     claimed_lifetime,
     mounts_for_lease,
     shape_key,
     template_problem,
-)
-from sbxkit.supervisor.wire import (
-    Claim,
-    Claimed,
-    HeldPoolState,
-    Pools,
-    PoolTerms,
-    Refused,
-    Register,
-    Unclaimed,
 )
 
 MAX_SHAPES = 16

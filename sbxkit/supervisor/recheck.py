@@ -1,7 +1,7 @@
 """The supervisor's second look at every create body: refuse what policy never produces.
 
 Pure (``resolve`` aside, which the service passes as ``os.path.realpath`` and tests leave out).
-The client builds bodies with ``sbxkit.policy.build_create_body``; a raw client on the control
+The client builds bodies with ``sbxkit._plan.policy.build_create_body``; a raw client on the control
 socket can send anything. The supervisor is no privilege boundary against its own account
 (docs/security.md), but it sees every create, so it holds each body to the hardened invariants
 and refuses the first broken one with the Engine API field it concerns:
@@ -23,6 +23,22 @@ from typing import Any
 
 import msgspec
 
+from sbxkit._kernel.scripts import IO_TARGET, io_bind, io_root
+from sbxkit._model.gpu import GpuRequest, validate_gpu_request
+from sbxkit._model.mounts import check_host_path, check_target
+from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
+from sbxkit._model.rules import HOST_GATEWAY_ALIAS, check_network
+from sbxkit._model.spec import parse_user
+from sbxkit._plan.policy import (
+    LEASE_LABEL,
+    NO_MESSAGE_QUEUES,
+    PODMAN_SEALED_TMPFS,
+    PODMAN_ULIMITS,
+    SCRATCH_PATH,
+    managed_hosts,
+    named_callback,
+)
 from sbxkit.engine.discovery import candidate_sockets
 from sbxkit.engine.models import (
     ContainerCreate,
@@ -32,22 +48,6 @@ from sbxkit.engine.models import (
     VolumeReply,
 )
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.gpu import GpuRequest, validate_gpu_request
-from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root
-from sbxkit.mounts import check_host_path, check_target
-from sbxkit.network.allow import parse_allow_list
-from sbxkit.network.terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
-from sbxkit.policy import (
-    LEASE_LABEL,
-    NO_MESSAGE_QUEUES,
-    PODMAN_SEALED_TMPFS,
-    PODMAN_ULIMITS,
-    SCRATCH_PATH,
-    managed_hosts,
-    named_callback,
-)
-from sbxkit.rules import HOST_GATEWAY_ALIAS, check_network
-from sbxkit.spec import parse_user
 from sbxkit.supervisor.config import Config
 
 Resolve = Callable[[str], str]
@@ -426,7 +426,7 @@ def volume_backing_problem(
 ) -> str | None:
     """Why a named volume the body mounts is not one policy lets through (the daemon's
     ``/volumes/{name}`` reply), or None: a plain local volume, or one that is a plain bind of
-    a host directory no bind rule forbids (as ``sbxkit.preflight`` judges it)."""
+    a host directory no bind rule forbids (as ``sbxkit._plan.preflight`` judges it)."""
     if volume.driver != "local":
         return f"uses the driver {volume.driver!r}; only plain local volumes are allowed"
     options = volume.options or {}

@@ -8,20 +8,18 @@ import time
 
 import trio
 
+from sbxkit._kernel.fifos import remove_io_dir, stale_io_dirs
+from sbxkit._kernel.scripts import io_root
+from sbxkit._lifecycle.ownership import carries_lease, find_lease_container
+from sbxkit._plan.policy import LEASE_LABEL
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.records import LeaseRecord
+from sbxkit._protocol.wire import Report
 from sbxkit.errors import NotFound, SbxError
-from sbxkit.kernel.fifos import remove_io_dir, stale_io_dirs
-from sbxkit.kernel.scripts import io_root
-from sbxkit.ownership import carries_lease, find_lease_container
-from sbxkit.policy import LEASE_LABEL
-from sbxkit.supervisor import records as rec
 from sbxkit.supervisor.core import ServiceCore
 from sbxkit.supervisor.lease import (
     Peer,
     log,
-)
-from sbxkit.supervisor.records import LeaseRecord
-from sbxkit.supervisor.wire import (
-    Report,
 )
 
 STALE_IO_MARGIN_S = 60.0

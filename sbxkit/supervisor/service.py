@@ -36,25 +36,11 @@ from collections.abc import Sequence
 
 import trio
 
-from sbxkit.admission import (
-    Need,
-)
-from sbxkit.supervisor.adopting import Adopting
-from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
-from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S
-from sbxkit.supervisor.journal import Journal, StateDir, check_state_dir
-from sbxkit.supervisor.lease import (
-    Intent,
-    LiveLease,
-    Peer,
-    describe,
-    log,
-)
-from sbxkit.supervisor.pooling import Pooling
-from sbxkit.supervisor.records import StorageError
-from sbxkit.supervisor.recovery import Recovery
-from sbxkit.supervisor.statedir import STARTUP_REFUSAL
-from sbxkit.supervisor.wire import (
+from sbxkit._lifecycle.admission import Need
+from sbxkit._protocol.journal import Journal, StateDir, check_state_dir
+from sbxkit._protocol.records import StorageError
+from sbxkit._protocol.statedir import STARTUP_REFUSAL
+from sbxkit._protocol.wire import (
     PROTOCOL_VERSION,
     Adopt,
     AskDenials,
@@ -78,10 +64,22 @@ from sbxkit.supervisor.wire import (
     Welcome,
     WireError,
 )
+from sbxkit.supervisor.adopting import Adopting
+from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
+from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S
+from sbxkit.supervisor.lease import (
+    Intent,
+    LiveLease,
+    Peer,
+    describe,
+    log,
+)
+from sbxkit.supervisor.pooling import Pooling
+from sbxkit.supervisor.recovery import Recovery
 
 HANDSHAKE_TIMEOUT_S = 10.0
-HANDOFF_MODULE = "sbxkit.handoff.resume"
-"""Imports everything the hand-off serves with (``sbxkit.handoff.serve`` among it)."""
+HANDOFF_MODULE = "sbxkit.supervisor.handoff.resume"
+"""Imports everything the hand-off serves with (``sbxkit.supervisor.handoff.serve`` among it)."""
 
 
 def peer_uid(stream: trio.SocketStream) -> int:
@@ -190,13 +188,15 @@ class Service(Adopting, Pooling, Recovery):
             return
         if isinstance(register, Run):
             await self.handoff_loaded()
-            from sbxkit.handoff.serve import serve_run  # loaded: a look-up in sys.modules
+            from sbxkit.supervisor.handoff.serve import (
+                serve_run,  # loaded: a look-up in sys.modules
+            )
 
             await serve_run(self, peer, register)
             return
         if isinstance(register, RunResume):  # a handed-off run whose supervisor died
             await self.handoff_loaded()
-            from sbxkit.handoff.resume import serve_resume
+            from sbxkit.supervisor.handoff.resume import serve_resume
 
             await serve_resume(self, peer, register)
             return

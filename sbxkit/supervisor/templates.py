@@ -13,14 +13,14 @@ import hashlib
 
 import msgspec
 
-from sbxkit.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
+from sbxkit._kernel.scripts import IO_BIND_OPTIONS, IO_TARGET, io_bind
+from sbxkit._model.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
+from sbxkit._model.mounts import ExpectedMount
+from sbxkit._model.rules import LEASE_LABEL
+from sbxkit._model.uids import body_with_uid, own_range, uid_for_lease
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.wire import Claim, PoolTerms
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.kernel.scripts import IO_BIND_OPTIONS, IO_TARGET, io_bind
-from sbxkit.mounts import ExpectedMount
-from sbxkit.rules import LEASE_LABEL
-from sbxkit.supervisor import records as rec
-from sbxkit.supervisor.wire import Claim, PoolTerms
-from sbxkit.uids import body_with_uid, own_range, uid_for_lease
 
 PLACEHOLDER_LEASE = "0" * 32
 LEASE_VARIABLE = "SBXKIT_LEASE"
@@ -29,7 +29,7 @@ LEASE_VARIABLE = "SBXKIT_LEASE"
 def body_for_lease(template: ContainerCreate, template_lease: str, lease: str) -> ContainerCreate:
     """``template`` with its lease label, ``SBXKIT_LEASE``, on the kernel path the FIFO
     directory it binds (``<root>/<lease>``, sbxkit/kernel), and a uid of the template lease's
-    own (``sbxkit.uids``: its user and tmpfs owners) set to ``lease``'s."""
+    own (``sbxkit._model.uids``: its user and tmpfs owners) set to ``lease``'s."""
     uids = own_range(template.user, template_lease)
     if uids is not None:
         old, new = uid_for_lease(template_lease, uids), uid_for_lease(lease, uids)

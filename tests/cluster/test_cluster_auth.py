@@ -256,8 +256,8 @@ def _forged(args):
     import os as _os
 
     from sbxkit.cluster import wire as _wire
-    from sbxkit.harness import JobResult
-    from sbxkit.result import PhaseTimings, RunResult
+    from sbxkit._consumers.harness import JobResult
+    from sbxkit._model.result import PhaseTimings, RunResult
 
     job_id = "unknown"
     for arg in args:

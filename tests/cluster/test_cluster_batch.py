@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from sbxkit.supervisor.statedir import LOCK_NAME
+from sbxkit._protocol.statedir import LOCK_NAME
 from tests.cluster.cluster import ADDRESS, NODE_RESOURCES, REPO, LocalCluster
 from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit.engine.client import open_engine
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec
 from tests.witness import SOCKET
 

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import requests
 
-from sbxkit.result import RunResult
-from sbxkit.spec import Limits, MiB, SandboxSpec
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from tests.engine.runtimes import min_pids
 from tests.witness import RUN_LABEL, THIS_RUN, Witness
 

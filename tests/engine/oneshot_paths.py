@@ -1,8 +1,8 @@
 """The paths of a one-shot run, for tests that must hold on each (issues 13 and 21): ``cold`` is
-``sbxkit.runner.run``; ``pooled`` parks a container of the spec's shape in a pool of one in
-this process, claims it and closes the pool; ``held`` has the supervisor park one
-(``PooledBackend.warm``), claims it and ends the supervisor's pool of that shape (so the run,
-and the pool, are gone when it returns).
+``sbxkit._consumers.runner.run``; ``pooled`` parks a container of the spec's shape in a pool of one
+in this process, claims it and closes the pool; ``held`` has the supervisor park one
+(``PooledBackend.warm``), claims it and ends the supervisor's pool of that shape (so the run, and
+the pool, are gone when it returns).
 
 Each runs on both evidence paths: as the host allows (the kernel's: FIFOs and a pidfd, on this
 CI machine) and forced onto the daemon's (``-daemon``, ``SBXKIT_EVIDENCE=daemon``). On the
@@ -22,14 +22,14 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run as cold_run
+from sbxkit._kernel.scripts import shell_carries
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.kernel.scripts import shell_carries
 from sbxkit.pool import open_pool
 from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
-from sbxkit.result import RunResult
-from sbxkit.runner import run as cold_run
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdin import StdinSource
 from tests.engine.runtimes import is_gvisor
 from tests.witness import BUSYBOX, PYTHON
 

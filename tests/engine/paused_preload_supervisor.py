@@ -1,14 +1,15 @@
-"""A supervisor whose hand-off preload is held half-way through the CLI package (a test's
+"""A supervisor whose hand-off preload is held half-way through the run's grammar (a test's
 fault injection, tests/engine/test_handoff.py).
 
     python paused_preload_supervisor.py SUPERVISOR_ARGS...
 
-Runs ``sbxkit.supervisor`` as ever, except that an import of ``sbxkit.cli.main`` from a worker
-thread (the preload, ``_load_handoff``) first waits — up to ``PAUSE_S`` — for the event loop's
-thread to start importing the hand-off itself (``sbxkit.handoff.resume``). The package is then
-half initialized (``sbxkit.cli.common`` loaded, ``sbxkit.cli.main`` not): the interleaving a
-loaded CI machine produced by chance, made certain. It prints ``preload paused`` when it holds
-the preload and ``preload resumed: …`` when it lets it go, for the test to wait on and check.
+Runs ``sbxkit.supervisor`` as ever, except that an import of ``sbxkit._grammar.run_grammar``
+from a worker thread (the preload, ``_load_handoff``) first waits — up to ``PAUSE_S`` — for the
+event loop's thread to start importing the hand-off itself
+(``sbxkit.supervisor.handoff.resume``). The package is then half loaded
+(``sbxkit._grammar.common`` in, ``sbxkit._grammar.run_grammar`` not): the interleaving a loaded
+CI machine produced by chance, made certain. It prints ``preload paused`` when it holds the
+preload and ``preload resumed: …`` when it lets it go, for the test to wait on and check.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ class PausedPreload:
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         if threading.current_thread() is threading.main_thread():
-            if name == "sbxkit.handoff.resume":
+            if name == "sbxkit.supervisor.handoff.resume":
                 self.loop_imports.set()
-        elif name == "sbxkit.cli.main":
+        elif name == "sbxkit._grammar.run_grammar":
             print("preload paused", flush=True)
             joined = self.loop_imports.wait(PAUSE_S)
             whom = "the event loop imports the hand-off too" if joined else "alone"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.result import Stream
 from sbxkit.engine.client import open_engine
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.result import Stream
-from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec
 from tests.witness import SOCKET
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from sbxkit.rules import GVISOR_MIN_PIDS, GVISOR_RUNTIME
+from sbxkit._model.rules import GVISOR_MIN_PIDS, GVISOR_RUNTIME
 
 DEFAULT_RUNTIMES = "runc,crun,runsc"
 DAEMON_DEFAULT = ("runc", "default")

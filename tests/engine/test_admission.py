@@ -27,18 +27,18 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._kernel.scripts import io_root
+from sbxkit._lifecycle.connect import AdmissionTimeout, CapacityExhausted
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import MiB
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._protocol.wire import Close, Closed, Created, Registered, Welcome
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NeverFits, SpecError
-from sbxkit.kernel.scripts import io_root
-from sbxkit.plan import new_lease_id
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.spec import MiB
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.connect import AdmissionTimeout, CapacityExhausted
 from sbxkit.supervisor.recovery import STALE_IO_MARGIN_S
-from sbxkit.supervisor.wire import Close, Closed, Created, Registered, Welcome
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import spec, unique, wait_until
 from tests.engine.test_supervisor import RawClient, hello, register_for

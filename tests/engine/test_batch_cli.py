@@ -19,7 +19,7 @@ from typing import Any
 import ptyprocess
 import pytest
 
-from sbxkit.spec import MiB
+from sbxkit._model.spec import MiB
 from tests.engine.helpers import unique, wait_until
 from tests.witness import Witness
 

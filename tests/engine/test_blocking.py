@@ -17,7 +17,7 @@ import pytest
 import sbxkit
 import sbxkit.aio
 import sbxkit.blocking
-from sbxkit.session import SandboxExpired
+from sbxkit._consumers.session import SandboxExpired
 from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, limits, spec, unique, wait_until
 from tests.witness import Witness
 

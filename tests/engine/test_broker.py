@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from sbxkit.broker import GrantError, Grants, InputGrant, OutputGrant, run_with_grants
+from sbxkit._consumers.broker import GrantError, Grants, InputGrant, OutputGrant, run_with_grants
+from sbxkit._model.mounts import BindMount
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.mounts import BindMount
-from sbxkit.settings import Settings
-from sbxkit.spec import SandboxSpec
 from tests.engine.helpers import container_exists, limits, text, unique, wait_until
 from tests.witness import Witness
 

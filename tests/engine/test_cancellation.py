@@ -64,19 +64,19 @@ from typing import Any, Literal
 import pytest
 import trio
 
-from sbxkit import plan
+from sbxkit._consumers.runner import run
+from sbxkit._kernel import initpid
+from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.owner import InProcessOwner, Owner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan import plan
+from sbxkit._protocol.wire import Launch
 from sbxkit.engine import models
 from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
 from sbxkit.engine.transport import HijackedStream, Transport
-from sbxkit.kernel import initpid
-from sbxkit.owned import created_inspection
-from sbxkit.owner import InProcessOwner, Owner
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.spec import Limits, MiB, SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.wire import Launch
 from tests.witness import LEASE_LABEL, Witness
 
 Point = tuple[str, str]
@@ -98,7 +98,7 @@ def every_run_asks_the_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run here plans on a fresh inspection of its image (``image_inspect#1``) and, on
     the kernel path, reads its init's pid from State.Pid (``container_inspect#2``): points to
     cancel at. A process that ran the image (or the daemon's containers) moments earlier skips
-    them (sbxkit/plan.py ``check_image``, sbxkit/kernel/initpid.py) without a new await."""
+    them (sbxkit/_plan/plan.py ``check_image``, sbxkit/_kernel/initpid.py) without a new await."""
     monkeypatch.setattr(plan, "_image_facts", {})
     monkeypatch.setattr(initpid, "_layouts", {})
 

@@ -44,8 +44,8 @@ from typing import Any
 
 import pytest
 
-from sbxkit.kernel.init import ContainerInit
-from sbxkit.kernel.supervise import KernelIO
+from sbxkit._kernel.init import ContainerInit
+from sbxkit._lifecycle.kernel_watch import KernelIO
 from tests.engine import test_cancellation as daemon
 from tests.engine.test_cancellation import (
     CancellingEngine,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from sbxkit._consumers.runner import run as cold_run
 from sbxkit.errors import SpecError
 from sbxkit.pool.line import MAX_CLAIM_LINE
-from sbxkit.runner import run as cold_run
 from tests.engine.helpers import python_spec, spec
 from tests.engine.oneshot_paths import PATHS, OneShot
 from tests.witness import Witness

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from sbxkit.admission import default_memory_budget
+from sbxkit._lifecycle.admission import default_memory_budget
 from tests.witness import Witness
 
 

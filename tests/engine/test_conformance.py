@@ -18,11 +18,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from sbxkit._consumers.session import open_sandbox
+from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.rules import GVISOR_MIN_PIDS
-from sbxkit.session import open_sandbox
-from sbxkit.spec import MiB
 from tests.engine.helpers import containers_with_marker, host_processes_of, spec, text, unique
 from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor

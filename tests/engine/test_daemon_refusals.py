@@ -11,13 +11,13 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._model.image_ref import image_reference_problem
+from sbxkit._model.spec import MAX_ID, Limits, MiB, SandboxSpec
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._plan.policy import build_create_body, container_name
 from sbxkit.cli import EXIT_REFUSED, exit_code_for_error
 from sbxkit.engine.client import Engine
 from sbxkit.errors import EngineError, NotFound
-from sbxkit.image_ref import image_reference_problem
-from sbxkit.plan import new_lease_id
-from sbxkit.policy import build_create_body, container_name
-from sbxkit.spec import MAX_ID, Limits, MiB, SandboxSpec
 from tests.engine.engines import EngineFacts
 from tests.witness import Witness
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._plan.policy import build_create_body, container_name
 from sbxkit.engine.client import Deadlines, Engine, open_engine
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineProtocolError, EngineTimeout, NotFound
-from sbxkit.plan import new_lease_id
-from sbxkit.policy import build_create_body, container_name
-from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.engine.engines import EngineFacts
 from tests.witness import LEASE_LABEL, Witness
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from sbxkit._kernel.scripts import io_root
+from sbxkit._lifecycle.connect import connect_supervisor, receive_reply
+from sbxkit._lifecycle.link import new_secret
+from sbxkit._protocol.proof import secret_hash
+from sbxkit._protocol.wire import RunError, RunResume, ServerMessage
 from sbxkit.errors import SbxError
-from sbxkit.kernel.scripts import io_root
-from sbxkit.supervisor.connect import connect_supervisor, receive_reply
-from sbxkit.supervisor.link import new_secret
-from sbxkit.supervisor.proof import secret_hash
-from sbxkit.supervisor.wire import RunError, RunResume, ServerMessage
 from tests.engine.helpers import actions, unique, wait_until
 from tests.supervision import (
     SupervisorProcess,
@@ -520,13 +520,13 @@ PAUSED_PRELOAD = Path(__file__).with_name("paused_preload_supervisor.py")
 def test_a_resume_while_the_supervisor_loads_the_handoff_is_answered_and_it_lives_on(
     witness: Witness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``RunResume`` reaches a fresh supervisor while it loads the hand-off in a worker thread
-    (as a command line whose supervisor died reaches the one it launched): every connection is
-    answered (unknown leases: not re-adopted), the supervisor lives on, no internal error is
-    logged. The preload is held half-way through the CLI package until the event loop imports
-    the hand-off too (paused_preload_supervisor.py); then both threads imported it at once,
-    one found a partly initialized module, the connection dropped and the supervisor ended
-    (CI: a command line's resume ran out of its 10 s relaunching such supervisors)."""
+    """``RunResume`` reaches a fresh supervisor while it loads the hand-off in a worker thread (as a
+    command line whose supervisor died reaches the one it launched): every connection is answered
+    (unknown leases: not re-adopted), the supervisor lives on, no internal error is logged. The
+    preload is held half-way through the run grammar package until the event loop imports the
+    hand-off too (paused_preload_supervisor.py); then both threads imported it at once, one found a
+    partly initialized module, the connection dropped and the supervisor ended (CI: a command line's
+    resume ran out of its 10 s relaunching such supervisors)."""
     state_dir = private_state_dir()
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "/bin/false")  # the test's supervisor only
     log_path = state_dir.parent / "supervisor.out"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit._lifecycle.uid_holds import host_id_problem
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import MiB
+from sbxkit._model.uids import HOST_UIDS
 from sbxkit.engine.client import Engine
-from sbxkit.result import RunResult
-from sbxkit.spec import MiB
-from sbxkit.uid_holds import host_id_problem
-from sbxkit.uids import HOST_UIDS
 from tests.engine.helpers import (
     assert_half_fits_double_does_not,
     fill_half_then_double,
@@ -35,7 +35,7 @@ async def test_the_payload_runs_as_a_uid_and_gid_of_its_own(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:
     """No user named: one id, uid and gid and only group, from the sandbox range, that no
-    host account or group has (sbxkit.uids)."""
+    host account or group has (sbxkit._model.uids)."""
     result = await oneshot(spec(busybox, "id -u; id -g; id -G", runtime=runtime), engine=engine)
 
     assert result.ok, result

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit._consumers.harness import Job, JobResult, run_many
+from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.owner import Owner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
-from sbxkit.harness import Job, JobResult, run_many
-from sbxkit.owned import created_inspection
-from sbxkit.owner import Owner
-from sbxkit.spec import MiB
-from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec, unique
 from tests.witness import Witness
 

@@ -27,17 +27,17 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._consumers.session import open_sandbox
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import MiB, SandboxSpec
+from sbxkit._model.uids import HOST_UIDS
+from sbxkit._plan.plan import make_plan
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.owner import InProcessOwner
-from sbxkit.plan import make_plan
 from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.session import open_sandbox
-from sbxkit.spec import MiB, SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.uids import HOST_UIDS
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import parked_command, spec, still_parked, unique, wait_until
 from tests.supervision import running_supervisor
@@ -384,7 +384,7 @@ def short_margin(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """The owner's backstop is a run's time limit plus this margin (120 s by default): a few
     seconds keep these tests short. Negative: the backstop falls before the run's own time
     limit, as it does for a caller that stalled past its limit."""
-    monkeypatch.setattr("sbxkit.plan.LIFETIME_MARGIN_S", seconds)
+    monkeypatch.setattr("sbxkit._plan.plan.LIFETIME_MARGIN_S", seconds)
     monkeypatch.setattr("sbxkit.pool.held.LIFETIME_MARGIN_S", seconds)
 
 

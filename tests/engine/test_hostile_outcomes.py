@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 import sbxkit
+from sbxkit._kernel.init import OomWatch
 from sbxkit.engine.client import Engine
-from sbxkit.kernel.init import OomWatch
 from tests.engine.helpers import spec
 from tests.engine.oneshot_paths import OneShot
 from tests.engine.test_cli import one_json_object, run_cli

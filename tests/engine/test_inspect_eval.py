@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sbxkit.uids import HOST_UIDS
+from sbxkit._model.uids import HOST_UIDS
 from tests.engine.helpers import wait_until
 from tests.engine.test_inspect_provider import write_profile
 from tests.witness import Witness

@@ -7,8 +7,8 @@ a positive control next to each refusal, on the cold and the pooled path.
 
 from __future__ import annotations
 
+from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
-from sbxkit.spec import MiB
 from tests.engine.helpers import (
     assert_half_fits_double_does_not,
     fill_half_then_double,

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._model.result import RunResult
+from sbxkit._protocol.wire import Launch
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import EngineError
-from sbxkit.network.terms import NetworkTerms
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.wire import Launch
 from tests.engine.helpers import actions, spec
 from tests.engine.test_readoption import eventually, readopted, records, removed_exactly_once
 from tests.faultproxy import Delay, Fail, FaultProxy

@@ -29,7 +29,7 @@ import trio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from sbxkit.uids import HOST_UIDS
+from sbxkit._model.uids import HOST_UIDS
 from tests.accounts import Account, local_account
 from tests.engine.helpers import creates_during, processes_with_marker, wait_until
 from tests.engine.mcp_support import (

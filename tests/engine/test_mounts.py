@@ -19,13 +19,13 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._kernel.scripts import IO_TARGET
+from sbxkit._model.mounts import BindMount, Mount, TmpfsMount, VolumeMount
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NotFound, SpecError
-from sbxkit.kernel.scripts import IO_TARGET
-from sbxkit.mounts import BindMount, Mount, TmpfsMount, VolumeMount
-from sbxkit.runner import run
-from sbxkit.settings import Settings
-from sbxkit.spec import MiB, SandboxSpec
 from tests.engine.engines import EngineFacts
 from tests.engine.helpers import actions, limits, text, unique
 from tests.engine.oneshot_paths import OneShot

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 import sbxkit.blocking
-from sbxkit.archive import ArchiveError, SandboxFileNotFound
-from sbxkit.session import SandboxExpired, open_sandbox
-from sbxkit.spec import SandboxSpec
+from sbxkit._consumers.archive import ArchiveError, SandboxFileNotFound
+from sbxkit._consumers.session import SandboxExpired, open_sandbox
+from sbxkit._model.spec import SandboxSpec
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import container_exists, spec
 from tests.engine.test_cli import SMALL

@@ -20,12 +20,12 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._kernel.scripts import io_root
+from sbxkit._model.spec import MiB
+from sbxkit._plan.plan import effective_settings
 from sbxkit.engine.client import Engine
 from sbxkit.errors import ImageError, SbxError
-from sbxkit.kernel.scripts import io_root
-from sbxkit.plan import effective_settings
-from sbxkit.runner import run
-from sbxkit.spec import MiB
 from tests.engine.helpers import (
     actions,
     commit_with_volume,

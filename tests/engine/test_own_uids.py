@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._consumers.session import open_sandbox
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._lifecycle.uid_holds import UidHold, abstract_name, hold_uid, host_id_problem
+from sbxkit._model.uids import HOST_UIDS, uid_for_lease
+from sbxkit._protocol.journal import default_state_dir
+from sbxkit._protocol.records import RECORD_SUFFIX, decode_record
 from sbxkit.backends import docker as docker_backend
 from sbxkit.engine.client import Engine
-from sbxkit.owner import InProcessOwner
-from sbxkit.runner import run
-from sbxkit.session import open_sandbox
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.journal import default_state_dir
-from sbxkit.supervisor.records import RECORD_SUFFIX, decode_record
-from sbxkit.uid_holds import UidHold, abstract_name, hold_uid, host_id_problem
-from sbxkit.uids import HOST_UIDS, uid_for_lease
 from tests.engine.helpers import python_spec, spec, text, unique
 from tests.engine.test_readoption import crash, eventually, readopted, supervised  # noqa: F401
 from tests.witness import Witness

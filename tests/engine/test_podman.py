@@ -11,10 +11,10 @@ import os
 
 import pytest
 
+from sbxkit._consumers.runner import run
+from sbxkit._model.rules import GVISOR_MIN_PIDS
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.errors import SpecError
-from sbxkit.rules import GVISOR_MIN_PIDS
-from sbxkit.runner import run
 from tests.engine.helpers import spec, unique
 from tests.engine.oneshot_paths import OneShot
 from tests.witness import Witness

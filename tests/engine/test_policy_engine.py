@@ -28,15 +28,15 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
-from sbxkit.gpu import GpuRequest
-from sbxkit.owned import created_inspection
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
 from tests.engine.helpers import spec, text, unique, wait_until
 from tests.engine.oneshot_paths import OneShot
 from tests.witness import LEASE_LABEL, Witness

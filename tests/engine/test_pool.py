@@ -19,11 +19,11 @@ import pytest
 import trio
 
 import sbxkit
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._lifecycle.owner import InProcessOwner
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.harness import Job, run_many
-from sbxkit.owner import InProcessOwner
 from sbxkit.pool import Pool, claim_line, open_pool
 from tests.engine.helpers import spec
 from tests.witness import Witness

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import trio
 
+from sbxkit._consumers.pty import PtySession, open_pty
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
-from sbxkit.pty import PtySession, open_pty
-from sbxkit.spec import SandboxSpec
 from tests.engine.helpers import container_exists, runtime_limits
 from tests.engine.runtimes import pty_device_name
 from tests.witness import Witness
@@ -89,8 +89,8 @@ async def test_the_time_limit_ends_a_pty(runtime: str | None, busybox: str, engi
 
 CALLER = """
 import sys, trio
-from sbxkit.pty import open_pty
-from sbxkit.spec import Limits, SandboxSpec
+from sbxkit._consumers.pty import open_pty
+from sbxkit._model.spec import Limits, SandboxSpec
 
 async def main():
     spec = SandboxSpec(image={image!r}, command=["/bin/sh"], runtime={runtime!r}, limits=Limits(

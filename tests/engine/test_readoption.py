@@ -28,20 +28,20 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._consumers.pty import open_pty
+from sbxkit._consumers.runner import run
+from sbxkit._consumers.session import open_sandbox
+from sbxkit._consumers.stdio import open_stdio_worker
+from sbxkit._lifecycle.connect import connect_supervisor
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.result import RunResult, Stream
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._protocol.proof import secret_hash
+from sbxkit._protocol.wire import Adopt, Unadopted
 from sbxkit.engine.client import Engine
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.harness import Job, run_many
 from sbxkit.pool.held import HeldPool, PooledBackend
-from sbxkit.pty import open_pty
-from sbxkit.result import RunResult, Stream
-from sbxkit.runner import run
-from sbxkit.session import open_sandbox
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdio import open_stdio_worker
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.connect import connect_supervisor
-from sbxkit.supervisor.proof import secret_hash
-from sbxkit.supervisor.wire import Adopt, Unadopted
 from tests.engine.helpers import actions, spec
 from tests.faultproxy import FaultProxy
 from tests.supervision import (

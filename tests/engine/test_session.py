@@ -15,12 +15,12 @@ import time
 import pytest
 import trio
 
-from sbxkit.archive import ArchiveError
+from sbxkit._consumers.archive import ArchiveError
+from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
+from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.engine.execapi import archive_get, archive_put
 from sbxkit.errors import EngineError, NotFound
-from sbxkit.session import Sandbox, SandboxExpired, open_sandbox
-from sbxkit.spec import MiB, SandboxSpec
 from tests.engine.helpers import container_exists, runtime_limits
 from tests.witness import Witness
 

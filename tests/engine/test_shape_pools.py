@@ -11,12 +11,12 @@ from __future__ import annotations
 import msgspec
 import trio
 
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
-from sbxkit.harness import Job, run_many
 from sbxkit.pool import Pool
 from sbxkit.pool.shapes import PoolPerShape, ShapePools, open_shape_pools
-from sbxkit.spec import SandboxSpec
 from tests.engine.helpers import spec
 from tests.witness import Witness
 

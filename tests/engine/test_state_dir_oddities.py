@@ -20,15 +20,15 @@ import pytest
 import trio
 import trio.lowlevel
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._protocol.journal import check_state_dir
+from sbxkit._protocol.records import LeaseRecord, encode_record
+from sbxkit._protocol.statedir import MAX_SOCKET_PATH
+from sbxkit._protocol.wire import Refused, Welcome
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
-from sbxkit.plan import new_lease_id
-from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.journal import check_state_dir
-from sbxkit.supervisor.records import LeaseRecord, encode_record
-from sbxkit.supervisor.statedir import MAX_SOCKET_PATH
-from sbxkit.supervisor.wire import Refused, Welcome
 from tests.engine.helpers import spec
 from tests.engine.test_supervisor import RawClient, hello, register_for, supervisor_pids
 from tests.supervision import (
@@ -254,7 +254,7 @@ def test_the_client_reads_a_startup_refusal_instead_of_waiting(
     code = (
         "import trio, sys\n"
         "from pathlib import Path\n"
-        "from sbxkit.supervisor.connect import connect_supervisor\n"
+        "from sbxkit._lifecycle.connect import connect_supervisor\n"
         f"state, command = Path({str(state_dir)!r}), {str(fake)!r}\n"
         "try:\n"
         "    trio.run(lambda: connect_supervisor(state, command=command))\n"

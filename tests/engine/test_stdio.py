@@ -6,9 +6,9 @@ import json
 
 import trio
 
+from sbxkit._consumers.stdio import StdioWorker, open_stdio_worker
+from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
-from sbxkit.spec import SandboxSpec
-from sbxkit.stdio import StdioWorker, open_stdio_worker
 from tests.engine.helpers import container_exists, limits
 from tests.witness import Witness
 

@@ -21,18 +21,15 @@ from typing import Any
 import pytest
 import trio
 
-from sbxkit.engine.client import Engine
-from sbxkit.errors import CleanupError
-from sbxkit.plan import new_lease_id
-from sbxkit.policy import LEASE_LABEL, build_create_body, container_name
-from sbxkit.runner import run
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.connect import SupervisorError
-from sbxkit.supervisor.fingerprint import implementation_fingerprint
-from sbxkit.supervisor.journal import SOCKET_NAME, StateDir, check_state_dir
-from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S
-from sbxkit.supervisor.records import LeaseRecord, StorageError, encode_record, record_filename
-from sbxkit.supervisor.wire import (
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.connect import SupervisorError
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._plan.policy import LEASE_LABEL, build_create_body, container_name
+from sbxkit._protocol.fingerprint import implementation_fingerprint
+from sbxkit._protocol.journal import SOCKET_NAME, StateDir, check_state_dir
+from sbxkit._protocol.records import LeaseRecord, StorageError, encode_record, record_filename
+from sbxkit._protocol.wire import (
     PROTOCOL_VERSION,
     Close,
     Closed,
@@ -49,6 +46,9 @@ from sbxkit.supervisor.wire import (
     decode_server,
     encode,
 )
+from sbxkit.engine.client import Engine
+from sbxkit.errors import CleanupError
+from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S
 from tests.engine.helpers import (
     container_exists,
     container_file_lines,
@@ -326,9 +326,9 @@ from pathlib import Path
 import trio
 
 from sbxkit.engine.client import open_engine
-from sbxkit.runner import run
-from sbxkit.spec import Limits, SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
+from sbxkit._consumers.runner import run
+from sbxkit._model.spec import Limits, SandboxSpec
+from sbxkit._lifecycle.supervised import SupervisedOwner
 
 SPEC = SandboxSpec(
     image={image!r},
@@ -628,8 +628,8 @@ async def test_a_second_supervisor_exits_0_and_leaves_the_first_undisturbed(
 
 AUTO_CALLER = """
 import trio
-from sbxkit.runner import run
-from sbxkit.spec import Limits, SandboxSpec
+from sbxkit._consumers.runner import run
+from sbxkit._model.spec import Limits, SandboxSpec
 
 SPEC = SandboxSpec(
     image={image!r},

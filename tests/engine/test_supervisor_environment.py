@@ -2,7 +2,7 @@
 
 A caller with a secret in its environment launches the supervisor through a real run; the
 supervisor's ``/proc/<pid>/environ`` (read from the host while it idles) holds only the names
-``sbxkit.supervisor.environment`` documents, and its command line names the caller's daemon
+``sbxkit._lifecycle.launch_environment`` documents, and its command line names the caller's daemon
 socket explicitly (``--engine-socket``) instead of inheriting ``DOCKER_HOST``.
 """
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sbxkit.supervisor.environment import SUPERVISOR_ENVIRONMENT
+from sbxkit._lifecycle.launch_environment import SUPERVISOR_ENVIRONMENT
 from tests.engine.helpers import unique, wait_until
 from tests.engine.test_supervisor import auto_caller, cmdline, supervisor_pids
 from tests.witness import Witness

@@ -27,17 +27,17 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.connect import CreateInterrupted, SupervisorError
+from sbxkit._lifecycle.supervised import SupervisedOwner
+from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._protocol.wire import Launch
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, SbxError
-from sbxkit.network.terms import NetworkTerms
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.spec import SandboxSpec
-from sbxkit.supervisor.client import SupervisedOwner
-from sbxkit.supervisor.connect import CreateInterrupted, SupervisorError
-from sbxkit.supervisor.wire import Launch
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
 from tests.supervision import (

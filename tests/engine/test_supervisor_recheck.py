@@ -18,9 +18,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from sbxkit.plan import new_lease_id
-from sbxkit.policy import container_name
-from sbxkit.supervisor.wire import (
+from sbxkit._plan.plan import new_lease_id
+from sbxkit._plan.policy import container_name
+from sbxkit._protocol.wire import (
     Close,
     Closed,
     Created,

@@ -9,8 +9,8 @@ import threading
 import trio
 
 import sbxkit
+from sbxkit._lifecycle.outcome import EVIDENCE_GRACE_S, judge_exit
 from sbxkit.engine.client import Engine
-from sbxkit.outcome import EVIDENCE_GRACE_S, judge_exit
 from tests.engine.helpers import (
     create_plain_container,
     python_spec,

@@ -11,8 +11,8 @@ import secrets
 
 import trio
 
+from sbxkit._consumers.runner import run
 from sbxkit.engine.client import Engine
-from sbxkit.runner import run
 from tests.engine.helpers import spec
 from tests.witness import LEASE_LABEL, RUN_LABEL, THIS_RUN, Witness
 

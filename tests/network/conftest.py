@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._model.settings import Settings
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine, open_engine
-from sbxkit.owner import InProcessOwner
-from sbxkit.settings import Settings
 from tests.network.servers import DnsWitness, Servers, running_servers
 from tests.supervision import SupervisorProcess, private_state_dir
 from tests.witness import BUSYBOX, PYTHON, Witness
@@ -89,7 +89,7 @@ def dns(tier: str) -> Iterator[DnsWitness]:
 
 
 LAUNCHER_UMASK = 0o077
-"""What an auto-launched supervisor runs with (sbxkit/supervisor/launch.py): the tier's
+"""What an auto-launched supervisor runs with (sbxkit/_lifecycle/launch.py): the tier's
 supervisors run as a user's would, not with the test process's umask (issue 38: a 0700 TLS
 directory broke the https callback on the default path, and no test saw it)."""
 

@@ -15,12 +15,12 @@ import pytest
 import trio
 
 import sbxkit
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._model.network_terms import CallbackTls, Network
+from sbxkit._model.settings import Settings
+from sbxkit._model.uids import HOST_UIDS
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
-from sbxkit.network.terms import CallbackTls, Network
-from sbxkit.owner import InProcessOwner
-from sbxkit.settings import Settings
-from sbxkit.uids import HOST_UIDS
 from tests.engine.helpers import create_plain_container, delete_image
 from tests.network.conftest import supervisor_with_umask
 from tests.network.payloads import command, output

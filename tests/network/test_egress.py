@@ -15,13 +15,13 @@ import msgspec
 import pytest
 
 import sbxkit
+from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._model.network_terms import Network
+from sbxkit._model.result import RunResult
+from sbxkit._model.settings import Settings
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.network.terms import Network
-from sbxkit.owner import InProcessOwner
-from sbxkit.result import RunResult
-from sbxkit.settings import Settings
 from tests.network.conftest import supervised
 from tests.network.payloads import FETCH, RAW, TUNNEL, command, output
 from tests.network.servers import (

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 import sbxkit
+from sbxkit._model.network_terms import Network
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.network.terms import Network
 from tests.network.payloads import command, output
 from tests.network.servers import CALLBACK, Servers
 from tests.witness import PYTHON, Witness

@@ -21,12 +21,12 @@ import msgspec
 import pytest
 
 import sbxkit
+from sbxkit._model.network_terms import Network
+from sbxkit._model.settings import Settings
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
-from sbxkit.network.terms import Network
 from sbxkit.pool.held import HeldPool, PooledBackend
-from sbxkit.settings import Settings
 from tests.network.payloads import FETCH, SBXKIT_RUN, command, output
 from tests.network.servers import ALLOWED, DENIED, Servers
 from tests.supervision import SupervisorProcess

@@ -34,12 +34,12 @@ import pytest
 import trio
 
 import sbxkit
+from sbxkit._model.network_terms import Network
+from sbxkit._model.settings import Settings
+from sbxkit._protocol.statedir import LOG_NAME
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import CleanupError
-from sbxkit.network.terms import Network
-from sbxkit.settings import Settings
-from sbxkit.supervisor.statedir import LOG_NAME
 from tests.network.conftest import LAUNCHER_UMASK, supervisor_with_umask
 from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers

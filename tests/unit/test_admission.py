@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.admission import (
+from sbxkit._lifecycle.admission import (
     AdmissionQueue,
     Budget,
     GiB,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.archive import (
+from sbxkit._consumers.archive import (
     ArchiveError,
     build_tar,
     confine,

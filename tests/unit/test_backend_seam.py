@@ -19,30 +19,27 @@ from typing import Any
 import msgspec
 import pytest
 
-from sbxkit import cli, plan, spec
+from sbxkit import cli
+from sbxkit._consumers.broker import Grants, run_with_grants
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._consumers.oneshot import run as public_run
+from sbxkit._consumers.pty import open_pty
+from sbxkit._consumers.runner import run
+from sbxkit._consumers.session import open_sandbox
+from sbxkit._consumers.stdio import open_stdio_worker
+from sbxkit._grammar.profile import SbxProfile, apply_profile, decode_profile, sandbox_options
+from sbxkit._model import spec
+from sbxkit._model.result import RunResult
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan import plan
+from sbxkit._plan.policy import build_create_body
 from sbxkit.backends import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
-from sbxkit.broker import Grants, run_with_grants
 from sbxkit.cli.batch import decode_job
 from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect, InfoReply
 from sbxkit.errors import SbxError, SpecError
-from sbxkit.harness import Job, run_many
-from sbxkit.oneshot import run as public_run
-from sbxkit.policy import build_create_body
-from sbxkit.profile import (
-    SbxProfile,
-    apply_profile,
-    decode_profile,
-    sandbox_options,
-)
-from sbxkit.pty import open_pty
-from sbxkit.result import RunResult
-from sbxkit.runner import run
-from sbxkit.session import open_sandbox
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
-from sbxkit.stdio import open_stdio_worker
 from tests.unit.test_layers import IO_MODULES, ROOT, imports_of
 from tests.unit.test_sbx_runner import Machine, sh, write_profile
 
@@ -220,8 +217,8 @@ async def test_a_backend_and_its_parts_are_one_or_the_other() -> None:
 async def test_docker_reconciliation_is_the_supervisors_recovery(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from sbxkit.supervisor import admin
-    from sbxkit.supervisor.wire import Recover, Report
+    from sbxkit._lifecycle import leases_admin as admin
+    from sbxkit._protocol.wire import Recover, Report
 
     requests: list[tuple[Path, object]] = []
 
@@ -368,7 +365,7 @@ def test_the_sbx_command_builders_are_pure() -> None:
     roots = {name.split(".")[0] for name in imports_of(path)}
     assert not roots & IO_MODULES, sorted(roots & IO_MODULES)
     ours = {n for n in imports_of(path) if n.startswith("sbxkit")}
-    assert ours <= {"sbxkit.errors", "sbxkit.predicates"}  # both pure
+    assert ours <= {"sbxkit.errors", "sbxkit._model.predicates"}  # both pure
 
 
 # --- profiles ------------------------------------------------------------------------------------

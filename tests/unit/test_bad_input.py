@@ -14,15 +14,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sbxkit.call_checks import check_spec_type, check_stdin
-from sbxkit.cli import EXIT_INTERNAL, EXIT_REFUSED, exit_code_for_error
-from sbxkit.cli.daemon_refusal import is_daemon_refusal
-from sbxkit.daemon_messages import scrub_daemon_paths
-from sbxkit.errors import Conflict, EngineError, SpecError
-from sbxkit.image_ref import image_reference_problem
-from sbxkit.profile import decode_profile, profile_from_dict
-from sbxkit.runner import run as runner_run
-from sbxkit.spec import (
+from sbxkit._consumers.runner import run as runner_run
+from sbxkit._grammar.daemon_refusal import is_daemon_refusal
+from sbxkit._grammar.profile import decode_profile, profile_from_dict
+from sbxkit._lifecycle.connect import SupervisorError
+from sbxkit._model.call_checks import check_spec_type, check_stdin
+from sbxkit._model.image_ref import image_reference_problem
+from sbxkit._model.spec import (
     MAX_ID,
     Limits,
     MiB,
@@ -33,8 +31,9 @@ from sbxkit.spec import (
     validate_spec,
     validate_workdir,
 )
-from sbxkit.supervisor.connect import SupervisorError
-from sbxkit.textcheck import check_utf8
+from sbxkit._model.textcheck import check_utf8
+from sbxkit.cli import EXIT_INTERNAL, EXIT_REFUSED, exit_code_for_error
+from sbxkit.errors import Conflict, EngineError, SpecError, scrub_daemon_paths
 
 IMAGE = "sbxkit-test/busybox:latest"
 NO_SOCKET = "/nonexistent/sbxkit-test.sock"

@@ -10,9 +10,9 @@ import msgspec
 
 from bench.kernel_floor import kernel_floor_body
 from bench.pool import true_spec
-from sbxkit.kernel.scripts import IO_TARGET, io_bind, kernel_io
-from sbxkit.policy import build_create_body
-from sbxkit.spec import LEASE_LABEL
+from sbxkit._kernel.scripts import IO_TARGET, io_bind, kernel_io
+from sbxkit._model.spec import LEASE_LABEL
+from sbxkit._plan.policy import build_create_body
 
 LEASE = "0123456789abcdef0123456789abcdef"
 

@@ -18,8 +18,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sbxkit import broker, grant_files
-from sbxkit.broker import (
+from sbxkit._consumers import broker, grant_files
+from sbxkit._consumers.broker import (
     GrantError,
     Grants,
     InputGrant,
@@ -31,10 +31,10 @@ from sbxkit.broker import (
     run_with_grants,
     snapshot_input,
 )
+from sbxkit._model.mounts import BindMount, TmpfsMount
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.errors import EngineUnavailable, SpecError
-from sbxkit.mounts import BindMount, TmpfsMount
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 SETTINGS = Settings(enable_bind_mounts=True, supervisor_state_dir="/nonexistent/sbxkit-state")
 

@@ -11,6 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from sbxkit._grammar.flags import DEFAULTS
+from sbxkit._model.result import PhaseTimings, RunResult, Status
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.cli import (
     EXIT_CLEANUP_FAILED,
     EXIT_ENGINE_UNAVAILABLE,
@@ -26,7 +29,6 @@ from sbxkit.cli import (
     spec_from_args,
     to_json,
 )
-from sbxkit.cli.flags import DEFAULTS
 from sbxkit.errors import (
     CleanupError,
     ContainerMismatch,
@@ -40,8 +42,6 @@ from sbxkit.errors import (
     SbxError,
     SpecError,
 )
-from sbxkit.result import PhaseTimings, RunResult, Status
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 IMAGE = "sbxkit-test/busybox:latest"
 
@@ -474,7 +474,7 @@ def write_profile(tmp_path: Any, text: str = PROFILE) -> str:
 
 
 def test_a_profile_supplies_defaults_and_flags_override_them(tmp_path: Any) -> None:
-    from sbxkit.profile import load_profile
+    from sbxkit._grammar.profile import load_profile
 
     path = write_profile(tmp_path)
     args = parse("--profile", path, "--timeout", "9", "--env", "SHARED=cli", "--", "python3", "-V")
@@ -520,7 +520,7 @@ def test_a_profile_supplies_defaults_and_flags_override_them(tmp_path: Any) -> N
 
 
 def test_without_a_profile_image_an_image_is_still_required(tmp_path: Any) -> None:
-    from sbxkit.profile import load_profile
+    from sbxkit._grammar.profile import load_profile
 
     path = write_profile(tmp_path, "[sandbox.docker]\n")
     with pytest.raises(SpecError) as caught:
@@ -529,7 +529,7 @@ def test_without_a_profile_image_an_image_is_still_required(tmp_path: Any) -> No
 
 
 def test_network_label_and_gpu_flags() -> None:
-    from sbxkit.gpu import GpuRequest
+    from sbxkit._model.gpu import GpuRequest
 
     spec = spec_of(
         "--network", "bridge", "--label", "a=1", "--label", "b=", "--gpus", "2", IMAGE, "true"
@@ -591,8 +591,8 @@ def test_main_with_a_profile_passes_the_supervisor_binary_in_the_settings(
     environment is left alone (a library caller's os.environ is not ours to change)."""
     import os
 
-    from sbxkit.cli import run_command
-    from sbxkit.supervisor.launch import supervisor_argv
+    from sbxkit._grammar import run_grammar as run_command
+    from sbxkit._lifecycle.launch import supervisor_argv
 
     monkeypatch.setenv("SBXKIT_SUPERVISOR", "the-callers-own")
     seen: list[Any] = []
@@ -630,7 +630,7 @@ def test_an_empty_workdir_is_still_refused_not_ignored(
 def test_the_waiting_notice_speaks_after_a_second_and_when_the_place_changes() -> None:
     import io
 
-    from sbxkit.handoff.notice import WaitingNotice
+    from sbxkit._util.notice import WaitingNotice
 
     stream = io.StringIO()
     notice = WaitingNotice(stream)

@@ -26,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from sbxkit._grammar.common import Parser
+from sbxkit._grammar.profile import load_profile, profile_from_dict
+from sbxkit._plan.policy import build_create_body
 from sbxkit.cli import EXIT_ENGINE_UNAVAILABLE, EXIT_REFUSED, build_parser, main, spec_from_args
-from sbxkit.cli.common import Parser
 from sbxkit.errors import SpecError
-from sbxkit.policy import build_create_body
-from sbxkit.profile import load_profile, profile_from_dict
 
 NO_SOCKET = "/nonexistent/sbxkit-fuzz.sock"
 IMAGE = "sbxkit-test/busybox:latest"

@@ -18,6 +18,10 @@ import msgspec
 import pytest
 
 import sbxkit
+from sbxkit._consumers.harness import Job, JobError, JobResult, Need, run_many
+from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.cli.progress import Progress
 from sbxkit.cli.results import encode_result, scan_results
 from sbxkit.cluster import ClusterUnauthenticated, ClusterUnavailable, RayCluster
@@ -59,10 +63,6 @@ from sbxkit.cluster.wire import (
     encode,
 )
 from sbxkit.errors import EngineUnavailable, SpecError
-from sbxkit.harness import Job, JobError, JobResult, Need, run_many
-from sbxkit.result import PhaseTimings, RunResult
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 SPEC = SandboxSpec(
     image="sbxkit-test/python:latest",

@@ -113,4 +113,4 @@ def test_a_stale_signature_is_caught() -> None:
         ") -> GrantResult: ...\n```\n"
     )
     with pytest.raises(AssertionError, match="the code's signature"):
-        check_signatures(stale, "sbxkit.broker")
+        check_signatures(stale, "sbxkit._consumers.broker")

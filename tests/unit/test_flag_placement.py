@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from sbxkit._grammar.flags import parse_with_flags_after_image
+from sbxkit._model.spec import MiB
 from sbxkit.cli import EXIT_REFUSED, build_parser, main, spec_from_args
 from sbxkit.cli.batch import main as batch_main
-from sbxkit.cli.flags import parse_with_flags_after_image
 from sbxkit.cli.shell import main as shell_main
 from sbxkit.cli.shell import shell_spec
-from sbxkit.spec import MiB
 from sbxkit.supervisor.config import build_parser as supervisor_parser
 
 IMAGE = "sbxkit-test/busybox:latest"

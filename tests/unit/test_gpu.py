@@ -14,9 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.engine.models import DiscoveredDevice, InfoReply
-from sbxkit.errors import SpecError
-from sbxkit.gpu import (
+from sbxkit._model.gpu import (
     MAX_GPUS,
     GpuCursor,
     GpuRequest,
@@ -28,9 +26,11 @@ from sbxkit.gpu import (
     selectable_gpus,
     validate_gpu_request,
 )
-from sbxkit.policy import build_create_body
-from sbxkit.preflight import DaemonPlan, check_daemon
-from sbxkit.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit._plan.policy import build_create_body
+from sbxkit._plan.preflight import DaemonPlan, check_daemon
+from sbxkit.engine.models import DiscoveredDevice, InfoReply
+from sbxkit.errors import SpecError
 
 LEASE = "gpu-lease"
 GPUS = ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=2"]

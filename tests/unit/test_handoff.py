@@ -19,8 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbxkit.capped import CappedBuffer
-from sbxkit.cli.common import json_error, to_json
+from sbxkit._grammar.common import json_error, to_json
+from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._protocol.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
+from sbxkit._protocol.proof import is_well_formed, secret_hash
+from sbxkit._protocol.wire import Hello, Run, RunCancel, RunEnded, RunStarted, decode_client, encode
+from sbxkit._util.capped import CappedBuffer
 from sbxkit.handoff.client import (
     cancel_message,
     ended_message,
@@ -30,22 +34,10 @@ from sbxkit.handoff.client import (
     with_output,
 )
 from sbxkit.handoff.fifos import Ends, Watched, watch
-from sbxkit.handoff.owner import Declined
 from sbxkit.handoff.rejoin import rejoin, resume_message
 from sbxkit.handoff.scan import Scan, scan_run
-from sbxkit.handoff.serve import parse_run, result_document
-from sbxkit.result import PhaseTimings, RunResult
-from sbxkit.supervisor.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
-from sbxkit.supervisor.proof import is_well_formed, secret_hash
-from sbxkit.supervisor.wire import (
-    Hello,
-    Run,
-    RunCancel,
-    RunEnded,
-    RunStarted,
-    decode_client,
-    encode,
-)
+from sbxkit.supervisor.handoff.owner import Declined
+from sbxkit.supervisor.handoff.serve import parse_run, result_document
 
 # -- the scan ---------------------------------------------------------------------------------
 
@@ -378,7 +370,7 @@ def test_sbxkits_own_lines_end_what_a_payload_left_open_on_a_terminal_only() -> 
     import io
     import os
 
-    from sbxkit.handoff.notice import TERMINAL_RESET, say
+    from sbxkit._util.notice import TERMINAL_RESET, say
 
     plain = io.StringIO()
     say("sbxkit: timed out", plain)

@@ -15,6 +15,20 @@ import trio
 import trio.testing
 from hypothesis import given
 
+from sbxkit._consumers.harness import (
+    Admission,
+    Budget,
+    Job,
+    JobError,
+    JobId,
+    JobResult,
+    Need,
+    need_of,
+    run_many,
+)
+from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.plan import CheckedSpec
 from sbxkit.backends import Backend
 from sbxkit.cli.batch import (
     JobsFileError,
@@ -30,20 +44,6 @@ from sbxkit.cli.batch import (
     scan_results,
 )
 from sbxkit.errors import CleanupError, ImageError, SpecError
-from sbxkit.harness import (
-    Admission,
-    Budget,
-    Job,
-    JobError,
-    JobId,
-    JobResult,
-    Need,
-    need_of,
-    run_many,
-)
-from sbxkit.plan import CheckedSpec
-from sbxkit.result import PhaseTimings, RunResult
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 LIMITS: dict[str, Any] = {
     "cpus": 0.5,
@@ -372,7 +372,7 @@ async def test_an_on_result_failure_stops_the_batch_and_is_reraised(
 async def test_a_full_supervisor_is_waited_for(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from sbxkit.supervisor.connect import CapacityExhausted
+    from sbxkit._lifecycle.connect import CapacityExhausted
 
     calls: list[float] = []
 

@@ -1,4 +1,4 @@
-"""Finding a started container's init on the host (``sbxkit.kernel.initpid``): the pure pick,
+"""Finding a started container's init on the host (``sbxkit._kernel.initpid``): the pure pick,
 and the lookup through a cgroup layout learned from another container's path."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from sbxkit.kernel.initpid import init_pid_on_host, learn_cgroup_layout, pick_init
+from sbxkit._kernel.initpid import init_pid_on_host, learn_cgroup_layout, pick_init
 
 FIRST, SECOND = "a" * 64, "b" * 64
 

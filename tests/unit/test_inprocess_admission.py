@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from sbxkit.admission import Budget, Need
+from sbxkit._lifecycle.admission import Budget, Need
+from sbxkit._lifecycle.owner import InProcessAdmission
 from sbxkit.errors import NeverFits, SpecError
-from sbxkit.owner import InProcessAdmission
 
 MiB = 1024**2
 

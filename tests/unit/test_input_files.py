@@ -16,7 +16,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sbxkit.bounded_read import file_kind_problem, read_bounded
+from sbxkit._grammar.profile import MAX_PROFILE_BYTES, load_profile
+from sbxkit._util.bounded_read import file_kind_problem, read_bounded
 from sbxkit.cli.batch import check_out_path, load_jobs
 from sbxkit.cli.jobs import forget_error_lines
 from sbxkit.cli.results import (
@@ -27,7 +28,6 @@ from sbxkit.cli.results import (
     scan_results,
 )
 from sbxkit.errors import SpecError
-from sbxkit.profile import MAX_PROFILE_BYTES, load_profile
 
 NO_SOCKET = "/nonexistent/sbxkit-test.sock"
 IMAGE = "sbxkit-test/busybox:latest"

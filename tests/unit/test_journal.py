@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from sbxkit.supervisor import records as rec
-from sbxkit.supervisor.journal import (
-    LOCK_NAME,
-    Journal,
-    StateDir,
-    check_state_dir,
-)
-from sbxkit.supervisor.records import LeaseRecord, StorageError, encode_record, record_filename
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.journal import LOCK_NAME, Journal, StateDir, check_state_dir
+from sbxkit._protocol.records import LeaseRecord, StorageError, encode_record, record_filename
 
 LEASE_A = "a" * 32
 LEASE_B = "b" * 32

@@ -11,7 +11,7 @@ import os
 
 import trio
 
-from sbxkit.kernel.supervise import KernelIO, supervise_kernel
+from sbxkit._lifecycle.kernel_watch import KernelIO, supervise_kernel
 
 
 def pipe_io() -> tuple[KernelIO, int, int, int]:

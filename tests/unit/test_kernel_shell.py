@@ -1,6 +1,6 @@
-"""The kernel path's shell (sbxkit/kernel/scripts.py) under the host's dash and busybox ash —
+"""The kernel path's shell (sbxkit/_kernel/scripts.py) under the host's dash and busybox ash —
 the shells of the two test images — on real FIFOs made and opened as the host side makes and
-opens them (sbxkit/kernel/fifos.py): the shell says it runs before the payload can, the
+opens them (sbxkit/_kernel/fifos.py): the shell says it runs before the payload can, the
 payload starts only at the go line, its argv and environment are exactly the spec's (nothing
 the shell added), and stdin, stdout and stderr pass byte-exact until EOF. No daemon: the
 real-engine tier runs the same code in containers."""
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbxkit.kernel.fifos import FIFO_NAMES, open_host_ends
-from sbxkit.kernel.scripts import GO_LINE, SYNC_BYTE, cold_command
+from sbxkit._kernel.fifos import FIFO_NAMES, open_host_ends
+from sbxkit._kernel.scripts import GO_LINE, SYNC_BYTE, cold_command
 
 SHELLS = {"dash": "dash", "ash": "busybox"}
 REPORT = (

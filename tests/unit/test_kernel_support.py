@@ -1,4 +1,4 @@
-"""Which hosts and runs get the kernel's evidence (sbxkit/kernel/support.py), the supervisor's
+"""Which hosts and runs get the kernel's evidence (sbxkit/_kernel/support.py), the supervisor's
 rule for the kernel path's bind (recheck.py), and the held pool's template of a kernel path
 park (templates.py): pure, no daemon."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from sbxkit._kernel.fifos import io_dir_problem, make_io_dir, stale_io_dirs
+from sbxkit._kernel.scripts import IO_TARGET, io_bind, io_root, kernel_io
+from sbxkit._kernel.support import HostFacts, daemon_path_reason, run_path_reason
+from sbxkit._model.mounts import ExpectedMount, check_target
 from sbxkit.engine.models import ContainerCreate, HostConfig
 from sbxkit.errors import SpecError
-from sbxkit.kernel.fifos import io_dir_problem, make_io_dir, stale_io_dirs
-from sbxkit.kernel.scripts import IO_TARGET, io_bind, io_root, kernel_io
-from sbxkit.kernel.support import HostFacts, daemon_path_reason, run_path_reason
-from sbxkit.mounts import ExpectedMount, check_target
 from sbxkit.supervisor.recheck import _check_io_bind
 from sbxkit.supervisor.templates import body_for_lease, mounts_for_lease
 

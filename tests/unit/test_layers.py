@@ -14,49 +14,48 @@ ROOT = Path(__file__).resolve().parents[2] / "sbxkit"
 PURE = [
     "engine/frames.py",
     "engine/models.py",
-    "output.py",
-    "spec.py",
-    "policy.py",
-    "verify.py",
-    "result.py",
+    "_lifecycle/output.py",
+    "_model/spec.py",
+    "_plan/policy.py",
+    "_plan/verify.py",
+    "_model/result.py",
     "errors.py",
-    "mounts.py",
-    "rules.py",
-    "gpu.py",
-    "settings.py",
-    "usage.py",
-    "supervisor/wire.py",
-    "supervisor/framing.py",
-    "supervisor/handoff_wire.py",
-    "supervisor/records.py",
-    "supervisor/proof.py",
-    "admission.py",
-    "predicates.py",
-    "textcheck.py",
-    "image_ref.py",
-    "daemon_messages.py",
-    "call_checks.py",
-    "exec_scripts.py",
+    "_model/mounts.py",
+    "_model/rules.py",
+    "_model/gpu.py",
+    "_model/settings.py",
+    "_lifecycle/usage.py",
+    "_protocol/wire.py",
+    "_protocol/framing.py",
+    "_protocol/handoff_wire.py",
+    "_protocol/records.py",
+    "_protocol/proof.py",
+    "_lifecycle/admission.py",
+    "_model/predicates.py",
+    "_model/textcheck.py",
+    "_model/image_ref.py",
+    "_model/call_checks.py",
+    "_consumers/exec_scripts.py",
     "pool/sizing.py",
     "pool/line.py",
     "pool/shape.py",
-    "argtypes.py",
-    "units.py",
-    "uids.py",
-    "mcp/options.py",
+    "_util/argtypes.py",
+    "_model/units.py",
+    "_model/uids.py",
+    "_grammar/mcp_options.py",
     "mcp/arguments.py",
     "mcp/policy.py",
     "mcp/quotas.py",
     "mcp/shapes.py",
     "mcp/schemas.py",
     "mcp/tokens.py",
-    "network/names.py",
-    "network/allow.py",
+    "_model/network_names.py",
+    "_model/network_allow.py",
     "network/addresses.py",
-    "network/terms.py",
+    "_model/network_terms.py",
     "network/request.py",
     "network/clienthello.py",
-    "network/audit.py",
+    "_model/network_audit.py",
     "network/refusals.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
@@ -87,14 +86,14 @@ def test_engine_knows_nothing_of_sandboxes(path: Path) -> None:
 
 
 def test_policy_knows_nothing_of_the_engine_client() -> None:
-    for module in ("spec.py", "policy.py", "verify.py"):
+    for module in ("_model/spec.py", "_plan/policy.py", "_plan/verify.py"):
         ours = {n for n in imports_of(ROOT / module) if n.startswith("sbxkit.engine")}
         assert ours <= {"sbxkit.engine.models"}, f"{module} imports {sorted(ours)}"
 
 
 def test_the_test_can_fail() -> None:
     # A module importing trio must be caught by the same check the pure modules pass.
-    assert "trio" in imports_of(ROOT / "attached.py")
+    assert "trio" in imports_of(ROOT / "_lifecycle" / "attached.py")
 
 
 def module_name(path: Path) -> str:
@@ -162,3 +161,66 @@ def test_no_module_is_over_600_lines() -> None:
     }
     assert max(sizes.values()) > 100  # the walk found the package
     assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+LAYERS: list[tuple[str, ...]] = [
+    ("sbxkit.errors",),
+    ("sbxkit._util",),
+    ("sbxkit.engine",),
+    ("sbxkit._model",),
+    ("sbxkit._kernel", "sbxkit._protocol"),
+    ("sbxkit.network",),
+    ("sbxkit._plan",),
+    ("sbxkit._lifecycle",),
+    ("sbxkit.backends",),
+    ("sbxkit.pool",),
+    ("sbxkit._consumers",),
+    ("sbxkit._grammar",),
+    ("sbxkit.supervisor",),
+    ("sbxkit.cluster", "sbxkit.mcp"),
+    ("sbxkit.cli",),
+    ("sbxkit.handoff",),
+    ("sbxkit.aio", "sbxkit.blocking", "sbxkit.inspect_provider", "sbxkit.__main__", "sbxkit"),
+]
+"""The floor plan, ground floor first (docs/architecture.md): a package imports only packages
+on lower floors, never one beside it or above it; inside a package, anything."""
+
+
+def package_of(module: str) -> str:
+    """The floor-plan unit a module belongs to: ``sbxkit.X`` (a package or a top module)."""
+    return ".".join(module.split(".")[:2])
+
+
+def floor_problems(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
+    floor = {package: level for level, row in enumerate(layers) for package in row}
+    problems = []
+    for module, targets in sorted(graph.items()):
+        home = package_of(module)
+        if home not in floor:
+            problems.append(f"{module}: its package {home} is on no floor")
+            continue
+        for target in sorted(targets):
+            there = package_of(target)
+            if there == home:
+                continue
+            if floor.get(there, len(layers)) >= floor[home]:
+                problems.append(f"{module} imports {target}: {there} is not below {home}")
+    return problems
+
+
+def test_every_package_imports_only_packages_below_it() -> None:
+    assert floor_problems(import_graph(), LAYERS) == []
+
+
+def test_the_floor_check_can_fail() -> None:
+    graph = {"sbxkit._model.spec": {"sbxkit._plan.plan"}, "sbxkit._plan.plan": set()}
+    assert floor_problems(graph, LAYERS) == [
+        "sbxkit._model.spec imports sbxkit._plan.plan: sbxkit._plan is not below sbxkit._model"
+    ]
+    sideways = {"sbxkit.mcp.hub": {"sbxkit.cluster.api"}, "sbxkit.cluster.api": set()}
+    assert floor_problems(sideways, LAYERS) == [
+        "sbxkit.mcp.hub imports sbxkit.cluster.api: sbxkit.cluster is not below sbxkit.mcp"
+    ]
+    assert floor_problems({"sbxkit.elsewhere": set()}, LAYERS) == [
+        "sbxkit.elsewhere: its package sbxkit.elsewhere is on no floor"
+    ]

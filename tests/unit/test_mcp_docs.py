@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sbxkit._grammar.profile import decode_profile
 from sbxkit.cli.main import build_parser
 from sbxkit.mcp.policy import policy_from_profile
 from sbxkit.mcp.tokens import Credentials, parse_tokens
-from sbxkit.profile import decode_profile
 from tests.doc_blocks import ROOT, Block, extract
 
 SOURCE = "docs/mcp.md"

@@ -13,6 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sbxkit._grammar.mcp_options import parse_http_address
+from sbxkit._grammar.profile import LIMIT_FIELDS, decode_profile
+from sbxkit._model.spec import MiB
 from sbxkit.errors import SbxError, SpecError
 from sbxkit.mcp.arguments import (
     ARGS,
@@ -26,7 +29,6 @@ from sbxkit.mcp.arguments import (
     decode_args,
     file_path,
 )
-from sbxkit.mcp.options import parse_http_address
 from sbxkit.mcp.policy import (
     McpPolicy,
     exec_request,
@@ -37,8 +39,6 @@ from sbxkit.mcp.policy import (
 from sbxkit.mcp.quotas import QuotaExhausted, Quotas
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import error_fields
-from sbxkit.profile import LIMIT_FIELDS, decode_profile
-from sbxkit.spec import MiB
 
 PYTHON = "sbxkit-test/python:latest"
 BUSYBOX = "sbxkit-test/busybox:latest"

@@ -12,10 +12,10 @@ import stat
 
 import pytest
 
+from sbxkit._grammar.mcp_options import request_body_limit
 from sbxkit.errors import SpecError
 from sbxkit.mcp.connections import accept_backlog, connection_limit
 from sbxkit.mcp.gate import RateLimitedLog, _address, modern_route, peer_uid
-from sbxkit.mcp.options import request_body_limit
 from sbxkit.mcp.tokens import (
     DEFAULT_NAME,
     MIN_TOKEN_CHARS,

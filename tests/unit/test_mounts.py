@@ -1,9 +1,10 @@
 """Mount rules: any path resolving into a protected tree or one of its ancestors is refused.
 
-Two layers, as in the code: the pure lexical rules of ``sbxkit.mounts`` (no filesystem), and
-``sbxkit.preflight.resolve_host_path`` against the real filesystem, where symlink chains, dangling
-links and special files are resolved and judged by what they really name. Every property that
-refuses has a positive control beside it, so a rule that refused everything would fail here too.
+Two layers, as in the code: the pure lexical rules of ``sbxkit._model.mounts`` (no filesystem), and
+``sbxkit._plan.preflight.resolve_host_path`` against the real filesystem, where symlink chains,
+dangling links and special files are resolved and judged by what they really name. Every property
+that refuses has a positive control beside it, so a rule that refused everything would fail here
+too.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbxkit.errors import SpecError
-from sbxkit.mounts import (
+from sbxkit._model.mounts import (
     MAX_MOUNTS,
     PROTECTED_HOST_PATHS,
     SYSTEM_TARGETS,
@@ -35,9 +35,10 @@ from sbxkit.mounts import (
     protected_reason,
     validate_mounts,
 )
-from sbxkit.preflight import resolve_host_path
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec, validate_spec
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_spec
+from sbxkit._plan.preflight import resolve_host_path
+from sbxkit.errors import SpecError
 
 # Hypothesis builds its Unicode tables on the first text draw (~1.5 s): not slow input.
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

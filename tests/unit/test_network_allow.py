@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.errors import SpecError
-from sbxkit.network.allow import (
+from sbxkit._model.network_allow import (
     DEFAULT_PORTS,
     MAX_ENTRIES,
     AllowEntry,
@@ -21,7 +20,7 @@ from sbxkit.network.allow import (
     parse_allow,
     parse_allow_list,
 )
-from sbxkit.network.names import (
+from sbxkit._model.network_names import (
     Destination,
     destination_text,
     normalize_name,
@@ -29,6 +28,7 @@ from sbxkit.network.names import (
     parse_ip,
     split_host_port,
 )
+from sbxkit.errors import SpecError
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.network.names import Destination
+from sbxkit._model.network_names import Destination
 from sbxkit.network.request import (
     ProxyRequest,
     Refusal,

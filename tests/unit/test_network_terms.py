@@ -10,13 +10,8 @@ import msgspec
 import pytest
 import trio
 
-from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import SpecError
-from sbxkit.network.audit import Decision, Denial, Denials, encode_decision
-from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
-from sbxkit.network.netns import can_enter_namespaces, process_problem
-from sbxkit.network.refusals import desktop_kind, governed_refusal
-from sbxkit.network.terms import (
+from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
+from sbxkit._model.network_terms import (
     PROXY_KEYS,
     TLS_TMPFS,
     CallbackTerms,
@@ -29,13 +24,18 @@ from sbxkit.network.terms import (
     parse_callback,
     unset_env,
 )
-from sbxkit.policy import hardened_body
-from sbxkit.rules import check_network, check_runtime_fit
-from sbxkit.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit._model.rules import check_network, check_runtime_fit
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
+from sbxkit._plan.policy import hardened_body
+from sbxkit._protocol.wire import Claim, PoolTerms, Register, Reservation
+from sbxkit.engine.models import ContainerCreate
+from sbxkit.errors import SpecError
+from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
+from sbxkit.network.netns import can_enter_namespaces, process_problem
+from sbxkit.network.refusals import desktop_kind, governed_refusal
 from sbxkit.supervisor.adopting import terms_problem
 from sbxkit.supervisor.recheck import recheck_body
 from sbxkit.supervisor.templates import shape_key
-from sbxkit.supervisor.wire import Claim, PoolTerms, Register, Reservation
 
 LEASE = "0123456789abcdef0123456789abcdef"
 CA = "/etc/sbxkit/ca.pem"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit._grammar.common import JsonResult
 from sbxkit.cli import build_parser
 from sbxkit.cli.batch import EPILOG, EXIT_CLEANUP_FAILED, EXIT_JOB_ERRORS, EXIT_OK
-from sbxkit.cli.common import JsonResult
 from tests.unit.test_flag_placement import every_parser
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sbxkit._lifecycle.outcome import Verdict, classify_exit, docker_time, signal_number
 from sbxkit.engine.models import Event, EventActor
-from sbxkit.outcome import Verdict, classify_exit, docker_time, signal_number
 
 
 def event(action: str, **attributes: str) -> Event:
@@ -75,7 +75,7 @@ def test_signal_number_spellings() -> None:
 
 
 def test_parse_usage_reads_both_cgroup_versions() -> None:
-    from sbxkit.usage import parse_usage
+    from sbxkit._lifecycle.usage import parse_usage
 
     v1 = parse_usage("v1\n3788800\n54468007\n")
     assert (v1.cgroup, v1.memory_peak_bytes) == ("v1", 3788800)

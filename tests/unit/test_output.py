@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sbxkit._lifecycle.output import CappedBuffer, OutputCapture
 from sbxkit.engine.frames import STDERR, STDIN, STDOUT, SYSTEMERR
-from sbxkit.output import CappedBuffer, OutputCapture
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit._grammar.run_grammar import stdin_of
+from sbxkit._model.spec import MiB
+from sbxkit._util.stdin import FileStdin
 from sbxkit.cli import EXIT_REFUSED, main
 from sbxkit.cli.batch import configure, decode_jobs
 from sbxkit.cli.jobs import (
@@ -20,10 +23,7 @@ from sbxkit.cli.jobs import (
     with_defaults,
     without_error_lines,
 )
-from sbxkit.cli.run_command import stdin_of
 from sbxkit.errors import SpecError
-from sbxkit.spec import MiB
-from sbxkit.stdin import FileStdin
 
 IMAGE = "sbxkit-test/busybox:latest"
 

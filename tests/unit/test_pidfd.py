@@ -17,13 +17,7 @@ from contextlib import contextmanager, suppress
 
 import pytest
 
-from sbxkit.kernel.pidfd import (
-    exit_status,
-    reap_watch,
-    status_code,
-    wait_reaped,
-    zombie_status,
-)
+from sbxkit._kernel.pidfd import exit_status, reap_watch, status_code, wait_reaped, zombie_status
 
 
 @contextmanager

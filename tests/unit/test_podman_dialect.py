@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from sbxkit._model.rules import check_podman_runtime
+from sbxkit._plan.policy import PODMAN_SEALED_TMPFS, build_create_body, scratch_options
+from sbxkit._plan.verify import check_created
 from sbxkit.engine.transport import error_for
 from sbxkit.errors import Conflict, ContainerMismatch, EngineError, NotFound, SpecError
-from sbxkit.policy import PODMAN_SEALED_TMPFS, build_create_body, scratch_options
-from sbxkit.rules import check_podman_runtime
-from sbxkit.verify import check_created
 from tests.unit.test_verify import CONTAINER_ID, LEASE, NAME, inspect, make_spec, reply_for
 
 

@@ -9,16 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbxkit.errors import SpecError
-from sbxkit.policy import (
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._model.uids import HOST_UIDS, uid_for_lease
+from sbxkit._plan.policy import (
     LEASE_LABEL,
     SCRATCH_PATH,
     build_create_body,
     container_name,
     scratch_options,
 )
-from sbxkit.spec import Limits, MiB, SandboxSpec
-from sbxkit.uids import HOST_UIDS, uid_for_lease
+from sbxkit.errors import SpecError
 
 LEASE = "0123abcd-lease"
 
@@ -52,7 +52,7 @@ def encoded(spec: SandboxSpec, lease: str = LEASE) -> dict[str, Any]:
 
 
 OWN = uid_for_lease(LEASE, HOST_UIDS)
-"""The pinned body's lease's own uid (``sbxkit.uids``)."""
+"""The pinned body's lease's own uid (``sbxkit._model.uids``)."""
 UNSET = ["SBXKIT_ENDPOINT", "SBXKIT_TLS_CA", "SBXKIT_TLS_CERT", "SBXKIT_TLS_KEY"]
 """Owned keys a body without a callback unsets (``unset_env``): Docker drops an image's value."""
 

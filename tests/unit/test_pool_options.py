@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
+from sbxkit._grammar.profile import PoolOptions, decode_profile
 from sbxkit.cli.batch import batch_pool
 from sbxkit.errors import SpecError
-from sbxkit.profile import PoolOptions, decode_profile
 
 BASE = '[sandbox.docker]\nimage = "img:1"\n'
 

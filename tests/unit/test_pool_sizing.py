@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit._consumers.harness import Job, run_many
+from sbxkit._model.call_checks import MAX_POOL_SIZE
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.call_checks import MAX_POOL_SIZE
 from sbxkit.errors import SpecError
-from sbxkit.harness import Job, run_many
 from sbxkit.pool import ParkingBudget
 from sbxkit.pool.shapes import PoolPerShape, ShapePools
 from sbxkit.pool.sizing import pool_sizes
-from sbxkit.spec import Limits, MiB, SandboxSpec
 from tests.unit.test_sbx_runner import Machine
 
 

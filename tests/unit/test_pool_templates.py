@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.policy import build_create_body
+from sbxkit._model.rules import LEASE_LABEL
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import build_create_body
+from sbxkit._protocol.wire import Claim, PoolTerms, Register, Reservation
 from sbxkit.pool import PARK_SCRIPT
-from sbxkit.rules import LEASE_LABEL
-from sbxkit.spec import Limits, MiB, SandboxSpec
 from sbxkit.supervisor.recheck import recheck_body
 from sbxkit.supervisor.templates import body_for_lease, shape_key, template_problem
-from sbxkit.supervisor.wire import Claim, PoolTerms, Register, Reservation
 
 TEMPLATE_LEASE = "a" * 32
 TERMS = PoolTerms(size=2, idle_ttl_s=300.0, max_timeout_s=600.0)

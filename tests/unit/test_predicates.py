@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sbxkit import grants, profile
+from sbxkit._consumers import grants
+from sbxkit._grammar import profile
+from sbxkit._model.predicates import has_control
+from sbxkit._model.spec import validate_workdir
 from sbxkit.backends import sbx_commands
 from sbxkit.errors import SpecError
-from sbxkit.predicates import has_control
-from sbxkit.spec import validate_workdir
 
 CONTROLS = ["\x00", "\x1b", "\x7f", "\x85", "\x9b"]  # NUL, ESC, DEL, NEL (C1), CSI (C1)
 

@@ -13,10 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbxkit.errors import SpecError
-from sbxkit.gpu import GpuRequest
-from sbxkit.mounts import BindMount, TmpfsMount, VolumeMount
-from sbxkit.profile import (
+from sbxkit._grammar.profile import (
     MAX_PROFILE_BYTES,
     Profile,
     SupervisorOptions,
@@ -26,8 +23,11 @@ from sbxkit.profile import (
     profile_from_dict,
     supervisor_command,
 )
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, validate_spec
+from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.mounts import BindMount, TmpfsMount, VolumeMount
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, validate_spec
+from sbxkit.errors import SpecError
 
 FULL = """
 [sandbox.docker]

@@ -35,4 +35,10 @@ def test_the_command_line_does_not_load_what_it_does_not_use() -> None:
         ).stdout.split()
     )
     assert "sbxkit.backends.docker" in loaded  # the test can fail: the CLI loads the backend
-    assert not loaded & {"sbxkit.broker", "sbxkit.session", "sbxkit.pty", "sbxkit.aio", "asyncio"}
+    assert not loaded & {
+        "sbxkit._consumers.broker",
+        "sbxkit._consumers.session",
+        "sbxkit._consumers.pty",
+        "sbxkit.aio",
+        "asyncio",
+    }

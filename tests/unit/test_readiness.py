@@ -15,10 +15,10 @@ from contextlib import contextmanager, suppress
 import pytest
 import trio
 
+from sbxkit._kernel.pidfd import still_running
+from sbxkit._protocol.channel import FrameChannel
+from sbxkit._util.readiness import readable, readable_now
 from sbxkit.engine.transport import _Connection
-from sbxkit.kernel.pidfd import still_running
-from sbxkit.readiness import readable, readable_now
-from sbxkit.supervisor.channel import FrameChannel
 
 HIGH = 1500
 

@@ -15,16 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.supervisor import records as rec
+from sbxkit._protocol import records as rec
+from sbxkit._protocol.proof import MAX_SPENT, check_proof, refusal_reason, rotated, secret_hash
+from sbxkit._protocol.records import LeaseRecord, decode_record, encode_record
 from sbxkit.supervisor.config import ADOPT_GRACE_S, build_parser, config_from_args
-from sbxkit.supervisor.proof import (
-    MAX_SPENT,
-    check_proof,
-    refusal_reason,
-    rotated,
-    secret_hash,
-)
-from sbxkit.supervisor.records import LeaseRecord, decode_record, encode_record
 
 LEASE = "a" * 32
 

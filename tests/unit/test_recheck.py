@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
+from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.mounts import BindMount, ResolvedMounts, TmpfsMount, VolumeMount
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import LEASE_LABEL, build_create_body
+from sbxkit._plan.preflight import _bind_string, tmpfs_options
 from sbxkit.engine.models import ContainerCreate, MountSpec, VolumeReply
 from sbxkit.errors import SpecError
-from sbxkit.gpu import GpuRequest
-from sbxkit.mounts import BindMount, ResolvedMounts, TmpfsMount, VolumeMount
-from sbxkit.policy import LEASE_LABEL, build_create_body
-from sbxkit.preflight import _bind_string, tmpfs_options
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec
 from sbxkit.supervisor.config import Config
 from sbxkit.supervisor.recheck import (
     allowed_engine_sockets,

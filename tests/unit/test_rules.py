@@ -14,10 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbxkit.errors import EngineUnavailable, SpecError
-from sbxkit.plan import effective_settings
-from sbxkit.policy import build_create_body
-from sbxkit.rules import (
+from sbxkit._consumers.runner import run
+from sbxkit._model.rules import (
     ENV_SIZE_LIMIT,
     GVISOR_MIN_PIDS,
     HOST_GATEWAY_ALIAS,
@@ -36,9 +34,11 @@ from sbxkit.rules import (
     runtime_env,
     runtime_name,
 )
-from sbxkit.runner import run
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec, validate_spec
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_spec
+from sbxkit._plan.plan import effective_settings
+from sbxkit._plan.policy import build_create_body
+from sbxkit.errors import EngineUnavailable, SpecError
 from tests.unit.test_layers import IO_MODULES, ROOT, imports_of
 
 LEASE = "0123abcd-lease"
@@ -63,7 +63,7 @@ def body_of(spec: SandboxSpec, **kwargs: Any) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("module", ["rules.py", "gpu.py", "profile.py"])
+@pytest.mark.parametrize("module", ["_model/rules.py", "_model/gpu.py", "_grammar/profile.py"])
 def test_the_new_policy_cores_do_no_io(module: str) -> None:
     roots = {name.split(".")[0] for name in imports_of(ROOT / module)}
     assert not roots & IO_MODULES, f"{module} imports {sorted(roots & IO_MODULES)}"

@@ -7,11 +7,11 @@ import argparse
 
 import pytest
 
-from sbxkit.cli.backend import cli_backend
-from sbxkit.cli.run_command import run_pool
+from sbxkit._grammar.backend_choice import cli_backend
+from sbxkit._grammar.profile import PoolOptions, decode_profile
+from sbxkit._grammar.run_grammar import run_pool
 from sbxkit.errors import SpecError
 from sbxkit.pool.held import HeldPool, PooledBackend
-from sbxkit.profile import PoolOptions, decode_profile
 
 BASE = '[sandbox.docker]\nimage = "img:1"\n'
 POOLED = decode_profile(BASE + "[sandbox.docker.pool]\nsize = 3\nidle_ttl = 30\n")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from sbxkit._model.rules import GVISOR_MIN_PIDS, check_runtime_fit
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_spec
+from sbxkit._plan.policy import build_create_body
 from sbxkit.errors import SpecError
-from sbxkit.policy import build_create_body
-from sbxkit.rules import GVISOR_MIN_PIDS, check_runtime_fit
-from sbxkit.spec import Limits, MiB, SandboxSpec, validate_spec
 
 
 def _spec(runtime: str | None, pids: int, network: str = "none") -> SandboxSpec:

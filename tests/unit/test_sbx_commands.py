@@ -17,6 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.mounts import TmpfsMount
 from sbxkit.backends.sbx_commands import (
     DEFAULT_USER,
     EXEC_SETUP_FAILED,
@@ -42,8 +44,6 @@ from sbxkit.backends.sbx_commands import (
     sbx_remove_args,
 )
 from sbxkit.errors import SpecError
-from sbxkit.gpu import GpuRequest
-from sbxkit.mounts import TmpfsMount
 
 NAME = "sbxkit-a1b2c3d4-0123456789abcdef"
 WORKSPACE = "/tmp/sbxkit-a1b2c3d4-0123456789abcdef-x1"

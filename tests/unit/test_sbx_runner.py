@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import trio
 
+from sbxkit._model.mounts import BindMount
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.base import open_backend
 from sbxkit.backends.sbx import (
     CompletedCommand,
@@ -34,8 +36,6 @@ from sbxkit.backends.sbx import (
 from sbxkit.backends.sbx_commands import EXEC_SETUP_FAILED, owner_of, sandbox_name
 from sbxkit.cli import EXIT_CLEANUP_FAILED, EXIT_ENGINE_UNAVAILABLE, exit_code_for_error, main
 from sbxkit.errors import CleanupError, SbxError, SpecError
-from sbxkit.mounts import BindMount
-from sbxkit.spec import Limits, MiB, SandboxSpec
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_sbx.py"
 TEMPLATE = "docker/sandbox-templates:shell"

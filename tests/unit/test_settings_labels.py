@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, parse_label_list
+from sbxkit._plan.plan import effective_settings
+from sbxkit._plan.policy import LEASE_LABEL, build_create_body
 from sbxkit.errors import SpecError
-from sbxkit.plan import effective_settings
-from sbxkit.policy import LEASE_LABEL, build_create_body
-from sbxkit.settings import Settings
-from sbxkit.spec import Limits, MiB, SandboxSpec, parse_label_list
 
 SPEC = SandboxSpec(
     image="img:1",

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sbxkit.errors import SpecError
-from sbxkit.spec import (
+from sbxkit._model.spec import (
     Limits,
     MiB,
     SandboxSpec,
@@ -21,6 +20,7 @@ from sbxkit.spec import (
     spec_from_dict,
     validate_spec,
 )
+from sbxkit.errors import SpecError
 
 MANDATORY = ("cpus", "memory_bytes", "pids", "output_bytes", "timeout_s")
 
@@ -78,7 +78,7 @@ def refused(spec: SandboxSpec) -> SpecError:
 def test_good_spec_passes_and_has_hardened_defaults() -> None:
     spec = good_spec()
     validate_spec(spec)
-    assert spec.user is None  # a uid of its own, chosen under its lease (sbxkit.uids)
+    assert spec.user is None  # a uid of its own, chosen under its lease (sbxkit._model.uids)
     assert spec.network == "none"
     assert spec.limits.fsize_bytes == 64 * MiB
     assert spec.limits.scratch_bytes == 64 * MiB
@@ -517,7 +517,7 @@ def test_image_references_that_would_break_the_url_path_are_refused(image: str) 
 
 
 def test_one_argument_longer_than_the_kernel_takes_is_refused_naming_it() -> None:
-    from sbxkit.spec import MAX_ARG_BYTES
+    from sbxkit._model.spec import MAX_ARG_BYTES
 
     assert validate_spec(good_spec(command=["echo", "x" * MAX_ARG_BYTES])) is None
     error = refused(good_spec(command=["echo", "x" * (MAX_ARG_BYTES + 1)]))

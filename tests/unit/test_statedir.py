@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sbxkit.supervisor.environment import SUPERVISOR_ENVIRONMENT, supervisor_environment
-from sbxkit.supervisor.journal import check_state_dir
-from sbxkit.supervisor.records import StorageError
-from sbxkit.supervisor.statedir import (
+from sbxkit._lifecycle.launch_environment import SUPERVISOR_ENVIRONMENT, supervisor_environment
+from sbxkit._protocol.journal import check_state_dir
+from sbxkit._protocol.records import StorageError
+from sbxkit._protocol.statedir import (
     MAX_SOCKET_PATH,
     ancestor_problem,
     entry_problem,
@@ -146,8 +146,8 @@ def test_the_launch_environment_keeps_only_the_documented_names() -> None:
 
 
 def test_a_launch_names_the_callers_engine_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sbxkit.supervisor.launch import launch_engine_sockets, supervisor_argv
-    from sbxkit.supervisor.wire import Recover
+    from sbxkit._lifecycle.launch import launch_engine_sockets, supervisor_argv
+    from sbxkit._protocol.wire import Recover
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/mine.sock")
     assert launch_engine_sockets(Recover()) == ["/run/mine.sock"]  # an operator's request

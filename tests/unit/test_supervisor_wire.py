@@ -18,12 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
-from sbxkit.errors import SbxError
-from sbxkit.mounts import ExpectedMount
-from sbxkit.network.audit import Denial
-from sbxkit.network.terms import CallbackTerms, NetworkTerms, TlsBundle
-from sbxkit.supervisor.wire import (
+from sbxkit._model.mounts import ExpectedMount
+from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_terms import CallbackTerms, NetworkTerms, TlsBundle
+from sbxkit._protocol.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
     Adopt,
@@ -79,6 +77,8 @@ from sbxkit.supervisor.wire import (
     decode_server,
     encode,
 )
+from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
+from sbxkit.errors import SbxError
 
 CLIENT_TYPES: tuple[type[Message], ...] = (
     Hello,
@@ -658,8 +658,8 @@ def test_a_register_of_the_largest_spec_fits_a_frame() -> None:
     # The spec's bounds (a 1 MiB command, 128 KiB of env) reach the supervisor whole, even when
     # every byte is one JSON escapes to six bytes (issue 27, finding 7: a 1.9 MB command was a
     # WireError at run time).
-    from sbxkit.rules import ENV_SIZE_LIMIT
-    from sbxkit.spec import MAX_ARG_BYTES, MAX_COMMAND_BYTES
+    from sbxkit._model.rules import ENV_SIZE_LIMIT
+    from sbxkit._model.spec import MAX_ARG_BYTES, MAX_COMMAND_BYTES
 
     arg = "\x01" * MAX_ARG_BYTES
     command = [arg] * (MAX_COMMAND_BYTES // (MAX_ARG_BYTES + 1))

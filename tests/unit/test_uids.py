@@ -1,5 +1,5 @@
-"""A uid of its own per sandbox (sbxkit.uids, sbxkit.uid_holds): the ranges, the lease's uid,
-the holds, and the refusals of a named user inside the ranges."""
+"""A uid of its own per sandbox (sbxkit._model.uids, sbxkit._lifecycle.uid_holds): the ranges, the
+lease's uid, the holds, and the refusals of a named user inside the ranges."""
 
 from __future__ import annotations
 
@@ -12,13 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit import uid_holds
-from sbxkit.errors import SpecError
-from sbxkit.policy import build_create_body
-from sbxkit.spec import Limits, MiB, SandboxSpec, validate_user
-from sbxkit.supervisor.templates import PLACEHOLDER_LEASE, body_for_lease
-from sbxkit.uid_holds import abstract_name, hold_own_uid, hold_uid, host_id_problem
-from sbxkit.uids import (
+from sbxkit._lifecycle import uid_holds
+from sbxkit._lifecycle.uid_holds import abstract_name, hold_own_uid, hold_uid, host_id_problem
+from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_user
+from sbxkit._model.uids import (
     HOST_UIDS,
     MAPPED_UIDS,
     body_with_uid,
@@ -26,6 +23,9 @@ from sbxkit.uids import (
     reserved_range_of,
     uid_for_lease,
 )
+from sbxkit._plan.policy import build_create_body
+from sbxkit.errors import SpecError
+from sbxkit.supervisor.templates import PLACEHOLDER_LEASE, body_for_lease
 
 LEASES = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
 

@@ -1,6 +1,7 @@
 """Sizes as Docker reads them and durations with units, wherever sbxkit reads one (issue 25):
 ``sbxkit run``'s flags, a profile, a batch job line, ``sbxkit batch``'s defaults and the
-supervisor's flags — one parser each (sbxkit/units.py), the same refusal wording everywhere."""
+supervisor's flags — one parser each (sbxkit/_model/units.py), the same refusal wording
+everywhere."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sbxkit
+from sbxkit._grammar.profile import decode_profile, profile_limits
+from sbxkit._model.units import GiB, KiB, MiB, TiB, parse_duration, parse_size
 from sbxkit.cli import build_parser, spec_from_args
 from sbxkit.cli.batch import _budgets, configure, decode_jobs
 from sbxkit.cli.jobs import defaults_from_args, normalize_limits
 from sbxkit.errors import SpecError
-from sbxkit.profile import decode_profile, profile_limits
 from sbxkit.supervisor.config import build_parser as supervisor_parser
 from sbxkit.supervisor.config import config_from_args
-from sbxkit.units import GiB, KiB, MiB, TiB, parse_duration, parse_size
 
 IMAGE = "sbxkit-test/busybox:latest"
 BASE = f'[sandbox.docker]\nimage = "{IMAGE}"\n'

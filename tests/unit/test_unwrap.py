@@ -7,10 +7,10 @@ import pytest
 import trio
 import trio.lowlevel
 
-from sbxkit.attached import supervise
+from sbxkit._lifecycle.attached import supervise
+from sbxkit._util.unwrap import chosen_leaf, plain_async, plain_errors
 from sbxkit.engine.models import ContainerWaitReply, WaitError
 from sbxkit.errors import EngineError, SbxError
-from sbxkit.unwrap import chosen_leaf, plain_async, plain_errors
 
 
 def test_ctrl_c_wins_over_everything_else_in_a_group() -> None:

@@ -14,11 +14,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._plan.policy import LEASE_LABEL, build_create_body, container_name
+from sbxkit._plan.verify import check_created
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import ContainerMismatch, ImageChanged
-from sbxkit.policy import LEASE_LABEL, build_create_body, container_name
-from sbxkit.spec import Limits, MiB, SandboxSpec
-from sbxkit.verify import check_created
 
 LEASE = "0123456789abcdef0123456789abcdef"
 NAME = container_name(LEASE)

@@ -1,0 +1,2 @@
+"""What callers open on an owned container: one-shot runs, sessions, PTYs, stdio workers, file
+grants, batches."""

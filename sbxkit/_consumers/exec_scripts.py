@@ -1,0 +1,99 @@
+"""The shell scripts a session's execs run inside the sandbox (pure constants).
+
+``RUN_SCRIPT`` wraps every exec so its process group can be killed (the Engine API cannot kill an
+exec, moby #9167); ``KILL_SCRIPT`` is that kill; ``PUT_SCRIPT`` and ``GET_SCRIPT`` move files with
+``tar``, confined by the resolved path. sbxkit/_consumers/session.py explains how they are used.
+"""
+
+from __future__ import annotations
+
+from sbxkit._plan.policy import SCRATCH_PATH
+
+__all__ = ["EXEC_FILE", "GET_SCRIPT", "KILL_SCRIPT", "MISSING_STATUS", "PUT_SCRIPT", "RUN_SCRIPT"]
+
+EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
+"""Prefix of each exec's group-id record (``.pid``)."""
+
+RUN_SCRIPT = (
+    f"f={EXEC_FILE}$1; shift; "
+    "setsid sh -c '"
+    'echo $$ >"$1.pid" || { echo "sbxkit: cannot record the process group of $2 in '
+    + SCRATCH_PATH
+    + ' (is it full?)" >&2; exit 126; }; '
+    "shift; "
+    'command -v "$1" >/dev/null || { echo "sbxkit: $1: command not found" >&2; exit 127; }; '
+    'exec "$@"'
+    '\' sbxkit "$f" "$@"; '
+    "s=$?; "
+    'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) ;; *) kill -0 -$p 2>/dev/null && exit $s;; esac; '
+    'rm -f "$f.pid"; '
+    "exit $s"
+)
+"""The exec wrapper. ``$1`` is the exec's token, the rest is the command. The outer ``sh`` is
+the exec's main process and forks ``setsid``, which (not being a group leader) makes the inner
+``sh`` the leader of a new session and group without forking; the inner ``sh`` records its pid
+(= the group id) and becomes the command. The inner ``sh`` is named ``sbxkit`` (its ``$0``, the
+name its errors carry), and a command it cannot find is said as ``sbxkit: CMD: command not
+found`` (127, as a shell says it) — never with the record's path. The outer ``sh`` returns the
+command's status and removes the record — unless the group outlived its leader (background
+children): then the record stays, so a timeout that comes while they hold the exec's output
+open still finds and kills them. Nothing the wrapper reads can stop the command: a file in the
+scratch space is the payload's to write, and an earlier exec's process could forge it."""
+
+KILL_SCRIPT = (
+    f"f={EXEC_FILE}$1; "
+    'g() { p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) return 0;; esac; '
+    '[ "$p" -gt 1 ] && kill -KILL -$p 2>/dev/null; return 0; }; '
+    "g; "
+    "for d in /proc/[0-9]*; do "
+    'c=$(tr "\\000" " " <"$d/cmdline" 2>/dev/null) || continue; '
+    'case "$c" in *"sbxkit-exec $1 "*|*".sbxkit-exec-$1 "*) kill -KILL "${d#/proc/}" 2>/dev/null;; '
+    "esac; done; "
+    "g; "
+    'rm -f "$f.pid"; '
+    "exit 0"
+)
+"""The killer. Kills the recorded group (a number greater than 1: the sandbox user could write
+anything there) without forking — a fork bomb in it may hold every pid — then every process
+that still carries this exec's token in its arguments (the wrapper before it recorded its
+group: the outer ``sh``, ``setsid``, the inner ``sh``), then the recorded group once more (a
+wrapper that recorded it meanwhile has ``exec``'d the command as that group's leader). So an
+exec ended before it recorded its group never starts its command, with no marker a payload
+could plant. ``kill -KILL -N`` is the spelling both busybox ``sh`` and Debian's ``dash`` accept
+(``kill -KILL -- -N`` is not)."""
+
+# Confinement by the resolved path: a link the payload planted on the way (``/tmp/job -> /etc``)
+# is refused unless where it leads stays under the file root, which must be no link itself.
+_ROOT = 'cd "$1" || exit 125; r=$(pwd -P); [ "$r" = "$1" ] || { p=$1; a=$r; _out; }; shift; '
+_OUT = '_out() { echo "sbxkit: $p leads to $a, outside the file root" >&2; exit 125; }; '
+PUT_SCRIPT = (
+    _OUT
+    + _ROOT
+    + 'd=$1; shift; for p in "$@"; do '
+    + '[ -L "$p" ] && { echo "sbxkit: $p is a link; none is written through" >&2; exit 125; }; '
+    + "done; "
+    + 'mkdir -p "$d" && exec tar -x -m -f - -C "$d"'
+)
+"""``$1`` the file root, ``$2`` the destination, the rest every directory on the way to it and
+every directory and file the archive names, relative to the root: none may be a link already
+(``mkdir -p`` and tar would write through it)."""
+MISSING_STATUS = 3
+"""``GET_SCRIPT``'s exit status for a file that is not there (its name on stderr); tar's own
+are 1 and 2."""
+GET_SCRIPT = (
+    _OUT
+    + _ROOT
+    + '_no() { printf "%s\\n" "$p" >&2; exit 3; }; '
+    + 'for p in "$@"; do a=$(cd "${p%/*}" 2>/dev/null && pwd -P) || { '
+    + '[ -e "${p%/*}" ] || _no; continue; }; '
+    + 'case "$a/" in "${r%/}"/*) ;; *) _out;; esac; '
+    + '[ -e "$p" ] || [ -L "$p" ] || _no; done; '
+    + 'exec tar -c -f - "$@"'
+)
+"""``$1`` the file root, the rest the files (``./``-relative): each one's directory must resolve
+under the root (tar follows links on the way; a link at the end it archives as a link, which
+the parser refuses). A file that is not there — or whose directory is not — ends it with
+``MISSING_STATUS`` and its name, checked after its directory is known to be under the root
+(so nothing is said about places outside it)."""

@@ -1,0 +1,293 @@
+"""One flag table for ``run``, ``shell`` and ``batch``: the sandbox flags, their parsing into a
+``SandboxSpec`` (a profile's values are defaults, explicit flags win) and the one ``IMAGE -- CMD``
+positional."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from sbxkit._grammar.common import subcommand_parser
+from sbxkit._grammar.profile import Profile, apply_profile
+from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.network_terms import CallbackTls, Network
+from sbxkit._model.spec import Limits, SandboxSpec, check_limit
+from sbxkit._model.units import parse_duration, parse_size
+from sbxkit._util.argtypes import ascii_float, ascii_int
+from sbxkit._util.environment import caller_environ
+from sbxkit.errors import SpecError
+
+LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    ("cpus", "--cpus", "cpus", "float"),
+    ("memory", "--memory", "memory_bytes", "size"),
+    ("pids", "--pids", "pids", "int"),
+    ("max_output", "--max-output", "output_bytes", "size"),
+    ("timeout", "--timeout", "timeout_s", "duration"),
+    ("fsize", "--fsize", "fsize_bytes", "size"),
+    ("scratch", "--scratch", "scratch_bytes", "size"),
+    ("shm", "--shm", "shm_bytes", "size"),
+)
+"""(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes and durations
+are read by ``sbxkit/_model/units.py``."""
+
+DEFAULTS = {"cpus": "1", "memory": "256m", "pids": "128", "max_output": "1m", "timeout": "30"}
+
+
+def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
+    """ASCII digits only (sbxkit/_util/argtypes.py): ``--pids ١٢`` is refused, not read as 12."""
+    try:
+        return ascii_int(text) if kind is int else ascii_float(text)
+    except ValueError:
+        raise SpecError(field, f"expected a number of ASCII digits, got {text!r}") from None
+
+
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    """``K=V`` sets a value; a bare ``K`` passes the host's value, by name only."""
+    env: dict[str, str] = {}
+    host = caller_environ()  # this process's, or a handed-off run's caller's (sbxkit.handoff)
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq:
+            if key not in host:
+                raise SpecError(f"--env {key}", "bare names pass the host value, but it is unset")
+            value = host[key]
+        env[key] = value
+    return env
+
+
+def _labels(pairs: Sequence[str]) -> dict[str, str]:
+    """``--label K=V``; the value may be empty, the key may not."""
+    labels: dict[str, str] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SpecError(f"--label {item}", "expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _gpus(text: str) -> GpuRequest:
+    """``--gpus N`` asks for N GPUs chosen round-robin; ``--gpus ID[,ID...]`` names CDI devices."""
+    stripped = text.strip()
+    if stripped.isascii() and stripped.isdigit():
+        if len(stripped) > 4:
+            raise SpecError("--gpus", f"a count must be at most 9999, got {stripped!r}")
+        return GpuRequest(count=int(stripped))
+    return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
+
+
+def _network(args: argparse.Namespace, base: str | Network) -> str | Network | None:
+    """The governed network ``--allow``, ``--callback`` and ``--tls-*`` describe over the
+    profile's (each given flag replaces that part of it), or None when none was given."""
+    allow = getattr(args, "allow", None) or []
+    callback = getattr(args, "callback", None)
+    tls = {name: getattr(args, f"tls_{name}", None) for name in ("ca", "cert", "key")}
+    if not allow and callback is None and not any(tls.values()):
+        return None
+    mode = getattr(args, "network", None) or (base if isinstance(base, str) else base.mode)
+    if mode not in ("none", "managed"):
+        raise SpecError("--allow", f"a governed network needs --network none, not {mode}")
+    network = base if isinstance(base, Network) else Network(mode="none")
+    changes: dict[str, Any] = {"mode": mode}
+    if allow:
+        changes["allow"] = list(allow)
+    if callback is not None:
+        changes["callback"] = callback
+    if any(tls.values()):
+        if tls["ca"] is None:
+            raise SpecError("--tls-ca", "the client TLS bundle starts with its CA (--tls-ca)")
+        changes["tls"] = CallbackTls(ca=tls["ca"], cert=tls["cert"], key=tls["key"])
+    return msgspec.structs.replace(network, **changes)
+
+
+def limit_value(text: str, flag: str, kind: str) -> int | float:
+    """A limit flag's value: sizes and durations as ``sbxkit/_model/units.py`` reads them (``1.5g``,
+    ``5m``), other numbers of ASCII digits."""
+    if kind == "size":
+        return parse_size(text, flag)
+    if kind == "duration":
+        return parse_duration(text, flag)
+    if kind == "int":
+        return int(_number(text, flag, int))
+    return _number(text, flag, float)
+
+
+def check_limit_flag(field: str, value: int | float, flag: str, text: str) -> None:
+    """Refuse a flag's bad limit naming the flag (``--memory``), not the spec field."""
+    try:
+        check_limit(field, value, flag)
+    except SpecError as exc:
+        digits = text.strip()
+        if digits.isascii() and digits.isdigit() and int(digits) > 0 and field.endswith("_bytes"):
+            hint = f"{exc.rule}; a bare number is bytes (did you mean {text.strip()}m?)"
+            raise SpecError(flag, hint) from None
+        raise
+
+
+def spec_from_args(
+    args: argparse.Namespace,
+    profile: Profile | None = None,
+    *,
+    defaults: Mapping[str, str] = DEFAULTS,
+    default_command: Sequence[str] = (),
+) -> SandboxSpec:
+    """The spec the flags describe: a profile's values are defaults, explicit flags win, and
+    ``defaults`` fill any mandatory limit neither set. Shared by ``run`` and ``shell``; flags a
+    command does not define count as not given."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    command = command or list(default_command)
+    if profile is not None:
+        base, _, _ = apply_profile(profile, command, image=args.image)
+    else:
+        if args.image is None:
+            raise SpecError("IMAGE", "required (or --profile FILE naming an image)")
+        # Partial on purpose: the flags and defaults below fill the mandatory limits.
+        base = SandboxSpec(image=args.image, command=command, limits=msgspec.convert({}, Limits))
+    limits: dict[str, Any] = {}
+    for dest, flag, field, kind in LIMIT_FLAGS:
+        given = getattr(args, dest)
+        if given is not None:
+            limits[field] = limit_value(given, flag, kind)
+            check_limit_flag(field, limits[field], flag, given)
+        elif getattr(base.limits, field) is None and dest in defaults:
+            limits[field] = limit_value(defaults[dest], flag, kind)
+    overrides: dict[str, Any] = {
+        "limits": msgspec.structs.replace(base.limits, **limits),
+        "env": {**base.env, **_env(getattr(args, "env", None) or [])},
+        "labels": {**base.labels, **_labels(getattr(args, "label", None) or [])},
+    }
+    if getattr(args, "user", None):
+        overrides["user"] = args.user
+    for dest in ("workdir", "runtime", "network"):
+        if getattr(args, dest, None) is not None:
+            overrides[dest] = getattr(args, dest)
+    if getattr(args, "gpus", None) is not None:
+        overrides["gpus"] = _gpus(args.gpus)
+    network = _network(args, overrides.get("network", base.network))
+    if network is not None:
+        overrides["network"] = network
+    return msgspec.structs.replace(base, **overrides)
+
+
+class ImageAndCommand(argparse.Action):
+    """``IMAGE [-- CMD...]``, or ``-- CMD...`` alone with ``--profile`` naming the image.
+
+    Everything after IMAGE belongs to the command, a leading ``--`` included: ``spec_from_args``
+    drops exactly one (so ``IMAGE -- -- x`` runs ``-- x``, in run and shell alike). Options
+    precede this positional (it swallows everything), so ``--profile`` is known when this runs
+    — except flags between IMAGE and a later ``--`` (``IMAGE --json -- echo hi``): they are
+    recorded in ``flags_after_image`` for ``parse_with_flags_after_image`` to read as flags.
+    Without a ``--``, a command whose first word is a flag is refused, not run.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        rest = [str(v) for v in values or []]
+        namespace.image_and_command = list(rest)
+        image: str | None = None
+        if rest and rest[0] != "--":
+            image, rest = rest[0], rest[1:]
+        if image is None and namespace.profile is None:
+            raise argparse.ArgumentError(
+                self, "IMAGE is required (or --profile FILE whose profile names an image)"
+            )
+        namespace.flags_after_image = []
+        if rest and rest[0].startswith("-") and rest[0] != "--":
+            if "--" not in rest:
+                raise argparse.ArgumentError(
+                    self,
+                    f"{rest[0]} after IMAGE would be the command: put sbxkit's flags before "
+                    "IMAGE (or before a --), and the command after --",
+                )
+            namespace.flags_after_image = rest[: rest.index("--")]
+        namespace.image = image
+        namespace.command = rest
+
+
+def parse_with_flags_after_image(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser.parse_known_args(argv)``, reading the flags between IMAGE and ``--`` as flags:
+    ``IMAGE --json -- echo hi`` parses as ``--json IMAGE -- echo hi``. A word there that is
+    neither a flag nor a flag's value is a usage error naming it (exit 2); an unknown flag is
+    left in the unknown list for the caller's usage error, as anywhere else."""
+    args, unknown = parser.parse_known_args(argv)
+    moved: list[str] = getattr(args, "flags_after_image", [])
+    if not moved:
+        return args, unknown
+    tail: list[str] = args.image_and_command
+    image, after = tail[0], tail[len(moved) + 2 :]
+    reordered = [*argv[: len(argv) - len(tail)], *moved, image, "--", *after]
+    args, unknown = parser.parse_known_args(reordered)
+    if args.image != image and not unknown:  # an unknown flag took it: that is the error
+        stray = next((word for word in moved if word == args.image), args.image)
+        subcommand_parser(parser, getattr(args, "action", "")).error(
+            f"between IMAGE and --, {stray!r} is neither a flag nor a flag's value "
+            "(the command goes after --)"
+        )
+    return args, unknown
+
+
+def add_sandbox_flags(
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, str],
+    *,
+    profile_help: str,
+    output_help: str,
+    timeout_help: str,
+    network_help: str,
+) -> None:
+    """The flags ``run`` and ``shell`` share (a command adds its own after these)."""
+    parser.add_argument("--profile", metavar="FILE", help=profile_help)
+    parser.add_argument("--cpus", help=f"CPU quota (default: {defaults['cpus']})")
+    parser.add_argument(
+        "--memory", help=f"memory ceiling, no swap: 64m, 1.5g (default: {defaults['memory']})"
+    )
+    parser.add_argument("--pids", help=f"process count ceiling (default: {defaults['pids']})")
+    parser.add_argument("--max-output", help=f"{output_help} (default: {defaults['max_output']})")
+    parser.add_argument(
+        "--timeout", help=f"{timeout_help}: 30, 0.5, 500ms, 5m, 1h (default: {defaults['timeout']})"
+    )
+    parser.add_argument("--fsize", help="per-file size ceiling (default: 64m)")
+    parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
+    parser.add_argument("--shm", help="size of the /dev/shm tmpfs (default: 64m)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable; a bare K passes the host's value",
+    )
+    parser.add_argument(
+        "--user", help="UID:GID, non-root (default: a uid of the sandbox's own, docs/security.md)"
+    )
+    parser.add_argument("--workdir", help="absolute working directory")
+    parser.add_argument("--network", choices=["none", "bridge", "managed"], help=network_help)
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="governed egress: the sandbox reaches HOST through sbxkit's proxy on its own "
+        "loopback (repeatable; *.DOMAIN, an address; no port means 80 and 443; "
+        "docs/network.md)",
+    )
+    parser.add_argument(
+        "--callback",
+        metavar="URL",
+        help="http(s)://HOST:PORT on the host, reached from inside as $SBXKIT_ENDPOINT",
+    )
+    parser.add_argument("--tls-ca", metavar="FILE", help="an https callback's CA (client bundle)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
+    parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
+    parser.add_argument("--socket", help="Docker socket path (default: discovered)")

@@ -1,0 +1,349 @@
+"""The owned container: created stopped, verified, owned, started, removed — the one lifecycle
+under every consumer (one-shot runs, sessions, PTYs, stdio workers, grants, the harness).
+
+``owned_container(plan, engine, owner)`` creates the plan's container through the owner, verifies it
+against the plan and removes it through the owner on every exit (docs/architecture.md, "The one-shot
+lifecycle", steps 3–4 and 9); ``attached`` attaches to it, registers the exit wait and starts it;
+``ContainerProcess`` is the exit of a started container's main process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+import trio
+
+from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit._lifecycle.outcome import Verdict, judge_exit
+from sbxkit._lifecycle.owner import GoverningOwner, InspectingOwner, LaunchingOwner, Owner
+from sbxkit._model.network_audit import Denial
+from sbxkit._model.result import Status, Stream
+from sbxkit._model.spec import parse_user
+from sbxkit._plan.plan import Plan
+from sbxkit._plan.verify import check_created
+from sbxkit._protocol.wire import Launch
+from sbxkit.engine.client import Engine, Waiter
+from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
+from sbxkit.engine.transport import HijackedStream
+from sbxkit.errors import (
+    Conflict,
+    EngineError,
+    NotFound,
+    SbxError,
+)
+from sbxkit.network.netns import NetworkUnavailable
+
+KILL_BUDGET_S = 10.0
+"""How long ending a sandbox's process may take (kill, then confirm)."""
+
+
+class SandboxExpired(SbxError):
+    """The session's time limit (``spec.limits.timeout_s``) ended the ``async with`` block;
+    the container was removed."""
+
+    def __init__(self, lease: str, container_id: str, seconds: float) -> None:
+        super().__init__(
+            f"sandbox {container_id[:12]} (lease {lease}): the session's time limit of "
+            f"{seconds:g} s passed; the sandbox was removed"
+        )
+        self.lease = lease
+        self.container_id = container_id
+        self.seconds = seconds
+
+
+class SandboxUnusable(SbxError):
+    """The sandbox can no longer run work (its container was killed or stopped)."""
+
+    def __init__(self, container_id: str, reason: str) -> None:
+        super().__init__(f"sandbox {container_id[:12]} is unusable: {reason}")
+        self.container_id = container_id
+        self.reason = reason
+
+
+class SandboxExit(msgspec.Struct, frozen=True, kw_only=True):
+    """How a PTY session's or a stdio worker's process ended.
+
+    ``status`` as for a one-shot run: ``exit_code`` is the process's own only when it exited;
+    after ``timed_out`` or ``output_exceeded`` sbxkit killed it. ``stderr`` is the captured
+    (capped) standard error of a stdio worker; a TTY has none.
+    """
+
+    status: Status
+    exit_code: int | None
+    stderr: bytes = b""
+    overflowed: Stream | None = None
+    oom_evidence: str | None = None
+    kill_evidence: str | None = None
+
+
+# --- the owned container --------------------------------------------------------------------
+
+
+class OwnedContainer:
+    """A created, verified, still stopped container, removed when its context ends."""
+
+    def __init__(
+        self, *, engine: Engine, plan: Plan, container_id: str, began: float, owner: Owner
+    ) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.spec = plan.spec
+        self.user = plan.user
+        """``UID:GID`` its payload and every exec run as."""
+        self.body = plan.body
+        self.lease = plan.lease
+        self.container_id = container_id
+        self.queued_s = owner.queued_s(plan.lease)
+        """How long the create waited for admission."""
+        self.create_s = trio.current_time() - began - self.queued_s
+        """Create and verification, not counting the wait for admission."""
+        self.deadline = began + self.queued_s + plan.timeout_s
+        """trio clock time at which the spec's time limit ends (``timeout_s`` after create
+        began, not counting the wait for admission; the owner's backstop ends later)."""
+        self.remove_s: float | None = None
+        """How long removal took; set when the ``owned_container`` block has ended."""
+        self.released = False
+        """The owner took the removal over (``release``): the block's end does not wait."""
+        self.launched_by_owner = False
+        """Its owner starts it (``LaunchingOwner``): the kernel path waits for that start, or
+        for its shell's word, instead of starting it (``owned_container``'s ``launch``)."""
+        self._owner = owner
+
+    async def start(self, *, launched: bool = True) -> None:
+        """Start the container and tell the owner its launch is over (its launch slot goes to
+        the next); then, for a governed network, have the owner put its listeners in place —
+        before anything is written to the payload's stdin, which is what releases a gated or
+        parked payload (sbxkit/network/gate.py, sbxkit/pool/). ``launched=False``: the caller
+        says so itself later (``launched``) — a kernel path run, right after its go line."""
+        await self.engine.container_start(self.container_id)
+        if launched:
+            await self.launched()
+        await self.govern()
+
+    async def launched(self) -> None:
+        """Tell the owner the container's launch is over: started, its payload let go."""
+        await self._owner.started(self.lease)
+
+    async def said_or_launched(self, said: Callable[[], Awaitable[None]]) -> bool:
+        """For a container its owner starts: ``said()`` came first (True), or the daemon's
+        answer to the start (False); a refused start raises the daemon's error."""
+        owner = self._owner
+        assert isinstance(owner, LaunchingOwner)
+        assert self.launched_by_owner
+        return await owner.said_or_launched(self.lease, self.container_id, said)
+
+    async def launch_answer(self) -> None:
+        """For a container its owner starts: once the daemon answered the start."""
+        owner = self._owner
+        assert isinstance(owner, LaunchingOwner)
+        assert self.launched_by_owner
+        await owner.launch_answer(self.lease, self.container_id)
+
+    async def release(self) -> None:
+        """Hand the removal to the owner, if it removes on its own (``Owner.release``): the
+        payload is done with the container."""
+        self.released = await self._owner.release(self.lease)
+
+    @property
+    def governed(self) -> bool:
+        """The owner runs listeners for this sandbox (its payload waits for them)."""
+        return self.plan.network is not None and self.plan.network.needs_governor
+
+    async def govern(self) -> None:
+        """The seam between a started container and its payload: the owner's listeners."""
+        terms = self.plan.network
+        if terms is None or not terms.needs_governor:
+            return
+        if not isinstance(self._owner, GoverningOwner):
+            raise NetworkUnavailable(
+                f"the owner {type(self._owner).__name__} cannot govern a network"
+            )
+        user = parse_user(self.user)
+        await self._owner.govern(self.lease, self.container_id, terms, user)
+
+    async def denials(self) -> tuple[Denial, ...]:
+        """What the sandbox's governed network refused so far (empty when it has none)."""
+        if not self.governed or not isinstance(self._owner, GoverningOwner):
+            return ()
+        return await self._owner.denials(self.lease)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.plan.timeout_s
+
+    @property
+    def output_bytes(self) -> int:
+        return self.plan.output_bytes
+
+    async def judge(self, exit_code: int | None) -> Verdict:
+        """How the container's main process ended, on the evidence (``judge_exit``); a
+        removal its owner decided is sbxkit's, never someone else's kill."""
+        return await judge_exit(
+            self.engine,
+            self.container_id,
+            exit_code,
+            ended_by_owner=lambda: self._owner.ended_by_owner(self.lease),
+        )
+
+    async def kill(self) -> None:
+        """SIGKILL the container; one that is already stopped or gone is fine."""
+        with contextlib.suppress(NotFound, Conflict):
+            await self.engine.container_kill(self.container_id)
+
+
+@asynccontextmanager
+async def attached(box: OwnedContainer) -> AsyncIterator[tuple[HijackedStream, Waiter]]:
+    """Attach (before start, so no output is lost), register the ``next-exit`` wait, start;
+    both connections are closed when the block ends."""
+    attach = await box.engine.container_attach(box.container_id, stdin=True)
+    try:
+        waiter = await box.engine.container_wait(box.container_id, "next-exit")
+        try:
+            await box.start()
+            yield attach, waiter
+        finally:
+            await waiter.aclose()
+    finally:
+        await attach.aclose()
+
+
+def owner_launch(plan: Plan, owner: Owner) -> Launch | None:
+    """What ``owner`` verifies before it starts the plan's container itself, or None: only an
+    owner that launches (``LaunchingOwner``: the supervisor), and only a kernel path container
+    whose payload waits for its go line — not one whose governed network's listeners must go
+    in after the start and before the payload."""
+    if plan.io_dir is None or (plan.network is not None and plan.network.needs_governor):
+        return None
+    if not (isinstance(owner, LaunchingOwner) and owner.launches):
+        return None
+    return Launch(expected_mounts=list(plan.expected_mounts), image_id=plan.image_id)
+
+
+@asynccontextmanager
+async def owned_container(
+    plan: Plan, engine: Engine, owner: Owner, *, launch: bool = False
+) -> AsyncIterator[OwnedContainer]:
+    """The one lifecycle under every consumer: create the plan's container stopped through the
+    owner (which admits it), verify it against the plan, yield it, and remove it through the
+    owner however the block ends — shielded, and a removal failure is raised, never swallowed.
+
+    ``launch``: the caller runs the kernel path's one-shot payload (it waits for the caller's
+    go line), so an owner that can start the container itself once verified does
+    (``owner_launch``; ``OwnedContainer.launched_by_owner``). The caller verifies it too."""
+    began = trio.current_time()
+    container_id: str | None = None
+    box: OwnedContainer | None = None
+    if plan.io_dir is not None:  # the kernel path's FIFOs: the bind's source must exist
+        make_io_dir(Path(plan.io_dir).parent, plan.lease, *sandbox_ids(plan.body.user))
+    try:
+        launching = owner_launch(plan, owner) if launch else None
+        if launching is not None:
+            assert isinstance(owner, LaunchingOwner)
+            container_id = await owner.create(
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, launch=launching
+            )
+        else:
+            extra = {"network": plan.network} if plan.network is not None else {}
+            container_id = await owner.create(
+                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
+            )
+        inspected = created_inspection(owner, plan.lease)
+        if inspected is None:
+            inspected = await engine.container_inspect(container_id)
+        check_created(
+            inspected,
+            plan.body,
+            lease=plan.lease,
+            name=plan.name,
+            container_id=container_id,
+            expected_mounts=plan.expected_mounts,
+            podman=engine.is_podman,
+            image_id=plan.image_id,
+            launched=launching is not None,
+        )
+        box = OwnedContainer(
+            engine=engine, plan=plan, container_id=container_id, began=began, owner=owner
+        )
+        box.launched_by_owner = (
+            launching is not None
+            and isinstance(owner, LaunchingOwner)
+            and owner.launching(plan.lease)
+        )
+        yield box
+    finally:
+        removing = trio.current_time()
+        with trio.CancelScope(shield=True):
+            try:
+                await owner.remove(plan.lease, plan.name, container_id)  # at once if released
+            finally:
+                # The kernel path's FIFOs; an owner that took the removal over removes them
+                # once the container is gone.
+                if plan.io_dir is not None and not (box is not None and box.released):
+                    remove_io_dir(Path(plan.io_dir).parent, plan.lease)
+        if box is not None:
+            box.remove_s = trio.current_time() - removing
+
+
+def created_inspection(owner: Owner, lease: str) -> ContainerInspect | None:
+    """The daemon's answer on the container just created, if its owner inspected it."""
+    return owner.created_inspection(lease) if isinstance(owner, InspectingOwner) else None
+
+
+class ContainerProcess:
+    """The exit of a started container's main process (PTY sessions and stdio workers).
+
+    ``end`` kills the container for a reason (time limit, overflow); ``wait`` returns how the
+    process ended. The wait was registered (``next-exit``) before start, so no exit is missed.
+    """
+
+    def __init__(self, box: OwnedContainer, waiter: Waiter) -> None:
+        self.box = box
+        self._waiter = waiter
+        self.ended_by: Status | None = None
+        self._result: tuple[Verdict, int | None] | None = None
+
+    async def end(self, status: Status) -> None:
+        if self.ended_by is None:
+            self.ended_by = status
+        with trio.CancelScope(shield=True), trio.move_on_after(KILL_BUDGET_S):
+            await self.box.kill()
+
+    async def wait(self) -> tuple[Verdict, int | None]:
+        """``(verdict, exit_code)``: the code only when the process exited by itself; at the
+        time limit the container is killed."""
+        if self._result is not None:
+            return self._result
+        reply: ContainerWaitReply | None = None
+        with trio.move_on_at(self.box.deadline):
+            reply = await self._waiter.result()
+        if reply is None:
+            await self.end("timed_out")
+            # Killed for the time limit: the status no longer needs the reply.
+            with trio.move_on_after(KILL_BUDGET_S), contextlib.suppress(SbxError):
+                reply = await self._waiter.result()
+        if self.ended_by is not None:
+            self._result = (Verdict(status=self.ended_by), None)
+            return self._result
+        assert reply is not None
+        if reply.error is not None and reply.error.message:
+            raise EngineError("POST", "wait", 500, reply.error.message)
+        code = reply.status_code
+        verdict = await self.box.judge(code)
+        self._result = (verdict, code if verdict.status == "exited" else None)
+        return self._result
+
+
+__all__ = [
+    "KILL_BUDGET_S",
+    "ContainerProcess",
+    "OwnedContainer",
+    "SandboxExit",
+    "SandboxExpired",
+    "SandboxUnusable",
+    "attached",
+    "owned_container",
+]

@@ -1,0 +1,175 @@
+"""A sandbox's network terms, decided before anything is created (the plan's I/O step).
+
+``plan_network`` turns a checked spec's ``network`` into the ``NetworkTerms`` its owner
+carries out, or None when there is nothing to govern (``none`` without listeners, ``bridge``).
+It asks what only the world can answer, before any container exists: whether this host can
+enter the daemon's sandboxes (refusals.py), the client TLS bundle's files (read here, so a
+missing or odd file is refused naming ``network.tls.*``), and for ``managed`` the labelled,
+attachable bridge network (created on first use; a 409 from a concurrent creator is fine; it
+must be a bridge with an IPv4 gateway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import platform
+from functools import partial
+
+import trio
+
+from sbxkit._model.network_terms import (
+    MAX_TLS_FILE_BYTES,
+    CallbackTls,
+    Network,
+    NetworkTerms,
+    TlsBundle,
+    check_network_spec,
+)
+from sbxkit._model.settings import Settings
+from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.bounded_read import read_bounded
+from sbxkit.engine.client import Engine
+from sbxkit.engine.networks import NetworkCreate, NetworkReply, network_create, network_inspect
+from sbxkit.errors import Conflict, NotFound, SpecError
+from sbxkit.network.netns import can_enter_namespaces
+from sbxkit.network.refusals import desktop_kind, governed_refusal
+
+__all__ = [
+    "MANAGED_LABEL",
+    "MANAGED_NETWORK",
+    "managed_gateway_problem",
+    "managed_network_problem",
+    "plan_network",
+]
+
+MANAGED_NETWORK = "sbxkit-managed"
+MANAGED_LABEL = "sbxkit.network"
+
+
+def managed_network_problem(reply: NetworkReply) -> str | None:
+    """Why the network named ``MANAGED_NETWORK`` cannot be sbxkit's managed one (pure)."""
+    if (reply.labels or {}).get(MANAGED_LABEL) != "managed":
+        return f"a network named {MANAGED_NETWORK} exists without sbxkit's label; not using it"
+    if reply.driver != "bridge":
+        return f"{MANAGED_NETWORK} uses the {reply.driver!r} driver, not bridge"
+    if reply.internal:
+        return f"{MANAGED_NETWORK} is internal"
+    if _gateway(reply) is None:
+        return f"{MANAGED_NETWORK} has no IPv4 gateway"
+    return None
+
+
+def _gateway(reply: NetworkReply) -> str | None:
+    for config in reply.ipam.config or []:
+        try:
+            address = ipaddress.ip_address(config.gateway.partition("/")[0])
+        except ValueError:
+            continue
+        if address.version == 4:
+            return str(address)
+    return None
+
+
+async def ensure_managed_network(engine: Engine) -> str:
+    """The managed network's IPv4 gateway, the network created first if absent."""
+    try:
+        reply = await network_inspect(engine, MANAGED_NETWORK)
+    except NotFound:
+        body = NetworkCreate(
+            name=MANAGED_NETWORK,
+            driver="bridge",
+            attachable=True,
+            check_duplicate=True,
+            labels={MANAGED_LABEL: "managed"},
+        )
+        with contextlib.suppress(Conflict):  # another caller created it meanwhile
+            await network_create(engine, body)
+        reply = await network_inspect(engine, MANAGED_NETWORK)
+    problem = managed_network_problem(reply)
+    if problem is not None:
+        raise SpecError("network", problem)
+    gateway = _gateway(reply)
+    assert gateway is not None
+    return gateway
+
+
+async def managed_gateway_problem(engine: Engine, terms: NetworkTerms) -> str | None:
+    """Why a registered managed network's terms are not the daemon's network (the supervisor's
+    check: the callback forwarder listens on ``terms.gateway``, so it must be the bridge's)."""
+    try:
+        reply = await network_inspect(engine, terms.network_name or "")
+    except NotFound:
+        return f"no network named {terms.network_name!r}"
+    problem = managed_network_problem(reply)
+    if problem is None and terms.gateway is not None and terms.gateway != _gateway(reply):
+        problem = f"{terms.gateway} is not the managed network's gateway"
+    return problem
+
+
+def _read_pem(path: str, field: str) -> bytes:
+    return read_bounded(path, field=field, limit=MAX_TLS_FILE_BYTES)
+
+
+async def read_tls_bundle(tls: CallbackTls) -> TlsBundle:
+    """The bundle's files: regular, at most 64 KiB each, PEM."""
+    found: dict[str, bytes] = {}
+    for name in ("ca", "cert", "key"):
+        path = getattr(tls, name)
+        if path is None:
+            continue
+        field = f"network.tls.{name}"
+        data = await trio.to_thread.run_sync(partial(_read_pem, path, field))
+        if b"-----BEGIN " not in data:
+            raise SpecError(field, f"{path} is not PEM (no '-----BEGIN ' line)")
+        found[name] = data
+    return TlsBundle(ca=found["ca"], cert=found.get("cert"), key=found.get("key"))
+
+
+async def plan_network(
+    engine: Engine, spec: SandboxSpec, settings: Settings
+) -> NetworkTerms | None:
+    """The terms the lease's owner carries out for ``spec``, or None (nothing to govern)."""
+    network = spec.network
+    if isinstance(network, str):
+        if network != "managed":
+            return None
+        network = Network(mode="managed")
+    callback, allow, max_connection_bytes = check_network_spec(network)
+    managed = network.mode == "managed"
+    if not managed and not allow and callback is None:
+        return None
+    info = await engine.cached_info()
+    desktop = desktop_kind(info.operating_system, info.name)
+    enters = not managed or network.tls is not None
+    if enters or (callback is not None and desktop is None):
+        what = "a governed network" if not managed else "the managed network's callback"
+        refusal = governed_refusal(
+            operating_system=info.operating_system,
+            name=info.name,
+            kernel_version=info.kernel_version,
+            security_options=info.security_options or [],
+            local_kernel=platform.release(),
+            podman=engine.is_podman,
+            can_enter=can_enter_namespaces() if enters else True,
+            what=what,
+        )
+        if refusal is not None:
+            raise refusal
+    tls = None if network.tls is None else await read_tls_bundle(network.tls)
+    gateway = network_name = None
+    if managed:
+        network_name = MANAGED_NETWORK
+        found = await ensure_managed_network(engine)
+        gateway = None if desktop is not None else found
+    return NetworkTerms(
+        mode=network.mode,
+        allow=allow,
+        callback=callback,
+        tls=tls,
+        max_connections=network.max_connections,
+        max_connection_bytes=max_connection_bytes,
+        audit_log=settings.network_audit_log,
+        gateway=gateway,
+        network_name=network_name,
+    )

@@ -1,0 +1,1 @@
+"""Small tools every layer may use: no sbxkit imports but ``sbxkit.errors``."""
