@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 if TYPE_CHECKING:
     from sbxkit import aio, blocking
-    from sbxkit._consumers.archive import ArchiveError, SandboxFileNotFound
     from sbxkit._consumers.broker import (
         GrantError,
         GrantResult,
@@ -45,12 +44,6 @@ if TYPE_CHECKING:
     )
     from sbxkit._consumers.stdio import StdioWorker, open_stdio_worker
     from sbxkit._grammar.profile import apply_profile, load_profile
-    from sbxkit._lifecycle.connect import (
-        AdmissionTimeout,
-        CapacityExhausted,
-        CreateInterrupted,
-        SupervisorError,
-    )
     from sbxkit._lifecycle.owner import InProcessOwner, Owner
     from sbxkit._lifecycle.supervised import SupervisedOwner
     from sbxkit._model.gpu import GpuRequest
@@ -75,9 +68,13 @@ if TYPE_CHECKING:
     from sbxkit.cluster import ClusterUnavailable, NodeRefusal, RayCluster
     from sbxkit.engine.client import Deadlines, Engine, open_engine
     from sbxkit.errors import (
+        AdmissionTimeout,
+        ArchiveError,
+        CapacityExhausted,
         CleanupError,
         Conflict,
         ContainerMismatch,
+        CreateInterrupted,
         EngineConnectionError,
         EngineError,
         EngineProtocolError,
@@ -85,13 +82,16 @@ if TYPE_CHECKING:
         EngineUnavailable,
         ImageChanged,
         ImageError,
+        NetworkUnavailable,
         NeverFits,
         NotFound,
+        PoolUnavailable,
+        SandboxFileNotFound,
         SbxError,
         SpecError,
+        SupervisorError,
     )
-    from sbxkit.network.netns import NetworkUnavailable
-    from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+    from sbxkit.pool.held import HeldPool, PooledBackend
     from sbxkit.pool.inprocess import Pool, open_pool
     from sbxkit.pool.shapes import PoolPerShape
 
@@ -102,21 +102,21 @@ _WHERE: dict[str, str] = {
     "Pool": "sbxkit.pool.inprocess",
     "HeldPool": "sbxkit.pool.held",
     "PooledBackend": "sbxkit.pool.held",
-    "PoolUnavailable": "sbxkit.pool.held",
+    "PoolUnavailable": "sbxkit.errors",
     "PoolPerShape": "sbxkit.pool.shapes",
-    "RayCluster": "sbxkit.cluster",
-    "NodeRefusal": "sbxkit.cluster",
-    "ClusterUnavailable": "sbxkit.cluster",
+    "RayCluster": "sbxkit.cluster.api",
+    "NodeRefusal": "sbxkit.cluster.join",
+    "ClusterUnavailable": "sbxkit.errors",
     "open_backend": "sbxkit.backends.base",
     "check_spec": "sbxkit._plan.plan",
     "CheckedSpec": "sbxkit._plan.plan",
     "DockerBackend": "sbxkit.backends.docker",
     "Backend": "sbxkit.backends.base",
-    "AdmissionTimeout": "sbxkit._lifecycle.connect",
-    "ArchiveError": "sbxkit._consumers.archive",
-    "SandboxFileNotFound": "sbxkit._consumers.archive",
+    "AdmissionTimeout": "sbxkit.errors",
+    "ArchiveError": "sbxkit.errors",
+    "SandboxFileNotFound": "sbxkit.errors",
     "BindMount": "sbxkit._model.mounts",
-    "CapacityExhausted": "sbxkit._lifecycle.connect",
+    "CapacityExhausted": "sbxkit.errors",
     "CleanupError": "sbxkit.errors",
     "Conflict": "sbxkit.errors",
     "ContainerMismatch": "sbxkit.errors",
@@ -132,13 +132,13 @@ _WHERE: dict[str, str] = {
     "Network": "sbxkit._model.network_terms",
     "CallbackTls": "sbxkit._model.network_terms",
     "Denial": "sbxkit._model.network_audit",
-    "NetworkUnavailable": "sbxkit.network.netns",
-    "GrantError": "sbxkit._consumers.broker",
-    "GrantResult": "sbxkit._consumers.broker",
-    "Grants": "sbxkit._consumers.broker",
+    "NetworkUnavailable": "sbxkit.errors",
+    "GrantError": "sbxkit.errors",
+    "GrantResult": "sbxkit._consumers.grants",
+    "Grants": "sbxkit._consumers.grants",
     "ImageError": "sbxkit.errors",
     "InProcessOwner": "sbxkit._lifecycle.owner",
-    "InputGrant": "sbxkit._consumers.broker",
+    "InputGrant": "sbxkit._consumers.grants",
     "Job": "sbxkit._consumers.harness",
     "JobError": "sbxkit._consumers.harness",
     "JobResult": "sbxkit._consumers.harness",
@@ -150,17 +150,17 @@ _WHERE: dict[str, str] = {
     "parse_duration": "sbxkit._model.units",
     "NeverFits": "sbxkit.errors",
     "NotFound": "sbxkit.errors",
-    "OutputGrant": "sbxkit._consumers.broker",
+    "OutputGrant": "sbxkit._consumers.grants",
     "Owner": "sbxkit._lifecycle.owner",
     "PhaseTimings": "sbxkit._model.result",
     "PtySession": "sbxkit._consumers.pty",
-    "Receipt": "sbxkit._consumers.broker",
+    "Receipt": "sbxkit._consumers.grants",
     "RunResult": "sbxkit._model.result",
     "Sandbox": "sbxkit._consumers.session",
-    "SandboxExit": "sbxkit._consumers.session",
-    "SandboxExpired": "sbxkit._consumers.session",
+    "SandboxExit": "sbxkit._lifecycle.owned",
+    "SandboxExpired": "sbxkit.errors",
     "SandboxSpec": "sbxkit._model.spec",
-    "SandboxUnusable": "sbxkit._consumers.session",
+    "SandboxUnusable": "sbxkit.errors",
     "SbxError": "sbxkit.errors",
     "Settings": "sbxkit._model.settings",
     "SpecError": "sbxkit.errors",
@@ -168,8 +168,8 @@ _WHERE: dict[str, str] = {
     "Usage": "sbxkit._model.result",
     "StdioWorker": "sbxkit._consumers.stdio",
     "SupervisedOwner": "sbxkit._lifecycle.supervised",
-    "SupervisorError": "sbxkit._lifecycle.connect",
-    "CreateInterrupted": "sbxkit._lifecycle.connect",
+    "SupervisorError": "sbxkit.errors",
+    "CreateInterrupted": "sbxkit.errors",
     "TmpfsMount": "sbxkit._model.mounts",
     "VolumeMount": "sbxkit._model.mounts",
     "apply_profile": "sbxkit._grammar.profile",
@@ -179,7 +179,7 @@ _WHERE: dict[str, str] = {
     "open_pty": "sbxkit._consumers.pty",
     "open_sandbox": "sbxkit._consumers.session",
     "open_stdio_worker": "sbxkit._consumers.stdio",
-    "parse_size": "sbxkit._model.spec",
+    "parse_size": "sbxkit._model.units",
     "run": "sbxkit._consumers.oneshot",
     "run_many": "sbxkit._consumers.harness",
     "run_with_grants": "sbxkit._consumers.broker",

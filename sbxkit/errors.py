@@ -8,7 +8,10 @@ for cleanup failures.
 
 from __future__ import annotations
 
+import errno
 import re
+from collections.abc import Sequence
+from typing import Any
 
 
 class SbxError(Exception):
@@ -136,7 +139,330 @@ UID_ATTEMPTS = 8
 """How many leases (each with its own uid) a sandbox is planned under before ``UidTaken``."""
 
 
-# -- the daemon's messages, as sbxkit repeats them ---------------------------------------------
+# -- the engine's stream framing -------------------------------------------------------------------
+
+
+class FrameError(EngineProtocolError):
+    """The attach stream broke Docker's framing: the connection carries no trustworthy output."""
+
+    def __init__(self, offset: int, problem: str) -> None:
+        super().__init__(f"attach stream framing broken at byte {offset}: {problem}")
+        self.offset = offset  # position in the whole stream, counted from the first byte fed
+        self.problem = problem
+
+
+# -- governed networking ---------------------------------------------------------------------------
+
+
+class NetworkUnavailable(SbxError):
+    """The governed network could not be put in place for a sandbox (its payload never ran)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"governed network: {reason}")
+        self.reason = reason
+
+
+# -- the command line's files and extras -----------------------------------------------------------
+
+
+class MissingExtra(SpecError):
+    """The MCP SDK (the ``sbxkit[mcp]`` extra) is not installed."""
+
+
+class JobsFileError(SpecError):
+    """A line of the jobs file is not a valid job. Raised before anything runs."""
+
+    def __init__(self, source: str, line: int, field: str, rule: str) -> None:
+        super().__init__(field, rule)
+        self.args = (f"{source} line {line}: {field}: {rule}",)
+        self.source = source
+        self.line = line
+
+
+class ResultsFileError(SpecError):
+    """The results file holds a line that is not a complete result: it is not ours to extend."""
+
+    def __init__(self, source: str, line: int, rule: str) -> None:
+        super().__init__("results", rule)
+        self.args = (f"{source} line {line}: {rule}",)
+        self.source = source
+        self.line = line
+
+
+# -- pools -----------------------------------------------------------------------------------------
+
+
+class PoolUnavailable(SbxError):
+    """The supervisor could not park a container of the shape (``PooledBackend.warm``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"pool: {reason}")
+        self.reason = reason
+
+
+# -- the kernel path -------------------------------------------------------------------------------
+
+
+class IoDirError(SbxError):
+    """The FIFO root or a lease's FIFO directory is not what sbxkit made."""
+
+
+# -- the sbx microVM backend -----------------------------------------------------------------------
+
+
+class SbxUnavailable(EngineUnavailable):
+    """The ``sbx`` binary cannot be run (not installed, not executable) or does not answer."""
+
+    def __init__(self, binary: str, reason: str) -> None:
+        super().__init__(binary, reason)
+        self.args = (f"sbx ({binary}) is unavailable: {reason}",)
+        self.binary = binary
+
+
+class SbxCommandError(SbxError):
+    """An ``sbx`` command failed (non-zero exit or no answer within its deadline)."""
+
+    def __init__(self, what: str, returncode: int | None, detail: str) -> None:
+        status = "timed out" if returncode is None else f"exit status {returncode}"
+        super().__init__(f"sbx {what} failed ({status}): {detail or 'no output'}")
+        self.what = what
+        self.returncode = returncode
+        self.detail = detail
+
+
+class SbxCleanupError(CleanupError):
+    """``sbx rm --force`` could not be confirmed (the sandbox is still listed), or the run's
+    workspace could not be deleted. The sandbox's name carries the runner id, so the next
+    start of that runner retries the removal."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, name, reason)
+        self.args = (f"removing sandbox {name} failed: {reason}",)
+        self.name = name
+
+
+class RunnerInUse(SbxError):
+    """Another live runner holds this runner id's lock (two would remove each other's runs)."""
+
+    def __init__(self, runner_id: str, lock_path: str) -> None:
+        super().__init__(f"runner id {runner_id!r} is held by a live runner ({lock_path})")
+        self.runner_id = runner_id
+        self.lock_path = lock_path
+
+
+class SandboxListError(SbxError):
+    """``sbx ls`` printed something that is neither JSON nor a NAME-headed table."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot read the output of `sbx ls`: {reason}")
+        self.reason = reason
+
+
+# -- sandboxes -------------------------------------------------------------------------------------
+
+
+class SandboxExpired(SbxError):
+    """The session's time limit (``spec.limits.timeout_s``) ended the ``async with`` block;
+    the container was removed."""
+
+    def __init__(self, lease: str, container_id: str, seconds: float) -> None:
+        super().__init__(
+            f"sandbox {container_id[:12]} (lease {lease}): the session's time limit of "
+            f"{seconds:g} s passed; the sandbox was removed"
+        )
+        self.lease = lease
+        self.container_id = container_id
+        self.seconds = seconds
+
+
+class SandboxUnusable(SbxError):
+    """The sandbox can no longer run work (its container was killed or stopped)."""
+
+    def __init__(self, container_id: str, reason: str) -> None:
+        super().__init__(f"sandbox {container_id[:12]} is unusable: {reason}")
+        self.container_id = container_id
+        self.reason = reason
+
+
+# -- the supervisor --------------------------------------------------------------------------------
+
+
+class LinkLost(SbxError):
+    """The lease's connection is gone for good: the lease was not re-adopted (or is over)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SupervisorError(SbxError):
+    """The supervisor refused or failed a request, or could not be reached."""
+
+    def __init__(self, reason: str, *, code: str = "error", lease: str | None = None) -> None:
+        super().__init__(f"supervisor: {reason}")
+        self.reason = reason
+        self.code = code
+        self.lease = lease
+
+
+class SupervisorConnectionLost(SupervisorError):
+    """The connection to the supervisor closed while sending."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"connection lost: {reason}", code="connection")
+
+
+class CreateInterrupted(SupervisorError):
+    """The connection to the supervisor was lost while it created the lease's container (it
+    died), and no restarted supervisor handed a container over: none appeared in time, or
+    none answered. The caller never heard of a container, so nothing of its payload ran; the
+    lease is the supervisor's from here (its journal's record: recovery removes any container
+    the interrupted create made). A one-shot run registers afresh under a new lease
+    (``DockerBackend.run_once``)."""
+
+
+class CapacityExhausted(SupervisorError):
+    """A hard bound is used up — lease records or connections — and the request was refused
+    explicitly (nothing was created). Retrying later can succeed; CLI exit status 75."""
+
+
+class AdmissionTimeout(CapacityExhausted):
+    """The request waited for capacity (memory, live sandboxes, launches) longer than the
+    supervisor's admission deadline (``--admission-timeout``); nothing was created."""
+
+
+# -- clusters --------------------------------------------------------------------------------------
+
+
+class ClusterUnavailable(EngineUnavailable):
+    """The Ray cluster cannot run the batch: unreachable, no node accepted, or none left.
+    (An ``EngineUnavailable``: ``sbxkit batch --ray`` exits 69.)"""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(address, reason)
+        self.args = (f"Ray cluster at {address}: {reason}",)
+        self.address = address
+
+
+class ClusterUnauthenticated(ClusterUnavailable):
+    """The Ray cluster lets in callers without its token (it does not enforce token
+    authentication), or the driver has no token for one that does: nothing is sent to it.
+    (``sbxkit batch --ray`` exits 69, with how to turn it on.)"""
+
+
+# -- the blocking and asyncio layers ---------------------------------------------------------------
+
+
+class PortalClosed(SbxError):
+    """The portal's trio thread has ended; nothing more can run through it."""
+
+
+class CallCancelled(SbxError):
+    """The call was cancelled from outside the trio thread before it finished."""
+
+
+# -- file grants and transfers ---------------------------------------------------------------------
+
+
+class GrantError(SbxError):
+    """A granted file could not be used safely, so it was refused.
+
+    Raised before the run for inputs (no container was created) and after it for outputs
+    (the container was already removed; ``result`` is the run's result). ``published`` lists
+    outputs that were published before the failure: empty for every refusal found while
+    checking, since all outputs are checked before the first is published.
+    """
+
+    def __init__(
+        self,
+        grant: str,
+        path: str,
+        reason: str,
+        *,
+        published: Sequence[Any] = (),
+        result: Any = None,
+    ) -> None:
+        super().__init__(f"{grant} ({path}): {reason}")
+        self.grant = grant
+        self.path = path
+        self.reason = reason
+        # Typed loosely here, where nothing above the ground floor is known: ``published`` holds
+        # ``sbxkit.Receipt``s, ``result`` is the run's ``sbxkit.RunResult`` (or None).
+        self.published: list[Any] = list(published)
+        self.result: Any = result
+
+
+class ArchiveError(SbxError):
+    """A file transfer was refused: a name escapes the root, a member is not a regular file,
+    or a cap was exceeded. ``member`` is the offending name (or ``"*"`` for a cap)."""
+
+    def __init__(self, member: str, reason: str) -> None:
+        super().__init__(f"file transfer refused: {member!r}: {reason}")
+        self.member = member
+        self.reason = reason
+
+
+class SandboxFileNotFound(ArchiveError, FileNotFoundError):
+    """``get_files`` named a file that is not in the sandbox. An ``ArchiveError`` (so an
+    ``SbxError``) and a ``FileNotFoundError``: ``member`` and ``filename`` are the path as
+    given, ``path`` where it was looked for."""
+
+    def __init__(self, member: str, path: str) -> None:
+        ArchiveError.__init__(self, member, f"no such file in the sandbox ({path})")
+        self.errno = errno.ENOENT
+        self.strerror = "No such file in the sandbox"
+        self.filename = member
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"no such file in the sandbox: {self.member!r} ({self.path})"
+
+
+# -- the MCP server --------------------------------------------------------------------------------
+
+
+class QuotaExhausted(SbxError):
+    """No sandbox slot left for this client, or for all clients together."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+class UnknownSandbox(SpecError):
+    """No open sandbox of this client has that id (never opened, another client's, ended)."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__("sandbox_id", rule)
+
+
+class HubStopping(SbxError):
+    """The server is stopping: no sandbox is opened any more."""
+
+
+class Unauthenticated(SbxError):
+    """An HTTP request reached a tool without the gate's identity (never, when served by
+    ``sbxkit.mcp.transports``): refused rather than guessed."""
+
+
+# -- the supervisor's wire and state directory -----------------------------------------------------
+
+
+class WireError(SbxError):
+    """A peer broke the supervisor protocol (oversized, malformed or unexpected message)."""
+
+
+class StorageError(SbxError):
+    """The supervisor's state is unsafe or malformed; new execution is blocked until fixed."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"supervisor state {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+# -- the daemon's messages, as sbxkit repeats them -------------------------------------------------
 #
 # What sbxkit repeats of the daemon's error messages, and which of them mean "your input".
 #

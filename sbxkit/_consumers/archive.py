@@ -20,13 +20,12 @@ Rules, the same in both directions:
 
 from __future__ import annotations
 
-import errno
 import io
 import tarfile
 import unicodedata
 from collections.abc import Iterable, Mapping
 
-from sbxkit.errors import SbxError
+from sbxkit.errors import ArchiveError
 
 DEFAULT_MAX_FILES = 1000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -36,32 +35,6 @@ MEMBER_OVERHEAD = 3 * TAR_BLOCK
 block, and padding — used to bound a tar stream before it is parsed."""
 END_OVERHEAD = 20 * TAR_BLOCK
 """Two zero end blocks, rounded up to tar's default 10 KiB record, with room to spare."""
-
-
-class ArchiveError(SbxError):
-    """A file transfer was refused: a name escapes the root, a member is not a regular file,
-    or a cap was exceeded. ``member`` is the offending name (or ``"*"`` for a cap)."""
-
-    def __init__(self, member: str, reason: str) -> None:
-        super().__init__(f"file transfer refused: {member!r}: {reason}")
-        self.member = member
-        self.reason = reason
-
-
-class SandboxFileNotFound(ArchiveError, FileNotFoundError):
-    """``get_files`` named a file that is not in the sandbox. An ``ArchiveError`` (so an
-    ``SbxError``) and a ``FileNotFoundError``: ``member`` and ``filename`` are the path as
-    given, ``path`` where it was looked for."""
-
-    def __init__(self, member: str, path: str) -> None:
-        ArchiveError.__init__(self, member, f"no such file in the sandbox ({path})")
-        self.errno = errno.ENOENT
-        self.strerror = "No such file in the sandbox"
-        self.filename = member
-        self.path = path
-
-    def __str__(self) -> str:
-        return f"no such file in the sandbox: {self.member!r} ({self.path})"
 
 
 def stream_cap(max_bytes: int, max_files: int) -> int:

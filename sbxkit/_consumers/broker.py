@@ -48,7 +48,6 @@ from sbxkit._consumers.grant_files import (
 )
 from sbxkit._consumers.grants import (
     DEFAULT_INPUT_MAX_BYTES,
-    GrantError,
     GrantResult,
     Grants,
     InputGrant,
@@ -64,6 +63,7 @@ from sbxkit._model.spec import SandboxSpec, parse_user, validate_limits
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
+from sbxkit.errors import GrantError
 
 __all__ = [
     "DEFAULT_INPUT_MAX_BYTES",

@@ -18,7 +18,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sbxkit._consumers.grants import GrantError, InputGrant, OutputGrant, Receipt
+from sbxkit._consumers.grants import InputGrant, OutputGrant, Receipt
+from sbxkit.errors import GrantError
 
 SNAPSHOT_MODE = 0o444
 """Readable by the sandbox user; nobody is the payload's owner, and the mount is read-only."""

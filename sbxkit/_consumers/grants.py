@@ -28,7 +28,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import INT64_MAX, MiB, SandboxSpec
 from sbxkit._plan.preflight import resolve_host_path
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import SpecError
 
 DEFAULT_INPUT_MAX_BYTES = 64 * MiB
 """An input larger than this is refused unless its grant says otherwise."""
@@ -89,32 +89,6 @@ class GrantResult(msgspec.Struct, frozen=True, kw_only=True):
     receipts: list[Receipt]
     inputs: list[Receipt]
     published: bool
-
-
-class GrantError(SbxError):
-    """A granted file could not be used safely, so it was refused.
-
-    Raised before the run for inputs (no container was created) and after it for outputs
-    (the container was already removed; ``result`` is the run's result). ``published`` lists
-    outputs that were published before the failure: empty for every refusal found while
-    checking, since all outputs are checked before the first is published.
-    """
-
-    def __init__(
-        self,
-        grant: str,
-        path: str,
-        reason: str,
-        *,
-        published: Sequence[Receipt] = (),
-        result: RunResult | None = None,
-    ) -> None:
-        super().__init__(f"{grant} ({path}): {reason}")
-        self.grant = grant
-        self.path = path
-        self.reason = reason
-        self.published: list[Receipt] = list(published)
-        self.result = result
 
 
 def exited_zero(result: RunResult) -> bool:

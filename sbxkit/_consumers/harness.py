@@ -39,7 +39,6 @@ from typing import Protocol
 import msgspec
 import trio
 
-from sbxkit._lifecycle.connect import CapacityExhausted
 from sbxkit._lifecycle.owner import Owner
 from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.result import RunResult
@@ -50,7 +49,7 @@ from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend, docker_backend
 from sbxkit.engine.client import Engine, engine_or_open
-from sbxkit.errors import SpecError
+from sbxkit.errors import CapacityExhausted, SpecError
 from sbxkit.pool.inprocess import Pool
 from sbxkit.pool.shapes import PoolPerShape, open_shape_pools
 

@@ -46,8 +46,6 @@ import trio
 from sbxkit._consumers.archive import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
-    ArchiveError,
-    SandboxFileNotFound,
     build_tar,
     check_root,
     confine,
@@ -67,13 +65,7 @@ from sbxkit._consumers.exec_scripts import (
 from sbxkit._lifecycle.attached import feed_stdin
 from sbxkit._lifecycle.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit._lifecycle.output import OutputCapture
-from sbxkit._lifecycle.owned import (
-    KILL_BUDGET_S,
-    OwnedContainer,
-    SandboxExit,
-    SandboxExpired,
-    SandboxUnusable,
-)
+from sbxkit._lifecycle.owned import KILL_BUDGET_S, OwnedContainer, SandboxExit
 from sbxkit._lifecycle.usage import USAGE_SCRIPT, parse_usage
 from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.network_audit import Denial
@@ -91,8 +83,12 @@ from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_st
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
+    ArchiveError,
     Conflict,
     NotFound,
+    SandboxExpired,
+    SandboxFileNotFound,
+    SandboxUnusable,
     SbxError,
     SpecError,
 )

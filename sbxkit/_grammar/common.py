@@ -20,10 +20,16 @@ import msgspec
 import trio
 
 from sbxkit._grammar.daemon_refusal import is_daemon_refusal
-from sbxkit._lifecycle.connect import CapacityExhausted
 from sbxkit._model.result import RunResult, Status, json_fields
 from sbxkit._util.notice import say
-from sbxkit.errors import CleanupError, EngineUnavailable, ImageError, SbxError, SpecError
+from sbxkit.errors import (
+    CapacityExhausted,
+    CleanupError,
+    EngineUnavailable,
+    ImageError,
+    SbxError,
+    SpecError,
+)
 
 T = TypeVar("T")
 

@@ -4,8 +4,13 @@ failure (70): the daemon answering the container create with a 4xx other than 40
 
 from __future__ import annotations
 
-from sbxkit._lifecycle.connect import SupervisorError
-from sbxkit.errors import EngineError, SbxError, create_refusal_in, is_refusal_status
+from sbxkit.errors import (
+    EngineError,
+    SbxError,
+    SupervisorError,
+    create_refusal_in,
+    is_refusal_status,
+)
 
 
 def is_daemon_refusal(error: SbxError) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbxkit._kernel.scripts import io_root
-from sbxkit.errors import SbxError
+from sbxkit.errors import IoDirError
 
 __all__ = [
     "FIFO_NAMES",
@@ -34,10 +34,6 @@ __all__ = [
 ]
 
 FIFO_NAMES = ("in", "out", "err")
-
-
-class IoDirError(SbxError):
-    """The FIFO root or a lease's FIFO directory is not what sbxkit made."""
 
 
 def _checked_root(root: Path) -> None:

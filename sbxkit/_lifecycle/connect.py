@@ -44,48 +44,20 @@ from sbxkit._protocol.wire import (
     decode_server,
     encode,
 )
-from sbxkit.errors import NeverFits, SbxError, UidTaken
+from sbxkit.errors import (
+    AdmissionTimeout,
+    CapacityExhausted,
+    NeverFits,
+    SbxError,
+    SupervisorConnectionLost,
+    SupervisorError,
+    UidTaken,
+)
 
 LAUNCH_TIMEOUT_S = 15.0
 RELAUNCH_AFTER_S = 2.0
 REPLY_TIMEOUT_S = 30.0
 HANDSHAKE_ATTEMPTS = 4
-
-
-class SupervisorError(SbxError):
-    """The supervisor refused or failed a request, or could not be reached."""
-
-    def __init__(self, reason: str, *, code: str = "error", lease: str | None = None) -> None:
-        super().__init__(f"supervisor: {reason}")
-        self.reason = reason
-        self.code = code
-        self.lease = lease
-
-
-class SupervisorConnectionLost(SupervisorError):
-    """The connection to the supervisor closed while sending."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"connection lost: {reason}", code="connection")
-
-
-class CreateInterrupted(SupervisorError):
-    """The connection to the supervisor was lost while it created the lease's container (it
-    died), and no restarted supervisor handed a container over: none appeared in time, or
-    none answered. The caller never heard of a container, so nothing of its payload ran; the
-    lease is the supervisor's from here (its journal's record: recovery removes any container
-    the interrupted create made). A one-shot run registers afresh under a new lease
-    (``DockerBackend.run_once``)."""
-
-
-class CapacityExhausted(SupervisorError):
-    """A hard bound is used up — lease records or connections — and the request was refused
-    explicitly (nothing was created). Retrying later can succeed; CLI exit status 75."""
-
-
-class AdmissionTimeout(CapacityExhausted):
-    """The request waited for capacity (memory, live sandboxes, launches) longer than the
-    supervisor's admission deadline (``--admission-timeout``); nothing was created."""
 
 
 def check_before_launch(state_dir: Path) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import trio
 
-from sbxkit._lifecycle.connect import SupervisorError, connect_supervisor, receive_reply
+from sbxkit._lifecycle.connect import connect_supervisor, receive_reply
 from sbxkit._protocol.journal import SOCKET_NAME, StateDir, check_state_dir
-from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.records import LeaseRecord
 from sbxkit._protocol.wire import (
     EndPools,
     HeldPoolState,
@@ -21,6 +21,7 @@ from sbxkit._protocol.wire import (
     Report,
     Retire,
 )
+from sbxkit.errors import StorageError, SupervisorError
 
 
 def read_journal(state_dir: Path) -> tuple[list[LeaseRecord], list[str]]:

@@ -53,7 +53,7 @@ from sbxkit._protocol.wire import (
     Unadopted,
 )
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import SbxError
+from sbxkit.errors import LinkLost, SbxError
 
 ADOPT_WITHIN_S = 10.0
 """How long a caller tries to re-adopt a lease after its supervisor died (a restarted
@@ -65,14 +65,6 @@ M = TypeVar("M", bound=ServerMessage)
 
 TERMINAL = (Closed, Orphaned, Refused)
 """After these the supervisor says nothing more on the lease's connection."""
-
-
-class LinkLost(SbxError):
-    """The lease's connection is gone for good: the lease was not re-adopted (or is over)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class Session(Protocol):

@@ -32,36 +32,15 @@ from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
     EngineError,
+    NetworkUnavailable,
     NotFound,
+    SandboxExpired,
+    SandboxUnusable,
     SbxError,
 )
-from sbxkit.network.netns import NetworkUnavailable
 
 KILL_BUDGET_S = 10.0
 """How long ending a sandbox's process may take (kill, then confirm)."""
-
-
-class SandboxExpired(SbxError):
-    """The session's time limit (``spec.limits.timeout_s``) ended the ``async with`` block;
-    the container was removed."""
-
-    def __init__(self, lease: str, container_id: str, seconds: float) -> None:
-        super().__init__(
-            f"sandbox {container_id[:12]} (lease {lease}): the session's time limit of "
-            f"{seconds:g} s passed; the sandbox was removed"
-        )
-        self.lease = lease
-        self.container_id = container_id
-        self.seconds = seconds
-
-
-class SandboxUnusable(SbxError):
-    """The sandbox can no longer run work (its container was killed or stopped)."""
-
-    def __init__(self, container_id: str, reason: str) -> None:
-        super().__init__(f"sandbox {container_id[:12]} is unusable: {reason}")
-        self.container_id = container_id
-        self.reason = reason
 
 
 class SandboxExit(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,14 +19,12 @@ import trio
 from sbxkit._kernel.scripts import io_root
 from sbxkit._lifecycle.connect import (
     REPLY_TIMEOUT_S,
-    CreateInterrupted,
-    SupervisorError,
     SupervisorSession,
     connect_supervisor,
     receive_reply,
     refusal_error,
 )
-from sbxkit._lifecycle.link import ADOPT_WITHIN_S, LeaseLink, LinkLost, fifo_dir_keeper, with_secret
+from sbxkit._lifecycle.link import ADOPT_WITHIN_S, LeaseLink, fifo_dir_keeper, with_secret
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.journal import default_state_dir
@@ -56,8 +54,14 @@ from sbxkit._util.unwrap import plain_errors
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.engine.transport import status_error
-from sbxkit.errors import CleanupError, SbxError
-from sbxkit.network.netns import NetworkUnavailable
+from sbxkit.errors import (
+    CleanupError,
+    CreateInterrupted,
+    LinkLost,
+    NetworkUnavailable,
+    SbxError,
+    SupervisorError,
+)
 
 QueueObserver = Callable[[int, float], object]
 """Called while a request waits for capacity: (requests ahead of it, seconds waited so far);

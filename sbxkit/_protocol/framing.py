@@ -9,16 +9,12 @@ import struct
 
 import msgspec
 
-from sbxkit.errors import SbxError
+from sbxkit.errors import WireError
 
 MAX_FRAME = 8 * 1024 * 1024
 """Room for a Register of the largest spec: a 1 MiB command and 128 KiB of env, each byte
 JSON-escaped to six bytes at worst (spec.MAX_COMMAND_BYTES, rules.ENV_SIZE_LIMIT)."""
 _HEADER = struct.Struct(">I")
-
-
-class WireError(SbxError):
-    """A peer broke the supervisor protocol (oversized, malformed or unexpected message)."""
 
 
 class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):

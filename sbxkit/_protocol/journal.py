@@ -28,7 +28,6 @@ from sbxkit._protocol.address import state_dir_text
 from sbxkit._protocol.records import (
     RECORD_SUFFIX,
     LeaseRecord,
-    StorageError,
     decode_record,
     encode_record,
     record_filename,
@@ -41,6 +40,7 @@ from sbxkit._protocol.statedir import (
     check_state_path,
     scan_entries,
 )
+from sbxkit.errors import StorageError
 
 T = TypeVar("T")
 

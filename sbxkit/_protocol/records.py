@@ -19,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from sbxkit.errors import SbxError
+from sbxkit.errors import StorageError
 
 RECORD_VERSION = 1
 MAX_RECORD_BYTES = 16 * 1024
@@ -27,15 +27,6 @@ RECORD_SUFFIX = ".lease"
 LEASE_ID = re.compile(r"[0-9a-f]{32}")
 
 LeaseState = Literal["creating", "created", "uncertain"]
-
-
-class StorageError(SbxError):
-    """The supervisor's state is unsafe or malformed; new execution is blocked until fixed."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"supervisor state {path}: {problem}")
-        self.path = path
-        self.problem = problem
 
 
 class LeaseRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from sbxkit._protocol.address import SOCKET_NAME
-from sbxkit._protocol.records import RECORD_SUFFIX, StorageError
+from sbxkit._protocol.records import RECORD_SUFFIX
+from sbxkit.errors import StorageError
 
 LOCK_NAME = "supervisor.lock"
 LOG_NAME = "supervisor.log"

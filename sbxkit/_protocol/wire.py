@@ -84,7 +84,6 @@ from sbxkit._protocol.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
 from sbxkit._protocol.framing import MAX_FRAME as MAX_FRAME
 from sbxkit._protocol.framing import FrameReader as FrameReader
 from sbxkit._protocol.framing import Message as Message
-from sbxkit._protocol.framing import WireError as WireError
 from sbxkit._protocol.framing import encode as encode
 from sbxkit._protocol.handoff_wire import Run as Run
 from sbxkit._protocol.handoff_wire import RunCancel as RunCancel
@@ -96,6 +95,7 @@ from sbxkit._protocol.handoff_wire import RunReport as RunReport
 from sbxkit._protocol.handoff_wire import RunResume as RunResume
 from sbxkit._protocol.handoff_wire import RunStarted as RunStarted
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.errors import WireError as WireError
 
 # -- client → supervisor -----------------------------------------------------------------------
 

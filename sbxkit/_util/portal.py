@@ -24,13 +24,9 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from sbxkit.errors import SbxError
+from sbxkit.errors import CallCancelled, PortalClosed
 
 T = TypeVar("T")
-
-
-class PortalClosed(SbxError):
-    """The portal's trio thread has ended; nothing more can run through it."""
 
 
 class PortalCall(Generic[T]):
@@ -79,10 +75,6 @@ class PortalCall(Generic[T]):
         if self.error is not None:
             raise self.error
         return self._result  # type: ignore[return-value]
-
-
-class CallCancelled(SbxError):
-    """The call was cancelled from outside the trio thread before it finished."""
 
 
 class Portal:

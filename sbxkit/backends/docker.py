@@ -23,7 +23,6 @@ from typing import Any, TypedDict, Unpack
 
 from sbxkit._lifecycle import leases_admin as admin
 from sbxkit._lifecycle.attached import OutputCallback, run_attached
-from sbxkit._lifecycle.connect import CreateInterrupted
 from sbxkit._lifecycle.kernel_run import NotAlive, run_on_fifos
 from sbxkit._lifecycle.kernel_watch import KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.owned import OwnedContainer, owned_container
@@ -51,7 +50,14 @@ from sbxkit._protocol.wire import Recover
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Backend, Consumer
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
-from sbxkit.errors import UID_ATTEMPTS, ImageChanged, SbxError, SpecError, UidTaken
+from sbxkit.errors import (
+    UID_ATTEMPTS,
+    CreateInterrupted,
+    ImageChanged,
+    SbxError,
+    SpecError,
+    UidTaken,
+)
 from sbxkit.network.gate import GATE_LINE, Prefixed, gate_command
 
 __all__ = ["DockerBackend", "DockerOptions", "default_owner", "docker_backend", "governed"]

@@ -87,17 +87,15 @@ from sbxkit.backends.sbx_commands import (
     sbx_policy_args,
     sbx_remove_args,
 )
-from sbxkit.backends.sbx_exec import (
-    COMMAND_OUTPUT_CAP,
-    CompletedCommand,
-    Exec,
+from sbxkit.backends.sbx_exec import COMMAND_OUTPUT_CAP, CompletedCommand, Exec, process_exec
+from sbxkit.errors import (
     RunnerInUse,
     SbxCleanupError,
     SbxCommandError,
+    SbxError,
     SbxUnavailable,
-    process_exec,
+    SpecError,
 )
-from sbxkit.errors import SbxError, SpecError
 
 if TYPE_CHECKING:
     from sbxkit._lifecycle.owned import OwnedContainer

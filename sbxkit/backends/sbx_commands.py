@@ -30,7 +30,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from sbxkit._model.predicates import has_control
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import SandboxListError, SpecError
 
 __all__ = [
     "DEFAULT_AGENT",
@@ -425,14 +425,6 @@ def sbx_list_args(binary: str) -> list[str]:
 
 
 # --- sbx ls -------------------------------------------------------------------------------------
-
-
-class SandboxListError(SbxError):
-    """``sbx ls`` printed something that is neither JSON nor a NAME-headed table."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"cannot read the output of `sbx ls`: {reason}")
-        self.reason = reason
 
 
 _LIST_KEYS = ("sandboxes", "Sandboxes", "items", "Items", "data")

@@ -15,7 +15,7 @@ from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._model.result import Stream
 from sbxkit._util.unwrap import plain_async
 from sbxkit.engine.frames import STDERR, STDOUT
-from sbxkit.errors import CleanupError, EngineUnavailable, SbxError
+from sbxkit.errors import SbxUnavailable
 
 COMMAND_OUTPUT_CAP = 1024 * 1024
 """Bytes kept per stream of the runner's own commands (create, policy, rm, ls)."""
@@ -24,46 +24,6 @@ DRAIN_GRACE_S = 2.0
 
 
 # --- errors -------------------------------------------------------------------------------------
-
-
-class SbxUnavailable(EngineUnavailable):
-    """The ``sbx`` binary cannot be run (not installed, not executable) or does not answer."""
-
-    def __init__(self, binary: str, reason: str) -> None:
-        super().__init__(binary, reason)
-        self.args = (f"sbx ({binary}) is unavailable: {reason}",)
-        self.binary = binary
-
-
-class SbxCommandError(SbxError):
-    """An ``sbx`` command failed (non-zero exit or no answer within its deadline)."""
-
-    def __init__(self, what: str, returncode: int | None, detail: str) -> None:
-        status = "timed out" if returncode is None else f"exit status {returncode}"
-        super().__init__(f"sbx {what} failed ({status}): {detail or 'no output'}")
-        self.what = what
-        self.returncode = returncode
-        self.detail = detail
-
-
-class SbxCleanupError(CleanupError):
-    """``sbx rm --force`` could not be confirmed (the sandbox is still listed), or the run's
-    workspace could not be deleted. The sandbox's name carries the runner id, so the next
-    start of that runner retries the removal."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(name, name, reason)
-        self.args = (f"removing sandbox {name} failed: {reason}",)
-        self.name = name
-
-
-class RunnerInUse(SbxError):
-    """Another live runner holds this runner id's lock (two would remove each other's runs)."""
-
-    def __init__(self, runner_id: str, lock_path: str) -> None:
-        super().__init__(f"runner id {runner_id!r} is held by a live runner ({lock_path})")
-        self.runner_id = runner_id
-        self.lock_path = lock_path
 
 
 # --- the exec seam ------------------------------------------------------------------------------

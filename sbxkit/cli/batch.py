@@ -84,7 +84,6 @@ from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_
 from sbxkit.cli.progress import Progress, format_clock, format_progress
 from sbxkit.cli.results import (
     ResultLine,
-    ResultsFileError,
     ResultsWriter,
     encode_result,
     pending_jobs,
@@ -93,7 +92,7 @@ from sbxkit.cli.results import (
 )
 from sbxkit.cluster import NodeRefusal, RayCluster
 from sbxkit.cluster.options import DEFAULT_RETRIES
-from sbxkit.errors import SpecError
+from sbxkit.errors import JobsFileError, ResultsFileError, SpecError
 from sbxkit.pool.shapes import PoolPerShape
 
 __all__ = [
@@ -135,16 +134,6 @@ EPILOG = (
     "removal failed; 128+N interrupted by signal N"
 )
 """``--help``'s own words: the module doc is reStructuredText, not terminal text."""
-
-
-class JobsFileError(SpecError):
-    """A line of the jobs file is not a valid job. Raised before anything runs."""
-
-    def __init__(self, source: str, line: int, field: str, rule: str) -> None:
-        super().__init__(field, rule)
-        self.args = (f"{source} line {line}: {field}: {rule}",)
-        self.source = source
-        self.line = line
 
 
 # --- input ---------------------------------------------------------------------------------------

@@ -13,16 +13,12 @@ from typing import Any
 from sbxkit._grammar.mcp_options import parse_http_address
 from sbxkit._grammar.profile import load_profile
 from sbxkit._plan.plan import check_spec
-from sbxkit.errors import SpecError
+from sbxkit.errors import MissingExtra, SpecError
 from sbxkit.mcp.policy import policy_from_profile
 from sbxkit.mcp.token_files import read_token_file
 
 SDK_MODULES = {"mcp", "mcp_types", "uvicorn", "starlette", "anyio", "pydantic"}
 INSTALL_HINT = "pip install 'sbxkit[mcp]'"
-
-
-class MissingExtra(SpecError):
-    """The MCP SDK (the ``sbxkit[mcp]`` extra) is not installed."""
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

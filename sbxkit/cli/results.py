@@ -22,18 +22,7 @@ import msgspec
 from sbxkit._consumers.harness import Job, JobError, JobId, JobResult
 from sbxkit._model.result import json_fields
 from sbxkit._util.bounded_read import file_kind_problem
-from sbxkit.errors import SpecError
-
-
-class ResultsFileError(SpecError):
-    """The results file holds a line that is not a complete result: it is not ours to extend."""
-
-    def __init__(self, source: str, line: int, rule: str) -> None:
-        super().__init__("results", rule)
-        self.args = (f"{source} line {line}: {rule}",)
-        self.source = source
-        self.line = line
-
+from sbxkit.errors import ResultsFileError, SpecError
 
 # --- output --------------------------------------------------------------------------------------
 

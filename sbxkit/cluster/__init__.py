@@ -12,6 +12,6 @@ from __future__ import annotations
 
 from sbxkit.cluster.api import RayCluster
 from sbxkit.cluster.join import NodeRefusal
-from sbxkit.cluster.options import ClusterUnauthenticated, ClusterUnavailable
+from sbxkit.errors import ClusterUnauthenticated, ClusterUnavailable
 
 __all__ = ["ClusterUnauthenticated", "ClusterUnavailable", "NodeRefusal", "RayCluster"]

@@ -37,7 +37,7 @@ from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec, check_spec, effective_settings
 from sbxkit.cluster.dispatch import Dispatch
 from sbxkit.cluster.membership import Membership
-from sbxkit.cluster.options import ClusterOptions, ClusterUnauthenticated, ClusterUnavailable
+from sbxkit.cluster.options import ClusterOptions
 from sbxkit.cluster.rayauth import HOW_TO, cluster_enforces_token_auth
 from sbxkit.cluster.relay import relay
 from sbxkit.cluster.resources import fits, job_resources
@@ -56,7 +56,7 @@ from sbxkit.cluster.wire import (
     decode_reply,
     encode,
 )
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import ClusterUnauthenticated, ClusterUnavailable, SbxError, SpecError
 
 CLEANUP_BUDGET_S = 60.0
 """How long the end of a batch may take: the agents' removals, then Ray's own shutdown."""

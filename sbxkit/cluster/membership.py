@@ -30,10 +30,11 @@ import trio
 
 from sbxkit.cluster.agent import NodeAgent, implementation
 from sbxkit.cluster.join import NodeRefusal, image_reference, judge
-from sbxkit.cluster.options import ClusterOptions, ClusterUnavailable
+from sbxkit.cluster.options import ClusterOptions
 from sbxkit.cluster.resources import SANDBOXES, declaration_problem, declared
 from sbxkit.cluster.seal import Forged, Keys, context
 from sbxkit.cluster.wire import JoinRefused, NodeReport, decode_join_reply, decode_report
+from sbxkit.errors import ClusterUnavailable
 
 POLL_S = 2.0
 """How often the driver asks Ray for the node list."""

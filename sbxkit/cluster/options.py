@@ -10,25 +10,9 @@ from collections.abc import Callable, Collection, Mapping
 
 from sbxkit._consumers.harness import JobId
 from sbxkit.cluster.join import NodeRefusal
-from sbxkit.errors import EngineUnavailable, SpecError
+from sbxkit.errors import SpecError
 
 RefusalCallback = Callable[[NodeRefusal], object]
-
-
-class ClusterUnavailable(EngineUnavailable):
-    """The Ray cluster cannot run the batch: unreachable, no node accepted, or none left.
-    (An ``EngineUnavailable``: ``sbxkit batch --ray`` exits 69.)"""
-
-    def __init__(self, address: str, reason: str) -> None:
-        super().__init__(address, reason)
-        self.args = (f"Ray cluster at {address}: {reason}",)
-        self.address = address
-
-
-class ClusterUnauthenticated(ClusterUnavailable):
-    """The Ray cluster lets in callers without its token (it does not enforce token
-    authentication), or the driver has no token for one that does: nothing is sent to it.
-    (``sbxkit batch --ray`` exits 69, with how to turn it on.)"""
 
 
 DEFAULT_RETRIES = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import NoReturn
 
-from sbxkit.errors import EngineProtocolError
+from sbxkit.errors import FrameError
 
 STDIN, STDOUT, STDERR, SYSTEMERR = 0, 1, 2, 3
 _LEGAL_STREAMS = frozenset({STDIN, STDOUT, STDERR, SYSTEMERR})
@@ -20,15 +20,6 @@ _LEGAL_STREAMS = frozenset({STDIN, STDOUT, STDERR, SYSTEMERR})
 HEADER_SIZE = 8
 MAX_PAYLOAD = 0xFFFF_FFFF  # the size field is a u32
 _HEADER = struct.Struct(">BxxxI")
-
-
-class FrameError(EngineProtocolError):
-    """The attach stream broke Docker's framing: the connection carries no trustworthy output."""
-
-    def __init__(self, offset: int, problem: str) -> None:
-        super().__init__(f"attach stream framing broken at byte {offset}: {problem}")
-        self.offset = offset  # position in the whole stream, counted from the first byte fed
-        self.problem = problem
 
 
 def encode_frame(stream_id: int, payload: bytes) -> bytes:

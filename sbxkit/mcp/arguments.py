@@ -15,12 +15,12 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from sbxkit._consumers.archive import ArchiveError, confine, relative_name
+from sbxkit._consumers.archive import confine, relative_name
 from sbxkit._grammar.profile import ProfileLimits
 from sbxkit._model.rules import check_env
 from sbxkit._model.spec import spec_error_from, validate_command, validate_workdir
 from sbxkit._model.textcheck import check_utf8
-from sbxkit.errors import SpecError
+from sbxkit.errors import ArchiveError, SpecError
 
 FILES_ROOT = "/tmp"
 """Where files go and are read from: the sandbox's scratch tmpfs, its one writable place

@@ -39,7 +39,7 @@ import trio
 from sbxkit._consumers.oneshot import run as sbxkit_run
 from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
 from sbxkit._model.result import RunResult
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import HubStopping, SbxError, SpecError, UnknownSandbox
 from sbxkit.mcp.arguments import (
     FILES_ROOT,
     CloseArgs,
@@ -77,17 +77,6 @@ class Caller:
 
     account: str
     owner: str
-
-
-class UnknownSandbox(SpecError):
-    """No open sandbox of this client has that id (never opened, another client's, ended)."""
-
-    def __init__(self, rule: str) -> None:
-        super().__init__("sandbox_id", rule)
-
-
-class HubStopping(SbxError):
-    """The server is stopping: no sandbox is opened any more."""
 
 
 def new_sandbox_id() -> str:

@@ -10,16 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sbxkit.errors import SbxError
-
-
-class QuotaExhausted(SbxError):
-    """No sandbox slot left for this client, or for all clients together."""
-
-    def __init__(self, field: str, rule: str) -> None:
-        super().__init__(f"{field}: {rule}")
-        self.field = field
-        self.rule = rule
+from sbxkit.errors import QuotaExhausted
 
 
 class Quotas:

@@ -35,7 +35,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from sbxkit._util.portal import Portal
-from sbxkit.errors import SbxError
+from sbxkit.errors import SbxError, Unauthenticated
 from sbxkit.mcp.arguments import ARGS, Args, decode_args
 from sbxkit.mcp.hub import Caller, Hub
 from sbxkit.mcp.policy import McpPolicy
@@ -105,11 +105,6 @@ class PortalCalls:
         finally:
             await self.call(hub.close)
             await anyio.to_thread.run_sync(self.portal.close)
-
-
-class Unauthenticated(SbxError):
-    """An HTTP request reached a tool without the gate's identity (never, when served by
-    ``sbxkit.mcp.transports``): refused rather than guessed."""
 
 
 def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:

@@ -27,8 +27,8 @@ from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
 from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms
 from sbxkit.engine.client import Engine
+from sbxkit.errors import NetworkUnavailable
 from sbxkit.network.netns import (
-    NetworkUnavailable,
     SandboxProcess,
     add_hosts_entries,
     bind_in_sandbox,

@@ -28,7 +28,7 @@ import trio
 
 from sbxkit._model.network_terms import TLS_MOUNT, TlsBundle
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
+from sbxkit.errors import NetworkUnavailable
 
 __all__ = [
     "NetworkUnavailable",
@@ -44,14 +44,6 @@ CLONE_NEWNET = 0x40000000
 CAP_SYS_ADMIN = 21
 LISTEN_BACKLOG = 128
 _T = TypeVar("_T")
-
-
-class NetworkUnavailable(SbxError):
-    """The governed network could not be put in place for a sandbox (its payload never ran)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"governed network: {reason}")
-        self.reason = reason
 
 
 def can_enter_namespaces(status_text: str | None = None) -> bool:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sbxkit._util.parking import ParkingBudget
-    from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+    from sbxkit.errors import PoolUnavailable
+    from sbxkit.pool.held import HeldPool, PooledBackend
     from sbxkit.pool.inprocess import Claim, Pool, open_pool
     from sbxkit.pool.line import PARK_SCRIPT, claim_line, claim_line_within
     from sbxkit.pool.shape import parked_spec, shape_of

@@ -54,7 +54,7 @@ from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer
 from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
 from sbxkit.engine.client import Engine, engine_or_open
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import PoolUnavailable, SpecError
 from sbxkit.pool.line import claim_line
 from sbxkit.pool.shape import parked_spec
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
@@ -62,14 +62,6 @@ from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 __all__ = ["HeldPool", "PoolUnavailable", "PooledBackend"]
 
 WARM_POLL_S = 0.05
-
-
-class PoolUnavailable(SbxError):
-    """The supervisor could not park a container of the shape (``PooledBackend.warm``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"pool: {reason}")
-        self.reason = reason
 
 
 class HeldPool(msgspec.Struct, frozen=True, kw_only=True):

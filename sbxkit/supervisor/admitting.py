@@ -23,10 +23,10 @@ from sbxkit._lifecycle.uid_holds import hold_own_uid
 from sbxkit._plan.network_planning import managed_gateway_problem
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.proof import is_well_formed
-from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.records import LeaseRecord
 from sbxkit._protocol.wire import Closed, Queued, RefusalCode, Refused, Register, Registered
 from sbxkit.engine.client import Engine
-from sbxkit.errors import NotFound, SbxError
+from sbxkit.errors import NotFound, SbxError, StorageError
 from sbxkit.supervisor.config import launch_bound
 from sbxkit.supervisor.lease import (
     Caller,

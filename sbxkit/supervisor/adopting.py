@@ -40,11 +40,11 @@ from sbxkit._model.spec import parse_user
 from sbxkit._plan.network_planning import managed_gateway_problem
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.proof import check_proof, refusal_reason, rotated
-from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.records import LeaseRecord
 from sbxkit._protocol.wire import Adopt, Adopted, Closed, Unadopted
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
-from sbxkit.errors import NotFound, SbxError, SpecError
+from sbxkit.errors import NotFound, SbxError, SpecError, StorageError
 from sbxkit.network.governor import Governor
 from sbxkit.supervisor.lease import Intent, LiveLease, Replies, log
 from sbxkit.supervisor.lifecycle import Leases

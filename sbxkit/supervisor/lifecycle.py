@@ -12,9 +12,8 @@ from sbxkit._protocol import records as rec
 from sbxkit._protocol.wire import Closed, Created, Expiring, Failed, Launched, Orphaned
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerInspect
-from sbxkit.errors import ContainerMismatch, EngineError, SbxError, SpecError
+from sbxkit.errors import ContainerMismatch, EngineError, NetworkUnavailable, SbxError, SpecError
 from sbxkit.network.governor import Governor
-from sbxkit.network.netns import NetworkUnavailable
 from sbxkit.supervisor.core import ServiceCore
 from sbxkit.supervisor.lease import (
     LaunchSlot,

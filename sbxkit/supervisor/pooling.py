@@ -34,7 +34,7 @@ from sbxkit._lifecycle.admission import Need, never_fits
 from sbxkit._lifecycle.kernel_run import start_on_fifos
 from sbxkit._lifecycle.kernel_watch import NotAlive
 from sbxkit._protocol.proof import SECRET_BYTES, secret_hash
-from sbxkit._protocol.records import LeaseRecord, StorageError
+from sbxkit._protocol.records import LeaseRecord
 from sbxkit._protocol.wire import (
     Claim,
     Claimed,
@@ -47,7 +47,7 @@ from sbxkit._protocol.wire import (
 )
 from sbxkit._util.parking import Parking
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
+from sbxkit.errors import SbxError, StorageError
 from sbxkit.supervisor.admitting import Admitting
 from sbxkit.supervisor.lease import (
     Intent,

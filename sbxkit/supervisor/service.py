@@ -38,7 +38,6 @@ import trio
 
 from sbxkit._lifecycle.admission import Need
 from sbxkit._protocol.journal import Journal, StateDir, check_state_dir
-from sbxkit._protocol.records import StorageError
 from sbxkit._protocol.statedir import STARTUP_REFUSAL
 from sbxkit._protocol.wire import (
     PROTOCOL_VERSION,
@@ -64,6 +63,7 @@ from sbxkit._protocol.wire import (
     Welcome,
     WireError,
 )
+from sbxkit.errors import StorageError
 from sbxkit.supervisor.adopting import Adopting
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
 from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S

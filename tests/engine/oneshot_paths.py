@@ -28,8 +28,9 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.docker import DockerBackend
+from sbxkit.errors import PoolUnavailable
 from sbxkit.pool import open_pool
-from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+from sbxkit.pool.held import HeldPool, PooledBackend
 from tests.engine.runtimes import is_gvisor
 from tests.witness import BUSYBOX, PYTHON
 

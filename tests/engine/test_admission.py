@@ -29,7 +29,6 @@ import trio
 
 from sbxkit._consumers.runner import run
 from sbxkit._kernel.scripts import io_root
-from sbxkit._lifecycle.connect import AdmissionTimeout, CapacityExhausted
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import MiB
@@ -37,7 +36,7 @@ from sbxkit._plan.plan import new_lease_id
 from sbxkit._protocol.wire import Close, Closed, Created, Registered, Welcome
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
-from sbxkit.errors import NeverFits, SpecError
+from sbxkit.errors import AdmissionTimeout, CapacityExhausted, NeverFits, SpecError
 from sbxkit.supervisor.recovery import STALE_IO_MARGIN_S
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import spec, unique, wait_until

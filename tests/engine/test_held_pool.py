@@ -36,8 +36,8 @@ from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit._model.uids import HOST_UIDS
 from sbxkit._plan.plan import make_plan
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SpecError
-from sbxkit.pool.held import HeldPool, PooledBackend, PoolUnavailable
+from sbxkit.errors import PoolUnavailable, SpecError
+from sbxkit.pool.held import HeldPool, PooledBackend
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import parked_command, spec, still_parked, unique, wait_until
 from tests.supervision import running_supervisor

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 import sbxkit.blocking
-from sbxkit._consumers.archive import ArchiveError, SandboxFileNotFound
 from sbxkit._consumers.session import SandboxExpired, open_sandbox
 from sbxkit._model.spec import SandboxSpec
+from sbxkit.errors import ArchiveError, SandboxFileNotFound
 from tests.engine.cli_paths import CliPath
 from tests.engine.helpers import container_exists, spec
 from tests.engine.test_cli import SMALL

@@ -15,12 +15,11 @@ import time
 import pytest
 import trio
 
-from sbxkit._consumers.archive import ArchiveError
 from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
 from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.engine.execapi import archive_get, archive_put
-from sbxkit.errors import EngineError, NotFound
+from sbxkit.errors import ArchiveError, EngineError, NotFound
 from tests.engine.helpers import container_exists, runtime_limits
 from tests.witness import Witness
 

@@ -22,13 +22,12 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
-from sbxkit._lifecycle.connect import SupervisorError
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._plan.plan import new_lease_id
 from sbxkit._plan.policy import LEASE_LABEL, build_create_body, container_name
 from sbxkit._protocol.fingerprint import implementation_fingerprint
 from sbxkit._protocol.journal import SOCKET_NAME, StateDir, check_state_dir
-from sbxkit._protocol.records import LeaseRecord, StorageError, encode_record, record_filename
+from sbxkit._protocol.records import LeaseRecord, encode_record, record_filename
 from sbxkit._protocol.wire import (
     PROTOCOL_VERSION,
     Close,
@@ -47,7 +46,7 @@ from sbxkit._protocol.wire import (
     encode,
 )
 from sbxkit.engine.client import Engine
-from sbxkit.errors import CleanupError
+from sbxkit.errors import CleanupError, StorageError, SupervisorError
 from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S
 from tests.engine.helpers import (
     container_exists,

@@ -28,7 +28,6 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
-from sbxkit._lifecycle.connect import CreateInterrupted, SupervisorError
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.result import RunResult
@@ -37,7 +36,7 @@ from sbxkit._protocol.wire import Launch
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import CleanupError, SbxError
+from sbxkit.errors import CleanupError, CreateInterrupted, SbxError, SupervisorError
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
 from tests.supervision import (

@@ -13,14 +13,13 @@ import pytest
 import trio
 
 import sbxkit
-from sbxkit._lifecycle.connect import SupervisorError
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_terms import Network
 from sbxkit._model.settings import Settings
 from sbxkit._plan.plan import make_plan
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
-from sbxkit.errors import SbxError
+from sbxkit.errors import SbxError, SupervisorError
 from tests.network.conftest import LAUNCHER_UMASK, supervisor_with_umask
 from tests.network.payloads import SBXKIT_RUN
 from tests.network.servers import ALLOWED, Servers

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sbxkit._consumers.archive import (
-    ArchiveError,
     build_tar,
     confine,
     confine_dir,
@@ -19,6 +18,7 @@ from sbxkit._consumers.archive import (
     relative_name,
     stream_cap,
 )
+from sbxkit.errors import ArchiveError
 
 
 def tar_of(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:

@@ -17,7 +17,6 @@ import pytest
 from sbxkit._consumers.runner import run as runner_run
 from sbxkit._grammar.daemon_refusal import is_daemon_refusal
 from sbxkit._grammar.profile import decode_profile, profile_from_dict
-from sbxkit._lifecycle.connect import SupervisorError
 from sbxkit._model.call_checks import check_spec_type, check_stdin
 from sbxkit._model.image_ref import image_reference_problem
 from sbxkit._model.spec import (
@@ -33,7 +32,7 @@ from sbxkit._model.spec import (
 )
 from sbxkit._model.textcheck import check_utf8
 from sbxkit.cli import EXIT_INTERNAL, EXIT_REFUSED, exit_code_for_error
-from sbxkit.errors import Conflict, EngineError, SpecError, scrub_daemon_paths
+from sbxkit.errors import Conflict, EngineError, SpecError, SupervisorError, scrub_daemon_paths
 
 IMAGE = "sbxkit-test/busybox:latest"
 NO_SOCKET = "/nonexistent/sbxkit-test.sock"

@@ -8,15 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbxkit.engine.frames import (
-    STDERR,
-    STDIN,
-    STDOUT,
-    SYSTEMERR,
-    Demuxer,
-    FrameError,
-    encode_frame,
-)
+from sbxkit.engine.frames import STDERR, STDIN, STDOUT, SYSTEMERR, Demuxer, encode_frame
+from sbxkit.errors import FrameError
 
 Frame = tuple[int, bytes]
 

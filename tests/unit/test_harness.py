@@ -31,7 +31,6 @@ from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit.backends import Backend
 from sbxkit.cli.batch import (
-    JobsFileError,
     Progress,
     ResultLine,
     ResultsFileError,
@@ -43,7 +42,7 @@ from sbxkit.cli.batch import (
     prepare_results,
     scan_results,
 )
-from sbxkit.errors import CleanupError, ImageError, SpecError
+from sbxkit.errors import CleanupError, ImageError, JobsFileError, SpecError
 
 LIMITS: dict[str, Any] = {
     "cpus": 0.5,
@@ -372,7 +371,7 @@ async def test_an_on_result_failure_stops_the_batch_and_is_reraised(
 async def test_a_full_supervisor_is_waited_for(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from sbxkit._lifecycle.connect import CapacityExhausted
+    from sbxkit.errors import CapacityExhausted
 
     calls: list[float] = []
 

@@ -20,14 +20,8 @@ from sbxkit._grammar.profile import MAX_PROFILE_BYTES, load_profile
 from sbxkit._util.bounded_read import file_kind_problem, read_bounded
 from sbxkit.cli.batch import check_out_path, load_jobs
 from sbxkit.cli.jobs import forget_error_lines
-from sbxkit.cli.results import (
-    ResultLine,
-    ResultsFileError,
-    is_own_torn_line,
-    prepare_results,
-    scan_results,
-)
-from sbxkit.errors import SpecError
+from sbxkit.cli.results import ResultLine, is_own_torn_line, prepare_results, scan_results
+from sbxkit.errors import ResultsFileError, SpecError
 
 NO_SOCKET = "/nonexistent/sbxkit-test.sock"
 IMAGE = "sbxkit-test/busybox:latest"

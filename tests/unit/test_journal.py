@@ -18,7 +18,8 @@ import trio
 
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.journal import LOCK_NAME, Journal, StateDir, check_state_dir
-from sbxkit._protocol.records import LeaseRecord, StorageError, encode_record, record_filename
+from sbxkit._protocol.records import LeaseRecord, encode_record, record_filename
+from sbxkit.errors import StorageError
 
 LEASE_A = "a" * 32
 LEASE_B = "b" * 32

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sbxkit._grammar.mcp_options import parse_http_address
 from sbxkit._grammar.profile import LIMIT_FIELDS, decode_profile
 from sbxkit._model.spec import MiB
-from sbxkit.errors import SbxError, SpecError
+from sbxkit.errors import QuotaExhausted, SbxError, SpecError
 from sbxkit.mcp.arguments import (
     ARGS,
     MAX_RUN_FILES,
@@ -36,7 +36,7 @@ from sbxkit.mcp.policy import (
     policy_from_profile,
     run_request,
 )
-from sbxkit.mcp.quotas import QuotaExhausted, Quotas
+from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import error_fields
 

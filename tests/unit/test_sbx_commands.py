@@ -22,7 +22,6 @@ from sbxkit._model.mounts import TmpfsMount
 from sbxkit.backends.sbx_commands import (
     DEFAULT_USER,
     EXEC_SETUP_FAILED,
-    SandboxListError,
     check_agent,
     check_binary,
     check_create_args,
@@ -43,7 +42,7 @@ from sbxkit.backends.sbx_commands import (
     sbx_policy_args,
     sbx_remove_args,
 )
-from sbxkit.errors import SpecError
+from sbxkit.errors import SandboxListError, SpecError
 
 NAME = "sbxkit-a1b2c3d4-0123456789abcdef"
 WORKSPACE = "/tmp/sbxkit-a1b2c3d4-0123456789abcdef-x1"

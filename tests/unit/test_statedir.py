@@ -10,7 +10,6 @@ import pytest
 
 from sbxkit._lifecycle.launch_environment import SUPERVISOR_ENVIRONMENT, supervisor_environment
 from sbxkit._protocol.journal import check_state_dir
-from sbxkit._protocol.records import StorageError
 from sbxkit._protocol.statedir import (
     MAX_SOCKET_PATH,
     ancestor_problem,
@@ -18,6 +17,7 @@ from sbxkit._protocol.statedir import (
     socket_path_problem,
     startup_refusal,
 )
+from sbxkit.errors import StorageError
 
 EUID = 1000
 

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from sbxkit._kernel.scripts import io_dir_of
-from sbxkit._lifecycle.connect import REPLY_TIMEOUT_S, SupervisorError, refusal_error
+from sbxkit._lifecycle.connect import REPLY_TIMEOUT_S, refusal_error
 from sbxkit._lifecycle.link import with_secret
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_audit import Denial
@@ -41,8 +41,7 @@ from sbxkit._protocol.wire import (
 )
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
-from sbxkit.errors import CleanupError
-from sbxkit.network.netns import NetworkUnavailable
+from sbxkit.errors import CleanupError, NetworkUnavailable, SupervisorError
 from sbxkit.supervisor.lease import Intent
 from sbxkit.supervisor.pooling import Pooling, claimed_message
 
