@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 
+from sbxkit._util.public import WHERE as _WHERE
+
 TYPE_CHECKING = False  # not ``typing``'s: ``python -m sbxkit`` and the CLI's hand-off skip it
 if TYPE_CHECKING:
     from typing import Any
@@ -95,97 +97,9 @@ if TYPE_CHECKING:
     from sbxkit.pool.inprocess import Pool, open_pool
     from sbxkit.pool.shapes import PoolPerShape
 
-# Public name -> the module that defines it. Loaded on first use (PEP 562), so that
-# ``python -m sbxkit run`` — a process per sandbox in a harness — pays only for what it uses.
-_WHERE: dict[str, str] = {
-    "open_pool": "sbxkit.pool.inprocess",
-    "Pool": "sbxkit.pool.inprocess",
-    "HeldPool": "sbxkit.pool.held",
-    "PooledBackend": "sbxkit.pool.held",
-    "PoolUnavailable": "sbxkit.errors",
-    "PoolPerShape": "sbxkit.pool.shapes",
-    "RayCluster": "sbxkit.cluster.api",
-    "NodeRefusal": "sbxkit.cluster.join",
-    "ClusterUnavailable": "sbxkit.errors",
-    "open_backend": "sbxkit.backends.base",
-    "check_spec": "sbxkit._plan.plan",
-    "CheckedSpec": "sbxkit._plan.plan",
-    "DockerBackend": "sbxkit.backends.docker",
-    "Backend": "sbxkit.backends.base",
-    "AdmissionTimeout": "sbxkit.errors",
-    "ArchiveError": "sbxkit.errors",
-    "SandboxFileNotFound": "sbxkit.errors",
-    "BindMount": "sbxkit._model.mounts",
-    "CapacityExhausted": "sbxkit.errors",
-    "CleanupError": "sbxkit.errors",
-    "Conflict": "sbxkit.errors",
-    "ContainerMismatch": "sbxkit.errors",
-    "ImageChanged": "sbxkit.errors",
-    "Deadlines": "sbxkit.engine.client",
-    "Engine": "sbxkit.engine.client",
-    "EngineConnectionError": "sbxkit.errors",
-    "EngineError": "sbxkit.errors",
-    "EngineProtocolError": "sbxkit.errors",
-    "EngineTimeout": "sbxkit.errors",
-    "EngineUnavailable": "sbxkit.errors",
-    "GpuRequest": "sbxkit._model.gpu",
-    "Network": "sbxkit._model.network_terms",
-    "CallbackTls": "sbxkit._model.network_terms",
-    "Denial": "sbxkit._model.network_audit",
-    "NetworkUnavailable": "sbxkit.errors",
-    "GrantError": "sbxkit.errors",
-    "GrantResult": "sbxkit._consumers.grants",
-    "Grants": "sbxkit._consumers.grants",
-    "ImageError": "sbxkit.errors",
-    "InProcessOwner": "sbxkit._lifecycle.owner",
-    "InputGrant": "sbxkit._consumers.grants",
-    "Job": "sbxkit._consumers.harness",
-    "JobError": "sbxkit._consumers.harness",
-    "JobResult": "sbxkit._consumers.harness",
-    "LEASE_LABEL": "sbxkit._plan.policy",
-    "Limits": "sbxkit._model.spec",
-    "MiB": "sbxkit._model.spec",
-    "KiB": "sbxkit._model.units",
-    "GiB": "sbxkit._model.units",
-    "parse_duration": "sbxkit._model.units",
-    "NeverFits": "sbxkit.errors",
-    "NotFound": "sbxkit.errors",
-    "OutputGrant": "sbxkit._consumers.grants",
-    "Owner": "sbxkit._lifecycle.owner",
-    "PhaseTimings": "sbxkit._model.result",
-    "PtySession": "sbxkit._consumers.pty",
-    "Receipt": "sbxkit._consumers.grants",
-    "RunResult": "sbxkit._model.result",
-    "Sandbox": "sbxkit._consumers.session",
-    "SandboxExit": "sbxkit._lifecycle.owned",
-    "SandboxExpired": "sbxkit.errors",
-    "SandboxSpec": "sbxkit._model.spec",
-    "SandboxUnusable": "sbxkit.errors",
-    "SbxError": "sbxkit.errors",
-    "Settings": "sbxkit._model.settings",
-    "SpecError": "sbxkit.errors",
-    "Status": "sbxkit._model.result",
-    "Usage": "sbxkit._model.result",
-    "StdioWorker": "sbxkit._consumers.stdio",
-    "SupervisedOwner": "sbxkit._lifecycle.supervised",
-    "SupervisorError": "sbxkit.errors",
-    "CreateInterrupted": "sbxkit.errors",
-    "TmpfsMount": "sbxkit._model.mounts",
-    "VolumeMount": "sbxkit._model.mounts",
-    "apply_profile": "sbxkit._grammar.profile",
-    "build_create_body": "sbxkit._plan.policy",
-    "load_profile": "sbxkit._grammar.profile",
-    "open_engine": "sbxkit.engine.client",
-    "open_pty": "sbxkit._consumers.pty",
-    "open_sandbox": "sbxkit._consumers.session",
-    "open_stdio_worker": "sbxkit._consumers.stdio",
-    "parse_size": "sbxkit._model.units",
-    "run": "sbxkit._consumers.oneshot",
-    "run_many": "sbxkit._consumers.harness",
-    "run_with_grants": "sbxkit._consumers.broker",
-    "spec_from_dict": "sbxkit._model.spec",
-    "validate_spec": "sbxkit._model.spec",
-}
+# Public name -> the module that defines it (sbxkit/_util/public.py). Loaded on first use
+# (PEP 562), so that ``python -m sbxkit run`` — a process per sandbox in a harness — pays only
+# for what it uses.
 _SUBMODULES = ("aio", "blocking")  # non-trio callers: scripts and notebooks, asyncio
 
 

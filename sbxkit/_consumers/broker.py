@@ -61,6 +61,7 @@ from sbxkit._model.mounts import BindMount, is_within, validate_mounts
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec, parse_user, validate_limits
 from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.public import publish
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.errors import GrantError
@@ -254,3 +255,6 @@ async def _run_in(
         exc.result = result
         raise
     return GrantResult(result=result, receipts=receipts, inputs=inputs, published=True)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -28,6 +28,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import INT64_MAX, MiB, SandboxSpec
 from sbxkit._plan.preflight import resolve_host_path
+from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 DEFAULT_INPUT_MAX_BYTES = 64 * MiB
@@ -268,3 +269,6 @@ def derive_spec(
         largest = max(output.max_bytes for output in grants.outputs)
         limits = msgspec.structs.replace(limits, fsize_bytes=min(limits.fsize_bytes, largest))
     return msgspec.structs.replace(spec, mounts=mounts, limits=limits)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -45,6 +45,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.public import publish
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerBackend, docker_backend
@@ -509,3 +510,6 @@ async def _dispatch(
         raise callback_error[0]
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -16,6 +16,7 @@ from sbxkit._consumers.files_run import run_with_files
 from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
@@ -52,3 +53,6 @@ async def run(
             spec, stdin, files or {}, measure_usage=measure_usage, backend=chosen
         )
     return await chosen.run_once(spec, stdin, on_output=on_output)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -26,6 +26,7 @@ from sbxkit._consumers.session import OwnedView
 from sbxkit._lifecycle.owned import ContainerProcess, OwnedContainer, SandboxExit, attached
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.public import publish
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import container_resize
@@ -147,3 +148,6 @@ async def open_pty(
             with contextlib.suppress(SbxError):
                 await session.resize(*size)
         yield session
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

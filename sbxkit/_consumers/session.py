@@ -76,6 +76,7 @@ from sbxkit._model.spec import SandboxSpec, check_limit, parse_user, validate_wo
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
+from sbxkit._util.public import publish
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
@@ -579,3 +580,6 @@ async def open_sandbox(
         if scope.cancelled_caught:
             # from None: the deadline's trio.Cancelled is how, not what; it is no cause to show
             raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

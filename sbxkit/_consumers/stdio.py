@@ -29,6 +29,7 @@ from sbxkit._lifecycle.owned import ContainerProcess, OwnedContainer, SandboxExi
 from sbxkit._model.result import Status, Stream
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
+from sbxkit._util.public import publish
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.frames import STDIN, STDOUT, Demuxer
@@ -199,3 +200,6 @@ async def open_stdio_worker(
     chosen = docker_backend(backend, **docker)
     async with chosen.own(spec, "stdio") as box, attached(box) as (attach, waiter):
         yield StdioWorker(_Channel(box, attach, ContainerProcess(box, waiter)))
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -98,6 +98,7 @@ from sbxkit._model.spec import (
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._model.units import parse_duration, parse_size
 from sbxkit._util.bounded_read import read_bounded
+from sbxkit._util.public import publish
 from sbxkit.backends.sbx_commands import (
     DEFAULT_AGENT,
     DEFAULT_BINARY,
@@ -434,3 +435,6 @@ def profile_settings(profile: Profile) -> tuple[Settings, SupervisorOptions]:
 def supervisor_command(options: SupervisorOptions) -> str | None:
     """The ``SBXKIT_SUPERVISOR`` value that launches ``options.binary`` (quoted for shlex)."""
     return shlex.quote(options.binary) if options.binary is not None else None
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -26,6 +26,7 @@ from sbxkit._model.spec import parse_user
 from sbxkit._plan.plan import Plan
 from sbxkit._plan.verify import check_created
 from sbxkit._protocol.wire import Launch
+from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
 from sbxkit.engine.transport import HijackedStream
@@ -326,3 +327,5 @@ __all__ = [
     "attached",
     "owned_container",
 ]
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

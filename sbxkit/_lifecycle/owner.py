@@ -33,6 +33,7 @@ from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._protocol.wire import Launch
+from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import CleanupError, NeverFits, UidTaken
@@ -376,3 +377,6 @@ class InProcessOwner:
             f"not confirmed within {self._remove_budget_s:g} s "
             f"(last error: {removal.last_error or 'none'})",
         )
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

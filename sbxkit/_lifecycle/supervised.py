@@ -50,6 +50,7 @@ from sbxkit._protocol.wire import (
     Started,
     Unclaimed,
 )
+from sbxkit._util.public import publish
 from sbxkit._util.unwrap import plain_errors
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
@@ -432,3 +433,5 @@ LOST_ACK = (
     "removes it)"
 )
 _CREATE_ANSWERS = (Queued, Registered, Created, Adopted, Refused, Failed, Closed, Orphaned)
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

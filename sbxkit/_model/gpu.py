@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from sbxkit._util.public import publish
 from sbxkit.engine.models import DeviceRequest, InfoReply
 from sbxkit.errors import SpecError
 
@@ -178,3 +179,6 @@ def resolve_gpus(request: GpuRequest, info: InfoReply, cursor: int) -> tuple[lis
 def device_request(ids: Sequence[str]) -> DeviceRequest:
     """The HostConfig.DeviceRequests entry for CDI devices (the ``cdi`` driver, ids only)."""
     return DeviceRequest(driver="cdi", device_ids=list(ids))
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -20,6 +20,7 @@ from typing import Literal
 import msgspec
 
 from sbxkit._model.predicates import has_control
+from sbxkit._util.public import publish
 from sbxkit.engine.models import MountSpec
 from sbxkit.errors import SpecError
 
@@ -280,3 +281,6 @@ def validate_mounts(
                     raise SpecError(
                         f"{field}.options", f"{option!r} is not one of {sorted(TMPFS_OPTIONS)}"
                     )
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

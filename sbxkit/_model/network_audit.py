@@ -13,6 +13,8 @@ from typing import Literal
 
 import msgspec
 
+from sbxkit._util.public import publish
+
 __all__ = ["MAX_DENIALS", "Decision", "Denial", "Denials", "encode_decision"]
 
 MAX_DENIALS = 100
@@ -70,3 +72,6 @@ class Denials:
             self.kept.append(denial)
         else:
             self.dropped += 1
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

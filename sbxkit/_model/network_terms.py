@@ -25,6 +25,7 @@ from sbxkit._model.network_allow import entry_text, parse_allow_list
 from sbxkit._model.network_names import parse_host, parse_port
 from sbxkit._model.predicates import has_control
 from sbxkit._model.units import parse_size
+from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 __all__ = [
@@ -303,3 +304,6 @@ def unset_env(terms: NetworkTerms | None, *, podman: bool = False) -> list[str]:
     environment instead, so there it is listed empty (``KEY=``)."""
     given = network_env(terms)
     return sorted(f"{key}=" if podman else key for key in owned_keys(terms) if key not in given)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from sbxkit._model.network_audit import Denial
+from sbxkit._util.public import publish
 
 Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
 Stream = Literal["stdout", "stderr"]
@@ -98,3 +99,6 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "evidence": result.evidence,
         "denials": [msgspec.structs.asdict(denial) for denial in result.denials],
     }
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

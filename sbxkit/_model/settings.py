@@ -15,6 +15,7 @@ from typing import Literal
 
 import msgspec
 
+from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 EnvKind = Literal["development", "staging", "production", "test"]
@@ -84,3 +85,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     (``sbxkit._plan.plan.effective_settings``) and parsed only where a rule depends on it (see the
     module doc). None means unset, i.e. development. Bytes, not str: a value that is not UTF-8
     must be refused as such, not decoded into something that merely looks unknown."""
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -33,6 +33,7 @@ from sbxkit._model.settings import Settings
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._model.uids import ranges_shown, reserved_range_of
 from sbxkit._model.units import GiB, KiB, MiB, parse_size
+from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 __all__ = [
@@ -481,3 +482,6 @@ def spec_from_dict(data: object) -> SandboxSpec:
         raise spec_error_from(error) from None
     validate_spec(spec)
     return spec
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

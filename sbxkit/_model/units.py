@@ -23,6 +23,7 @@ import re
 from fractions import Fraction
 
 from sbxkit._util.argtypes import MAX_NUMBER_CHARS, ascii_float
+from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 __all__ = [
@@ -122,3 +123,6 @@ def parse_duration(text: object, field: str) -> float:
             raise SpecError(field, f"unknown unit {unit!r} in {text!r} ({DURATION_HINT})")
         seconds += Fraction(number) * _DURATION_UNITS[unit]
     return float(seconds)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -34,6 +34,7 @@ from sbxkit._plan.policy import container_name, hardened_body, with_own_user
 from sbxkit._plan.preflight import DaemonPlan, check_daemon, resolve_mounts, sandbox_uid_range
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._util.environment import caller_environ, caller_environ_bytes
+from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import ImageError, NotFound, SpecError
@@ -320,3 +321,6 @@ async def make_plan(
     checked = check_spec(spec, settings, command=command)
     facts = await learn_daemon(engine, checked, gpu_cursor)
     return build_plan(checked, facts, lease=new_lease_id(), body_overrides=body_overrides)
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

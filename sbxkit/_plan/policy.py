@@ -36,6 +36,7 @@ from sbxkit._model.rules import (
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import LEASE_LABEL, SandboxSpec, parse_user, spec_labels, validate_spec
 from sbxkit._model.uids import HOST_UIDS, UidRange, uid_for_lease
+from sbxkit._util.public import publish
 from sbxkit.engine.models import (
     ContainerCreate,
     HealthConfig,
@@ -320,3 +321,6 @@ def hardened_body(
         healthcheck=HealthConfig(test=["NONE"]),
         host_config=host_config,
     )
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -29,6 +29,7 @@ import trio
 
 from sbxkit._model.result import RunResult, Stream
 from sbxkit._model.spec import SandboxSpec
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.errors import SpecError
 
@@ -127,3 +128,6 @@ async def open_backend(backend: B) -> AsyncIterator[B]:
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_BUDGET_S):
             await backend.aclose()
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -47,6 +47,7 @@ from sbxkit._plan.plan import (
     new_lease_id,
 )
 from sbxkit._protocol.wire import Recover
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Backend, Consumer
 from sbxkit.engine.client import Engine, engine_or_open, open_engine
@@ -329,3 +330,6 @@ def docker_backend(backend: Backend | None, **options: Unpack[DockerOptions]) ->
             "backend", f"give {', '.join(given)} to the backend, not beside it (one or the other)"
         )
     return backend
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from sbxkit._consumers.harness import Job, JobResult, Need, ResultCallback, StartCallback
 from sbxkit._model.settings import Settings
+from sbxkit._util.public import publish
 from sbxkit.cluster.options import ClusterOptions
 
 
@@ -36,3 +37,6 @@ class RayCluster(ClusterOptions):
             settings=settings,
             capacity_wait_s=capacity_wait_s,
         )
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from sbxkit._util.public import publish
 from sbxkit.cluster.wire import NodeReport
 
 
@@ -98,3 +99,6 @@ def judge(
         else:
             accepted.append(report)
     return accepted, refused
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

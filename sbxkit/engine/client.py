@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 import trio
 
+from sbxkit._util.public import publish
 from sbxkit.engine import models
 from sbxkit.engine.discovery import PingResult, answering_socket, parse_api_version
 from sbxkit.engine.transport import HijackedStream, StreamResponse, Transport, api_path
@@ -354,3 +355,6 @@ async def engine_or_open(engine: Engine | None, socket_path: str | None) -> Asyn
     else:
         async with open_engine(socket_path) as own:
             yield own
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

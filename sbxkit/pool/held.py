@@ -50,6 +50,7 @@ from sbxkit._plan.plan import (
 )
 from sbxkit._plan.policy import claim_env
 from sbxkit._protocol.wire import Claim, Claimed, PoolTerms
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer
 from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
@@ -403,3 +404,6 @@ async def _run_on_claimed(
         evidence=ran.evidence,
         denials=denials,
     )
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

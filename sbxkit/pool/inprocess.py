@@ -38,6 +38,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._util.parking import Parking, ParkingBudget
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit._util.unwrap import plain_errors
 from sbxkit.backends.docker import DockerBackend
@@ -383,3 +384,6 @@ async def open_pool(
                     await pool.aclose()
     if pool.cleanup_errors:
         raise pool.cleanup_errors[0]
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -29,6 +29,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._util.parking import ParkingBudget
+from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit._util.unwrap import plain_errors
 from sbxkit.backends.base import Backend
@@ -201,3 +202,6 @@ async def open_shape_pools(
                 pools.close()
     if pools.cleanup_errors:
         raise pools.cleanup_errors[0]
+
+
+publish(__name__, globals())  # public names show as sbxkit.NAME
