@@ -2,7 +2,7 @@
 
 Standard library only (plus the few sbxkit modules that are: ``scan``, ``fifos``,
 ``notice``, ``capped``, ``supervisor.address``, ``supervisor.fingerprint``): no trio, no msgspec,
-no ``sbxkit.cli``. ``main`` tries the hand-off and runs the full path (``sbxkit.cli.main``) when
+no ``sbxkit.cli``. ``main`` tries the hand-off and runs the full path (``sbxkit.cli.parser``) when
 the hand-off declines — nothing of the payload has run then, and nothing of stdin was read.
 
 The hand-off (sbxkit/_protocol/wire.py, ``Run``): connect to the state directory's supervisor
@@ -86,7 +86,7 @@ def main() -> NoReturn:
     else:
         code = handoff(argv)
     if code is None:
-        from sbxkit.cli.main import main as full_path  # the whole CLI, loaded only now
+        from sbxkit.cli.parser import main as full_path  # the whole CLI, loaded only now
 
         full_path(argv)
     sys.stdout.flush()

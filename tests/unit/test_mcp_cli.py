@@ -78,7 +78,7 @@ def profile(tmp_path: Path) -> Path:
 def test_only_the_server_imports_the_sdk() -> None:
     """Whether the SDK is installed or not: nothing but the server even asks for it."""
     code = RECORD_SDK_IMPORTS + (
-        "import sbxkit, sbxkit.cli.main, sbxkit._grammar.profile, sbxkit.mcp.policy, "
+        "import sbxkit, sbxkit.cli.parser, sbxkit._grammar.profile, sbxkit.mcp.policy, "
         "sbxkit.mcp.schemas, sbxkit.mcp.hub\n"
         "print(' '.join(sorted(asked)))\n"
         "try:\n    import sbxkit.mcp.server\nexcept ImportError:\n    pass\n"

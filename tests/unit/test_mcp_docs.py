@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from sbxkit._grammar.profile import decode_profile
-from sbxkit.cli.main import build_parser
+from sbxkit.cli.parser import build_parser
 from sbxkit.mcp.policy import policy_from_profile
 from sbxkit.mcp.tokens import Credentials, parse_tokens
 from tests.doc_blocks import ROOT, Block, extract

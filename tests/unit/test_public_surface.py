@@ -26,7 +26,7 @@ def test_the_command_line_does_not_load_what_it_does_not_use() -> None:
     """``python -m sbxkit run`` is a process per sandbox for some harnesses: the session, PTY,
     grant-broker and asyncio layers stay unloaded."""
     code = (
-        "import sys; from sbxkit.cli.main import build_parser; build_parser(); "
+        "import sys; from sbxkit.cli.parser import build_parser; build_parser(); "
         "print(' '.join(sorted(sys.modules)))"
     )
     loaded = set(
@@ -68,3 +68,19 @@ def test_public_names_show_the_path_users_import_them_by() -> None:
         assert value.__module__ in ("sbxkit", "sbxkit.errors"), (name, value.__module__)
         assert getattr(sys.modules[value.__module__], value.__name__) is value, name
     assert "SandboxSpec" in structs  # the exception is the Structs, and the test sees them
+
+
+def test_the_cli_package_loads_only_what_is_asked_of_it() -> None:
+    """``sbxkit.cli`` is lazy (as ``sbxkit.pool``): one subcommand's module loads neither
+    ``main`` nor the other subcommands; a name of the package loads its one module."""
+    code = (
+        "import sys, sbxkit.cli.cluster\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('sbxkit.cli'))))\n"
+        "from sbxkit.cli import EXIT_REFUSED\n"
+        "print(EXIT_REFUSED, 'sbxkit.cli.parser' in sys.modules)\n"
+    )
+    first, second = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert first.split() == ["sbxkit.cli", "sbxkit.cli.cluster"]
+    assert second == "2 False"
