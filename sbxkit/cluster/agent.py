@@ -63,10 +63,10 @@ from sbxkit.errors import SbxError
 WIRE_SOURCES = (
     "cluster/wire.py",
     "cluster/seal.py",
-    "harness.py",
-    "result.py",
-    "spec.py",
-    "settings.py",
+    "_consumers/harness.py",
+    "_model/result.py",
+    "_model/spec.py",
+    "_model/settings.py",
 )
 """What the driver and the agents must agree on, besides the supervisor's own protocol."""
 

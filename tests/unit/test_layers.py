@@ -226,3 +226,13 @@ def test_the_floor_check_can_fail() -> None:
     assert floor_problems({"sbxkit.elsewhere": set()}, LAYERS) == [
         "sbxkit.elsewhere: its package sbxkit.elsewhere is on no floor"
     ]
+
+
+def test_the_fingerprinted_sources_exist() -> None:
+    """The supervisor's handshake and a cluster's join hash files by path: a moved module
+    must move in these lists too, or every handshake fails."""
+    from sbxkit._protocol.fingerprint import SOURCES
+    from sbxkit.cluster.agent import WIRE_SOURCES
+
+    missing = [path for path in (*SOURCES, *WIRE_SOURCES) if not (ROOT / path).is_file()]
+    assert missing == []
