@@ -16,7 +16,7 @@ an explicit in-process owner there is nothing durable to recover, so it returns 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -113,6 +113,10 @@ class DockerBackend:
         """Who watches a one-shot run on the kernel path (stdin, output, the time limit, the
         exit): this process; a run ``sbxkit run`` handed to the supervisor is watched by the
         command line, which gets the sandbox's ends (``sbxkit.handoff``)."""
+        self.on_daemon_path: Callable[[], None] | None = None
+        """Called before a one-shot run takes the daemon's path (the kernel's is not there for
+        it); what it raises declines the run before anything is created. A run ``sbxkit run``
+        hands to the supervisor declines so: its command line cannot read an attach stream."""
         self._opened: contextlib.AsyncExitStack | None = None
 
     async def preflight(self) -> None:
@@ -208,6 +212,8 @@ class DockerBackend:
                             )
                         except NotAlive:  # no shell ran, so no payload did: the daemon's path
                             shellless_images.add(facts.image_id)
+                    if self.on_daemon_path is not None:
+                        self.on_daemon_path()
                     return await self._run_planned(engine, checked, facts, stdin, on_output, False)
                 except ImageChanged:  # raised before the start: nothing ran, no stdin was read
                     if replanned:

@@ -194,7 +194,12 @@ class Admitting(Leases):
             return "unsafe or malformed supervisor state blocks new execution: " + "; ".join(found)
         return None
 
-    async def _admit(self, peer: Caller, register: Register, intent: Intent) -> LiveLease | None:
+    async def admit_lease(
+        self, peer: Caller, register: Register, intent: Intent
+    ) -> LiveLease | None:
+        """Admit a Register: checks, the lease's uid, the admission and launch-slot waits, the
+        journal and the lease task; the live lease, or None (answered to ``peer``). One of the
+        four calls the hand-off makes (with ``adopt_lease``, ``govern_lease``, ``take_parked``)."""
         problem = self._request_problem(register)
         payload = peer.last_payload
         # One worker thread audits the state directory and rechecks a well-formed request's
@@ -238,7 +243,7 @@ class Admitting(Leases):
     async def _admit_held(
         self, peer: Caller, register: Register, intent: Intent
     ) -> LiveLease | None:
-        """``_admit`` once the lease's uid is held: the daemon's checks, the admission and
+        """``admit_lease`` once the lease's uid is held: the daemon's checks, the admission and
         launch slot waits, the journal."""
         try:
             engine = await self.engine_for(self.config.docker_socket or register.engine_socket)

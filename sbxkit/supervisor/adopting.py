@@ -116,7 +116,7 @@ class Adopting(Leases):
                 f"holding {len(self.held)} lease(s) up to {grace:g} s for their callers to re-adopt"
             )
 
-    async def _adopt(self, peer: Replies, adopt: Adopt) -> LiveLease | None:
+    async def adopt_lease(self, peer: Replies, adopt: Adopt) -> LiveLease | None:
         """Answer an Adopt: the re-adopted lease (now the peer's), or None (answered)."""
         lease = adopt.lease
         if not rec.LEASE_ID.fullmatch(lease):
@@ -251,8 +251,8 @@ class Adopting(Leases):
             ) from exc
         return governor
 
-    async def _govern(self, lease: str) -> str | None:
-        """``Leases._govern``, and for a lease re-adopted before its container started (no
+    async def govern_lease(self, lease: str) -> str | None:
+        """``Leases.govern_lease``, and for a lease re-adopted before its container started (no
         body here): the caller's Govern after its start, as the user its container runs as."""
         live = self.live.get(lease)
         if (
@@ -263,7 +263,7 @@ class Adopting(Leases):
             or not live.network.needs_governor
             or live.record.container_id is None
         ):
-            return await super()._govern(lease)
+            return await super().govern_lease(lease)
         try:
             engine = await self.engine_for(live.record.engine_socket)
             info = await engine.container_inspect(live.record.container_id)

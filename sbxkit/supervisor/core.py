@@ -1,5 +1,11 @@
 """The supervisor's shared state and the helpers every part uses.
 
+Its side of the hand-off (``sbxkit.supervisor.handoff``) serves a run in-process through four
+calls only, the same a connection's requests go through: ``admit_lease`` (a Register),
+``take_parked`` (a Claim), ``govern_lease`` (the listeners of a started lease) and
+``adopt_lease`` (an Adopt, for ``RunResume``); besides, it reads ``live``, ``state``, ``config``
+and ``allowed_sockets`` and reaches the daemon through ``engine_for``.
+
 ``ServiceCore`` holds what the parts share — the records, the live leases, the admission queue,
 the engines — and the few operations all of them need: reach an engine, refuse a peer, pump the
 admission queue, remove a container with retries, forget a record.

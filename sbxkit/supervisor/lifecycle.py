@@ -77,7 +77,7 @@ class Leases(ServiceCore):
                 self.uncertain_changed.set()
                 self.wake_reaper.set()
 
-    async def _govern(self, lease: str) -> str | None:
+    async def govern_lease(self, lease: str) -> str | None:
         """Put a live lease's listeners in place (its container started, its payload waits);
         why not, or None. The governor serves in the service's nursery until the lease ends."""
         live = self.live.get(lease)

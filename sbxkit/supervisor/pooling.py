@@ -114,7 +114,7 @@ class Pooling(Admitting):
 
     async def _claim(self, peer: Peer, claim: Claim) -> LiveLease | None:
         """Answer a Claim: the claimed lease (now the peer's), or None (answered otherwise)."""
-        taken = await self._take(claim, peer.last_payload)
+        taken = await self.take_parked(claim, peer.last_payload)
         if not isinstance(taken, LiveLease):
             await peer.send(taken)
             return None
@@ -128,7 +128,9 @@ class Pooling(Admitting):
         live.claimed.set()  # parking ends: this supervisor's copies of the ends are closed
         return live
 
-    async def _take(self, claim: Claim, payload: bytes | None) -> LiveLease | Refused | Unclaimed:
+    async def take_parked(
+        self, claim: Claim, payload: bytes | None
+    ) -> LiveLease | Refused | Unclaimed:
         """Take a parked container of the claim's shape (its new lifetime set); else the answer
         that says why not. The caller hands the lease over and sets ``live.claimed``: a Claim's
         connection (``_claim``), or a run handed to this supervisor (sbxkit/handoff).
@@ -399,7 +401,7 @@ class Pooling(Admitting):
                 # A governed network's listeners are in place before the container is parked:
                 # a claim hands over a sandbox whose payload finds them there.
                 governed = live.network is not None and live.network.needs_governor
-                problem = await self._govern(live.record.lease) if governed else None
+                problem = await self.govern_lease(live.record.lease) if governed else None
                 if problem is not None:
                     raise SbxError(f"governed network: {problem}")
 

@@ -173,7 +173,7 @@ class Service(Adopting, Pooling, Recovery):
             await peer.send(Report(lines=self.recovery_report(), remaining=len(self.records)))
             return
         if isinstance(register, Adopt):
-            adopted = await self._adopt(peer, register)
+            adopted = await self.adopt_lease(peer, register)
             if adopted is not None:
                 await self._hold(peer, register.lease, adopted.intent, adopted)
             return
@@ -219,7 +219,7 @@ class Service(Adopting, Pooling, Recovery):
             try:
                 live: Register | LiveLease | None = source
                 if isinstance(source, Register):
-                    live = await self._admit(peer, source, intent)
+                    live = await self.admit_lease(peer, source, intent)
                 if isinstance(live, LiveLease):
                     await live.finished.wait()
             finally:
@@ -239,7 +239,7 @@ class Service(Adopting, Pooling, Recovery):
                     intent.started.set()
                     intent.nudge.set()
                 elif isinstance(message, Govern) and message.lease == lease:
-                    await peer.send(Governed(lease=lease, problem=await self._govern(lease)))
+                    await peer.send(Governed(lease=lease, problem=await self.govern_lease(lease)))
                 elif isinstance(message, AskDenials) and message.lease == lease:
                     live = self.live.get(lease)
                     governor = live.governor if live is not None else None

@@ -1,12 +1,12 @@
 """The owner of a handed-off run's lease: the supervisor itself, in-process.
 
-``ServedOwner`` is a ``SupervisedOwner`` whose supervisor is the process it runs in: the run's
-lease goes through the same admission, re-check, journal and lease task as one registered over
-a connection (``Admitting._admit``, ``Pooling._take``), and its answers — what a connection
+``ServedOwner`` is a ``SupervisedOwner`` whose supervisor is the process it runs in: the run's lease
+goes through the same admission, re-check, journal and lease task as one registered over a
+connection (``Admitting.admit_lease``, ``Pooling.take_parked``), and its answers — what a connection
 would have carried (``Queued``, ``Registered``, ``Created``, ``Closed`` ...) — arrive in a
-``LocalReplies`` instead. ``Queued`` goes on to the command line (its terminal's notice).
-The lease ends when the run releases or removes it, or when the command line's connection
-ends (``stop_all``): the lease task removes the container and closes the record as ever.
+``LocalReplies`` instead. ``Queued`` goes on to the command line (its terminal's notice). The lease
+ends when the run releases or removes it, or when the command line's connection ends (``stop_all``):
+the lease task removes the container and closes the record as ever.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class ServedOwner(SupervisedOwner):
         # given back): a leaving caller ends it through the intent (``stop_all``) instead.
         try:
             with trio.CancelScope(shield=True):
-                live = await self.service._admit(replies, register, intent)
+                live = await self.service.admit_lease(replies, register, intent)
         except BaseException:
             self._local.pop(lease, None)
             raise
@@ -180,7 +180,7 @@ class ServedOwner(SupervisedOwner):
     async def govern(
         self, lease: str, container_id: str, terms: NetworkTerms, user: tuple[int, int]
     ) -> None:
-        problem = await self.service._govern(lease)
+        problem = await self.service.govern_lease(lease)
         if problem is not None:
             raise NetworkUnavailable(problem)
 
@@ -202,7 +202,7 @@ class ServedOwner(SupervisedOwner):
         parks on the daemon's path cannot be handed off."""
         if io_dir_of(claim.template.body) is None:
             raise Declined("this shape's pool parks on the daemon's path")
-        taken = await self.service._take(claim, None)
+        taken = await self.service.take_parked(claim, None)
         if isinstance(taken, Refused):
             raise refusal_error(taken)
         if isinstance(taken, Unclaimed):

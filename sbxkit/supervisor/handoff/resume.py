@@ -66,7 +66,7 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInter
     lease = resume.lease
     replies = LocalReplies(_never_queued)
     adopt = Adopt(lease=lease, secret=resume.secret, next_secret_hash=resume.next_secret_hash)
-    live = await service._adopt(replies, adopt)
+    live = await service.adopt_lease(replies, adopt)
     if live is None:
         refusal = replies.take(Unadopted) or replies.take(Closed)
         reason = refusal.reason if isinstance(refusal, Unadopted) else "its container is gone"

@@ -48,7 +48,6 @@ from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.result import RunResult, json_fields
 from sbxkit._model.settings import Settings
-from sbxkit._plan.plan import CheckedSpec, DaemonFacts
 from sbxkit._protocol.wire import (
     Queued,
     Run,
@@ -137,26 +136,8 @@ def parse_run(run: Run) -> argparse.Namespace:
 # -- the backends -----------------------------------------------------------------------------
 
 
-class _KernelPathOnly(DockerBackend):
-    """A backend whose one-shot runs take the kernel's path or are declined before anything is
-    created (the command line cannot read a daemon's attach stream)."""
-
-    async def _run_planned(
-        self,
-        engine: Engine,
-        checked: CheckedSpec,
-        facts: DaemonFacts,
-        stdin: StdinSource | None,
-        on_output: OutputCallback | None,
-        fifo_io: bool,
-    ) -> RunResult:
-        if not fifo_io:
-            raise Declined("the run takes the daemon's path")
-        return await super()._run_planned(engine, checked, facts, stdin, on_output, fifo_io)
-
-
-class _PooledKernelPathOnly(_KernelPathOnly, PooledBackend):
-    """``--pool``: claimed from this supervisor's pool, else cold on the kernel's path."""
+def _decline_the_daemons_path() -> None:
+    raise Declined("the run takes the daemon's path")
 
 
 # -- one hand-off -----------------------------------------------------------------------------
@@ -224,10 +205,12 @@ class HandOff:
                 "recover_at_open": False,
             }
             backend: DockerBackend
-            if pool is not None:
-                backend = _PooledKernelPathOnly(pool=held_pool(pool), **options)
+            if pool is not None:  # claimed from this supervisor's pool, else cold
+                backend = PooledBackend(pool=held_pool(pool), **options)
             else:
-                backend = _KernelPathOnly(**options)
+                backend = DockerBackend(**options)
+            # The kernel's path or none: the command line cannot read a daemon's attach stream.
+            backend.on_daemon_path = _decline_the_daemons_path
             backend.kernel_supervise = self.supervise
             checked = backend.check(spec, "run")
             return await backend.run_once(checked, None)
