@@ -11,8 +11,9 @@ and ``sbxkit run``'s grammar — is ``sbxkit._grammar``. Names load on first use
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sbxkit._util.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sbxkit._grammar.common import (
@@ -35,33 +36,6 @@ if TYPE_CHECKING:
     from sbxkit._grammar.flags import spec_from_args
     from sbxkit.cli.parser import build_parser, main
 
-_COMMON = "sbxkit._grammar.common"
-_WHERE = {
-    **dict.fromkeys(
-        (
-            "EXIT_CAPACITY",
-            "EXIT_CLEANUP_FAILED",
-            "EXIT_ENGINE_UNAVAILABLE",
-            "EXIT_INTERNAL",
-            "EXIT_OOM_KILLED",
-            "EXIT_OUTPUT_EXCEEDED",
-            "EXIT_REFUSED",
-            "EXIT_SIGINT",
-            "EXIT_TIMED_OUT",
-            "STATUS_EXIT",
-            "Interrupted",
-            "exit_code_for",
-            "exit_code_for_error",
-            "exit_with",
-            "to_json",
-        ),
-        _COMMON,
-    ),
-    "spec_from_args": "sbxkit._grammar.flags",
-    "build_parser": "sbxkit.cli.parser",
-    "main": "sbxkit.cli.parser",
-}
-
 __all__ = [
     "EXIT_CAPACITY",
     "EXIT_CLEANUP_FAILED",
@@ -83,10 +57,13 @@ __all__ = [
     "to_json",
 ]
 
+_ELSEWHERE = {
+    "spec_from_args": "sbxkit._grammar.flags",
+    "build_parser": "sbxkit.cli.parser",
+    "main": "sbxkit.cli.parser",
+}
+_WHERE = {name: _ELSEWHERE.get(name, "sbxkit._grammar.common") for name in __all__}
+"""Each public name and the module it loads from: the shared CLI code unless named here."""
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'sbxkit.cli' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+
+__getattr__ = lazy_names(__name__, _WHERE, globals())

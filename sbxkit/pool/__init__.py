@@ -13,8 +13,9 @@ is ``sbxkit._util.parking`` (``ParkingBudget``, re-exported here).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sbxkit._util.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sbxkit._util.parking import ParkingBudget
@@ -26,19 +27,19 @@ if TYPE_CHECKING:
     from sbxkit.pool.shapes import PoolPerShape
 
 _WHERE = {
-    "HeldPool": "held",
-    "PooledBackend": "held",
-    "PoolUnavailable": "held",
-    "Claim": "inprocess",
-    "Pool": "inprocess",
-    "open_pool": "inprocess",
-    "PARK_SCRIPT": "line",
-    "claim_line": "line",
-    "claim_line_within": "line",
-    "ParkingBudget": "parking",
-    "parked_spec": "shape",
-    "shape_of": "shape",
-    "PoolPerShape": "shapes",
+    "HeldPool": "sbxkit.pool.held",
+    "PooledBackend": "sbxkit.pool.held",
+    "PoolUnavailable": "sbxkit.errors",
+    "Claim": "sbxkit.pool.inprocess",
+    "Pool": "sbxkit.pool.inprocess",
+    "open_pool": "sbxkit.pool.inprocess",
+    "PARK_SCRIPT": "sbxkit.pool.line",
+    "claim_line": "sbxkit.pool.line",
+    "claim_line_within": "sbxkit.pool.line",
+    "ParkingBudget": "sbxkit._util.parking",
+    "parked_spec": "sbxkit.pool.shape",
+    "shape_of": "sbxkit.pool.shape",
+    "PoolPerShape": "sbxkit.pool.shapes",
 }
 
 __all__ = [
@@ -58,11 +59,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'sbxkit.pool' has no attribute {name!r}")
-    where = _WHERE[name]
-    module = "sbxkit._util.parking" if where == "parking" else f"sbxkit.pool.{where}"
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE, globals())
