@@ -122,6 +122,22 @@ class Outcome:
             self.status = "output_exceeded"
         return overflowed
 
+    async def exited_with(self, code: int, drained: trio.Event, pumps: trio.Nursery) -> None:
+        """The payload exited with ``code``: it stands unless sbxkit already ended the run (an
+        overflow); the output gets ``DRAIN_GRACE_S`` to reach EOF, then the pumps stop."""
+        if self.status == "exited":
+            self.exit_code = code
+        with trio.move_on_after(DRAIN_GRACE_S):
+            await drained.wait()
+        pumps.cancel_scope.cancel()
+
+    def after(self, limit: trio.CancelScope) -> Outcome:
+        """The outcome once the time limit's scope is left: ``timed_out`` if the limit ended a
+        run that had not exited."""
+        if limit.cancelled_caught and self.status == "exited" and self.exit_code is None:
+            self.status = "timed_out"
+        return self
+
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def supervise(
@@ -153,14 +169,8 @@ async def supervise(
             reply = await waiter.result()
             if reply.error is not None and reply.error.message:
                 raise EngineError("POST", "wait", 500, reply.error.message)
-            if outcome.status == "exited":
-                outcome.exit_code = reply.status_code
-            with trio.move_on_after(DRAIN_GRACE_S):
-                await drained.wait()
-            nursery.cancel_scope.cancel()
-    if timer.cancelled_caught and outcome.status == "exited" and outcome.exit_code is None:
-        outcome.status = "timed_out"
-    return outcome
+            await outcome.exited_with(reply.status_code, drained, nursery)
+    return outcome.after(timer)
 
 
 async def feed_stdin(stream: HijackedStream, stdin: StdinSource | None) -> None:

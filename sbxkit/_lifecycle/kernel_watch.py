@@ -19,7 +19,7 @@ import trio
 from sbxkit._kernel.fifos import HostEnds
 from sbxkit._kernel.init import ContainerInit
 from sbxkit._kernel.scripts import SYNC_BYTE
-from sbxkit._lifecycle.attached import DRAIN_GRACE_S, Outcome, OutputCallback
+from sbxkit._lifecycle.attached import Outcome, OutputCallback
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._util.stdin import StdinSource, write_stdin
 from sbxkit._util.unwrap import plain_async
@@ -146,15 +146,8 @@ async def supervise_kernel(
             nursery.start_soon(_feed, io.stdin, line, stdin, after_go)
             nursery.start_soon(pump, io.stdout, STDOUT)
             nursery.start_soon(pump, io.stderr, STDERR)
-            code = await exited()
-            if outcome.status == "exited":
-                outcome.exit_code = code
-            with trio.move_on_after(DRAIN_GRACE_S):
-                await drained.wait()
-            nursery.cancel_scope.cancel()
-    if timer.cancelled_caught and outcome.status == "exited" and outcome.exit_code is None:
-        outcome.status = "timed_out"
-    return outcome
+            await outcome.exited_with(await exited(), drained, nursery)
+    return outcome.after(timer)
 
 
 KernelSupervise = Callable[

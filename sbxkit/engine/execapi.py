@@ -24,7 +24,6 @@ import msgspec
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import Body, Reply
 from sbxkit.engine.transport import HijackedStream, api_path
-from sbxkit.errors import EngineProtocolError
 
 
 class ExecCreate(Body):
@@ -113,14 +112,7 @@ async def archive_get(engine: Engine, container_id: str, path: str, *, max_bytes
     target = api_path("/containers/{}/archive", container_id, query=[("path", path)])
     stream = await engine.stream("GET", target, timeout=engine.deadlines.inspect)
     try:
-        parts: list[bytes] = []
-        size = 0
-        while chunk := await stream.receive_some():
-            size += len(chunk)
-            if size > max_bytes:
-                raise EngineProtocolError(f"GET {target}: archive over {max_bytes} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
+        return await stream.read_all(max_bytes)  # over it: EngineProtocolError, "body over"
     finally:
         await stream.aclose()
 
