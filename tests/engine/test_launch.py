@@ -118,7 +118,7 @@ async def test_a_start_the_daemon_refuses_is_the_runs_error_and_nothing_is_left(
     assert "injected: the runtime refused" in caught.value.message
     assert caught.value.path.endswith("/start")
     assert proxy.faulted("start") == 1
-    assert not witness.containers(label=LEASE_LABEL)
+    assert not witness.sbxkit_containers()
     assert lease_actions(witness, owner.lease, since) == ["create", "destroy"]  # never started
 
 
