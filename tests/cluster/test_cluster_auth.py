@@ -34,6 +34,7 @@ from tests.cluster.test_cluster_batch import (
     lines,
     run_batch,
     running,
+    start_batch,
     wait_for,
 )
 from tests.witness import PYTHON, Witness
@@ -371,19 +372,7 @@ def test_a_rogue_node_without_the_secret_gets_nothing_and_forges_nothing(
         tmp_path / "second-jobs.jsonl", 24, f'cat; echo "$MARK"; : {command_mark}; sleep 6'
     )
     since = time.time()
-    driver = subprocess.Popen(
-        cluster.in_ns(
-            [
-                *(sys.executable, "-m", "sbxkit", "batch", str(jobs), "--out", str(out)),
-                *("--ray", ADDRESS, "--no-progress"),
-            ]
-        ),
-        cwd=REPO,
-        env=cluster.driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = start_batch(cluster, jobs, out)
     try:
         wait_for(
             lambda: all(running(w) == SLOTS for w in node_witnesses.values()),

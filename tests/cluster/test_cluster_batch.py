@@ -174,7 +174,7 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
 ) -> None:
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, 8, "sleep 12; echo done")
-    driver = _start_batch(cluster, jobs, out)
+    driver = start_batch(cluster, jobs, out)
     try:
         rayb = node_witnesses["rayb"]
         wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
@@ -191,7 +191,7 @@ def test_a_node_lost_mid_batch_ends_every_job_once(
         os.kill(supervisor, 0)  # the one that removed them is still there
         _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
-        _interrupt(driver)
+        interrupt(driver)
     assert driver.returncode == 0, stderr
     lost, retried = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
     assert all(r["node"] == "raya" for r in retried), retried  # rayb is gone
@@ -210,7 +210,7 @@ def test_an_agent_killed_mid_batch_ends_every_job_once(
 ) -> None:
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, 8, "sleep 12; echo done")
-    driver = _start_batch(cluster, jobs, out)
+    driver = start_batch(cluster, jobs, out)
     try:
         rayb = node_witnesses["rayb"]
         wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
@@ -222,7 +222,7 @@ def test_an_agent_killed_mid_batch_ends_every_job_once(
         assert left == [], f"the killed agent's containers stayed: {left}"
         _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
-        _interrupt(driver)
+        interrupt(driver)
     assert driver.returncode == 0, stderr
     lost, _ = ended_once_each(out, 8, lost_on="rayb", lost_count=on_rayb)
     assert all("agent of node rayb died" in r["error"]["message"] for r in lost), lost
@@ -236,7 +236,7 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
     join starts the supervisor, whose recovery removes them from its journal."""
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, 8, "sleep 12; echo done")
-    driver = _start_batch(cluster, jobs, out)
+    driver = start_batch(cluster, jobs, out)
     try:
         rayb = node_witnesses["rayb"]
         wait_for(lambda: running(rayb) == SLOTS, 120, "rayb full")  # 8 jobs, 4 slots a node
@@ -271,7 +271,7 @@ def test_a_host_gone_is_cleaned_by_its_recovery_at_restart(
         assert left == [], f"rayb's recovery at restart left: {left}"
         _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
-        _interrupt(driver)
+        interrupt(driver)
     assert driver.returncode == 0, stderr
     final = [r for r in lines(out) if r["status"] != "lost"]
     assert sorted(r["id"] for r in final) == sorted(f"j{i}" for i in range(8))
@@ -283,7 +283,7 @@ def test_ctrl_c_of_the_driver_removes_everything_in_flight(
 ) -> None:
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, 8, "sleep 100")
-    driver = _start_batch(cluster, jobs, out)
+    driver = start_batch(cluster, jobs, out)
     try:
         wait_for(
             lambda: all(running(w) >= 2 for w in node_witnesses.values()),
@@ -356,7 +356,7 @@ def _untag(witness: Witness, name: str) -> None:
     witness.session.delete(f"{witness.base}/images/{name}", params={"noprune": "1"}, timeout=30)
 
 
-def _start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
+def start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         batch_argv(cluster, jobs, out),
         cwd=REPO,
@@ -367,7 +367,7 @@ def _start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Pop
     )
 
 
-def _interrupt(driver: subprocess.Popen[str]) -> None:
+def interrupt(driver: subprocess.Popen[str]) -> None:
     """A driver a failed assertion left running: Ctrl-C it (it removes what it runs)."""
     if driver.poll() is None:
         driver.send_signal(signal.SIGINT)

@@ -23,9 +23,11 @@ from tests.cluster.test_cluster_batch import (
     SLOTS,
     _agent_of,
     _supervisors_of,
+    interrupt,
     lines,
     run_batch,
     running,
+    start_batch,
     wait_for,
     write_jobs,
 )
@@ -123,7 +125,7 @@ def test_a_join_lost_to_a_transient_failure_is_tried_again(
     with node_behind_held_engine(cluster, "rayb", rayb.socket_path, tmp_path) as held:
         jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
         write_jobs(jobs, 16, "sleep 4; echo done")
-        driver = _start(cluster, jobs, out)
+        driver = start_batch(cluster, jobs, out)
         try:
             wait_for(lambda: _agent_of(held.path) is not None, 120, "rayb's first agent")
             first = _agent_of(held.path)
@@ -134,7 +136,7 @@ def test_a_join_lost_to_a_transient_failure_is_tried_again(
             held.released.set()
             _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
         finally:
-            _interrupt(driver)
+            interrupt(driver)
         assert driver.returncode == 0, stderr
         assert "node rayb (" not in stderr, stderr  # not refused
         final = [r for r in lines(out) if r["status"] != "lost"]
@@ -225,7 +227,7 @@ print(json.dumps([[r.id, r.node, r.result.stdout.decode()] for r in results]))
         )
         stdout, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
-        _interrupt(driver)
+        interrupt(driver)
     assert seen.returncode == 0, seen.stderr[-2000:]
     demand = json.loads(seen.stdout.strip().splitlines()[-1])
     # Relays waiting in Ray for room on raya: at most as many again as raya holds (Ray's
@@ -237,25 +239,3 @@ print(json.dumps([[r.id, r.node, r.result.stdout.decode()] for r in results]))
     results = json.loads(stdout.strip().splitlines()[-1])
     assert [r[0] for r in results] == list(range(12))
     assert all(r[1] == "raya" and r[2] == "done\n" for r in results), results
-
-
-def _start(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        cluster.in_ns(
-            [
-                *(sys.executable, "-m", "sbxkit", "batch", str(jobs), "--out", str(out)),
-                *("--ray", ADDRESS, "--no-progress"),
-            ]
-        ),
-        cwd=REPO,
-        env=cluster.driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _interrupt(driver: subprocess.Popen[str]) -> None:
-    if driver.poll() is None:
-        driver.send_signal(signal.SIGINT)
-        driver.wait(timeout=90)
