@@ -236,3 +236,30 @@ def test_the_fingerprinted_sources_exist() -> None:
 
     missing = [path for path in (*SOURCES, *WIRE_SOURCES) if not (ROOT / path).is_file()]
     assert missing == []
+
+
+ORCHESTRATOR = "sbxkit._model.spec"
+"""Validation's one downward pass (docs/architecture.md): ``_plan.plan.check_spec`` calls
+``validate_spec`` here, which calls the field-family checkers of ``_model`` in turn."""
+
+
+def callers_back_up(graph: dict[str, set[str]], orchestrator: str) -> list[str]:
+    """The modules of the orchestrator's own package that import it: a checker that calls
+    back up into the pass that called it."""
+    home = package_of(orchestrator)
+    return sorted(
+        m for m, targets in graph.items() if package_of(m) == home and orchestrator in targets
+    )
+
+
+def test_validations_checkers_never_call_back_up() -> None:
+    graph = import_graph()
+    checkers = graph[ORCHESTRATOR]
+    # the pass reaches its checkers (a walk that found none would hold vacuously)
+    assert {"sbxkit._model.mounts", "sbxkit._model.rules", "sbxkit._model.textcheck"} <= checkers
+    assert callers_back_up(graph, ORCHESTRATOR) == []
+
+
+def test_the_call_back_check_can_fail() -> None:
+    graph = {ORCHESTRATOR: {"sbxkit._model.rules"}, "sbxkit._model.rules": {ORCHESTRATOR}}
+    assert callers_back_up(graph, ORCHESTRATOR) == ["sbxkit._model.rules"]
