@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -228,21 +229,24 @@ JobRunner = Callable[[int, Job, Backend], Awaitable[RunResult]]
 """Runs job ``index`` once: cold on the given backend, or claimed from a pool."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClusterBatch:
+    """What ``run_many`` hands a cluster whole: the jobs, each one's need, and its terms."""
+
+    jobs: Sequence[Job]
+    needs: Sequence[Need]
+    parallel: int
+    on_result: ResultCallback | None
+    on_start: StartCallback | None
+    settings: Settings | None
+    capacity_wait_s: float
+
+
 class ClusterRunner(Protocol):
     """Where ``run_many(cluster=...)`` sends a batch: ``sbxkit.RayCluster`` (sbxkit/cluster/),
     which runs each job on a node of its cluster through that node's own supervisor."""
 
-    async def run_jobs(
-        self,
-        jobs: Sequence[Job],
-        needs: Sequence[Need],
-        *,
-        parallel: int,
-        on_result: ResultCallback | None,
-        on_start: StartCallback | None,
-        settings: Settings | None,
-        capacity_wait_s: float,
-    ) -> list[JobResult]: ...
+    async def run_jobs(self, batch: ClusterBatch) -> list[JobResult]: ...
 
 
 def _error_of(exc: BaseException) -> JobError:
@@ -407,15 +411,16 @@ async def run_many(
     for job, need in zip(job_list, needs, strict=True):
         admission.check(job.id, need)
     if cluster is not None:
-        return await cluster.run_jobs(
-            job_list,
-            needs,
+        batch = ClusterBatch(
+            jobs=job_list,
+            needs=needs,
             parallel=parallel,
             on_result=on_result,
             on_start=on_start,
             settings=settings,
             capacity_wait_s=capacity_wait_s,
         )
+        return await cluster.run_jobs(batch)
 
     async def dispatch(backend_for_job: Callable[[], Backend]) -> list[JobResult]:
         async with _job_runner(pool, backend_for_job, job_list, parallel) as runner:

@@ -27,42 +27,27 @@ from sbxkit.errors import SpecError
 MAX_MOUNTS = 32
 
 
-class BindMount(
-    msgspec.Struct,
-    tag="bind",
-    tag_field="type",
-    forbid_unknown_fields=True,
-    kw_only=True,
-    frozen=True,
-):
+class _MountKind(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True):
+    """What every kind of mount shares: a ``type`` tag, no field unknown. Each kind says
+    ``frozen`` and ``kw_only`` again: msgspec does not inherit ``kw_only``, and type checkers
+    read ``frozen`` per class."""
+
+
+class BindMount(_MountKind, tag="bind", frozen=True, kw_only=True):
     source: str
     target: str
     read_only: bool = True
     selinux_label: Literal["shared", "private"] | None = None  # shared → z, private → Z
 
 
-class VolumeMount(
-    msgspec.Struct,
-    tag="volume",
-    tag_field="type",
-    forbid_unknown_fields=True,
-    kw_only=True,
-    frozen=True,
-):
+class VolumeMount(_MountKind, tag="volume", frozen=True, kw_only=True):
     source: str  # the volume's name
     target: str
     read_only: bool = True
     subpath: str | None = None  # relative, no ".."
 
 
-class TmpfsMount(
-    msgspec.Struct,
-    tag="tmpfs",
-    tag_field="type",
-    forbid_unknown_fields=True,
-    kw_only=True,
-    frozen=True,
-):
+class TmpfsMount(_MountKind, tag="tmpfs", frozen=True, kw_only=True):
     target: str
     size_bytes: int
     mode: int = 0o700

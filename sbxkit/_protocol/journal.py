@@ -14,7 +14,6 @@ event loop never waits on the disk and there is exactly one writer.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
 import stat
@@ -40,6 +39,7 @@ from sbxkit._protocol.statedir import (
     check_state_path,
     scan_entries,
 )
+from sbxkit._util.flock import hold_or_close
 from sbxkit.errors import StorageError
 
 T = TypeVar("T")
@@ -91,12 +91,7 @@ class StateDir:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise StorageError(str(self.lock_path), "is not a regular file")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
+        return hold_or_close(fd)
 
     def remove_stale_private_files(self) -> tuple[list[StorageError], list[str]]:
         """Delete the temp files a crashed writer left (safe only while holding the lock);

@@ -42,7 +42,6 @@ Every invocation goes through one injected ``Exec`` seam (``process_exec`` by de
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
 import shutil
@@ -63,6 +62,7 @@ from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, validate_spec
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._protocol.journal import default_state_dir
+from sbxkit._util.flock import hold_or_close
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer, refuse
 from sbxkit.backends.sbx_commands import (
@@ -178,12 +178,7 @@ def _try_lock(path: Path, *, create: bool) -> int | None:
         fd = os.open(path, flags, 0o600)
     except FileNotFoundError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return hold_or_close(fd)
 
 
 def _rmtree(path: str) -> None:

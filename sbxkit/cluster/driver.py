@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import trio
 
-from sbxkit._consumers.harness import Job, JobError, JobResult, Need, ResultCallback, StartCallback
+from sbxkit._consumers.harness import ClusterBatch, Job, JobError, JobResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec, check_spec, effective_settings
@@ -75,30 +75,18 @@ def import_ray() -> Any:
     return ray
 
 
-async def run_on_cluster(
-    options: ClusterOptions,
-    jobs: Sequence[Job],
-    needs: Sequence[Need],
-    *,
-    parallel: int,
-    on_result: ResultCallback | None,
-    on_start: StartCallback | None,
-    settings: Settings | None,
-    capacity_wait_s: float,
-) -> list[JobResult]:
+async def run_on_cluster(options: ClusterOptions, work: ClusterBatch) -> list[JobResult]:
     ray = import_ray()
     keys = Keys(load_secret(), new_batch_id())  # refused by name before Ray is asked anything
-    batch_settings = effective_settings(settings)
-    specs = [_spec_or_error(job, batch_settings) for job in jobs]
+    batch_settings = effective_settings(work.settings)
+    specs = [_spec_or_error(job, batch_settings) for job in work.jobs]
     images = sorted({spec.image for spec in specs if isinstance(spec, SandboxSpec)})
     terms = AgentTerms(
-        batch_id=keys.batch_id, labels=batch_settings.labels, capacity_wait_s=capacity_wait_s
+        batch_id=keys.batch_id, labels=batch_settings.labels, capacity_wait_s=work.capacity_wait_s
     )
     initialized_here = await trio.to_thread.run_sync(_connect, ray, options)
     membership = Membership(ray, options, encode(terms), images, keys)
-    batch = _Batch(
-        ray, options, jobs, needs, specs, parallel, membership, keys, on_result, on_start
-    )
+    batch = _Batch(ray, options, work, specs, membership, keys)
     try:
         await _refuse_unauthenticated(ray, options)
         async with trio.open_nursery() as nursery:  # the joins, for the whole batch
@@ -190,30 +178,20 @@ class _Batch:
         self,
         ray: Any,
         options: ClusterOptions,
-        jobs: Sequence[Job],
-        needs: Sequence[Need],
+        work: ClusterBatch,
         specs: Sequence[SandboxSpec | JobError],
-        parallel: int,
         membership: Membership,
         keys: Keys,
-        on_result: ResultCallback | None,
-        on_start: StartCallback | None,
     ) -> None:
-        self.ray = ray
-        self.keys = keys
-        self.unverified = [0] * len(jobs)
-        self.options = options
-        self.jobs = jobs
-        self.needs = needs
-        self.specs = specs
-        self.membership = membership
-        self.on_result = on_result
-        self.on_start = on_start
-        previous = [options.previous_attempts.get(job.id, 0) for job in jobs]
+        self.ray, self.options, self.keys, self.membership = ray, options, keys, membership
+        self.jobs, self.needs, self.specs = work.jobs, work.needs, specs
+        self.on_result, self.on_start = work.on_result, work.on_start
+        self.unverified = [0] * len(self.jobs)
+        previous = [options.previous_attempts.get(job.id, 0) for job in self.jobs]
         self.dispatch = Dispatch(
-            len(jobs), parallel=parallel, retries=options.retries, previous=previous
+            len(self.jobs), parallel=work.parallel, retries=options.retries, previous=previous
         )
-        self.results: list[JobResult | None] = [None] * len(jobs)
+        self.results: list[JobResult | None] = [None] * len(self.jobs)
         self.in_flight: dict[int, Any] = {}  # index → the relay's ObjectRef
         self.started: dict[int, float] = {}
         self.began = trio.current_time()
@@ -256,18 +234,11 @@ class _Batch:
             assert isinstance(spec, SandboxSpec)
             asked = job_resources(self.needs[index])
             if not fits(asked, self.membership.largest):
-                self.dispatch.finished(index)
-                self._end(
+                self._refuse(
                     index,
-                    JobResult(
-                        id=self.jobs[index].id,
-                        error=JobError(
-                            type="NeverFits",
-                            message=f"no accepted node can hold it: it asks {asked}, the "
-                            f"largest node offers {self.membership.largest}",
-                        ),
-                        attempt=self.dispatch.attempt(index),
-                    ),
+                    "NeverFits",
+                    f"no accepted node can hold it: it asks {asked}, the largest node offers "
+                    f"{self.membership.largest}",
                 )
                 continue
             job = self.jobs[index]
@@ -345,19 +316,19 @@ class _Batch:
         if self.unverified[index] < UNVERIFIED_TRIES:
             self.dispatch.not_placed(index)
             return
-        self.dispatch.finished(index)
-        self._end(
+        self._refuse(
             index,
-            JobResult(
-                id=self.jobs[index].id,
-                error=JobError(
-                    type="Unverified",
-                    message=f"{UNVERIFIED_TRIES} attempts came back with {what}; a node "
-                    "without the cluster secret took them",
-                ),
-                attempt=self.dispatch.attempt(index),
-            ),
+            "Unverified",
+            f"{UNVERIFIED_TRIES} attempts came back with {what}; a node without the cluster "
+            "secret took them",
         )
+
+    def _refuse(self, index: int, kind: str, message: str) -> None:
+        """The job ends here with an error of the driver's own (no node ran it to an end)."""
+        self.dispatch.finished(index)
+        error = JobError(type=kind, message=message)
+        attempt = self.dispatch.attempt(index)
+        self._end(index, JobResult(id=self.jobs[index].id, error=error, attempt=attempt))
 
     def _lost(self, index: int, reason: str, node: str | None) -> None:
         attempt = self.dispatch.attempt(index)

@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import msgspec
 import pytest
 
 import sbxkit
-from sbxkit._consumers.harness import Job, JobError, JobResult, Need, run_many
+from sbxkit._consumers.harness import ClusterBatch, Job, JobError, JobResult, Need, run_many
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
@@ -455,8 +454,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    async def run_jobs(self, jobs: Sequence[Job], needs: Sequence[Need], **kw: Any) -> list[Any]:
-        self.calls.append({"jobs": list(jobs), "needs": list(needs), **kw})
+    async def run_jobs(self, batch: ClusterBatch) -> list[Any]:
+        self.calls.append({**vars(batch), "jobs": list(batch.jobs), "needs": list(batch.needs)})
         return []
 
 
