@@ -73,6 +73,10 @@ class ResolvedMounts(msgspec.Struct, frozen=True, kw_only=True):
     expected: list[ExpectedMount] = msgspec.field(default_factory=list)
 
 
+# The kernel's interfaces, the runtime state and the boot files: no sandbox may see the host's,
+# nor have a mount replace its own.
+_KERNEL_AND_RUN = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
+
 # Host paths no sandbox may see, nor any ancestor of them (an ancestor exposes them too).
 PROTECTED_HOST_PATHS = (
     "/var/run/docker.sock",
@@ -85,12 +89,7 @@ PROTECTED_HOST_PATHS = (
     "/var/lib/containerd",
     "/run/crun",
     "/run/runc",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/var/run",
-    "/boot",
+    *_KERNEL_AND_RUN,
     "/etc",
     "/root",
     "/var/lib/kubelet",
@@ -113,12 +112,7 @@ SYSTEM_TARGETS = (
     "/lib64",
     "/libx32",
     "/etc",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/var/run",
-    "/boot",
+    *_KERNEL_AND_RUN,
     "/tmp",
     "/.sbxkit",  # sbxkit's own: the kernel path's FIFO directory (sbxkit/kernel)
 )
