@@ -28,6 +28,7 @@ from sbxkit.engine.discovery import (
     socket_from_docker_host,
 )
 from sbxkit.errors import EngineUnavailable
+from tests.unit.unix_server import unix_server
 
 DOCKER_HEADERS = {"Api-Version": "1.41", "Ostype": "linux", "Server": "Docker/20.10.24 (linux)"}
 PODMAN_HEADERS = {
@@ -72,29 +73,8 @@ async def fake_daemon(
     path: Path, headers: dict[str, str], status: int = 200
 ) -> AsyncIterator[FakeDaemon]:
     daemon = FakeDaemon(str(path), headers, status)
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await sock.bind(str(path))
-    sock.listen(16)
-
-    async def one(stream: trio.SocketStream) -> None:
-        try:
-            await daemon.handle(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
-
-        async def accept_loop() -> None:
-            while True:
-                nursery.start_soon(one, await listener.accept())
-
-        nursery.start_soon(accept_loop)
-        try:
-            yield daemon
-        finally:
-            nursery.cancel_scope.cancel()
+    async with unix_server(str(path), daemon.handle):
+        yield daemon
 
 
 def dead_socket(path: Path) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import socket
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -32,8 +32,7 @@ from sbxkit.errors import (
     NotFound,
     SbxError,
 )
-
-Handler = Callable[[trio.SocketStream], Awaitable[None]]
+from tests.unit.unix_server import Handler, unix_server
 
 
 class Server:
@@ -62,30 +61,13 @@ class Server:
 async def serving(tmp_path: Path, handler: Handler) -> AsyncIterator[Server]:
     """Serve ``handler`` on a fresh socket in ``tmp_path`` for the duration of the block."""
     server = Server(str(tmp_path / "engine.sock"), handler)
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await sock.bind(server.path)
-    sock.listen(16)
 
-    async def one(stream: trio.SocketStream) -> None:
+    async def counted(stream: trio.SocketStream) -> None:
         server.connections += 1
-        try:
-            await handler(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away: normal for these scripts
-        finally:
-            await trio.aclose_forcefully(stream)
+        await handler(stream)
 
-    async with trio.SocketListener(sock) as listener, trio.open_nursery() as nursery:
-
-        async def accept_loop() -> None:
-            while True:
-                nursery.start_soon(one, await listener.accept())
-
-        nursery.start_soon(accept_loop)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
+    async with unix_server(server.path, counted):
+        yield server
 
 
 def reply(status: int, body: bytes = b"", reason: str = "X", extra: str = "") -> bytes:
