@@ -88,8 +88,8 @@ from sbxkit._model.spec import (
     Limits,
     SandboxSpec,
     check_limit,
+    decoded_as,
     parse_user,
-    spec_error_from,
     validate_image,
     validate_labels,
     validate_runtime_name,
@@ -362,10 +362,7 @@ def read_durations(data: object) -> object:
 def profile_from_dict(data: object) -> Profile:
     """Convert decoded TOML data to a validated Profile; every refusal is a SpecError."""
     data = read_durations(data)
-    try:
-        profile = msgspec.convert(data, Profile)
-    except msgspec.ValidationError as error:
-        raise spec_error_from(error) from None
+    profile = decoded_as(data, Profile)
     validate_profile(profile)
     return profile
 

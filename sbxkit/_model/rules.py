@@ -26,7 +26,8 @@ Environment ownership
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import cast
 
 from sbxkit._model.network_terms import Network, check_network_spec, network_mode
 from sbxkit._model.predicates import has_control
@@ -281,14 +282,21 @@ def env_key_problem(key: str) -> str | None:
     return None
 
 
-def check_env(env: object, field: str = "env") -> dict[str, str]:
-    """Refuse a mapping that is not str → str, malformed keys and NUL in values."""
-    if not isinstance(env, dict):
+def string_items(mapping: object, field: str) -> Iterator[tuple[str, str, str]]:
+    """Each ``(where, key, value)`` of a mapping that must be str → str, refused (naming
+    ``field[key]``) at the first item that is not."""
+    if not isinstance(mapping, dict):
         raise SpecError(field, "must be a mapping of strings")
-    for key, value in env.items():
+    for key, value in mapping.items():
         where = f"{field}[{key!r}]"
         if not isinstance(key, str) or not isinstance(value, str):
             raise SpecError(where, "keys and values must be strings")
+        yield where, key, value
+
+
+def check_env(env: object, field: str = "env") -> dict[str, str]:
+    """Refuse a mapping that is not str → str, malformed keys and NUL in values."""
+    for where, key, value in string_items(env, field):
         problem = env_key_problem(key)
         if problem is not None:
             raise SpecError(where, problem)
@@ -296,7 +304,7 @@ def check_env(env: object, field: str = "env") -> dict[str, str]:
             raise SpecError(where, "value must not contain NUL")
         check_utf8(key, f"{where} (key)")
         check_utf8(value, where)
-    return env
+    return cast(dict[str, str], env)  # string_items refused anything else
 
 
 def env_size(env: Mapping[str, str]) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -28,6 +28,7 @@ from sbxkit._model.rules import (
     check_runtime_fit,
     merge_labels,
     parse_extra_flags,
+    string_items,
 )
 from sbxkit._model.settings import Settings
 from sbxkit._model.textcheck import check_utf8
@@ -377,12 +378,7 @@ def validate_runtime_name(runtime: object, field: str = "runtime") -> None:
 
 
 def validate_labels(labels: object, field: str = "labels") -> None:
-    if not isinstance(labels, dict):
-        raise SpecError(field, "must be a mapping of strings")
-    for key, value in labels.items():
-        where = f"{field}[{key!r}]"
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise SpecError(where, "keys and values must be strings")
+    for where, key, value in string_items(labels, field):
         if key == LEASE_LABEL:
             raise SpecError(where, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
         if not key:
@@ -474,12 +470,21 @@ def spec_error_from(error: msgspec.ValidationError) -> SpecError:
     return SpecError(path or "spec", message)
 
 
-def spec_from_dict(data: object) -> SandboxSpec:
-    """Build a spec from decoded JSON/TOML data and validate it; every refusal is a SpecError."""
+_T = TypeVar("_T")
+
+
+def decoded_as(data: object, kind: type[_T]) -> _T:
+    """Decoded JSON or TOML ``data`` as a ``kind``: msgspec's refusal becomes a SpecError
+    naming the field (``spec_error_from``)."""
     try:
-        spec = msgspec.convert(data, SandboxSpec)
+        return msgspec.convert(data, kind)
     except msgspec.ValidationError as error:
         raise spec_error_from(error) from None
+
+
+def spec_from_dict(data: object) -> SandboxSpec:
+    """Build a spec from decoded JSON/TOML data and validate it; every refusal is a SpecError."""
+    spec = decoded_as(data, SandboxSpec)
     validate_spec(spec)
     return spec
 

@@ -73,7 +73,7 @@ from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, sandbox_options
 from sbxkit._model.settings import Settings
-from sbxkit._model.spec import SandboxSpec, parse_size, spec_error_from
+from sbxkit._model.spec import SandboxSpec, decoded_as, parse_size
 from sbxkit._plan.plan import check_spec
 from sbxkit._util.argtypes import ascii_float, non_negative_int, positive_int
 from sbxkit._util.bounded_read import read_bounded
@@ -169,10 +169,7 @@ def decode_job(
     if stdin is not None and not isinstance(stdin, str):
         raise SpecError("stdin", f"must be a string (text) or null, got {type(stdin).__name__}")
     data = with_defaults(data, defaults or {})
-    try:
-        spec = msgspec.convert(data, SandboxSpec)
-    except msgspec.ValidationError as exc:
-        raise spec_error_from(exc) from None
+    spec = decoded_as(data, SandboxSpec)
     checked = check_spec(spec, settings)  # the run does not validate it again
     return Job(id=job_id, spec=checked, stdin=None if stdin is None else stdin.encode("utf-8"))
 

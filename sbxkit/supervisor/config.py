@@ -77,26 +77,27 @@ def size_bytes(text: str) -> int:
     return value
 
 
-def duration_s(text: str) -> float:
-    """A duration flag (``10``, ``500ms``, ``5m``), read as every sbxkit duration is."""
+def _duration(text: str, *, zero: bool) -> float:
+    """A duration flag (``10``, ``500ms``, ``5m``), read as every sbxkit duration is: finite,
+    above 0 (or at least 0 where ``zero`` turns something off)."""
     try:
         value = parse_duration(text, "duration")
     except SpecError as exc:
         raise argparse.ArgumentTypeError(exc.rule) from None
-    if not (value > 0 and value != float("inf")):  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"must be a finite duration > 0, got {text!r}")
+    if not ((value >= 0 if zero else value > 0) and value != float("inf")):  # refuses NaN too
+        bound = ">= 0" if zero else "> 0"
+        raise argparse.ArgumentTypeError(f"must be a finite duration {bound}, got {text!r}")
     return value
+
+
+def duration_s(text: str) -> float:
+    """A duration flag (``10``, ``500ms``, ``5m``) above 0."""
+    return _duration(text, zero=False)
 
 
 def grace_s(text: str) -> float:
     """A duration flag that may be 0 (``--adopt-grace 0`` turns the hold off)."""
-    try:
-        value = parse_duration(text, "duration")
-    except SpecError as exc:
-        raise argparse.ArgumentTypeError(exc.rule) from None
-    if not (value >= 0 and value != float("inf")):  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"must be a finite duration >= 0, got {text!r}")
-    return value
+    return _duration(text, zero=True)
 
 
 def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
