@@ -263,3 +263,24 @@ def test_validations_checkers_never_call_back_up() -> None:
 def test_the_call_back_check_can_fail() -> None:
     graph = {ORCHESTRATOR: {"sbxkit._model.rules"}, "sbxkit._model.rules": {ORCHESTRATOR}}
     assert callers_back_up(graph, ORCHESTRATOR) == ["sbxkit._model.rules"]
+
+
+def modules_the_plan_leaves_out(doc: str, root: Path) -> list[str]:
+    """Modules docs/architecture.md never names (as `name` or name.py): a newcomer reading
+    it could not find them."""
+    return sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+        and f"`{path.stem}`" not in doc
+        and f"{path.stem}.py" not in doc
+    )
+
+
+def test_the_floor_plan_names_every_module() -> None:
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    assert modules_the_plan_leaves_out(doc, ROOT) == []
+
+
+def test_the_module_list_check_can_fail() -> None:
+    assert "cluster/seal.py" in modules_the_plan_leaves_out("", ROOT)
