@@ -29,6 +29,7 @@ from sbxkit._kernel.scripts import GO_LINE
 from sbxkit._lifecycle.attached import Outcome, OutputCallback, Ran
 from sbxkit._lifecycle.kernel_watch import (
     Exited,
+    Feed,
     KernelIO,
     KernelSupervise,
     NotAlive,
@@ -217,9 +218,8 @@ async def run_on_fifos(
     after_go = None if box.governed or box.launched_by_owner else box.launched
     async with started_on_fifos(box, launched=box.governed) as (io, exited, evidence):
         t_run = clock()
-        outcome = await supervise(
-            io, exited, GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output, after_go
-        )
+        feed = Feed(GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output)
+        outcome = await supervise(io, exited, feed, after_go)
         run_s = clock() - t_run
         verdict, exit_code, evidence = await kernel_verdict(  # the init's OOM watch still open
             box.engine, box.container_id, box.judge, outcome, evidence, io.init

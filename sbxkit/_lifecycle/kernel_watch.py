@@ -25,7 +25,15 @@ from sbxkit._util.stdin import StdinSource, write_stdin
 from sbxkit._util.unwrap import plain_async
 from sbxkit.engine.frames import STDERR, STDOUT
 
-__all__ = ["AfterGo", "Exited", "KernelIO", "KernelSupervise", "NotAlive", "supervise_kernel"]
+__all__ = [
+    "AfterGo",
+    "Exited",
+    "Feed",
+    "KernelIO",
+    "KernelSupervise",
+    "NotAlive",
+    "supervise_kernel",
+]
 
 Exited = Callable[[], Awaitable[int]]
 """Waits for the sandbox's init to exit; its status as Docker spells it."""
@@ -114,24 +122,31 @@ async def _feed(
     await stream.aclose()
 
 
+@dataclass(frozen=True)
+class Feed:
+    """What a run on a waiting sandbox is given and held to: the ``line`` that lets it go (the
+    go line, or a pooled claim's line), its stdin, the output cap, the time limit, and who
+    hears its output as it comes."""
+
+    line: bytes
+    stdin: StdinSource | None
+    max_output: int
+    timeout_s: float
+    on_output: OutputCallback | None = None
+
+
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def supervise_kernel(
-    io: KernelIO,
-    exited: Exited,
-    line: bytes,
-    stdin: StdinSource | None,
-    max_output: int,
-    timeout_s: float,
-    on_output: OutputCallback | None = None,
-    after_go: AfterGo = None,
+    io: KernelIO, exited: Exited, feed: Feed, after_go: AfterGo = None
 ) -> Outcome:
-    """Write ``line`` (then run ``after_go``) then stdin, stream output under the caps, wait
-    for the exit (the init's pidfd, or the daemon's wait where no pidfd could be verified) —
-    all within the time limit."""
-    outcome = Outcome(OutputCapture(max_output))
+    """Write the feed's line (then run ``after_go``) then its stdin, stream output under the
+    caps, wait for the exit (the init's pidfd, or the daemon's wait where no pidfd could be
+    verified) — all within the time limit."""
+    outcome = Outcome(OutputCapture(feed.max_output))
+    on_output = feed.on_output
     open_streams = [2]
     drained = trio.Event()
-    with trio.move_on_after(timeout_s) as timer:
+    with trio.move_on_after(feed.timeout_s) as timer:
         async with trio.open_nursery() as nursery:
 
             async def pump(stream: trio.lowlevel.FdStream, stream_id: int) -> None:
@@ -143,17 +158,14 @@ async def supervise_kernel(
                 if not open_streams[0]:
                     drained.set()
 
-            nursery.start_soon(_feed, io.stdin, line, stdin, after_go)
+            nursery.start_soon(_feed, io.stdin, feed.line, feed.stdin, after_go)
             nursery.start_soon(pump, io.stdout, STDOUT)
             nursery.start_soon(pump, io.stderr, STDERR)
             await outcome.exited_with(await exited(), drained, nursery)
     return outcome.after(timer)
 
 
-KernelSupervise = Callable[
-    [KernelIO, Exited, bytes, StdinSource | None, int, float, OutputCallback | None, AfterGo],
-    Awaitable[Outcome],
-]
-"""Who watches a run on the kernel path once its sandbox waits for ``line``: this process
+KernelSupervise = Callable[[KernelIO, Exited, Feed, AfterGo], Awaitable[Outcome]]
+"""Who watches a run on the kernel path once its sandbox waits for the feed's line: this process
 (``supervise_kernel``), or — for ``sbxkit run`` handed to the supervisor — the command line,
 which gets the FIFO ends and the init's pidfd (``sbxkit.handoff``)."""

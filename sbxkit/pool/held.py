@@ -31,7 +31,7 @@ import trio
 from sbxkit._kernel.fifos import HostEnds
 from sbxkit._kernel.init import ContainerInit
 from sbxkit._lifecycle.attached import OutputCallback
-from sbxkit._lifecycle.kernel_watch import Exited, KernelIO, KernelSupervise, supervise_kernel
+from sbxkit._lifecycle.kernel_watch import Exited, Feed, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owned import OwnedContainer
 from sbxkit._lifecycle.supervised import SupervisedOwner
@@ -367,9 +367,8 @@ async def _run_on_claimed(
     try:
         async with claimed_transport(engine, owner, claimed, supervise) as transport:
             t_claim = clock()
-            ran = await transport.run(
-                line, stdin, limits.output_bytes, limits.timeout_s, on_output, judge
-            )
+            feed = Feed(line, stdin, limits.output_bytes, limits.timeout_s, on_output)
+            ran = await transport.run(feed, judge)
             run_s = clock() - t_claim
         denials = await owner.denials(lease) if governed(checked.spec) else ()
     except BaseException:

@@ -32,6 +32,7 @@ import trio
 from sbxkit._kernel.scripts import GO_LINE
 from sbxkit._lifecycle.attached import OutputCallback, Ran
 from sbxkit._lifecycle.kernel_run import started_on_fifos
+from sbxkit._lifecycle.kernel_watch import Feed
 from sbxkit._lifecycle.owned import OwnedContainer, attached
 from sbxkit._model.call_checks import check_pool_options
 from sbxkit._model.result import RunResult
@@ -311,7 +312,8 @@ async def _claim(
     box, clock = slot.box, trio.current_time
     t_claim = clock()
     try:
-        ran = await slot.transport.run(line, stdin, output_bytes, timeout_s, on_output, box.judge)
+        feed = Feed(line, stdin, output_bytes, timeout_s, on_output)
+        ran = await slot.transport.run(feed, box.judge)
         run_s = clock() - t_claim
         denials = await box.denials()  # its governed network's, before the lease ends
     except BaseException:

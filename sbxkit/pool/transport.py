@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sbxkit._lifecycle.attached import Outcome, OutputCallback, supervise
+from sbxkit._lifecycle.attached import Outcome, supervise
 from sbxkit._lifecycle.kernel_run import Judge, kernel_verdict
-from sbxkit._lifecycle.kernel_watch import Exited, KernelIO, KernelSupervise, supervise_kernel
+from sbxkit._lifecycle.kernel_watch import Exited, Feed, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.outcome import Verdict
 from sbxkit._model.result import Evidence
-from sbxkit._util.stdin import Prefixed, StdinSource
+from sbxkit._util.stdin import Prefixed
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.transport import HijackedStream
 
@@ -40,15 +40,7 @@ class Claimed:
 
 
 class ClaimTransport(Protocol):
-    async def run(
-        self,
-        line: bytes,
-        stdin: StdinSource | None,
-        output_bytes: int,
-        timeout_s: float,
-        on_output: OutputCallback | None,
-        judge: Judge,
-    ) -> Claimed: ...
+    async def run(self, feed: Feed, judge: Judge) -> Claimed: ...
 
     async def aclose(self) -> None: ...
 
@@ -60,18 +52,10 @@ class AttachTransport:
     attach: HijackedStream
     waiter: Waiter
 
-    async def run(
-        self,
-        line: bytes,
-        stdin: StdinSource | None,
-        output_bytes: int,
-        timeout_s: float,
-        on_output: OutputCallback | None,
-        judge: Judge,
-    ) -> Claimed:
-        stream = Prefixed(line, stdin)  # the claim line, then the run's own stdin
+    async def run(self, feed: Feed, judge: Judge) -> Claimed:
+        stream = Prefixed(feed.line, feed.stdin)  # the claim line, then the run's own stdin
         outcome = await supervise(
-            self.attach, self.waiter, stream, output_bytes, timeout_s, on_output
+            self.attach, self.waiter, stream, feed.max_output, feed.timeout_s, feed.on_output
         )
         verdict, code = Verdict(status=outcome.status), None
         if outcome.status == "exited":
@@ -96,18 +80,9 @@ class FifoTransport:
     supervise: KernelSupervise = field(default=supervise_kernel)
     """Who watches the run (this process, unless the run was handed off: sbxkit.handoff)."""
 
-    async def run(
-        self,
-        line: bytes,
-        stdin: StdinSource | None,
-        output_bytes: int,
-        timeout_s: float,
-        on_output: OutputCallback | None,
-        judge: Judge,
-    ) -> Claimed:
-        outcome = await self.supervise(  # parked: its launch was over long ago
-            self.io, self.exited, line, stdin, output_bytes, timeout_s, on_output, None
-        )
+    async def run(self, feed: Feed, judge: Judge) -> Claimed:
+        # parked: its launch was over long ago (no after_go)
+        outcome = await self.supervise(self.io, self.exited, feed, None)
         verdict, code, evidence = await kernel_verdict(
             self.engine, self.container_id, judge, outcome, self.evidence, self.io.init
         )

@@ -11,7 +11,7 @@ import os
 
 import trio
 
-from sbxkit._lifecycle.kernel_watch import KernelIO, supervise_kernel
+from sbxkit._lifecycle.kernel_watch import Feed, KernelIO, supervise_kernel
 
 
 def pipe_io() -> tuple[KernelIO, int, int, int]:
@@ -50,7 +50,7 @@ async def test_after_go_runs_after_the_line_and_before_stdin() -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(payload)
         outcome = await supervise_kernel(
-            io, exited, b"GO\n", b"stdin bytes", 1024, 10, None, after_go
+            io, exited, Feed(b"GO\n", b"stdin bytes", 1024, 10), after_go
         )
     rest = os.read(in_r, 1 << 16)
     os.close(in_r)
@@ -75,7 +75,7 @@ async def test_no_after_go_when_the_line_cannot_be_written() -> None:
     async def exited() -> int:
         return 1
 
-    outcome = await supervise_kernel(io, exited, b"GO\n", None, 1024, 10, None, after_go)
+    outcome = await supervise_kernel(io, exited, Feed(b"GO\n", None, 1024, 10), after_go)
     await io.aclose()
     assert called == []
     assert (outcome.status, outcome.exit_code) == ("exited", 1)

@@ -42,8 +42,8 @@ from sbxkit._grammar.common import (
 from sbxkit._grammar.flags import parse_with_flags_after_image, spec_from_args
 from sbxkit._grammar.run_grammar import add_run_parser, run_pool, status_notice
 from sbxkit._kernel.init import REAP_LIMIT_S
-from sbxkit._lifecycle.attached import DRAIN_GRACE_S, Outcome, OutputCallback
-from sbxkit._lifecycle.kernel_watch import AfterGo, Exited, KernelIO
+from sbxkit._lifecycle.attached import DRAIN_GRACE_S, Outcome
+from sbxkit._lifecycle.kernel_watch import AfterGo, Exited, Feed, KernelIO
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.result import RunResult, json_fields
@@ -61,7 +61,6 @@ from sbxkit._protocol.wire import (
     WireError,
 )
 from sbxkit._util.environment import caller_environ, judged_under
-from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.engine.discovery import candidate_sockets
@@ -243,15 +242,7 @@ class HandOff:
         await self.peer.send(queued)
 
     async def supervise(
-        self,
-        io: KernelIO,
-        exited: Exited,
-        line: bytes,
-        stdin: StdinSource | None,
-        max_output: int,
-        timeout_s: float,
-        on_output: OutputCallback | None,
-        after_go: AfterGo,
+        self, io: KernelIO, exited: Exited, feed: Feed, after_go: AfterGo
     ) -> Outcome:
         """``supervise_kernel``'s place: hand the ends to the command line (which writes the
         go line; ``after_go`` runs once they are handed over), watch the init's exit here (the
@@ -264,9 +255,9 @@ class HandOff:
         lost = CleanupError(lease, container_id or None, LOST)
         started = RunStarted(
             lease=lease,
-            line=line,
-            output_bytes=max_output,
-            timeout_s=timeout_s,
+            line=feed.line,
+            output_bytes=feed.max_output,
+            timeout_s=feed.timeout_s,
             drain_s=DRAIN_GRACE_S,
             fds=4,
             lost_status=exit_code_for_error(lost),
