@@ -18,6 +18,7 @@ ENGINE_UP = "scripts/engine-up"
 PODMAN_UP = "scripts/podman-up"
 CLUSTER_ENGINES_UP = "scripts/cluster-engines-up"
 ENGINE26_UP = "scripts/engine26-up"
+USERNS_ENGINE_UP = "scripts/userns-engine-up"
 NETWORK_TIER = "scripts/network-tier"
 NETWORK_TESTS = "tests/network"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
@@ -26,11 +27,12 @@ PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite on Docker 20.10 (provisions the engine first), the network tier in a
-    namespace of its own (docs/network.md), the Docker 26.1 cell and the Podman cell: the
-    conformance subset on rootful Podman and the rootless refusal (docs/backends.md).
+    namespace of its own (docs/network.md), the Docker 26.1 cell, the userns-remap cell and the
+    Podman cell: the conformance subset on rootful Podman and the rootless refusal
+    (docs/backends.md).
 
-    The two cells run on daemons of their own, beside the main suite (one after the other, in
-    the background; their output follows the suite's): CI's 30 minutes hold on two cores."""
+    The cells run on daemons of their own, beside the main suite (one after the other, in the
+    background; their output follows the suite's): CI's 30 minutes hold on two cores."""
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
     session.install("-e", ".[test,inspect,ray,mcp]")
@@ -46,6 +48,18 @@ def tests(session: nox.Session) -> None:
             "DOCKER_HOST": f"unix://{docker26}",
             # Both evidence paths are proven on 20.10; this cell keeps the product's default.
             "SBXKIT_TEST_EVIDENCE": "kernel",
+        },
+    )
+    # The userns cell: the conformance subset on `dockerd --userns-remap=default` (20.10), where
+    # sandboxes take the mapped uid range and the daemon's path, and the cell's own checks.
+    userns = _provision(session, USERNS_ENGINE_UP, {})
+    cells.add(
+        "userns-remap",
+        "conformance or userns",
+        {
+            "SBXKIT_TEST_SOCKET": userns,
+            "DOCKER_HOST": f"unix://{userns}",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
         },
     )
     rootful = _podman_up(session, {})
@@ -77,7 +91,7 @@ def tests(session: nox.Session) -> None:
         session.run(
             "pytest",
             "-m",
-            "not podman",
+            "not podman and not userns",
             f"--ignore={NETWORK_TESTS}",
             "--durations=15",  # where CI's 30 minutes go, in every log
             *session.posargs,

@@ -14,6 +14,8 @@ from typing import Any
 
 import requests_unixsocket
 
+from sbxkit._model.uids import HOST_UIDS, MAPPED_UIDS, UidRange
+
 SOCKET = os.environ.get("SBXKIT_TEST_SOCKET", "/var/run/docker.sock")
 BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
 PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
@@ -46,6 +48,16 @@ class Witness:
         """A Podman API service answers /_ping with a Libpod-Api-Version header."""
         response = self.session.get(self.base + "/_ping", timeout=5)
         return "Libpod-Api-Version" in response.headers
+
+    def maps_uids(self) -> bool:
+        """The daemon maps container uids to subordinate host ids (``userns-remap``, rootless),
+        as its own ``/info`` says."""
+        options = self.get("/info").get("SecurityOptions") or []
+        return any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
+
+    def sandbox_uids(self) -> UidRange:
+        """Where a sandbox that names no user gets its uid on this daemon (sbxkit._model.uids)."""
+        return MAPPED_UIDS if self.maps_uids() else HOST_UIDS
 
     def image_exists(self, name: str) -> bool:
         return self.session.get(f"{self.base}/images/{name}/json", timeout=30).status_code == 200

@@ -16,7 +16,6 @@ import pytest
 from sbxkit._lifecycle.uid_holds import host_id_problem
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import MiB
-from sbxkit._model.uids import HOST_UIDS
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import (
     assert_half_fits_double_does_not,
@@ -32,16 +31,17 @@ from tests.witness import Witness
 
 
 async def test_the_payload_runs_as_a_uid_and_gid_of_its_own(
-    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str, witness: Witness
 ) -> None:
-    """No user named: one id, uid and gid and only group, from the sandbox range, that no
-    host account or group has (sbxkit._model.uids)."""
+    """No user named: one id, uid and gid and only group, from the sandbox range of this
+    daemon (the host's own ids, or the ones a remapping daemon maps), that no host account or
+    group has (sbxkit._model.uids)."""
     result = await oneshot(spec(busybox, "id -u; id -g; id -G", runtime=runtime), engine=engine)
 
     assert result.ok, result
     uid, gid, groups = text(result.stdout).split()
     assert uid == gid == groups
-    assert int(uid) in HOST_UIDS
+    assert int(uid) in witness.sandbox_uids()
     assert host_id_problem(int(uid)) is None
 
 
