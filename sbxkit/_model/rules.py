@@ -326,8 +326,13 @@ def check_env_size(env: Mapping[str, str], field: str = "env", reserve: int = 0)
         )
 
 
-RUNTIME_ENV_RESERVE = env_size(runtime_env("x" * MAX_LEASE_LENGTH))
-"""What the runtime keys can take at most: validation counts it before a lease exists."""
+SCRATCH_HOME = {"HOME": "/tmp"}
+"""What a sandbox of its own uid gets as ``HOME`` when neither its spec nor its image sets one
+(``sbxkit._plan.policy.with_scratch_home``: the scratch space)."""
+
+RUNTIME_ENV_RESERVE = env_size(runtime_env("x" * MAX_LEASE_LENGTH)) + env_size(SCRATCH_HOME)
+"""What sbxkit's keys can take at most (the runtime's, and the scratch ``HOME``): validation
+counts it before a lease exists."""
 
 
 def merge_env(

@@ -30,7 +30,12 @@ from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, parse_label_list, validate_command, validate_spec
 from sbxkit._model.uids import HOST_UIDS, UidRange
 from sbxkit._plan.network_planning import plan_network
-from sbxkit._plan.policy import container_name, hardened_body, with_own_user
+from sbxkit._plan.policy import (
+    container_name,
+    hardened_body,
+    with_own_user,
+    with_scratch_home,
+)
 from sbxkit._plan.preflight import DaemonPlan, check_daemon, resolve_mounts, sandbox_uid_range
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._util.environment import caller_environ, caller_environ_bytes
@@ -267,6 +272,8 @@ def build_plan(
     ``fifo_root`` (its owner's) puts the sandbox on the kernel path (``kernel_io``).
     """
     spec = with_own_user(checked.spec, lease, facts.sandbox_uids)
+    if checked.spec.user is None:  # a uid of its own: no image's passwd gives it a home
+        spec = with_scratch_home(spec, facts.image_env)
     body = hardened_body(
         spec,
         lease,

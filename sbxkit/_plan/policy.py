@@ -9,7 +9,7 @@ instead of relying on daemon defaults, so an inspect after create can compare fi
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypedDict, TypeVar, Unpack
 
 import msgspec
@@ -29,6 +29,7 @@ from sbxkit._model.network_terms import (
 from sbxkit._model.rules import (
     HOST_GATEWAY_ALIAS,
     RUNTIME_ENV_KEYS,
+    SCRATCH_HOME,
     merge_env,
     runtime_env,
     runtime_name,
@@ -189,6 +190,7 @@ class BodyInputs(TypedDict, total=False):
     podman: bool
     network: NetworkTerms | None
     uids: UidRange
+    image_env: Mapping[str, str]
 
 
 def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> SandboxSpec:
@@ -198,6 +200,15 @@ def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> 
         return spec
     uid = uid_for_lease(lease, uids)
     return msgspec.structs.replace(spec, user=f"{uid}:{uid}")
+
+
+def with_scratch_home(spec: SandboxSpec, image_env: Mapping[str, str]) -> SandboxSpec:
+    """``spec`` with ``HOME`` set to the scratch space, for a sandbox that runs as a uid of its
+    own: no ``/etc/passwd`` of an image names it, so runc would say ``HOME=/`` (read-only) and
+    crun would leave it unset. A ``HOME`` the spec or the image sets stays theirs."""
+    if "HOME" in spec.env or "HOME" in image_env:
+        return spec
+    return msgspec.structs.replace(spec, env={**spec.env, **SCRATCH_HOME})
 
 
 def _owned_tmpfs(options: str, user: str) -> str:
@@ -227,6 +238,7 @@ def hardened_body(
     podman: bool = False,
     network: NetworkTerms | None = None,
     uids: UidRange = HOST_UIDS,
+    image_env: Mapping[str, str] | None = None,
 ) -> ContainerCreate:
     """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
@@ -244,9 +256,12 @@ def hardened_body(
     resolved against the daemon (required when ``spec.gpus`` is a count). ``podman`` adapts
     the body to a Podman API service: scratch tmpfs without ``uid``/``gid`` and explicit
     ``nofile``/``nproc``. A spec that names no user runs as the lease's own uid in ``uids``
-    (``with_own_user``).
+    (``with_own_user``) and, unless the spec or the image (``image_env``) sets one, the scratch
+    space as its ``HOME`` (``with_scratch_home``).
     """
     _check_lease(lease)
+    if spec.user is None:
+        spec = with_scratch_home(spec, image_env or {})
     spec = with_own_user(spec, lease, uids)
     assert spec.user is not None
     resolved = resolved or ResolvedMounts()

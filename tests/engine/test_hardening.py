@@ -45,6 +45,21 @@ async def test_the_payload_runs_as_a_uid_and_gid_of_its_own(
     assert host_id_problem(int(uid)) is None
 
 
+async def test_home_is_the_writable_scratch_unless_the_spec_says_otherwise(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
+    """A uid of its own has no passwd entry in the image: runc alone would say HOME=/ (which
+    is read-only) and crun would leave it unset. Tools that write under $HOME (pip, git, a
+    cache) find the scratch space, on every runtime and path; a spec's HOME is kept."""
+    probe = 'echo "home=$HOME"; mkdir -p "$HOME/.cache/tool" && echo written'
+    result = await oneshot(spec(busybox, probe, runtime=runtime), engine=engine)
+    assert result.ok, result
+    assert text(result.stdout).split() == ["home=/tmp", "written"]
+    named = spec(busybox, 'echo "home=$HOME"', env={"HOME": "/tmp/mine"}, runtime=runtime)
+    result = await oneshot(named, engine=engine)
+    assert text(result.stdout).split() == ["home=/tmp/mine"]
+
+
 async def test_root_filesystem_is_read_only(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:

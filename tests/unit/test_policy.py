@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sbxkit._model.rules import SCRATCH_HOME, env_size
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._model.uids import HOST_UIDS, uid_for_lease
 from sbxkit._plan.policy import (
@@ -64,7 +65,7 @@ def test_full_body_is_pinned() -> None:
         "Entrypoint": [],
         # The runtime's own keys are always present (environment ownership, docs/security.md);
         # the callback's, which it sets only for a callback, are unset over the image's ENV.
-        "Env": [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", *UNSET],
+        "Env": ["HOME=/tmp", f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", *UNSET],
         "User": f"{OWN}:{OWN}",
         "Labels": {LEASE_LABEL: LEASE},
         "AttachStdin": True,
@@ -241,7 +242,8 @@ def test_body_does_not_alias_the_spec() -> None:
 def test_env_encoding_is_sorted_key_equals_value(env: dict[str, str]) -> None:
     env = {key: value.replace("\0", "") for key, value in env.items()}
     body = encoded(make_spec(env=env))
-    expected = {**env, "SBXKIT_LEASE": LEASE, "SBXKIT_SANDBOX": "1"}  # the runtime's keys win
+    # a HOME of the spec's wins over the scratch one; the runtime's keys win over the spec's
+    expected = {"HOME": "/tmp", **env, "SBXKIT_LEASE": LEASE, "SBXKIT_SANDBOX": "1"}
     assert body["Env"] == [*(f"{key}={expected[key]}" for key in sorted(expected)), *UNSET]
     parsed = dict(item.split("=", 1) for item in body["Env"][: -len(UNSET)])
     assert parsed == expected
@@ -270,3 +272,19 @@ def test_bad_leases_are_refused(lease: str) -> None:
     assert info.value.field == "lease"
     with pytest.raises(SpecError):
         build_create_body(make_spec(), lease)
+
+
+def test_a_sandbox_of_its_own_uid_gets_the_scratch_space_as_home() -> None:
+    """No image's /etc/passwd names a uid of its own: runc would say HOME=/ (read-only), crun
+    would leave it unset. A HOME the spec or the image sets stays; a named user keeps the
+    image's own answer."""
+    assert "HOME=/tmp" in encoded(make_spec())["Env"]
+    assert "HOME=/work" in encoded(make_spec(env={"HOME": "/work"}))["Env"]
+    assert not any(item.startswith("HOME") for item in encoded(make_spec(user="1000:1000"))["Env"])
+    from_image = build_create_body(make_spec(), LEASE, image_env={"HOME": "/root"})
+    assert not any(item.startswith("HOME") for item in from_image.env or [])
+
+
+def test_validation_keeps_room_for_the_scratch_home() -> None:
+    assert env_size(SCRATCH_HOME) == len("HOME") + len(SCRATCH_PATH) + 2
+    assert SCRATCH_HOME == {"HOME": SCRATCH_PATH}

@@ -389,8 +389,8 @@ def test_runtime_keys_overwrite_profile_and_spec_values() -> None:
 
 def test_the_body_carries_the_lease_whatever_the_user_says() -> None:
     body = body_of(make_spec(env={"SBXKIT_LEASE": "evil", "SBXKIT_SANDBOX": "no", "X": "1"}))
-    assert body["Env"][:3] == [f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", "X=1"]
-    assert all("=" not in item for item in body["Env"][3:])  # the unset owned keys
+    assert body["Env"][:4] == ["HOME=/tmp", f"SBXKIT_LEASE={LEASE}", "SBXKIT_SANDBOX=1", "X=1"]
+    assert all("=" not in item for item in body["Env"][4:])  # the unset owned keys
 
 
 @pytest.mark.parametrize(
