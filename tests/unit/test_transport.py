@@ -70,6 +70,16 @@ async def serving(tmp_path: Path, handler: Handler) -> AsyncIterator[Server]:
         yield server
 
 
+@asynccontextmanager
+async def client_of(server: Server) -> AsyncIterator[Transport]:
+    """A transport to the scripted server, closed however the block ends."""
+    transport = Transport(server.path)
+    try:
+        yield transport
+    finally:
+        await transport.aclose()
+
+
 def reply(status: int, body: bytes = b"", reason: str = "X", extra: str = "") -> bytes:
     return (
         f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
@@ -175,18 +185,17 @@ def test_join_query(params: list[tuple[str, str]], expected: str) -> None:
 async def test_request_sends_and_decodes(tmp_path: Path) -> None:
     body = b'{"Id":"abc"}'
     canned = reply(201, body, "Created", "Content-Type: application/json\r\nX-Mixed-Case: Yes\r\n")
-    async with serving_with(tmp_path, keep_alive(canned)) as server:
-        transport = Transport(server.path)
-        try:
-            response = await transport.request(
-                "POST",
-                "/v1.41/containers/create?name=n",
-                body=b'{"Image":"x"}',
-                headers=[("Content-Type", "application/json")],
-                timeout=5,
-            )
-        finally:
-            await transport.aclose()
+    async with (
+        serving_with(tmp_path, keep_alive(canned)) as server,
+        client_of(server) as transport,
+    ):
+        response = await transport.request(
+            "POST",
+            "/v1.41/containers/create?name=n",
+            body=b'{"Image":"x"}',
+            headers=[("Content-Type", "application/json")],
+            timeout=5,
+        )
     assert response.status == 201
     assert response.body == body
     assert response.headers["content-type"] == "application/json"
@@ -200,42 +209,39 @@ async def test_request_sends_and_decodes(tmp_path: Path) -> None:
 
 async def test_request_error_status_raises_mapped_error(tmp_path: Path) -> None:
     canned = reply(404, b'{"message":"No such container: c1"}', "Not Found")
-    async with serving_with(tmp_path, keep_alive(canned)) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(NotFound) as caught:
-                await transport.request("GET", "/v1.41/containers/c1/json", timeout=5)
-            # The error reply was read completely, so its connection went back to the pool.
-            with pytest.raises(NotFound):
-                await transport.request("GET", "/v1.41/containers/c1/json", timeout=5)
-        finally:
-            await transport.aclose()
+    async with (
+        serving_with(tmp_path, keep_alive(canned)) as server,
+        client_of(server) as transport,
+    ):
+        with pytest.raises(NotFound) as caught:
+            await transport.request("GET", "/v1.41/containers/c1/json", timeout=5)
+        # The error reply was read completely, so its connection went back to the pool.
+        with pytest.raises(NotFound):
+            await transport.request("GET", "/v1.41/containers/c1/json", timeout=5)
     assert caught.value.message == "No such container: c1"
     assert caught.value.path == "/v1.41/containers/c1/json"
     assert server.connections == 1
 
 
 async def test_keep_alive_connections_are_pooled(tmp_path: Path) -> None:
-    async with serving_with(tmp_path, keep_alive(reply(200, b"OK"))) as server:
-        transport = Transport(server.path)
-        try:
-            for _ in range(5):
-                assert (await transport.request("GET", "/_ping", timeout=5)).body == b"OK"
-        finally:
-            await transport.aclose()
+    async with (
+        serving_with(tmp_path, keep_alive(reply(200, b"OK"))) as server,
+        client_of(server) as transport,
+    ):
+        for _ in range(5):
+            assert (await transport.request("GET", "/_ping", timeout=5)).body == b"OK"
     assert server.connections == 1
     assert len(server.requests) == 5
 
 
 async def test_connection_close_reply_is_not_pooled(tmp_path: Path) -> None:
     canned = reply(200, b"OK", extra="Connection: close\r\n")
-    async with serving_with(tmp_path, keep_alive(canned)) as server:
-        transport = Transport(server.path)
-        try:
-            for _ in range(3):
-                assert (await transport.request("GET", "/_ping", timeout=5)).body == b"OK"
-        finally:
-            await transport.aclose()
+    async with (
+        serving_with(tmp_path, keep_alive(canned)) as server,
+        client_of(server) as transport,
+    ):
+        for _ in range(3):
+            assert (await transport.request("GET", "/_ping", timeout=5)).body == b"OK"
     assert server.connections == 3
 
 
@@ -258,16 +264,12 @@ async def test_cancelled_call_does_not_return_its_connection(tmp_path: Path) -> 
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            with trio.move_on_after(0.2) as scope:
-                await transport.request("GET", "/slow", timeout=5)
-            assert scope.cancelled_caught
-            release.set()
-            response = await transport.request("GET", "/next", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        with trio.move_on_after(0.2) as scope:
+            await transport.request("GET", "/slow", timeout=5)
+        assert scope.cancelled_caught
+        release.set()
+        response = await transport.request("GET", "/next", timeout=5)
     assert response.body == b"second"
     assert server.connections == 2
 
@@ -281,14 +283,10 @@ async def test_idle_connection_closed_by_server_is_not_reused(tmp_path: Path) ->
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            assert (await transport.request("GET", "/a", timeout=5)).body == b"conn 1"
-            await trio.sleep(0.05)  # let the close arrive
-            assert (await transport.request("GET", "/b", timeout=5)).body == b"conn 2"
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        assert (await transport.request("GET", "/a", timeout=5)).body == b"conn 1"
+        await trio.sleep(0.05)  # let the close arrive
+        assert (await transport.request("GET", "/b", timeout=5)).body == b"conn 2"
     assert server.connections == 2
 
 
@@ -311,13 +309,9 @@ GARBAGE = [
 
 @pytest.mark.parametrize("data", GARBAGE)
 async def test_garbage_reply_is_protocol_error(tmp_path: Path, data: bytes) -> None:
-    async with serving_with(tmp_path, scripted(data)) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(EngineProtocolError):
-                await transport.request("GET", "/v1.41/version", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, scripted(data)) as server, client_of(server) as transport:
+        with pytest.raises(EngineProtocolError):
+            await transport.request("GET", "/v1.41/version", timeout=5)
 
 
 async def read_whole_stream(transport: Transport, target: str) -> bytes:
@@ -403,13 +397,9 @@ async def test_close_before_reply_is_connection_error(tmp_path: Path) -> None:
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(SbxError) as caught:
-                await transport.request("GET", "/v1.41/info", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        with pytest.raises(SbxError) as caught:
+            await transport.request("GET", "/v1.41/info", timeout=5)
     assert isinstance(caught.value, EngineConnectionError), repr(caught.value)
     assert caught.value.method == "GET"
     assert caught.value.path == "/v1.41/info"
@@ -432,13 +422,9 @@ async def test_close_mid_body_is_connection_error(tmp_path: Path, partial: bytes
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(SbxError) as caught:
-                await transport.request("GET", "/v1.41/info", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        with pytest.raises(SbxError) as caught:
+            await transport.request("GET", "/v1.41/info", timeout=5)
     assert isinstance(caught.value, EngineConnectionError), repr(caught.value)
     assert caught.value.path == "/v1.41/info"
 
@@ -455,13 +441,9 @@ async def test_reset_mid_body_is_connection_error(tmp_path: Path) -> None:
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(EngineConnectionError) as caught:
-                await transport.request("GET", "/v1.41/info", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        with pytest.raises(EngineConnectionError) as caught:
+            await transport.request("GET", "/v1.41/info", timeout=5)
     assert (caught.value.method, caught.value.path) == ("GET", "/v1.41/info")
     assert "reset" in caught.value.reason.lower()
 
@@ -472,14 +454,13 @@ async def test_body_over_cap_is_protocol_error(
     monkeypatch.setattr(transport_module, "MAX_SHORT_BODY", 16)
     exact = reply(200, b"x" * 16)
     over = reply(200, b"x" * 17)
-    async with serving_with(tmp_path, keep_alive(exact, over)) as server:
-        transport = Transport(server.path)
-        try:
-            assert (await transport.request("GET", "/a", timeout=5)).body == b"x" * 16
-            with pytest.raises(EngineProtocolError, match="body over 16 bytes"):
-                await transport.request("GET", "/b", timeout=5)
-        finally:
-            await transport.aclose()
+    async with (
+        serving_with(tmp_path, keep_alive(exact, over)) as server,
+        client_of(server) as transport,
+    ):
+        assert (await transport.request("GET", "/a", timeout=5)).body == b"x" * 16
+        with pytest.raises(EngineProtocolError, match="body over 16 bytes"):
+            await transport.request("GET", "/b", timeout=5)
 
 
 async def test_chunked_body_over_cap_is_protocol_error(
@@ -498,13 +479,9 @@ async def test_chunked_body_over_cap_is_protocol_error(
 
         return handler
 
-    async with serving_with(tmp_path, make) as server:
-        transport = Transport(server.path)
-        try:
-            with pytest.raises(EngineProtocolError, match="body over 16 bytes"):
-                await transport.request("GET", "/events", timeout=5)
-        finally:
-            await transport.aclose()
+    async with serving_with(tmp_path, make) as server, client_of(server) as transport:
+        with pytest.raises(EngineProtocolError, match="body over 16 bytes"):
+            await transport.request("GET", "/events", timeout=5)
 
 
 async def test_missing_socket_is_engine_unavailable(tmp_path: Path) -> None:
@@ -536,19 +513,15 @@ async def test_stalled_server_raises_engine_timeout(tmp_path: Path) -> None:
     async def handler(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()
 
-    async with serving(tmp_path, handler) as server:
-        transport = Transport(server.path)
-        try:
-            t0 = trio.current_time()
-            with pytest.raises(EngineTimeout) as caught:
-                await transport.request("GET", "/v1.41/info", timeout=0.3)
-            assert 0.25 < trio.current_time() - t0 < 2
-            with pytest.raises(EngineTimeout):
-                await transport.open_stream("POST", "/v1.41/wait", timeout=0.1)
-            with pytest.raises(EngineTimeout):
-                await transport.hijack("POST", "/v1.41/attach", timeout=0.1)
-        finally:
-            await transport.aclose()
+    async with serving(tmp_path, handler) as server, client_of(server) as transport:
+        t0 = trio.current_time()
+        with pytest.raises(EngineTimeout) as caught:
+            await transport.request("GET", "/v1.41/info", timeout=0.3)
+        assert 0.25 < trio.current_time() - t0 < 2
+        with pytest.raises(EngineTimeout):
+            await transport.open_stream("POST", "/v1.41/wait", timeout=0.1)
+        with pytest.raises(EngineTimeout):
+            await transport.hijack("POST", "/v1.41/attach", timeout=0.1)
     assert (caught.value.method, caught.value.path, caught.value.seconds) == (
         "GET",
         "/v1.41/info",
