@@ -38,7 +38,7 @@ from sbxkit import aio
 from sbxkit._consumers.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
 from sbxkit._grammar.profile import apply_profile, load_profile
 from sbxkit._model.result import RunResult
-from sbxkit._model.spec import parse_user
+from sbxkit._model.spec import body_ids
 from sbxkit._plan.plan import CheckedSpec, check_spec
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._util.portal import Portal
@@ -222,7 +222,7 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         """Every exec runs as the sandbox's one non-root user; naming it is fine."""
         if user is None:
             return
-        uid, gid = parse_user(self._sandbox.user)
+        uid, gid = body_ids(self._sandbox.user)
         if user not in (str(uid), f"{uid}:{gid}"):
             raise SandboxUserUnsupportedError(
                 f"the sbxkit sandbox runs every command as {uid}:{gid} (non-root, no "

@@ -121,7 +121,14 @@ class Fail:
     message: str = "injected failure"
 
 
-Fault = Delay | DropReply | Orphan | Fail | DelayReply | Withhold
+@dataclass(frozen=True)
+class Answer:
+    """Answer for the daemon, never asking it: a lying daemon (``body`` as JSON, 200)."""
+
+    body: bytes
+
+
+Fault = Delay | DropReply | Orphan | Fail | DelayReply | Withhold | Answer
 
 
 @dataclass
@@ -539,12 +546,16 @@ class _Session:
         )
         proxy._count(kind, fault, exchange)
 
-        if isinstance(fault, Fail):
-            body = json.dumps({"message": fault.message}).encode()
-            exchange.status = fault.status
+        if isinstance(fault, Fail | Answer):
+            status = fault.status if isinstance(fault, Fail) else 200
+            if isinstance(fault, Fail):
+                body = json.dumps({"message": fault.message}).encode()
+            else:
+                body = fault.body
+            exchange.status = status
             await self._down_send(
                 h11.Response(
-                    status_code=fault.status,
+                    status_code=status,
                     headers=[
                         (b"content-type", b"application/json"),
                         (b"content-length", str(len(body)).encode()),

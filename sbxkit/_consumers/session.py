@@ -72,7 +72,7 @@ from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import spec_owned_keys
 from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit._model.rules import merge_env, runtime_env
-from sbxkit._model.spec import SandboxSpec, check_limit, parse_user, validate_workdir
+from sbxkit._model.spec import SandboxSpec, body_ids, check_limit, validate_workdir
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
@@ -403,7 +403,7 @@ class Sandbox(OwnedView):
         sandbox (no space, the file size limit) raises ``ArchiveError`` with its message.
         """
         destination = confine_dir(dest_dir, self.files_root)
-        uid, gid = parse_user(self._box.user)
+        uid, gid = body_ids(self._box.user)
         tar = build_tar(
             files,
             uid=uid,

@@ -14,7 +14,7 @@ from sbxkit._grammar.common import subcommand_parser
 from sbxkit._grammar.profile import Profile, apply_profile
 from sbxkit._model.gpu import GpuRequest
 from sbxkit._model.network_terms import CallbackTls, Network
-from sbxkit._model.spec import Limits, SandboxSpec, check_limit
+from sbxkit._model.spec import Limits, SandboxSpec, Workspace, check_limit
 from sbxkit._model.units import parse_duration, parse_size
 from sbxkit._util.argtypes import ascii_float, ascii_int
 from sbxkit._util.environment import caller_environ
@@ -168,6 +168,8 @@ def spec_from_args(
             overrides[dest] = getattr(args, dest)
     if getattr(args, "gpus", None) is not None:
         overrides["gpus"] = _gpus(args.gpus)
+    if getattr(args, "workspace", False):
+        overrides["workspace"] = Workspace()
     network = _network(args, overrides.get("network", base.network))
     if network is not None:
         overrides["network"] = network

@@ -87,6 +87,7 @@ from sbxkit._model.settings import Settings
 from sbxkit._model.spec import (
     Limits,
     SandboxSpec,
+    Workspace,
     check_limit,
     decoded_as,
     parse_user,
@@ -94,6 +95,7 @@ from sbxkit._model.spec import (
     validate_labels,
     validate_runtime_name,
     validate_workdir,
+    validate_workspace,
 )
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._model.units import parse_duration, parse_size
@@ -168,6 +170,8 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     limits: ProfileLimits = msgspec.field(default_factory=ProfileLimits)
     mounts: list[Mount] = msgspec.field(default_factory=list)
     gpus: GpuRequest | None = None
+    workspace: Workspace | None = None
+    """``[sandbox.docker.workspace]``: a workspace sandbox (``sbxkit.Workspace``)."""
     supervisor: SupervisorOptions = msgspec.field(default_factory=SupervisorOptions)
     pool: PoolOptions | None = None
 
@@ -263,6 +267,8 @@ def validate_profile(profile: Profile) -> None:
         merge_labels(docker.labels, parse_extra_flags(docker.extra_flags))
         if docker.gpus is not None:
             validate_gpu_request(docker.gpus)
+        if docker.workspace is not None:
+            validate_workspace(docker.workspace, docker.user, docker.network)
         validate_mounts(
             docker.mounts,
             enable_bind_mounts=docker.enable_bind_mounts,
@@ -300,6 +306,7 @@ def _validate_sandbox_runtime(profile: Profile) -> None:
             labels=docker.labels,
             extra_flags=docker.extra_flags,
             env=docker.env,
+            workspace=docker.workspace,
         )
     sbx = section.sbx or SbxProfile()
     check_binary(sbx.binary, f"{SBX_ROOT}.binary")
@@ -398,6 +405,8 @@ def apply_profile(
         optional["user"] = docker.user
     if docker.network is not None:
         optional["network"] = docker.network
+    if docker.workspace is not None:
+        optional["workspace"] = docker.workspace
     settings, supervisor = profile_settings(profile)
     spec = SandboxSpec(
         image=chosen,

@@ -166,6 +166,12 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         "--label", action="append", default=[], metavar="K=V", help="add a container label"
     )
     parser.add_argument(
+        "--workspace",
+        action="store_true",
+        help="a workspace: root inside, only where it is not root on the host (a userns-remap "
+        "or rootless daemon, or --runtime gvisor; docs/workspace.md)",
+    )
+    parser.add_argument(
         "--gpus",
         metavar="N|CDI-ID[,...]",
         help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",

@@ -18,11 +18,12 @@ import msgspec
 import trio
 
 from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit._kernel.userns import host_root_problem, read_uid_map
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owner import GoverningOwner, InspectingOwner, LaunchingOwner, Owner
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.result import Status, Stream
-from sbxkit._model.spec import parse_user
+from sbxkit._model.spec import body_ids
 from sbxkit._plan.plan import Plan
 from sbxkit._plan.verify import check_created
 from sbxkit._protocol.wire import Launch
@@ -32,6 +33,7 @@ from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
+    ContainerMismatch,
     EngineError,
     NetworkUnavailable,
     NotFound,
@@ -100,9 +102,24 @@ class OwnedContainer:
         parked payload (sbxkit/network/gate.py, sbxkit/pool/). ``launched=False``: the caller
         says so itself later (``launched``) — a kernel path run, right after its go line."""
         await self.engine.container_start(self.container_id)
+        await self.prove_root()
         if launched:
             await self.launched()
         await self.govern()
+
+    async def prove_root(self) -> None:
+        """A workspace with root inside, once started and before its payload runs: the host's
+        kernel must agree with the witness it was planned on (``sbxkit._kernel.userns``);
+        ``ContainerMismatch`` if it does not (the block's end removes the container)."""
+        witness = self.plan.root_witness
+        if witness is None:
+            return
+        info = await self.engine.container_inspect(self.container_id)
+        pid = info.state.pid or 0
+        uid_map = await trio.to_thread.run_sync(read_uid_map, pid, self.container_id)
+        problem = host_root_problem(uid_map, witness)
+        if problem is not None:
+            raise ContainerMismatch(self.container_id, problem)
 
     async def launched(self) -> None:
         """Tell the owner the container's launch is over: started, its payload let go."""
@@ -142,7 +159,7 @@ class OwnedContainer:
             raise NetworkUnavailable(
                 f"the owner {type(self._owner).__name__} cannot govern a network"
             )
-        user = parse_user(self.user)
+        user = body_ids(self.user)
         await self._owner.govern(self.lease, self.container_id, terms, user)
 
     async def denials(self) -> tuple[Denial, ...]:

@@ -464,3 +464,19 @@ def check_podman_runtime(runtime: str | None, default_runtime: str) -> None:
         f"HostConfig.Runtime and would run {default_runtime or 'its default runtime'!r}; "
         "configure the Podman service's default runtime, or use Docker for this runtime",
     )
+
+
+ROOT_INSIDE_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID")
+"""What a workspace's root keeps of root's capabilities (all others dropped): what ``apt-get``
+and ``dpkg`` need to own, read and write the files of other ids and to drop to them."""
+
+ROOT_INSIDE_WITNESSES = ("userns", "rootless", "gvisor")
+"""Where root inside is not root on the host: a daemon that remaps user namespaces
+(``userns-remap``), a rootless engine, or gVisor (the payload's system calls reach gVisor's
+kernel, whose host processes run unprivileged in a user namespace of their own)."""
+
+ROOT_INSIDE_REFUSED = (
+    "root inside would be root on the host here: this daemon runs containers in the host's "
+    "user namespace, with a runtime whose kernel is the host's. Use a daemon started with "
+    "--userns-remap, a rootless engine, or runtime = 'gvisor' (runsc)"
+)

@@ -46,12 +46,16 @@ __all__ = [
     "MiB",
     "Network",
     "SandboxSpec",
+    "Workspace",
+    "body_ids",
     "parse_size",
     "parse_user",
+    "root_inside",
     "spec_from_dict",
     "validate_command",
     "validate_spec",
     "validate_user",
+    "validate_workspace",
 ]
 
 INT64_MAX = 2**63 - 1
@@ -144,6 +148,15 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Size of ``/dev/shm`` (HostConfig.ShmSize; POSIX shared memory, semaphores)."""
 
 
+class Workspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A sandbox for an agentic harness (docs/workspace.md). ``root`` (the default): the payload
+    runs as root inside, with the few capabilities a package manager needs — allowed only
+    where root inside is provably not root on the host (a daemon that remaps user namespaces,
+    a rootless engine, or gVisor), and refused by name elsewhere, before anything exists."""
+
+    root: bool = True
+
+
 class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """What to run and within which bounds. Hardening is not configurable here."""
 
@@ -171,6 +184,8 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``docker run``-style flags; only ``--label=key=value`` is accepted (merged into labels)."""
     gpus: GpuRequest | None = None
     """CDI GPUs: explicit device names or a count chosen round-robin from the daemon's."""
+    workspace: Workspace | None = None
+    """A workspace sandbox (``Workspace``): root inside, where that is not root on the host."""
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -225,6 +240,18 @@ def validate_user(user: str | None, field: str = "user") -> None:
                 f"id {number} is in the ranges sbxkit gives each sandbox a uid of its own from "
                 f"({ranges_shown()}); leave the user unset to get one, or name an id outside them",
             )
+
+
+ROOT_USER = "0:0"
+"""A workspace's user (``Workspace.root``): root inside its own user namespace."""
+
+
+def body_ids(user: str, field: str = "Config.User") -> tuple[int, int]:
+    """The ids a create body runs as: a spec's (``parse_user``'s rules), a uid of the sandbox's
+    own, or a workspace's root inside (``ROOT_USER``)."""
+    if user == ROOT_USER:
+        return 0, 0
+    return parse_user(user, field)
 
 
 def parse_user(user: str, field: str = "user") -> tuple[int, int]:
@@ -404,6 +431,36 @@ def spec_labels(spec: SandboxSpec) -> dict[str, str]:
     return merge_labels(spec.labels, parse_extra_flags(spec.extra_flags))
 
 
+ROOT_INSIDE_NOT_WITH = (
+    "user",
+    "a workspace with root inside runs as uid 0 in its own user namespace; leave user unset",
+)
+
+
+def validate_workspace(workspace: object, user: str | None, network: object) -> None:
+    """A workspace is a ``Workspace``; with root inside it names no user of its own, and a
+    governed network (whose listeners a root payload could reach for) is not offered yet."""
+    if not isinstance(workspace, Workspace):
+        raise SpecError("workspace", f"must be a Workspace, got {type(workspace).__name__}")
+    if not isinstance(workspace.root, bool):
+        raise SpecError("workspace.root", "must be true or false")
+    if not workspace.root:
+        return
+    if user is not None:
+        raise SpecError(*ROOT_INSIDE_NOT_WITH)
+    if isinstance(network, Network):
+        raise SpecError(
+            "network",
+            "a governed network is not offered to a workspace with root inside yet; use "
+            "network = 'none' (the default), or a workspace without root",
+        )
+
+
+def root_inside(spec: SandboxSpec) -> bool:
+    """The spec's payload runs as root inside (a ``Workspace`` with ``root``)."""
+    return spec.workspace is not None and spec.workspace.root
+
+
 def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     """Raise SpecError for the first rule the spec breaks; return None if it may run.
 
@@ -432,6 +489,8 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     validate_labels(spec_labels(spec), "extra_flags")
     if spec.gpus is not None:
         validate_gpu_request(spec.gpus)
+    if spec.workspace is not None:
+        validate_workspace(spec.workspace, spec.user, spec.network)
     if not isinstance(spec.mounts, list):
         raise SpecError("mounts", "must be a list")
     validate_mounts(

@@ -121,6 +121,8 @@ async def kernel_path_reason(
     """Why this run takes the daemon's path, or None: it takes the kernel's."""
     if checked.settings.evidence == "daemon":
         return "evidence = daemon (the settings, or SBXKIT_EVIDENCE)"
+    if facts.root_witness is not None:  # its uids are not the host's where it may run at all
+        return "a workspace with root inside (its uids are mapped, or its kernel is gVisor's)"
     verdict = await _verdict(engine)
     if verdict.reason is not None:
         return verdict.reason

@@ -26,8 +26,15 @@ from sbxkit._model.call_checks import check_spec_type
 from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.mounts import ExpectedMount, ResolvedMounts
 from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._model.rules import ROOT_INSIDE_REFUSED
 from sbxkit._model.settings import Settings
-from sbxkit._model.spec import SandboxSpec, parse_label_list, validate_command, validate_spec
+from sbxkit._model.spec import (
+    SandboxSpec,
+    parse_label_list,
+    root_inside,
+    validate_command,
+    validate_spec,
+)
 from sbxkit._model.uids import HOST_UIDS, UidRange
 from sbxkit._plan.network_planning import plan_network
 from sbxkit._plan.policy import (
@@ -36,7 +43,13 @@ from sbxkit._plan.policy import (
     with_own_user,
     with_scratch_home,
 )
-from sbxkit._plan.preflight import DaemonPlan, check_daemon, resolve_mounts, sandbox_uid_range
+from sbxkit._plan.preflight import (
+    DaemonPlan,
+    check_daemon,
+    resolve_mounts,
+    root_inside_witness,
+    sandbox_uid_range,
+)
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._util.environment import caller_environ, caller_environ_bytes
 from sbxkit._util.public import publish
@@ -87,6 +100,10 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     image_id: str = ""
     sandbox_uids: UidRange = HOST_UIDS
     """Where a sandbox that names no user gets its own uid (``sbxkit._model.uids``)."""
+    root_witness: str | None = None
+    """For a workspace with root inside: what says that root is not the host's
+    (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, or
+    gVisor); the kernel is asked again once the container runs (``sbxkit._kernel.userns``)."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,6 +128,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """The image's own environment (``DaemonFacts.image_env``)."""
     image_id: str = ""
     io_dir: str | None = None
+    root_witness: str | None = None
+    """What says a workspace's root is not the host's (``DaemonFacts.root_witness``)."""
     """The kernel path's FIFO directory of this lease (``sbxkit._kernel``): its stdio are host
     FIFOs, its command is wrapped (``kernel.scripts.cold_command``). None: the daemon's path."""
 
@@ -246,6 +265,11 @@ async def learn_daemon(
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)
     uids = HOST_UIDS if checked.spec.user is not None else await sandbox_uid_range(engine)
+    witness = None
+    if root_inside(checked.spec):
+        witness = await root_inside_witness(engine, checked.spec.runtime)
+        if witness is None:
+            raise SpecError("workspace", ROOT_INSIDE_REFUSED)
     return DaemonFacts(
         mounts=mounts,
         daemon=daemon,
@@ -254,6 +278,7 @@ async def learn_daemon(
         image_id=image_id,
         network=network,
         sandbox_uids=uids,
+        root_witness=witness,
     )
 
 
@@ -309,6 +334,7 @@ def build_plan(
         image_env=facts.image_env,
         image_id=facts.image_id,
         io_dir=io_dir,
+        root_witness=facts.root_witness,
     )
 
 

@@ -28,6 +28,7 @@ from sbxkit._model.network_terms import (
 )
 from sbxkit._model.rules import (
     HOST_GATEWAY_ALIAS,
+    ROOT_INSIDE_CAPS,
     RUNTIME_ENV_KEYS,
     SCRATCH_HOME,
     merge_env,
@@ -35,7 +36,15 @@ from sbxkit._model.rules import (
     runtime_name,
 )
 from sbxkit._model.settings import Settings
-from sbxkit._model.spec import LEASE_LABEL, SandboxSpec, parse_user, spec_labels, validate_spec
+from sbxkit._model.spec import (
+    LEASE_LABEL,
+    ROOT_USER,
+    SandboxSpec,
+    body_ids,
+    root_inside,
+    spec_labels,
+    validate_spec,
+)
 from sbxkit._model.uids import HOST_UIDS, UidRange, uid_for_lease
 from sbxkit._util.public import publish
 from sbxkit.engine.models import (
@@ -89,7 +98,7 @@ def scratch_options(spec: SandboxSpec, *, podman: bool = False) -> str:
     options = f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777"
     if podman:
         return options
-    uid, gid = parse_user(spec.user or "")
+    uid, gid = body_ids(spec.user or "")
     return f"{options},uid={uid},gid={gid}"
 
 
@@ -195,9 +204,12 @@ class BodyInputs(TypedDict, total=False):
 
 def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> SandboxSpec:
     """``spec`` as it runs under ``lease``: a spec that names no user gets the lease's own uid
-    (and the same gid) in ``uids`` (``sbxkit._model.uids``)."""
+    (and the same gid) in ``uids`` (``sbxkit._model.uids``); a workspace with root inside,
+    root (``ROOT_USER``)."""
     if spec.user is not None:
         return spec
+    if root_inside(spec):
+        return msgspec.structs.replace(spec, user=ROOT_USER)
     uid = uid_for_lease(lease, uids)
     return msgspec.structs.replace(spec, user=f"{uid}:{uid}")
 
@@ -215,7 +227,7 @@ def _owned_tmpfs(options: str, user: str) -> str:
     """A resolved tmpfs of a spec that named no user, given the sandbox's own uid."""
     if any(option.startswith("uid=") for option in options.split(",")):
         return options
-    uid, gid = parse_user(user)
+    uid, gid = body_ids(user)
     return f"{options},uid={uid},gid={gid}"
 
 
@@ -299,6 +311,7 @@ def hardened_body(
         ipc_mode="private",
         cgroupns_mode="private",
         cap_drop=["ALL"],
+        cap_add=list(ROOT_INSIDE_CAPS) if root_inside(spec) else None,
         security_opt=["no-new-privileges"],
         restart_policy=RestartPolicy(name="no"),
         log_config=LogConfig(type="none"),

@@ -32,9 +32,11 @@ from sbxkit._model.mounts import (
     check_host_path,
 )
 from sbxkit._model.rules import (
+    GVISOR_RUNTIME,
     check_podman_controllers,
     check_podman_runtime,
     check_runtime_registered,
+    runtime_name,
 )
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, parse_user
@@ -209,6 +211,21 @@ async def sandbox_uid_range(engine: Engine) -> UidRange:
     uids = MAPPED_UIDS if mapped else HOST_UIDS
     _uid_ranges[engine.socket_path] = (now, uids)
     return uids
+
+
+async def root_inside_witness(engine: Engine, runtime: str | None) -> str | None:
+    """What says root inside a container is not root on the host, for this daemon and runtime
+    (``ROOT_INSIDE_WITNESSES``), or None: gVisor by the runtime asked for; else the daemon's
+    own word — it remaps user namespaces, or runs rootless."""
+    if runtime_name(runtime) == GVISOR_RUNTIME:
+        return "gvisor"
+    if engine.is_podman:
+        return "rootless" if (await engine.podman_host()).security.rootless else None
+    options = (await engine.cached_info()).security_options or []
+    for kind in ("userns", "rootless"):
+        if any(f"name={kind}" in option for option in options):
+            return kind
+    return None
 
 
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):

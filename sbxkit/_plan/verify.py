@@ -89,8 +89,9 @@ def check_created(
             raise mismatch(f"{field} is {have!r}, expected {want!r}")
     if got.privileged:
         raise mismatch("HostConfig.Privileged is true")
-    if got.cap_add:
-        raise mismatch(f"HostConfig.CapAdd is {got.cap_add!r}, expected none")
+    if sorted(got.cap_add or []) != sorted(asked.cap_add or []):
+        added = asked.cap_add or "none"
+        raise mismatch(f"HostConfig.CapAdd is {got.cap_add!r}, expected {added!r}")
     if (got.binds or []) != (asked.binds or []):
         raise mismatch(f"HostConfig.Binds is {got.binds!r}, expected {asked.binds!r}")
     if asked.runtime is not None and not podman and got.runtime != asked.runtime:

@@ -90,6 +90,7 @@ WHERE: dict[str, str] = {
     "CreateInterrupted": "sbxkit.errors",
     "TmpfsMount": "sbxkit._model.mounts",
     "VolumeMount": "sbxkit._model.mounts",
+    "Workspace": "sbxkit._model.spec",
     "apply_profile": "sbxkit._grammar.profile",
     "build_create_body": "sbxkit._plan.policy",
     "load_profile": "sbxkit._grammar.profile",

@@ -33,7 +33,7 @@ from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.network_terms import Network
 from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
-from sbxkit._model.spec import SandboxSpec
+from sbxkit._model.spec import SandboxSpec, root_inside
 from sbxkit._plan.kernel_host import kernel_path_reason, shellless_images
 from sbxkit._plan.plan import (
     GPU_CURSOR,
@@ -135,8 +135,8 @@ class DockerBackend:
         take the result without validating it again). A governed network is refused for PTYs
         and stdio workers, whose payload starts with the container, before its listeners."""
         checked = check_spec(spec, self.settings)
-        refuse_ungovernable(checked.spec, consumer)
-        if governed(checked.spec):
+        refuse_late_start(checked.spec, consumer)
+        if gated(checked.spec):
             gate_command(list(checked.spec.command))  # refuses what the gate cannot exec
         return checked
 
@@ -156,7 +156,7 @@ class DockerBackend:
         Bad input raises ``SpecError`` before the daemon is contacted.
         """
         checked = check_spec(spec, self.settings, command=command)
-        refuse_ungovernable(checked.spec, consumer)
+        refuse_late_start(checked.spec, consumer)
         async with engine_or_open(self.engine, self.socket_path) as engine:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
             owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
@@ -243,8 +243,7 @@ class DockerBackend:
     ) -> RunResult:
         owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
         fifo_root = owner.fifo_root if fifo_io else None
-        gated = governed(checked.spec) and not fifo_io  # the kernel path waits for its go line
-        if gated:
+        if gated(checked.spec) and not fifo_io:  # the kernel path waits for its go line
             command = gate_command(list(checked.spec.command))
             checked = check_spec(checked, self.settings, command=command)
             stdin = Prefixed(GATE_LINE, stdin)
@@ -292,16 +291,32 @@ def governed(spec: SandboxSpec) -> bool:
     return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
 
 
-def refuse_ungovernable(spec: SandboxSpec, consumer: Consumer) -> None:
-    """A PTY's or a stdio worker's payload starts with its container, before a governed
-    network's listeners could exist: refused, naming the network."""
-    if consumer in ("pty", "stdio") and governed(spec):
-        raise SpecError(
-            "network",
-            f"a governed network (allow, callback) is not served for {consumer} sandboxes: "
-            "their payload starts with the container, before its listeners exist; use a "
-            "one-shot run or a session",
-        )
+def gated(spec: SandboxSpec) -> bool:
+    """A cold one-shot run of ``spec`` on the daemon's path waits behind a gate
+    (sbxkit/network/gate.py) until its start is done: the listeners of a governed network go
+    in, a workspace's root is proven not the host's (``OwnedContainer.prove_root``)."""
+    return governed(spec) or root_inside(spec)
+
+
+def refuse_late_start(spec: SandboxSpec, consumer: Consumer) -> None:
+    """A PTY's or a stdio worker's payload starts with its container: before a governed
+    network's listeners could exist, or a workspace's root could be proven not the host's.
+    Refused, naming which."""
+    if consumer not in ("pty", "stdio"):
+        return
+    if governed(spec):
+        field, what = "network", "a governed network (allow, callback)"
+        why = "before its listeners exist"
+    elif root_inside(spec):
+        field, what = "workspace", "a workspace with root inside"
+        why = "before its root is proven not the host's"
+    else:
+        return
+    raise SpecError(
+        field,
+        f"{what} is not served for {consumer} sandboxes: their payload starts with the "
+        f"container, {why}; use a one-shot run or a session",
+    )
 
 
 class DockerOptions(TypedDict, total=False):

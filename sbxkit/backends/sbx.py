@@ -155,6 +155,7 @@ def check_sbx_spec(spec: SandboxSpec) -> None:
         labels=labels,
         extra_flags=flags,
         env=env,
+        workspace=spec.workspace,
     )
     validate_spec(spec)
 

@@ -221,6 +221,7 @@ def check_sandbox_fields(
     labels: Mapping[str, str],
     extra_flags: Sequence[str],
     env: Mapping[str, str],
+    workspace: object = None,
 ) -> None:
     """Refuse what the sandbox runtime cannot honour, naming the field.
 
@@ -242,6 +243,8 @@ def check_sandbox_fields(
         )
     if runtime is not None:
         raise SpecError("runtime", "a microVM has no OCI runtime to choose")
+    if workspace is not None:
+        raise SpecError("workspace", "under the sandbox runtime the microVM is the workspace")
     if mounts:
         raise SpecError(
             "mounts",

@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Mapping
 
 from sbxkit._kernel.scripts import SHELL_OWN_KEYS, shell_carries
-from sbxkit._model.spec import SandboxSpec
+from sbxkit._model.spec import SandboxSpec, root_inside
 from sbxkit._plan.policy import claim_env
 
 __all__ = [
@@ -114,6 +114,6 @@ def claim_line_within(
     """``spec``'s claim line, or None when a pool with this ``max_timeout_s`` serves it cold
     whatever it holds (no line, or a longer time limit)."""
     timeout_s = spec.limits.timeout_s
-    if timeout_s is None or timeout_s > max_timeout_s:
-        return None
+    if timeout_s is None or timeout_s > max_timeout_s or root_inside(spec):
+        return None  # a workspace's root is proven as it starts: never parked, always cold
     return claim_line(list(spec.command), claim_env(spec), image_env=image_env)

@@ -20,7 +20,10 @@ from sbxkit._kernel.fifos import io_dir_problem
 from sbxkit._kernel.scripts import io_dir_of
 from sbxkit._lifecycle.admission import Budget, Need, default_memory_budget, never_fits
 from sbxkit._lifecycle.uid_holds import hold_own_uid
+from sbxkit._model.rules import ROOT_INSIDE_REFUSED
+from sbxkit._model.spec import ROOT_USER
 from sbxkit._plan.network_planning import managed_gateway_problem
+from sbxkit._plan.preflight import root_inside_witness
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.proof import is_well_formed
 from sbxkit._protocol.records import LeaseRecord
@@ -142,6 +145,24 @@ class Admitting(Leases):
                 return Refused(code="policy", reason=reason, field=field)
         return None
 
+    async def _root_refusal(self, engine: Engine, register: Register) -> Refused | None:
+        """A workspace's root inside is admitted only where this supervisor's own look at the
+        daemon (or the body's runtime, gVisor) says it is not the host's root: the caller's
+        word is not taken. The caller's own start then asks the host's kernel too."""
+        body = register.body
+        if body.user != ROOT_USER:
+            return None
+        runtime = body.host_config.runtime if body.host_config is not None else None
+        try:
+            witness = await root_inside_witness(engine, runtime)
+        except SbxError as exc:
+            return Refused(
+                code="policy", reason=f"cannot ask the daemon: {exc}", field="Config.User"
+            )
+        if witness is not None:
+            return None
+        return Refused(code="policy", reason=ROOT_INSIDE_REFUSED, field="Config.User")
+
     async def _managed_refusal(self, engine: Engine, register: Register) -> Refused | None:
         """A managed network's gateway must be the daemon's bridge's (the forwarder binds it)."""
         network = register.network
@@ -254,6 +275,8 @@ class Admitting(Leases):
         refused = await self._volumes_refusal(engine, register)
         if refused is None:
             refused = await self._managed_refusal(engine, register)
+        if refused is None:
+            refused = await self._root_refusal(engine, register)
         if refused is not None:
             await peer.send(refused)
             log(f"lease {register.lease}: refused {refused.field}: {refused.reason}")

@@ -36,7 +36,7 @@ from sbxkit._lifecycle.admission import Need
 from sbxkit._lifecycle.ownership import carries_lease, find_lease_container
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_terms import NetworkTerms
-from sbxkit._model.spec import parse_user
+from sbxkit._model.spec import body_ids
 from sbxkit._plan.network_planning import managed_gateway_problem
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.proof import check_proof, refusal_reason, rotated
@@ -327,4 +327,4 @@ class Adopting(Leases):
 
 def _sandbox_user(info: ContainerInspect) -> tuple[int, int]:
     """The uid:gid the sandbox runs as (the TLS bundle's owner), from its inspection."""
-    return parse_user(info.config.user or "")
+    return body_ids(info.config.user or "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 
 from sbxkit._lifecycle.ownership import carries_lease
-from sbxkit._model.spec import parse_user
+from sbxkit._model.spec import body_ids
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.wire import Closed, Created, Expiring, Failed, Launched, Orphaned
 from sbxkit.engine.client import Engine
@@ -88,7 +88,7 @@ class Leases(ServiceCore):
         if live.governor is not None:
             return None
         try:
-            user = parse_user((live.body.user if live.body is not None else None) or "")
+            user = body_ids((live.body.user if live.body is not None else None) or "")
             engine = await self.engine_for(live.record.engine_socket)
             governor = Governor(lease, live.network, user=user)
             await self.nursery.start(governor.run, engine, live.record.container_id)

@@ -28,8 +28,8 @@ from sbxkit._model.gpu import GpuRequest, validate_gpu_request
 from sbxkit._model.mounts import check_host_path, check_target
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
-from sbxkit._model.rules import HOST_GATEWAY_ALIAS, check_network
-from sbxkit._model.spec import parse_user
+from sbxkit._model.rules import HOST_GATEWAY_ALIAS, ROOT_INSIDE_CAPS, check_network
+from sbxkit._model.spec import ROOT_USER, body_ids, parse_user
 from sbxkit._plan.policy import (
     LEASE_LABEL,
     NO_MESSAGE_QUEUES,
@@ -138,6 +138,13 @@ def recheck_body(
         if host is None:
             raise _refuse("HostConfig", "absent: no limits and no hardening")
         _check_hardening(host)
+        if body.user == ROOT_USER and not host.cap_add:
+            raise _refuse(
+                "Config.User",
+                f"{ROOT_USER} is only a workspace's root, which keeps {list(ROOT_INSIDE_CAPS)}",
+            )
+        if host.cap_add and body.user != ROOT_USER:
+            raise _refuse("HostConfig.CapAdd", "only a workspace's root keeps capabilities")
         _check_limits(host)
         _check_network(body, host, environment, network)
         _check_owned_env(body, network)
@@ -162,7 +169,8 @@ def _spec_rule(field: str, check: Callable[..., object], *args: Any, **kwargs: A
 def _check_config(body: ContainerCreate, lease: str) -> None:
     if body.user is None:
         raise _refuse("Config.User", "absent: the payload would run as the image's user")
-    _spec_rule("Config.User", parse_user, body.user, "Config.User")
+    if body.user != ROOT_USER:  # a workspace's root: its daemon is asked in admitting.py
+        _spec_rule("Config.User", parse_user, body.user, "Config.User")
     if (body.labels or {}).get(LEASE_LABEL) != lease:
         raise _refuse(f"Config.Labels.{LEASE_LABEL}", f"must be the registered lease {lease}")
     if body.entrypoint != []:
@@ -187,8 +195,11 @@ _EXPECTED: tuple[tuple[str, str, object], ...] = (
 def _check_hardening(host: HostConfig) -> None:
     if host.privileged:
         raise _refuse("HostConfig.Privileged", "must be false")
-    if host.cap_add:
-        raise _refuse("HostConfig.CapAdd", f"{host.cap_add!r}: no capability is ever added")
+    if host.cap_add and sorted(host.cap_add) != sorted(ROOT_INSIDE_CAPS):
+        raise _refuse(
+            "HostConfig.CapAdd",
+            f"{host.cap_add!r}: only a workspace's root keeps any: {list(ROOT_INSIDE_CAPS)}",
+        )
     for opt in host.security_opt or []:
         if opt != "no-new-privileges":
             raise _refuse(
@@ -364,7 +375,7 @@ def _check_io_bind(
         expected = str(io_root(Path(state_dir)) / lease)
         if bind != io_bind(expected):
             raise _refuse(field, f"the FIFO bind must be {io_bind(expected)}")
-        uid, gid = parse_user(body.user or "")  # Config.User was checked before
+        uid, gid = body_ids(body.user or "")  # Config.User was checked before
         if io_dir_problem is not None:
             problem = io_dir_problem(source, uid, gid)
             if problem is not None:

@@ -17,6 +17,7 @@ from sbxkit._kernel.scripts import IO_BIND_OPTIONS, IO_TARGET, io_bind
 from sbxkit._model.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
 from sbxkit._model.mounts import ExpectedMount
 from sbxkit._model.rules import LEASE_LABEL
+from sbxkit._model.spec import ROOT_USER
 from sbxkit._model.uids import body_with_uid, own_range, uid_for_lease
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.wire import Claim, PoolTerms
@@ -73,6 +74,8 @@ def mounts_for_lease(
 def template_problem(claim: Claim) -> str | None:
     """Why the supervisor cannot keep a pool of this template, or None."""
     template = claim.template
+    if template.body.user == ROOT_USER:
+        return "a workspace with root inside is not parked: its root is proven when it starts"
     if not rec.LEASE_ID.fullmatch(template.lease):
         return "the template's lease must be 32 lowercase hex digits"
     if template.name != f"sbxkit-{template.lease}":

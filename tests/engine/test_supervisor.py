@@ -191,6 +191,19 @@ def hello() -> Hello:
     return Hello(protocol=PROTOCOL_VERSION, fingerprint=implementation_fingerprint())
 
 
+def first_reply(socket_path: Path, message: Message) -> ServerMessage | None:
+    """The supervisor's first answer to ``message``, sent after the handshake on a raw
+    connection of its own (closed afterwards)."""
+    client = RawClient(socket_path)
+    try:
+        client.send(hello())
+        assert isinstance(client.receive(), Welcome)
+        client.send(message)
+        return client.receive()
+    finally:
+        client.close()
+
+
 def register_for(lease: str, image: str, script: str, socket_path: str) -> Register:
     body = build_create_body(spec(image, script), lease)
     assert body.host_config is not None

@@ -32,7 +32,7 @@ from sbxkit._protocol.wire import (
 )
 from tests.engine.helpers import unique
 from tests.engine.test_mounts import bind_options, volume_exists, witness_volume
-from tests.engine.test_supervisor import RawClient, hello, register_for
+from tests.engine.test_supervisor import RawClient, first_reply, hello, register_for
 from tests.supervision import (
     running_supervisor,
 )
@@ -130,14 +130,9 @@ def test_a_client_naming_another_socket_is_refused_and_that_socket_never_hears(
     try:
         with running_supervisor(state_dir, "--engine-socket", SOCKET) as sup:
             lease = new_lease_id()
-            client = RawClient(sup.socket_path)
-            try:
-                client.send(hello())
-                assert isinstance(client.receive(), Welcome)
-                client.send(register_for(lease, busybox, "true", str(decoy_path)))
-                reply = client.receive()
-            finally:
-                client.close()
+            reply = first_reply(
+                sup.socket_path, register_for(lease, busybox, "true", str(decoy_path))
+            )
         assert isinstance(reply, Refused), reply
         assert reply.code == "engine"
         assert str(decoy_path) in reply.reason
@@ -219,14 +214,7 @@ def test_a_launch_asked_for_a_body_that_does_not_wait_for_its_go_line_is_refused
         lease = new_lease_id()
         register = register_for(lease, busybox, "echo would-run-at-once", SOCKET)
         asked = msgspec.structs.replace(register, launch=Launch(expected_mounts=[]))
-        client = RawClient(sup.socket_path)
-        try:
-            client.send(hello())
-            assert isinstance(client.receive(), Welcome)
-            client.send(asked)
-            reply = client.receive()
-        finally:
-            client.close()
+        reply = first_reply(sup.socket_path, asked)
         assert isinstance(reply, Refused), reply
         assert (reply.code, reply.field) == ("request", None)
         assert "launch: only a body whose payload waits for its go line" in reply.reason

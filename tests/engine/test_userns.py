@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from sbxkit._consumers.oneshot import run
 from sbxkit._consumers.session import open_sandbox
-from sbxkit._model.spec import SandboxSpec
+from sbxkit._model.spec import SandboxSpec, Workspace
 from sbxkit._model.uids import MAPPED_UIDS
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import runtime_limits, text
@@ -77,4 +78,49 @@ async def test_a_sandbox_uid_is_a_subordinate_host_id_never_a_host_accounts(
     assert outside <= host_uid < outside + count  # dockremap's, never a host account's
     with pytest.raises(KeyError):
         pwd.getpwuid(host_uid)
+    assert not witness.sbxkit_containers()
+
+
+async def test_a_workspace_is_root_inside_and_dockremaps_id_outside(
+    witness: Witness, engine: Engine, busybox: str
+) -> None:
+    """Root inside a workspace is uid 0 with five capabilities in the sandbox's user namespace;
+    on the host, the kernel maps it onto dockremap's first subordinate id."""
+    spec = SandboxSpec(
+        image=busybox,
+        command=["unused"],
+        limits=runtime_limits(None),
+        workspace=Workspace(),
+    )
+    async with open_sandbox(spec, engine=engine) as sandbox:
+        said = await sandbox.exec(
+            ["sh", "-c", "id -u; echo x > /tmp/f && chown 4321:4321 /tmp/f && stat -c %u /tmp/f"]
+        )
+        pid = witness.get(f"/containers/{sandbox.container_id}/json")["State"]["Pid"]
+        uid_map = id_map(pid, "uid")
+        host_uid, _ = host_ids(pid)
+    assert text(said.stdout).split() == ["0", "4321"]
+    start = subordinate_start("dockremap", "/etc/subuid")
+    assert uid_map[0][:2] == (0, start)
+    assert host_uid == start  # root inside: an id no host account has
+    with pytest.raises(KeyError):
+        pwd.getpwuid(host_uid)
+    assert not witness.sbxkit_containers()
+
+
+async def test_a_workspace_one_shot_run_passes_its_stdin_through_the_gate(
+    witness: Witness, engine: Engine, busybox: str
+) -> None:
+    """A cold run waits behind its gate while its root is proven; its stdin then arrives
+    byte-exact (the gate's line is not the payload's)."""
+    data = bytes(range(256)) * 64
+    spec = SandboxSpec(
+        image=busybox,
+        command=["sh", "-c", "id -u >&2; cat"],
+        limits=runtime_limits(None),
+        workspace=Workspace(),
+    )
+    result = await run(spec, data, engine=engine)
+    assert result.ok, result
+    assert (result.stderr, result.stdout) == (b"0\n", data)
     assert not witness.sbxkit_containers()
