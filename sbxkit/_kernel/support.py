@@ -17,6 +17,7 @@ import msgspec
 
 from sbxkit._kernel.scripts import shell_carries
 from sbxkit._model.result import Evidence
+from sbxkit._model.uids import remapping
 
 __all__ = ["Evidence", "HostFacts", "daemon_path_reason", "run_path_reason"]
 
@@ -56,10 +57,9 @@ def daemon_path_reason(
         )
     if "Desktop" in operating_system:
         return f"a VM-backed daemon ({operating_system})"
-    for option in security_options:
-        for kind in ("userns", "rootless"):
-            if f"name={kind}" in option:
-                return f"the daemon runs with {kind} (the sandbox's uids are not the host's)"
+    kind = remapping(security_options)
+    if kind is not None:
+        return f"the daemon runs with {kind} (the sandbox's uids are not the host's)"
     if not host.can_chown:
         return "this process cannot give the FIFOs to the sandbox user (not root, no CAP_CHOWN)"
     return None

@@ -431,12 +431,6 @@ def spec_labels(spec: SandboxSpec) -> dict[str, str]:
     return merge_labels(spec.labels, parse_extra_flags(spec.extra_flags))
 
 
-ROOT_INSIDE_NOT_WITH = (
-    "user",
-    "a workspace with root inside runs as uid 0 in its own user namespace; leave user unset",
-)
-
-
 def validate_workspace(workspace: object, user: str | None, network: object) -> None:
     """A workspace is a ``Workspace``; with root inside it names no user of its own, and a
     governed network (whose listeners a root payload could reach for) is not offered yet."""
@@ -447,7 +441,11 @@ def validate_workspace(workspace: object, user: str | None, network: object) -> 
     if not workspace.root:
         return
     if user is not None:
-        raise SpecError(*ROOT_INSIDE_NOT_WITH)
+        raise SpecError(
+            "user",
+            "a workspace with root inside runs as uid 0 in its own user namespace; leave user "
+            "unset",
+        )
     if isinstance(network, Network):
         raise SpecError(
             "network",

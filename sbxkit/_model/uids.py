@@ -113,3 +113,14 @@ def body_with_uid(body: ContainerCreate, old: int, new: int) -> ContainerCreate:
 
 def ranges_shown(ranges: Iterable[UidRange] = RESERVED_RANGES) -> str:
     return " and ".join(uids.shown() for uids in ranges)
+
+
+def remapping(security_options: Iterable[str]) -> str | None:
+    """How a Docker daemon's ``/info`` ``SecurityOptions`` say it maps container uids to
+    subordinate host ids — ``userns`` (``userns-remap``) or ``rootless`` — or None: its
+    containers' uids are the host's (pure)."""
+    options = list(security_options)
+    for kind in ("userns", "rootless"):
+        if any(f"name={kind}" in option for option in options):
+            return kind
+    return None

@@ -40,7 +40,7 @@ from sbxkit._model.rules import (
 )
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, parse_user
-from sbxkit._model.uids import HOST_UIDS, MAPPED_UIDS, UidRange
+from sbxkit._model.uids import HOST_UIDS, MAPPED_UIDS, UidRange, remapping
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import MountSpec
 from sbxkit.errors import NotFound, SpecError
@@ -195,6 +195,14 @@ each time."""
 _uid_ranges: dict[str, tuple[float, UidRange]] = {}
 
 
+async def daemon_remapping(engine: Engine) -> str | None:
+    """``userns`` or ``rootless`` when the daemon maps its containers' uids to subordinate host
+    ids (its ``/info``, or Podman's rootless flag), else None (``sbxkit._model.uids.remapping``)."""
+    if engine.is_podman:
+        return "rootless" if (await engine.podman_host()).security.rootless else None
+    return remapping((await engine.cached_info()).security_options or [])
+
+
 async def sandbox_uid_range(engine: Engine) -> UidRange:
     """Where a sandbox's own uid comes from on this daemon (``sbxkit._model.uids``): ``MAPPED_UIDS``
     when it maps container uids to subordinate ids (``userns-remap``, rootless), else
@@ -203,12 +211,7 @@ async def sandbox_uid_range(engine: Engine) -> UidRange:
     kept = _uid_ranges.get(engine.socket_path)
     if kept is not None and now - kept[0] < UID_RANGE_MAX_AGE_S:
         return kept[1]
-    if engine.is_podman:
-        mapped = (await engine.podman_host()).security.rootless
-    else:
-        options = (await engine.cached_info()).security_options or []
-        mapped = any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
-    uids = MAPPED_UIDS if mapped else HOST_UIDS
+    uids = MAPPED_UIDS if await daemon_remapping(engine) is not None else HOST_UIDS
     _uid_ranges[engine.socket_path] = (now, uids)
     return uids
 
@@ -219,13 +222,7 @@ async def root_inside_witness(engine: Engine, runtime: str | None) -> str | None
     own word — it remaps user namespaces, or runs rootless."""
     if runtime_name(runtime) == GVISOR_RUNTIME:
         return "gvisor"
-    if engine.is_podman:
-        return "rootless" if (await engine.podman_host()).security.rootless else None
-    options = (await engine.cached_info()).security_options or []
-    for kind in ("userns", "rootless"):
-        if any(f"name={kind}" in option for option in options):
-            return kind
-    return None
+    return await daemon_remapping(engine)
 
 
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
