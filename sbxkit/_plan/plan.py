@@ -128,10 +128,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """The image's own environment (``DaemonFacts.image_env``)."""
     image_id: str = ""
     io_dir: str | None = None
-    root_witness: str | None = None
-    """What says a workspace's root is not the host's (``DaemonFacts.root_witness``)."""
     """The kernel path's FIFO directory of this lease (``sbxkit._kernel``): its stdio are host
     FIFOs, its command is wrapped (``kernel.scripts.cold_command``). None: the daemon's path."""
+    root_witness: str | None = None
+    """What says a workspace's root is not the host's (``DaemonFacts.root_witness``)."""
 
     @property
     def user(self) -> str:
@@ -264,7 +264,8 @@ async def learn_daemon(
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)
-    uids = HOST_UIDS if checked.spec.user is not None else await sandbox_uid_range(engine)
+    named = checked.spec.user is not None or root_inside(checked.spec)  # no uid of its own
+    uids = HOST_UIDS if named else await sandbox_uid_range(engine)
     witness = None
     if root_inside(checked.spec):
         witness = await root_inside_witness(engine, checked.spec.runtime)
