@@ -25,7 +25,9 @@ import tarfile
 import unicodedata
 from collections.abc import Iterable, Mapping
 
-from sbxkit.errors import ArchiveError
+from sbxkit._consumers.exec_scripts import MISSING_STATUS
+from sbxkit._model.result import RunResult
+from sbxkit.errors import ArchiveError, SandboxFileNotFound
 
 DEFAULT_MAX_FILES = 1000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -226,3 +228,22 @@ def expect_exactly(files: Mapping[str, bytes], wanted: Iterable[str]) -> None:
     missing = sorted(wanted_set - set(files))
     if missing:
         raise ArchiveError(missing[0], "missing from the archive")
+
+
+def check_missing(result: RunResult, wanted: Mapping[str, str], root: str) -> None:
+    """``GET_SCRIPT`` said a file is not there: ``SandboxFileNotFound`` naming it as given."""
+    if result.status != "exited" or result.exit_code != MISSING_STATUS:
+        return
+    said = result.stderr.decode("utf-8", "replace").splitlines()
+    for path, clean in wanted.items():
+        if said and said[0] == "./" + clean:
+            raise SandboxFileNotFound(path, f"{root.rstrip('/')}/{clean}")
+
+
+def check_transfer(result: RunResult, where: str, doing: str) -> None:
+    if result.ok:
+        return
+    detail = result.stderr.decode("utf-8", "replace").strip()[:500]
+    if result.status == "exited":
+        raise ArchiveError(where, f"tar {doing} failed with status {result.exit_code}: {detail}")
+    raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")

@@ -47,7 +47,9 @@ from sbxkit._consumers.archive import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
     build_tar,
+    check_missing,
     check_root,
+    check_transfer,
     confine,
     confine_dir,
     expect_exactly,
@@ -58,7 +60,6 @@ from sbxkit._consumers.archive import (
 from sbxkit._consumers.exec_scripts import (
     GET_SCRIPT,
     KILL_SCRIPT,
-    MISSING_STATUS,
     PUT_SCRIPT,
     RUN_SCRIPT,
 )
@@ -76,6 +77,7 @@ from sbxkit._model.spec import SandboxSpec, body_ids, check_limit, validate_work
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
+from sbxkit._protocol.wire import Expiring
 from sbxkit._util.public import publish
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
@@ -88,7 +90,6 @@ from sbxkit.errors import (
     Conflict,
     NotFound,
     SandboxExpired,
-    SandboxFileNotFound,
     SandboxUnusable,
     SbxError,
     SpecError,
@@ -269,9 +270,13 @@ class Sandbox(OwnedView):
         exit_code: int | None = None
         verdict = Verdict(status=status)
         if status == "exited":
-            exit_code = await self._exit_code(exec_id)
-            if exit_code > SIGNAL_EXIT_BASE:  # an exit of its own stands: no evidence to read
-                # Only this exec's window counts: an earlier exec's OOM is not this one's.
+            exit_code, ending = await self._exit_or_ending(exec_id)
+            if ending is not None:  # the owner removed the container: the session is over
+                self._unusable = f"sbxkit ended it: {ending.reason}"
+                verdict = Verdict(status=ending.status, kill_evidence=self._unusable)
+            elif exit_code is not None and exit_code > SIGNAL_EXIT_BASE:
+                # An exit of its own stands: no evidence to read. Only this exec's window
+                # counts: an earlier exec's OOM is not this one's.
                 verdict = await judge_exit(engine, self.container_id, exit_code, since=began)
             if verdict.status != "exited":
                 exit_code = None
@@ -287,6 +292,21 @@ class Sandbox(OwnedView):
             oom_evidence=verdict.oom_evidence,
             kill_evidence=verdict.kill_evidence,
         )
+
+    async def _exit_or_ending(self, exec_id: str) -> tuple[int | None, Expiring | None]:
+        """The exec's exit code and, for a signal exit or a gone container, the owner's word
+        if it ended the container itself (a writable image past its bound, its lifetime)."""
+        try:
+            exit_code: int | None = await self._exit_code(exec_id)
+        except NotFound:
+            exit_code = None
+        if exit_code is not None and exit_code <= SIGNAL_EXIT_BASE:
+            return exit_code, None
+        ending = await self._box.owner_ending()
+        if ending is None and exit_code is None:
+            self._unusable = "its container is gone"
+            raise SandboxUnusable(self.container_id, self._unusable)
+        return exit_code, ending
 
     async def _exit_code(self, exec_id: str) -> int:
         """The exec's exit code; its stream closed, so it is exiting if not yet exited."""
@@ -430,7 +450,7 @@ class Sandbox(OwnedView):
             self._box.timeout_s if timeout is None else timeout,
             64 * 1024,
         )
-        _check_transfer(result, destination, "writing")
+        check_transfer(result, destination, "writing")
 
     async def get_files(
         self,
@@ -467,30 +487,11 @@ class Sandbox(OwnedView):
         )
         if result.status == "output_exceeded" and result.overflowed == "stdout":
             raise ArchiveError("*", f"more than {max_bytes} bytes of file content")
-        _check_missing(result, wanted, self.files_root)
-        _check_transfer(result, self.files_root, "reading")
+        check_missing(result, wanted, self.files_root)
+        check_transfer(result, self.files_root, "reading")
         found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
         expect_exactly(found, wanted.values())
         return {path: found[clean] for path, clean in wanted.items()}
-
-
-def _check_missing(result: RunResult, wanted: Mapping[str, str], root: str) -> None:
-    """``GET_SCRIPT`` said a file is not there: ``SandboxFileNotFound`` naming it as given."""
-    if result.status != "exited" or result.exit_code != MISSING_STATUS:
-        return
-    said = result.stderr.decode("utf-8", "replace").splitlines()
-    for path, clean in wanted.items():
-        if said and said[0] == "./" + clean:
-            raise SandboxFileNotFound(path, f"{root.rstrip('/')}/{clean}")
-
-
-def _check_transfer(result: RunResult, where: str, doing: str) -> None:
-    if result.ok:
-        return
-    detail = result.stderr.decode("utf-8", "replace").strip()[:500]
-    if result.status == "exited":
-        raise ArchiveError(where, f"tar {doing} failed with status {result.exit_code}: {detail}")
-    raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")
 
 
 @plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt

@@ -34,6 +34,7 @@ from sbxkit.errors import (
 T = TypeVar("T")
 
 EXIT_REFUSED = 2
+EXIT_DISK_EXCEEDED = 122
 EXIT_OUTPUT_EXCEEDED = 123
 EXIT_TIMED_OUT = 124
 EXIT_OOM_KILLED = 137
@@ -47,7 +48,8 @@ STATUS_EXIT: dict[Status, int] = {
     "timed_out": EXIT_TIMED_OUT,
     "output_exceeded": EXIT_OUTPUT_EXCEEDED,
     "oom_killed": EXIT_OOM_KILLED,
-    "killed": EXIT_OOM_KILLED,  # 128 + SIGKILL as well: --json's status says which
+    "killed": EXIT_OOM_KILLED,
+    "disk_exceeded": EXIT_DISK_EXCEEDED,  # 128 + SIGKILL as well: --json's status says which
 }
 
 

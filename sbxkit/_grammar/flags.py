@@ -69,6 +69,28 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
     return labels
 
 
+def _workspace(args: argparse.Namespace, base: Workspace | None) -> Workspace | None:
+    """``--workspace``, ``--disk SIZE`` and ``--exec-tmp`` on top of the profile's workspace;
+    the last two need a workspace (a flag or the profile's) to bound or to open."""
+    disk, exec_tmp = getattr(args, "disk", None), getattr(args, "exec_tmp", False)
+    if getattr(args, "workspace", False):
+        base = base or Workspace()
+    if base is None:
+        for flag, given in (("--disk", disk is not None), ("--exec-tmp", exec_tmp)):
+            if given:
+                raise SpecError(
+                    flag,
+                    "applies to a workspace: add --workspace (or a profile's "
+                    "[sandbox.docker.workspace])",
+                )
+        return None
+    if disk is not None:
+        base = msgspec.structs.replace(base, disk_bytes=parse_size(disk, "--disk"))
+    if exec_tmp:
+        base = msgspec.structs.replace(base, exec_tmp=True)
+    return base
+
+
 def _gpus(text: str) -> GpuRequest:
     """``--gpus N`` asks for N GPUs chosen round-robin; ``--gpus ID[,ID...]`` names CDI devices."""
     stripped = text.strip()
@@ -168,8 +190,9 @@ def spec_from_args(
             overrides[dest] = getattr(args, dest)
     if getattr(args, "gpus", None) is not None:
         overrides["gpus"] = _gpus(args.gpus)
-    if getattr(args, "workspace", False):
-        overrides["workspace"] = Workspace()
+    workspace = _workspace(args, base.workspace)
+    if workspace is not None:
+        overrides["workspace"] = workspace
     network = _network(args, overrides.get("network", base.network))
     if network is not None:
         overrides["network"] = network

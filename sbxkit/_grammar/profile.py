@@ -132,6 +132,23 @@ class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     shm: int | str | None = None
 
 
+class ProfileWorkspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """``[sandbox.docker.workspace]``: ``sbxkit.Workspace`` with its disk bound as a size
+    (``disk = "2g"``) or a byte count."""
+
+    root: bool = True
+    disk: int | str | None = None
+    exec_tmp: bool = False
+
+
+def profile_workspace(table: ProfileWorkspace, where: str = f"{ROOT}.workspace") -> Workspace:
+    """The ``Workspace`` a profile's table asks for, its disk size parsed under its path."""
+    disk = table.disk
+    if isinstance(disk, str):
+        disk = parse_size(disk, f"{where}.disk")
+    return Workspace(root=table.root, disk_bytes=disk, exec_tmp=table.exec_tmp)
+
+
 class SupervisorOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """``[sandbox.docker.supervisor]``: which helper the client launches, and its state dir."""
 
@@ -170,7 +187,7 @@ class DockerProfile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     limits: ProfileLimits = msgspec.field(default_factory=ProfileLimits)
     mounts: list[Mount] = msgspec.field(default_factory=list)
     gpus: GpuRequest | None = None
-    workspace: Workspace | None = None
+    workspace: ProfileWorkspace | None = None
     """``[sandbox.docker.workspace]``: a workspace sandbox (``sbxkit.Workspace``)."""
     supervisor: SupervisorOptions = msgspec.field(default_factory=SupervisorOptions)
     pool: PoolOptions | None = None
@@ -268,7 +285,14 @@ def validate_profile(profile: Profile) -> None:
         if docker.gpus is not None:
             validate_gpu_request(docker.gpus)
         if docker.workspace is not None:
-            validate_workspace(docker.workspace, docker.user, docker.network)
+            workspace = profile_workspace(docker.workspace, "workspace")
+            try:
+                validate_workspace(workspace, docker.user, docker.network)
+            except SpecError as error:  # the table spells disk_bytes as disk
+                field = "workspace.disk" if error.field == "workspace.disk_bytes" else None
+                if field is None:
+                    raise
+                raise SpecError(field, error.rule) from None
         validate_mounts(
             docker.mounts,
             enable_bind_mounts=docker.enable_bind_mounts,
@@ -306,7 +330,7 @@ def _validate_sandbox_runtime(profile: Profile) -> None:
             labels=docker.labels,
             extra_flags=docker.extra_flags,
             env=docker.env,
-            workspace=docker.workspace,
+            workspace=profile_workspace(docker.workspace) if docker.workspace else None,
         )
     sbx = section.sbx or SbxProfile()
     check_binary(sbx.binary, f"{SBX_ROOT}.binary")
@@ -406,7 +430,7 @@ def apply_profile(
     if docker.network is not None:
         optional["network"] = docker.network
     if docker.workspace is not None:
-        optional["workspace"] = docker.workspace
+        optional["workspace"] = profile_workspace(docker.workspace)
     settings, supervisor = profile_settings(profile)
     spec = SandboxSpec(
         image=chosen,

@@ -172,6 +172,17 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         "or rootless daemon, or --runtime gvisor; docs/workspace.md)",
     )
     parser.add_argument(
+        "--disk",
+        metavar="SIZE",
+        help="a workspace's image filesystem writable, bounded at SIZE written (e.g. 2g): "
+        "past it, writes fail or the run ends disk_exceeded (docs/workspace.md)",
+    )
+    parser.add_argument(
+        "--exec-tmp",
+        action="store_true",
+        help="a workspace's /tmp may hold programs that run (noexec otherwise)",
+    )
+    parser.add_argument(
         "--gpus",
         metavar="N|CDI-ID[,...]",
         help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",

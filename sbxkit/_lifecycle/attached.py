@@ -59,9 +59,11 @@ class Ran:
             run_s=self.run_s,
             remove_s=box.remove_s or 0.0,
         )
+        # After sbxkit's own removal (the owner's word) the code is its kill, not the payload's.
+        ended_by_sbxkit = self.verdict.status in ("timed_out", "disk_exceeded")
         return RunResult(
             status=self.verdict.status,
-            exit_code=self.exit_code,
+            exit_code=None if ended_by_sbxkit else self.exit_code,
             stdout=self.capture.stdout,
             stderr=self.capture.stderr,
             overflowed=self.capture.overflowed,

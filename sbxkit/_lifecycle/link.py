@@ -396,8 +396,8 @@ class LeaseLink:
         while self.adopting:
             await self._wait_change()
 
-    async def expiring(self, timeout: float) -> str | None:
-        """The supervisor's ``Expiring`` reason, if it sent one: read already, or arriving
+    async def expiring(self, timeout: float) -> Expiring | None:
+        """The supervisor's ``Expiring``, if it sent one: read already, or arriving
         now (it is sent before the removal's kill, so once the kill was seen it is here).
         A re-adoption under way is waited out first: the new supervisor may be the one."""
         deadline = trio.current_time() + timeout
@@ -405,7 +405,7 @@ class LeaseLink:
         while True:
             found = self.take_now(Expiring)
             if found is not None:
-                return found.reason
+                return found
             if self.adopting or self._done.is_set() or trio.current_time() > deadline:
                 return None  # what came before a drop was read before it
             if not self._has_input():

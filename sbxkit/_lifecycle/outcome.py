@@ -25,6 +25,7 @@ import msgspec
 import trio
 
 from sbxkit._model.result import Status
+from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerState, Event
 from sbxkit.errors import NotFound
@@ -113,7 +114,7 @@ def classify_exit(oom_flag: bool, exit_code: int | None, events: Sequence[Event]
 _SIGNALS = {int(s) for s in signal.Signals}
 
 
-OwnerReason = Callable[[], Awaitable[str | None]]
+OwnerReason = Callable[[], Awaitable[Expiring | None]]
 """Why the owner itself ended the container (``Owner.ended_by_owner``), if it did."""
 
 
@@ -145,9 +146,10 @@ async def judge_exit(
     events: list[Event] = []
     signalled = exit_code is not None and exit_code > SIGNAL_EXIT_BASE
     if signalled and not oom_flag and ended_by_owner is not None:
-        reason = await ended_by_owner()
-        if reason is not None:  # sbxkit's own removal, never someone else's kill
-            return Verdict(status="timed_out", kill_evidence=f"sbxkit's own removal: {reason}")
+        ending = await ended_by_owner()
+        if ending is not None:  # sbxkit's own removal, never someone else's kill
+            why = f"sbxkit's own removal: {ending.reason}"
+            return Verdict(status=ending.status, kill_evidence=why)
     # An exit of its own (<= 128) stands: only a signal exit is worth the events call.
     if oom_flag or not signalled:
         return classify_exit(oom_flag, exit_code, events)

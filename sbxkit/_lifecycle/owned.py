@@ -26,7 +26,7 @@ from sbxkit._model.result import Status, Stream
 from sbxkit._model.spec import body_ids
 from sbxkit._plan.plan import Plan
 from sbxkit._plan.verify import check_created
-from sbxkit._protocol.wire import Launch
+from sbxkit._protocol.wire import Expiring, Launch
 from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
@@ -183,8 +183,12 @@ class OwnedContainer:
             self.engine,
             self.container_id,
             exit_code,
-            ended_by_owner=lambda: self._owner.ended_by_owner(self.lease),
+            ended_by_owner=self.owner_ending,
         )
+
+    async def owner_ending(self) -> Expiring | None:
+        """Why the owner itself ended the container (``Owner.ended_by_owner``), if it did."""
+        return await self._owner.ended_by_owner(self.lease)
 
     async def kill(self) -> None:
         """SIGKILL the container; one that is already stopped or gone is fine."""

@@ -31,12 +31,13 @@ from sbxkit._lifecycle.ownership import Removal, remove_until_gone
 from sbxkit._lifecycle.uid_holds import UidHold, hold_own_uid
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
+from sbxkit._plan.policy import watched_disk
 from sbxkit._protocol.journal import default_state_dir
-from sbxkit._protocol.wire import Launch
+from sbxkit._protocol.wire import Expiring, Launch
 from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
-from sbxkit.errors import CleanupError, NeverFits, UidTaken
+from sbxkit.errors import CleanupError, NeverFits, SpecError, UidTaken
 from sbxkit.network.governor import Governor
 
 
@@ -83,10 +84,10 @@ class Owner(Protocol):
         """How long the lease waited for admission before its create (0 when it fitted)."""
         ...
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         """Why the owner itself ended the lease's container (the supervisor's lifetime
-        deadline), if it did; None otherwise. Asked only of a signal exit: a removal sbxkit
-        decided is never reported as someone else's kill."""
+        deadline, a writable root past its bound), if it did; None otherwise. Asked only of a
+        signal exit: a removal sbxkit decided is never reported as someone else's kill."""
         ...
 
     async def release(self, lease: str) -> bool:
@@ -315,6 +316,12 @@ class InProcessOwner:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
         # timeout alone. A cancel that arrives while waiting for admission is honoured: nothing
         # is under way yet.
+        if watched_disk(body) is not None:
+            raise SpecError(
+                "workspace.disk_bytes",
+                "a writable image's bound is watched by the supervisor, and an in-process "
+                "owner has no life of its own to watch it: use the default owner",
+            )
         held = hold_own_uid(lease, body)
         if isinstance(held, str):
             raise UidTaken(lease, held)
@@ -338,7 +345,7 @@ class InProcessOwner:
     def queued_s(self, lease: str) -> float:
         return self._queued.get(lease, 0.0)
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         await trio.lowlevel.checkpoint()
         return None  # it has no life of its own: it never ends a container unasked
 

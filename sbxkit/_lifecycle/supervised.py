@@ -36,6 +36,7 @@ from sbxkit._protocol.wire import (
     Closed,
     Created,
     Denials,
+    Expiring,
     Failed,
     Govern,
     Governed,
@@ -364,8 +365,8 @@ class SupervisedOwner:
         the caller's to close; [] on the daemon's path."""
         return self._claimed_fds.pop(lease, [])
 
-    async def ended_by_owner(self, lease: str) -> str | None:
-        """The supervisor's ``Expiring`` reason, if it ended the lease's container itself. It
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
+        """The supervisor's ``Expiring``, if it ended the lease's container itself. It
         sends that before the removal's kill, so after the kill it is already here to read."""
         await trio.lowlevel.checkpoint()
         link = self._links.get(lease)

@@ -9,7 +9,7 @@ import msgspec
 from sbxkit._model.network_audit import Denial
 from sbxkit._util.public import publish
 
-Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed"]
+Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed", "disk_exceeded"]
 Stream = Literal["stdout", "stderr"]
 Evidence = Literal["kernel", "daemon"]
 """What decided a run's exit: the kernel (its init's pidfd, its FIFOs' EOF) or the daemon (its

@@ -37,6 +37,10 @@ from sbxkit.errors import SpecError
 
 LEASE_LABEL = "sbxkit.lease"
 """Label naming the lease that owns a container; reserved, set only by sbxkit."""
+DISK_LABEL = "sbxkit.disk"
+"""Label carrying a writable image filesystem's bound in bytes (``Workspace.disk_bytes``): the
+supervisor watches the container against it where no kernel quota holds it."""
+RESERVED_LABELS = (LEASE_LABEL, DISK_LABEL)
 
 # --- extra flags -----------------------------------------------------------------------------
 
@@ -182,8 +186,8 @@ def parse_extra_flags(flags: Sequence[str], field: str = "extra_flags") -> dict[
             name, reason = refusal
             raise SpecError(where, f"{name} is refused: {reason}")
         key, _, value = flag.removeprefix("--label=").partition("=")
-        if key == LEASE_LABEL:
-            raise SpecError(where, f"label {LEASE_LABEL!r} is reserved for sbxkit's lease")
+        if key in RESERVED_LABELS:
+            raise SpecError(where, f"label {key!r} is reserved for sbxkit")
         if key in labels and labels[key] != value:
             raise SpecError(where, f"label {key!r} is set twice with different values")
         labels[key] = value

@@ -21,6 +21,7 @@ from sbxkit._model.network_terms import Network
 from sbxkit._model.predicates import has_control
 from sbxkit._model.rules import (
     LEASE_LABEL,
+    RESERVED_LABELS,
     RUNTIME_ENV_RESERVE,
     check_env,
     check_env_size,
@@ -56,12 +57,14 @@ __all__ = [
     "validate_spec",
     "validate_user",
     "validate_workspace",
+    "writable_image",
 ]
 
 INT64_MAX = 2**63 - 1
 """Docker stores byte counts as int64; larger values overflow in the daemon."""
 
 MIN_MEMORY_BYTES = 6 * MiB
+MIN_DISK_BYTES = 1 * MiB
 """Docker refuses memory limits below 6 MiB (``linuxMinMemory``)."""
 
 MIN_CPUS = 0.01
@@ -155,6 +158,12 @@ class Workspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     a rootless engine, or gVisor), and refused by name elsewhere, before anything exists."""
 
     root: bool = True
+    disk_bytes: int | None = None
+    """The image's own filesystem writable, bounded at this many bytes written (the kernel's
+    quota where the daemon's storage has one, else the daemon's ``SizeRw`` watched by the
+    supervisor: ``disk_exceeded``; docs/workspace.md). None: read-only, as every sandbox."""
+    exec_tmp: bool = False
+    """The scratch ``/tmp`` may hold programs that run (it is ``noexec`` otherwise)."""
 
 
 class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -406,8 +415,8 @@ def validate_runtime_name(runtime: object, field: str = "runtime") -> None:
 
 def validate_labels(labels: object, field: str = "labels") -> None:
     for where, key, value in string_items(labels, field):
-        if key == LEASE_LABEL:
-            raise SpecError(where, f"{LEASE_LABEL!r} is reserved for sbxkit's lease")
+        if key in RESERVED_LABELS:
+            raise SpecError(where, f"{key!r} is reserved for sbxkit")
         if not key:
             raise SpecError(where, "key must not be empty")
         if has_control(key) or has_control(value):
@@ -438,6 +447,19 @@ def validate_workspace(workspace: object, user: str | None, network: object) -> 
         raise SpecError("workspace", f"must be a Workspace, got {type(workspace).__name__}")
     if not isinstance(workspace.root, bool):
         raise SpecError("workspace.root", "must be true or false")
+    if not isinstance(workspace.exec_tmp, bool):
+        raise SpecError("workspace.exec_tmp", "must be true or false")
+    if workspace.disk_bytes is not None:
+        field = "workspace.disk_bytes"
+        disk = _check_positive_int(field, workspace.disk_bytes, maximum=MAX_SIZE_BYTES)
+        if disk < MIN_DISK_BYTES:
+            raise SpecError(field, f"must be >= {MIN_DISK_BYTES} (1 MiB)")
+    if workspace.exec_tmp and not (workspace.root or workspace.disk_bytes is not None):
+        raise SpecError(
+            "workspace.exec_tmp",
+            "is offered to a workspace with root inside or a writable image (disk_bytes): "
+            "elsewhere the scratch stays noexec",
+        )
     if not workspace.root:
         return
     if user is not None:
@@ -452,6 +474,12 @@ def validate_workspace(workspace: object, user: str | None, network: object) -> 
             "a governed network is not offered to a workspace with root inside yet; use "
             "network = 'none' (the default), or a workspace without root",
         )
+
+
+def writable_image(spec: SandboxSpec) -> int | None:
+    """The bound on what the spec's sandbox writes to its image's filesystem, or None when
+    that filesystem is read-only (``Workspace.disk_bytes``)."""
+    return None if spec.workspace is None else spec.workspace.disk_bytes
 
 
 def root_inside(spec: SandboxSpec) -> bool:

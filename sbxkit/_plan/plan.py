@@ -34,6 +34,7 @@ from sbxkit._model.spec import (
     root_inside,
     validate_command,
     validate_spec,
+    writable_image,
 )
 from sbxkit._model.uids import HOST_UIDS, UidRange
 from sbxkit._plan.network_planning import plan_network
@@ -46,6 +47,7 @@ from sbxkit._plan.policy import (
 from sbxkit._plan.preflight import (
     DaemonPlan,
     check_daemon,
+    disk_quota_base,
     resolve_mounts,
     root_inside_witness,
     sandbox_uid_range,
@@ -104,6 +106,9 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     """For a workspace with root inside: what says that root is not the host's
     (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, or
     gVisor); the kernel is asked again once the container runs (``sbxkit._kernel.userns``)."""
+    disk_quota_base: int | None = None
+    """For a writable image: what the daemon's storage quota counts besides the writes
+    (``disk_quota_base``); None where no quota holds the bound and the supervisor watches."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -210,25 +215,31 @@ IMAGE_FACTS_MAX_AGE_S = 10.0
 before start (``check_created``), so a name moved meanwhile raises ``ImageChanged`` and the
 run is planned again on a fresh inspection."""
 _IMAGE_FACTS_KEPT = 256
-_image_facts: dict[tuple[str, str], tuple[float, str, dict[str, str]]] = {}
+_image_facts: dict[tuple[str, str], tuple[float, ImageFacts]] = {}
 
 
-async def check_image(
-    engine: Engine, image: str, *, reuse: bool = False
-) -> tuple[str, dict[str, str]]:
-    """The image must exist locally (never pulled) and declare no volumes; its id and its
-    environment. ``reuse``: an inspection of the same name less than
+class ImageFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run needs of its image: its id, its environment, its size in bytes."""
+
+    id: str
+    env: dict[str, str]
+    size: int = 0
+
+
+async def check_image(engine: Engine, image: str, *, reuse: bool = False) -> ImageFacts:
+    """The image must exist locally (never pulled) and declare no volumes; its id, its
+    environment and size. ``reuse``: an inspection of the same name less than
     ``IMAGE_FACTS_MAX_AGE_S`` old answers."""
     key = (engine.socket_path, image)
     kept = _image_facts.get(key)
     if reuse and kept is not None and time.monotonic() - kept[0] < IMAGE_FACTS_MAX_AGE_S:
-        return kept[1], kept[2]
+        return kept[1]
     _image_facts.pop(key, None)  # a failed inspection leaves no earlier one behind
-    image_id, image_env = await _inspect_image(engine, image)
+    facts = await _inspect_image(engine, image)
     if len(_image_facts) >= _IMAGE_FACTS_KEPT:
         _image_facts.clear()
-    _image_facts[key] = (time.monotonic(), image_id, image_env)
-    return image_id, image_env
+    _image_facts[key] = (time.monotonic(), facts)
+    return facts
 
 
 def forget_image(engine: Engine, image: str) -> None:
@@ -237,7 +248,7 @@ def forget_image(engine: Engine, image: str) -> None:
     _image_facts.pop((engine.socket_path, image), None)
 
 
-async def _inspect_image(engine: Engine, image: str) -> tuple[str, dict[str, str]]:
+async def _inspect_image(engine: Engine, image: str) -> ImageFacts:
     try:
         inspected = await engine.image_inspect(image)
     except NotFound:
@@ -252,7 +263,8 @@ async def _inspect_image(engine: Engine, image: str) -> tuple[str, dict[str, str
             "volumes bypass the sandbox's writable-storage limits",
         )
     pairs = (inspected.config.env if inspected.config else None) or []
-    return inspected.id, dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    env = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    return ImageFacts(id=inspected.id, env=env, size=inspected.size)
 
 
 async def learn_daemon(
@@ -260,7 +272,7 @@ async def learn_daemon(
 ) -> DaemonFacts:
     """What only the daemon can judge, before any container exists: the image (present, no
     VOLUME), the mounts, the runtime and GPUs. ``reuse_image``: see ``check_image``."""
-    image_id, image_env = await check_image(engine, checked.spec.image, reuse=reuse_image)
+    image = await check_image(engine, checked.spec.image, reuse=reuse_image)
     mounts = await resolve_mounts(engine, checked.spec, checked.settings)
     daemon = await check_daemon(engine, checked.spec, gpu_cursor)
     network = await plan_network(engine, checked.spec, checked.settings)
@@ -271,12 +283,16 @@ async def learn_daemon(
         witness = await root_inside_witness(engine, checked.spec.runtime)
         if witness is None:
             raise SpecError("workspace", ROOT_INSIDE_REFUSED)
+    quota_base = None
+    if writable_image(checked.spec) is not None:
+        quota_base = await disk_quota_base(engine, image.size)
     return DaemonFacts(
         mounts=mounts,
         daemon=daemon,
         podman=engine.is_podman,
-        image_env=image_env,
-        image_id=image_id,
+        image_env=image.env,
+        image_id=image.id,
+        disk_quota_base=quota_base,
         network=network,
         sandbox_uids=uids,
         root_witness=witness,
@@ -308,6 +324,7 @@ def build_plan(
         gpu_devices=facts.daemon.gpu_devices,
         podman=facts.podman,
         network=facts.network,
+        disk_quota_base=facts.disk_quota_base,
     )
     if body_overrides:
         body = msgspec.structs.replace(body, **dict(body_overrides))

@@ -27,6 +27,7 @@ from sbxkit._model.network_terms import (
     unset_env,
 )
 from sbxkit._model.rules import (
+    DISK_LABEL,
     HOST_GATEWAY_ALIAS,
     ROOT_INSIDE_CAPS,
     RUNTIME_ENV_KEYS,
@@ -44,6 +45,7 @@ from sbxkit._model.spec import (
     root_inside,
     spec_labels,
     validate_spec,
+    writable_image,
 )
 from sbxkit._model.uids import HOST_UIDS, UidRange, uid_for_lease
 from sbxkit._util.public import publish
@@ -58,12 +60,15 @@ from sbxkit.engine.models import (
 from sbxkit.errors import SpecError
 
 __all__ = [
+    "DISK_LABEL",
     "LEASE_LABEL",
     "SCRATCH_PATH",
     "build_create_body",
     "container_name",
+    "disk_bound",
     "hardened_body",
     "scratch_options",
+    "watched_disk",
     "with_own_user",
 ]
 
@@ -88,14 +93,17 @@ def container_name(lease: str) -> str:
 
 
 def scratch_options(spec: SandboxSpec, *, podman: bool = False) -> str:
-    """tmpfs options for /tmp: bounded, non-executable, owned by the sandbox user.
+    """tmpfs options for /tmp: bounded, non-executable (unless a workspace asks,
+    ``Workspace.exec_tmp``), owned by the sandbox user.
 
     ``mode=1777`` is lost when the image already has a /tmp (Docker copies the directory's
     mode up), but ``uid``/``gid`` survive, so the sandbox user can always write its scratch.
     Podman refuses ``uid=``/``gid=`` ("unknown mount option") but keeps ``mode=1777``, so
     there the sticky, world-writable mode is what lets the sandbox user write.
     """
-    options = f"rw,nosuid,nodev,noexec,size={spec.limits.scratch_bytes},mode=1777"
+    exec_tmp = spec.workspace is not None and spec.workspace.exec_tmp
+    noexec = "exec," if exec_tmp else "noexec,"  # Docker's own default is noexec
+    options = f"rw,nosuid,nodev,{noexec}size={spec.limits.scratch_bytes},mode=1777"
     if podman:
         return options
     uid, gid = body_ids(spec.user or "")
@@ -200,6 +208,7 @@ class BodyInputs(TypedDict, total=False):
     network: NetworkTerms | None
     uids: UidRange
     image_env: Mapping[str, str]
+    disk_quota_base: int | None
 
 
 def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> SandboxSpec:
@@ -251,6 +260,7 @@ def hardened_body(
     network: NetworkTerms | None = None,
     uids: UidRange = HOST_UIDS,
     image_env: Mapping[str, str] | None = None,
+    disk_quota_base: int | None = None,
 ) -> ContainerCreate:
     """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
@@ -269,7 +279,10 @@ def hardened_body(
     the body to a Podman API service: scratch tmpfs without ``uid``/``gid`` and explicit
     ``nofile``/``nproc``. A spec that names no user runs as the lease's own uid in ``uids``
     (``with_own_user``) and, unless the spec or the image (``image_env``) sets one, the scratch
-    space as its ``HOME`` (``with_scratch_home``).
+    space as its ``HOME`` (``with_scratch_home``). A workspace with ``disk_bytes`` has a
+    writable root filesystem, labelled with its bound (``DISK_LABEL``); ``disk_quota_base``
+    (the daemon's storage enforces ``StorageOpt`` ``size``) makes that bound the kernel's:
+    ``size`` is the base (what the driver counts besides the writes) plus the bound.
     """
     _check_lease(lease)
     if spec.user is None:
@@ -293,6 +306,13 @@ def hardened_body(
         assert managed.network_name is not None
         network_mode_value, extra_hosts = managed.network_name, managed_hosts(managed)
     gpu_ids = _gpu_ids(spec, gpu_devices)
+    disk = writable_image(spec)
+    storage_opt = None
+    if disk is not None and disk_quota_base is not None:
+        storage_opt = {"size": str(disk_quota_base + disk)}
+    labels = {**spec_labels(spec), **(settings.labels if settings else {}), LEASE_LABEL: lease}
+    if disk is not None:
+        labels[DISK_LABEL] = str(disk)
     limits = spec.limits
     cpus = _required(limits.cpus, "limits.cpus")
     memory = _required(limits.memory_bytes, "limits.memory_bytes")
@@ -307,7 +327,8 @@ def hardened_body(
             *(PODMAN_ULIMITS if podman else ()),
         ],
         shm_size=limits.shm_bytes,
-        readonly_rootfs=True,
+        readonly_rootfs=disk is None,
+        storage_opt=storage_opt,
         ipc_mode="private",
         cgroupns_mode="private",
         cap_drop=["ALL"],
@@ -338,7 +359,7 @@ def hardened_body(
         env=[*_env_list(container_env(spec, lease, network)), *unset_env(network, podman=podman)],
         user=spec.user,
         working_dir=spec.workdir,
-        labels={**spec_labels(spec), **(settings.labels if settings else {}), LEASE_LABEL: lease},
+        labels=labels,
         attach_stdin=True,
         attach_stdout=True,
         attach_stderr=True,
@@ -349,6 +370,23 @@ def hardened_body(
         healthcheck=HealthConfig(test=["NONE"]),
         host_config=host_config,
     )
+
+
+def disk_bound(body: ContainerCreate) -> int | None:
+    """The bound a writable root filesystem is held to (``DISK_LABEL``), or None (read-only,
+    or a label that is not a positive count: ``recheck_body`` refuses such a body)."""
+    label = (body.labels or {}).get(DISK_LABEL, "")
+    host = body.host_config
+    if host is None or host.readonly_rootfs is not False or not label.isdigit():
+        return None
+    return int(label) or None
+
+
+def watched_disk(body: ContainerCreate) -> int | None:
+    """The bound the supervisor watches (``SizeRw``): a writable root filesystem's, unless the
+    daemon's storage holds it already (``StorageOpt`` ``size``)."""
+    host = body.host_config
+    return None if host is None or host.storage_opt else disk_bound(body)
 
 
 publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -225,6 +225,23 @@ async def root_inside_witness(engine: Engine, runtime: str | None) -> str | None
     return await daemon_remapping(engine)
 
 
+QUOTA_DRIVERS = frozenset({"btrfs"})
+"""Storage drivers whose ``StorageOpt`` ``size`` sbxkit relies on for a writable image's bound
+(the kernel's quota: a write past it fails). btrfs counts the image's blocks as well, so the
+size asked is the image's plus the bound. overlay2 takes a size only on XFS with project
+quotas, which this project's test hosts lack: there, as on every other driver, the supervisor
+watches the daemon's ``SizeRw`` instead (docs/workspace.md)."""
+
+
+async def disk_quota_base(engine: Engine, image_size: int) -> int | None:
+    """What the daemon's storage quota counts besides a writable image's writes, or None where
+    no quota is relied on (Podman, and drivers outside ``QUOTA_DRIVERS``)."""
+    if engine.is_podman:
+        return None
+    driver = (await engine.cached_info()).driver
+    return image_size if driver in QUOTA_DRIVERS else None
+
+
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the daemon's ``/info`` decided: the runtime's daemon name and the CDI GPU ids."""
 

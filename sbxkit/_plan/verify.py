@@ -82,6 +82,7 @@ def check_created(
         ("HostConfig.ReadonlyRootfs", asked.readonly_rootfs, got.readonly_rootfs),
         ("HostConfig.NetworkMode", asked.network_mode, got.network_mode),
         ("HostConfig.ShmSize", asked.shm_size, got.shm_size),
+        ("HostConfig.StorageOpt", asked.storage_opt, got.storage_opt),
         ("HostConfig.Tmpfs", asked.tmpfs, _podman_tmpfs(got.tmpfs) if podman else got.tmpfs),
     ]
     for field, want, have in pairs:

@@ -340,10 +340,12 @@ class Launched(Message, tag="launched"):
 
 class Expiring(Message, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
-    deadline passed); sent before the removal, so the caller judges that exit as sbxkit's."""
+    deadline passed, or a writable root filesystem wrote past its bound); sent before the
+    removal, so the caller judges that exit as sbxkit's, with ``status``."""
 
     lease: str
     reason: str
+    status: Literal["timed_out", "disk_exceeded"] = "timed_out"
 
 
 class Adopted(Message, tag="adopted"):

@@ -94,6 +94,7 @@ RESULT_STATUSES = (
     "output_exceeded",
     "oom_killed",
     "killed",
+    "disk_exceeded",
     "error",
     "lost",
 )

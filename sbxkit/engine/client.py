@@ -198,12 +198,13 @@ class Engine:
         )
         return self._decode(reply, models.ContainerCreateReply, f"POST {path}").id
 
-    async def container_inspect(self, container: str) -> models.ContainerInspect:
-        return await self._get(
-            api_path("/containers/{}/json", container),
-            models.ContainerInspect,
-            self.deadlines.inspect,
-        )
+    async def container_inspect(
+        self, container: str, *, size: bool = False
+    ) -> models.ContainerInspect:
+        """``size``: the daemon also measures what the container wrote (``SizeRw``): a walk
+        of its layer, so only when that is wanted."""
+        path = api_path("/containers/{}/json", container) + ("?size=1" if size else "")
+        return await self._get(path, models.ContainerInspect, self.deadlines.inspect)
 
     async def container_start(self, container_id: str) -> None:
         await self._post(

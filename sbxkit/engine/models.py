@@ -83,6 +83,7 @@ class HostConfig(Body):
     extra_hosts: list[str] | None = None
     device_requests: list[DeviceRequest] | None = None
     shm_size: int | None = None
+    storage_opt: dict[str, str] | None = None
 
 
 class ContainerCreate(Body):
@@ -176,6 +177,7 @@ class HostConfigReply(Reply):
     extra_hosts: list[str] | None = None
     device_requests: list[DeviceRequestReply] | None = None
     shm_size: int = 0
+    storage_opt: dict[str, str] | None = None
 
 
 class MountPoint(Reply):
@@ -197,6 +199,8 @@ class ContainerInspect(Reply):
     mounts: list[MountPoint] | None = None
     hosts_path: str = ""
     """The daemon's own file bind-mounted at the container's ``/etc/hosts``."""
+    size_rw: int | None = None
+    """Bytes the container wrote to its own filesystem layer (asked with ``size=1`` only)."""
 
 
 class ContainerSummary(Reply):
@@ -236,6 +240,7 @@ class ImageConfig(Reply):
 class ImageInspect(Reply):
     id: str
     config: ImageConfig | None = None
+    size: int = 0
 
 
 class VersionReply(Reply):
@@ -272,6 +277,8 @@ class InfoReply(Reply):
     operating_system: str = ""
     kernel_version: str = ""
     security_options: list[str] | None = None
+    driver: str = ""
+    """The storage driver (``overlay2``, ``btrfs`` ...)."""
 
 
 class PodmanSecurity(msgspec.Struct, rename="camel"):

@@ -67,7 +67,14 @@ COMMAND_RESULT = {
     "properties": {
         "status": {
             "type": "string",
-            "enum": ["exited", "timed_out", "output_exceeded", "oom_killed", "killed"],
+            "enum": [
+                "exited",
+                "timed_out",
+                "output_exceeded",
+                "oom_killed",
+                "killed",
+                "disk_exceeded",
+            ],
         },
         "exit_code": {"type": ["integer", "null"]},
         "stdout": STRING,

@@ -8,6 +8,7 @@ import trio
 
 from sbxkit._lifecycle.ownership import carries_lease
 from sbxkit._model.spec import body_ids
+from sbxkit._plan.policy import DISK_LABEL, watched_disk
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.wire import Closed, Created, Expiring, Failed, Launched, Orphaned
 from sbxkit.engine.client import Engine
@@ -23,6 +24,9 @@ from sbxkit.supervisor.lease import (
     log,
 )
 
+DISK_POLL_S = 0.5
+"""How often a writable root filesystem without a kernel quota is measured (``SizeRw``, a walk
+of its layer): what it may write past its bound is what it writes in this long."""
 REGISTERED_HELD_S = 1.0
 """How long a lease's ``Registered`` waits to go out with its ``Created`` (its caller waits
 ``REPLY_TIMEOUT_S`` for it, then the startup deadline for the container)."""
@@ -49,8 +53,13 @@ class Leases(ServiceCore):
                 self.nursery.start_soon(self._hand_on_launch_slot, live, slot)
                 if live.on_created is not None:
                     await live.on_created(container_id)  # parked until claimed, idle or stopped
+            bound = await self._disk_to_watch(live, engine, container_id)
             with trio.move_on_at(live.lifetime_deadline):
-                await live.stop.wait()
+                async with trio.open_nursery() as watching:
+                    if bound is not None:
+                        watching.start_soon(self._watch_disk, live, engine, container_id, bound)
+                    await live.stop.wait()
+                    watching.cancel_scope.cancel()
             if not live.stop.is_set():
                 live.request_stop("lifetime deadline")
                 log(f"lease {lease}: lifetime deadline reached; removing its container")
@@ -76,6 +85,49 @@ class Leases(ServiceCore):
                 self._pump()
                 self.uncertain_changed.set()
                 self.wake_reaper.set()
+
+    async def _disk_to_watch(
+        self, live: LiveLease, engine: Engine, container_id: str
+    ) -> int | None:
+        """The bound of a writable root filesystem no kernel quota holds (``watched_disk``):
+        from the registered body, or, for a re-adopted lease, the container's own record."""
+        if live.body is not None:
+            return watched_disk(live.body)
+        try:
+            info = await engine.container_inspect(container_id)
+        except SbxError:
+            return None  # gone, or no answer: the removal that follows says which
+        host = info.host_config
+        label = (info.config.labels or {}).get(DISK_LABEL, "")
+        if host.readonly_rootfs or host.storage_opt or not label.isdigit():
+            return None
+        return int(label) or None
+
+    async def _watch_disk(
+        self, live: LiveLease, engine: Engine, container_id: str, bound: int
+    ) -> None:
+        """End the lease once the daemon measures more than ``bound`` bytes written to the
+        container's layer (``SizeRw``): said first (``Expiring``, ``disk_exceeded``), so the
+        caller judges the removal's kill as sbxkit's. A failed measurement is tried again."""
+        lease = live.record.lease
+        while True:
+            await trio.sleep(DISK_POLL_S)
+            try:
+                written = (await engine.container_inspect(container_id, size=True)).size_rw
+            except SbxError as exc:
+                log(f"lease {lease}: measuring its disk failed: {exc}")
+                continue
+            if written is None or written <= bound:
+                continue
+            reason = (
+                f"its image's filesystem held {written} bytes written, past the workspace's "
+                f"bound of {bound} (the daemon's SizeRw)"
+            )
+            log(f"lease {lease}: {reason}; removing its container")
+            # Said before the stop: the stop cancels this watch, and the removal's kill follows.
+            await live.peer.send(Expiring(lease=lease, reason=reason, status="disk_exceeded"))
+            live.request_stop("disk bound")
+            return
 
     async def govern_lease(self, lease: str) -> str | None:
         """Put a live lease's listeners in place (its container started, its payload waits);

@@ -31,11 +31,13 @@ from sbxkit._model.network_terms import TLS_TMPFS, NetworkTerms, network_env, ow
 from sbxkit._model.rules import HOST_GATEWAY_ALIAS, ROOT_INSIDE_CAPS, check_network
 from sbxkit._model.spec import ROOT_USER, body_ids, parse_user
 from sbxkit._plan.policy import (
+    DISK_LABEL,
     LEASE_LABEL,
     NO_MESSAGE_QUEUES,
     PODMAN_SEALED_TMPFS,
     PODMAN_ULIMITS,
     SCRATCH_PATH,
+    disk_bound,
     managed_hosts,
     named_callback,
 )
@@ -146,9 +148,14 @@ def recheck_body(
         if host.cap_add and body.user != ROOT_USER:
             raise _refuse("HostConfig.CapAdd", "only a workspace's root keeps capabilities")
         _check_limits(host)
+        _check_disk(body, host)
         _check_network(body, host, environment, network)
         _check_owned_env(body, network)
-        _check_tmpfs(host.tmpfs, tls=network is not None and network.tls is not None)
+        _check_tmpfs(
+            host.tmpfs,
+            tls=network is not None and network.tls is not None,
+            exec_scratch=body.user == ROOT_USER or disk_bound(body) is not None,
+        )
         binds = _check_io_bind(host.binds or [], body, lease, state_dir, io_dir_problem)
         _check_binds(binds, state_dir, resolve)
         _check_mounts(host.mounts or [])
@@ -182,7 +189,6 @@ def _check_config(body: ContainerCreate, lease: str) -> None:
 
 
 _EXPECTED: tuple[tuple[str, str, object], ...] = (
-    ("readonly_rootfs", "HostConfig.ReadonlyRootfs", True),
     ("cap_drop", "HostConfig.CapDrop", ["ALL"]),
     ("security_opt", "HostConfig.SecurityOpt", ["no-new-privileges"]),
     ("ipc_mode", "HostConfig.IpcMode", "private"),
@@ -246,6 +252,35 @@ def _check_limits(host: HostConfig) -> None:
     for required in ("fsize", NO_MESSAGE_QUEUES.name):
         if names.count(required) != 1:
             raise _refuse("HostConfig.Ulimits", f"must set {required} exactly once")
+
+
+def _check_disk(body: ContainerCreate, host: HostConfig) -> None:
+    """A read-only root, or a workspace's writable one with its bound (``DISK_LABEL``) and at
+    most a ``StorageOpt`` ``size`` no smaller than the bound."""
+    label = (body.labels or {}).get(DISK_LABEL)
+    if host.readonly_rootfs is True:
+        if label is not None:
+            raise _refuse(f"Config.Labels.{DISK_LABEL}", "only a writable root carries a bound")
+        if host.storage_opt:
+            raise _refuse("HostConfig.StorageOpt", "only a writable root takes a size")
+        return
+    if host.readonly_rootfs is not False:
+        raise _refuse("HostConfig.ReadonlyRootfs", f"is {host.readonly_rootfs!r}; must be set")
+    bound = disk_bound(body)
+    if label is None:
+        raise _refuse(
+            "HostConfig.ReadonlyRootfs",
+            f"is false without a bound: only a workspace's writable image (disk_bytes, "
+            f"label {DISK_LABEL}) has a writable root",
+        )
+    if bound is None:
+        raise _refuse(f"Config.Labels.{DISK_LABEL}", f"is {label!r}; must be a count of bytes")
+    opts = host.storage_opt or {}
+    if set(opts) - {"size"}:
+        raise _refuse("HostConfig.StorageOpt", f"{sorted(opts)}: only size is set by policy")
+    size = opts.get("size")
+    if size is not None and not (size.isdigit() and int(size) >= bound):
+        raise _refuse("HostConfig.StorageOpt", f"size {size!r} must be bytes >= the bound {bound}")
 
 
 def _check_terms(network: NetworkTerms) -> None:
@@ -319,7 +354,11 @@ _TMPFS_NUMBERS = {"size": re.compile(r"[1-9][0-9]{0,18}"), "uid": re.compile(r"[
 _TMPFS_NUMBERS |= {"gid": _TMPFS_NUMBERS["uid"], "mode": re.compile(r"[0-7]{1,4}")}
 
 
-def _check_tmpfs(tmpfs: dict[str, str] | None, *, tls: bool = False) -> None:
+def _check_tmpfs(
+    tmpfs: dict[str, str] | None, *, tls: bool = False, exec_scratch: bool = False
+) -> None:
+    """Bounded, nosuid, nodev tmpfs; the scratch also noexec, unless the body is a workspace's
+    that may ask otherwise (``exec_scratch``: root inside or a writable image; exec_tmp)."""
     tmpfs = tmpfs or {}
     if SCRATCH_PATH not in tmpfs:
         raise _refuse("HostConfig.Tmpfs", f"must mount the bounded scratch at {SCRATCH_PATH}")
@@ -342,7 +381,10 @@ def _check_tmpfs(tmpfs: dict[str, str] | None, *, tls: bool = False) -> None:
             if part not in _TMPFS_FLAGS and (pattern is None or not pattern.fullmatch(value)):
                 raise _refuse(field, f"option {part!r} is not one policy sets")
         keys = [part.partition("=")[0] for part in parts]
-        needed = ["size", "nosuid", "nodev"] + (["noexec"] if target == SCRATCH_PATH else [])
+        noexec = target == SCRATCH_PATH and not exec_scratch
+        needed = ["size", "nosuid", "nodev"] + (["noexec"] if noexec else [])
+        if noexec and "exec" in parts:
+            raise _refuse(field, "must not have exec (the scratch is noexec)")
         for need in needed:
             if need not in keys:
                 raise _refuse(field, f"must have {need} (a bounded, nosuid, nodev tmpfs)")

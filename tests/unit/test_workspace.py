@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from sbxkit._grammar.flags import spec_from_args
-from sbxkit._grammar.profile import profile_from_dict
+from sbxkit._grammar.profile import ProfileWorkspace, profile_from_dict
 from sbxkit._kernel.userns import host_root_problem, maps_host_root, parse_id_map
 from sbxkit._model.network_terms import Network
 from sbxkit._model.rules import ROOT_INSIDE_CAPS
@@ -141,7 +141,7 @@ def test_the_host_kernel_rule() -> None:
 def test_a_profile_and_a_flag_ask_for_a_workspace(tmp_path: Any) -> None:
     docker = {"image": "img", "workspace": {}}
     profile = profile_from_dict({"sandbox": {"docker": docker}})
-    assert profile.sandbox.docker.workspace == Workspace()
+    assert profile.sandbox.docker.workspace == ProfileWorkspace()
     with pytest.raises(SpecError) as caught:
         profile_from_dict({"sandbox": {"docker": {**docker, "user": "1000:1000"}}})
     assert caught.value.field == "sandbox.docker.user"

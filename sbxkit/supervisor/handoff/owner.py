@@ -190,11 +190,11 @@ class ServedOwner(SupervisedOwner):
         governor = live.governor if live is not None else None
         return tuple(governor.denied()[0]) if governor is not None else ()
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         await trio.lowlevel.checkpoint()
         local = self._local.get(lease)
         expiring = local[0].take(Expiring) if local is not None else None
-        return expiring.reason if isinstance(expiring, Expiring) else None
+        return expiring if isinstance(expiring, Expiring) else None
 
     async def claim(self, claim: Claim) -> Claimed | Unclaimed:
         """Take a parked container of the claim's shape from this supervisor's pool. Its FIFO

@@ -138,10 +138,10 @@ async def _verdict(
     if outcome.status == "exited" and resume.exit_code is None:
         raise SbxError("the command line saw the payload exit but not its status")
 
-    async def ended_by_owner() -> str | None:
+    async def ended_by_owner() -> Expiring | None:
         await trio.lowlevel.checkpoint()
         expiring = replies.take(Expiring)
-        return expiring.reason if isinstance(expiring, Expiring) else None
+        return expiring if isinstance(expiring, Expiring) else None
 
     async def judge(code: int | None) -> Verdict:
         return await judge_exit(engine, container_id, code, ended_by_owner=ended_by_owner)
