@@ -12,6 +12,7 @@ import time
 import pytest
 import trio
 
+from sbxkit import blocking
 from sbxkit._consumers.processes import Process
 from sbxkit._consumers.session import Sandbox, open_sandbox
 from sbxkit.engine.client import Engine
@@ -270,3 +271,26 @@ async def test_pty_echoes_and_resizes(runtime: str | None, busybox: str, engine:
         seen = await read_until(process, cursor, b"30 100")
         ended = await process.wait(10)
         assert (ended.status, ended.exit_code) == ("exited", 0)
+
+
+def test_blocking_background_process(witness: Witness, busybox: str) -> None:
+    """``sbxkit.blocking``: the same process, driven by plain calls; it ends with the block."""
+    spec = session_spec(busybox, None)
+    with blocking.open_sandbox(spec, socket_path=witness.socket_path) as sandbox:
+        process = sandbox.start(["sh", "-c", ANSWER])
+        cursor = 0
+        for word in (b"a", b"b", b"c"):
+            process.write(word + b"\n")
+            seen = b""
+            while b"\n" not in seen:
+                data, cursor, _ = process.read(cursor, wait=5)
+                seen += data
+            assert seen == b"got " + word + b"\n"
+        sleeper = sandbox.start(["sleep", "100"])
+        process.close_stdin()
+        ended = process.wait(10)
+        assert (ended.status, ended.exit_code) == ("exited", 0)
+        container_id = sandbox.container_id
+    assert not container_exists(witness, container_id)
+    assert sleeper.exit is not None
+    assert sleeper.exit.kill_evidence == "the session closed"
