@@ -7,6 +7,9 @@
     with sbxkit.blocking.open_sandbox(spec) as sandbox:
         sandbox.put_files({"in.txt": b"3 4\\n"})
         print(sandbox.exec(["wc", "-w", "/tmp/in.txt"]).stdout)
+        shell = sandbox.start(["sh"])           # a background process
+        shell.write(b"echo hi\\n")
+        print(shell.read(0, wait=5))           # (b'hi\\n', 3, False)
 
 Each call runs sbxkit's trio code in a worker thread (``sbxkit._util.portal``), so it works from any
 thread, with or without an event loop running (Jupyter included). Ctrl-C while a call waits
@@ -28,6 +31,8 @@ import trio
 from sbxkit._consumers import oneshot, session
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
+from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._consumers.processes import Process
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
@@ -35,7 +40,7 @@ from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 
-__all__ = ["BlockingSandbox", "open_sandbox", "run", "run_many"]
+__all__ = ["BlockingProcess", "BlockingSandbox", "open_sandbox", "run", "run_many"]
 
 
 def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
@@ -76,6 +81,50 @@ class BlockingSandbox:
     def get_files(self, paths: Sequence[str], **options: Any) -> dict[str, bytes]:
         """``Sandbox.get_files``: read regular files back."""
         return self._portal.call(functools.partial(self._sandbox.get_files, paths, **options))
+
+    def start(self, argv: Sequence[str], **options: Any) -> BlockingProcess:
+        """``Sandbox.start``: a background process, ended at the latest with the block."""
+        process = self._portal.call(functools.partial(self._sandbox.start, argv, **options))
+        return BlockingProcess(self._portal, process)
+
+
+class BlockingProcess:
+    """A background process driven from blocking code (see ``sbxkit.Process``)."""
+
+    def __init__(self, portal: Portal, process: Process) -> None:
+        self._portal = portal
+        self._process = process
+
+    @property
+    def id(self) -> str:
+        return self._process.id
+
+    @property
+    def exit(self) -> ProcessExit | None:
+        """How it ended, or None while it runs."""
+        return self._process.exit
+
+    def write(self, data: bytes) -> None:
+        self._portal.call(self._process.write, data)
+
+    def close_stdin(self) -> None:
+        self._portal.call(self._process.close_stdin)
+
+    def read(self, cursor: int = 0, **options: Any) -> tuple[bytes, int, bool]:
+        """``Process.read``: ``(output from cursor, next cursor, done)``."""
+        return self._portal.call(functools.partial(self._process.read, cursor, **options))
+
+    def wait(self, timeout: float | None = None) -> ProcessExit:
+        return self._portal.call(self._process.wait, timeout)
+
+    def signal(self, sig: int | str) -> None:
+        self._portal.call(self._process.signal, sig)
+
+    def kill(self) -> ProcessExit:
+        return self._portal.call(self._process.kill)
+
+    def resize(self, rows: int, columns: int) -> None:
+        self._portal.call(self._process.resize, rows, columns)
 
 
 @contextmanager

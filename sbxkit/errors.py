@@ -284,6 +284,36 @@ class SandboxUnusable(SbxError):
         self.reason = reason
 
 
+class ProcessError(SbxError):
+    """A background process (``Sandbox.start``) refused an operation: its stdin is closed or
+    was never attached, it has ended, or it is not a terminal."""
+
+    def __init__(self, process_id: str, reason: str) -> None:
+        super().__init__(f"process {process_id}: {reason}")
+        self.process_id = process_id
+        self.reason = reason
+
+
+class TooManyProcesses(ProcessError):
+    """``Sandbox.start`` beyond the session's limit of live background processes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            "(not started)",
+            f"the sandbox already runs {limit} background processes, its limit "
+            "(open_sandbox(max_processes=...)); wait for or kill one first",
+        )
+        self.limit = limit
+
+
+class ProcessStillRunning(ProcessError):
+    """``Process.wait(timeout)`` returned before the process ended (it keeps running)."""
+
+    def __init__(self, process_id: str, seconds: float) -> None:
+        super().__init__(process_id, f"still running after waiting {seconds:g} s")
+        self.seconds = seconds
+
+
 # -- the supervisor --------------------------------------------------------------------------------
 
 

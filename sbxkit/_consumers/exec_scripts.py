@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from sbxkit._plan.policy import SCRATCH_PATH
 
-__all__ = ["EXEC_FILE", "GET_SCRIPT", "KILL_SCRIPT", "MISSING_STATUS", "PUT_SCRIPT", "RUN_SCRIPT"]
+__all__ = [
+    "EXEC_FILE",
+    "GET_SCRIPT",
+    "KILL_SCRIPT",
+    "MISSING_STATUS",
+    "NO_GROUP_STATUS",
+    "PUT_SCRIPT",
+    "RUN_SCRIPT",
+    "SIGNAL_SCRIPT",
+]
 
 EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
 """Prefix of each exec's group-id record (``.pid``)."""
@@ -63,6 +72,20 @@ wrapper that recorded it meanwhile has ``exec``'d the command as that group's le
 exec ended before it recorded its group never starts its command, with no marker a payload
 could plant. ``kill -KILL -N`` is the spelling both busybox ``sh`` and Debian's ``dash`` accept
 (``kill -KILL -- -N`` is not)."""
+
+NO_GROUP_STATUS = 3
+"""``SIGNAL_SCRIPT``'s exit status when no live group is recorded for the token (yet)."""
+SIGNAL_SCRIPT = (
+    f"f={EXEC_FILE}$1; "
+    'p=; { read -r p <"$f.pid"; } 2>/dev/null; '
+    'case "$p" in ""|*[!0-9]*) exit 3;; esac; '
+    '[ "$p" -gt 1 ] || exit 3; '
+    "kill -$2 -$p 2>/dev/null || exit 3; "
+    "exit 0"
+)
+"""Sends signal number ``$2`` to the group recorded for token ``$1`` (a background process,
+sbxkit/_consumers/processes.py). Exits ``NO_GROUP_STATUS`` when the wrapper has not recorded
+its group yet, or the group is gone: the caller retries briefly, knowing whether it ended."""
 
 # Confinement by the resolved path: a link the payload planted on the way (``/tmp/job -> /etc``)
 # is refused unless where it leads stays under the file root, which must be no link itself.

@@ -63,18 +63,20 @@ from sbxkit._consumers.exec_scripts import (
     PUT_SCRIPT,
     RUN_SCRIPT,
 )
+from sbxkit._consumers.process_log import DEFAULT_MAX_PROCESSES
+from sbxkit._consumers.processes import ProcessTable, running, start_process
 from sbxkit._lifecycle.attached import feed_stdin
 from sbxkit._lifecycle.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._lifecycle.owned import KILL_BUDGET_S, OwnedContainer, SandboxExit
 from sbxkit._lifecycle.usage import USAGE_SCRIPT, parse_usage
+from sbxkit._model.call_checks import check_argv as _check_argv
 from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import spec_owned_keys
 from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit._model.rules import merge_env, runtime_env
 from sbxkit._model.spec import SandboxSpec, body_ids, check_limit, validate_workdir
-from sbxkit._model.textcheck import check_utf8
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
 from sbxkit._protocol.wire import Expiring
@@ -92,7 +94,6 @@ from sbxkit.errors import (
     SandboxExpired,
     SandboxUnusable,
     SbxError,
-    SpecError,
 )
 
 __all__ = [
@@ -113,20 +114,6 @@ KILL_ATTEMPTS = 3
 EXIT_POLL_S = 5.0
 
 # --- the session ---------------------------------------------------------------------------
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
-        raise SpecError("argv", "must be a non-empty list of arguments")
-    for index, arg in enumerate(argv):
-        if not isinstance(arg, str):
-            raise SpecError(f"argv[{index}]", "must be a string")
-        if "\0" in arg:
-            raise SpecError(f"argv[{index}]", "must not contain NUL")
-    if argv[0] == "":
-        raise SpecError("argv[0]", "the program name must not be empty")
-    check_utf8(list(argv), "argv")
-    return list(argv)
 
 
 class OwnedView:
@@ -151,10 +138,15 @@ class OwnedView:
 class Sandbox(OwnedView):
     """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
 
-    def __init__(self, box: OwnedContainer, files_root: str) -> None:
+    def __init__(
+        self, box: OwnedContainer, files_root: str, max_processes: int = DEFAULT_MAX_PROCESSES
+    ) -> None:
         self._box = box
         self.files_root = files_root
         self._unusable: str | None = None
+        self.processes = ProcessTable(max_processes)  # background ones (processes.py)
+
+    start = start_process
 
     @property
     def spec(self) -> SandboxSpec:
@@ -548,6 +540,7 @@ async def open_sandbox(
     *,
     files_root: str = SCRATCH_PATH,
     backend: Backend | None = None,
+    max_processes: int = DEFAULT_MAX_PROCESSES,
     **docker: Unpack[DockerOptions],
 ) -> AsyncIterator[Sandbox]:
     """A long-lived sandbox for ``Sandbox.exec``, ``put_files`` and ``get_files``.
@@ -562,7 +555,8 @@ async def open_sandbox(
     ``files_root`` (default ``/tmp``, the scratch tmpfs) confines file transfers; it must be
     writable by the sandbox user (the root filesystem is read-only). ``backend`` (instead of
     the engine, owner, settings and socket) is a ``DockerBackend`` you configured; a backend
-    that cannot serve sessions refuses before anything is created.
+    that cannot serve sessions refuses before anything is created. ``max_processes`` bounds the
+    background processes (``Sandbox.start``) running at once.
     """
     check_root(files_root)
     limits = spec.spec.limits if isinstance(spec, CheckedSpec) else spec.limits
@@ -572,10 +566,11 @@ async def open_sandbox(
     keepalive = keepalive_command(limits.timeout_s)
     async with chosen.own(spec, "session", command=keepalive) as box:
         await box.start()
-        sandbox = Sandbox(box, files_root)
+        sandbox = Sandbox(box, files_root, max_processes)
         try:
-            with trio.CancelScope(deadline=box.deadline) as scope:
-                yield sandbox
+            async with running(sandbox.processes):  # their tasks end before the removal
+                with trio.CancelScope(deadline=box.deadline) as scope:
+                    yield sandbox
         finally:
             sandbox._unusable = "the sandbox was closed"
         if scope.cancelled_caught:

@@ -9,16 +9,35 @@ out of the stdin feeder after the container had started. These refuse such argum
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from sbxkit._model.textcheck import check_utf8
 from sbxkit.errors import SpecError
 
 __all__ = [
     "MAX_POOL_SECONDS",
     "MAX_POOL_SIZE",
+    "check_argv",
     "check_pool_options",
     "check_spec_type",
     "check_stdin",
 ]
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    """A command's argv (``Sandbox.exec``, ``Sandbox.start``) as a list: non-empty strings
+    without NUL, valid UTF-8."""
+    if isinstance(argv, str) or not isinstance(argv, Sequence) or not argv:
+        raise SpecError("argv", "must be a non-empty list of arguments")
+    for index, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise SpecError(f"argv[{index}]", "must be a string")
+        if "\0" in arg:
+            raise SpecError(f"argv[{index}]", "must not contain NUL")
+    if argv[0] == "":
+        raise SpecError("argv[0]", "the program name must not be empty")
+    check_utf8(list(argv), "argv")
+    return list(argv)
 
 
 def check_stdin(stdin: object, field: str = "stdin", *, streams: bool = False) -> None:
