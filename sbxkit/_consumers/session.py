@@ -55,6 +55,7 @@ from sbxkit._consumers.archive import (
     parse_tar,
     stream_cap,
 )
+from sbxkit._consumers.dirs import DirTransfer, StdoutSink, check_transfer
 from sbxkit._consumers.exec_scripts import (
     GET_SCRIPT,
     KILL_SCRIPT,
@@ -77,11 +78,12 @@ from sbxkit._model.textcheck import check_utf8
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
 from sbxkit._util.public import publish
+from sbxkit._util.stdin import StdinSource
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
-from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.frames import STDOUT, Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     ArchiveError,
@@ -147,7 +149,7 @@ class OwnedView:
         return self._box.deadline
 
 
-class Sandbox(OwnedView):
+class Sandbox(OwnedView, DirTransfer):
     """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
 
     def __init__(self, box: OwnedContainer, files_root: str) -> None:
@@ -209,11 +211,12 @@ class Sandbox(OwnedView):
     async def _run(
         self,
         argv: list[str],
-        stdin: bytes | None,
+        stdin: StdinSource | None,
         timeout: float,
         max_output: int,
         workdir: str | None = None,
         env: list[str] | None = None,
+        on_stdout: StdoutSink | None = None,
     ) -> RunResult:
         self._check_usable()
         engine = self._box.engine
@@ -252,7 +255,7 @@ class Sandbox(OwnedView):
                 stream = await exec_start(engine, exec_id)
                 t2 = clock()
                 timings["start_s"] = t2 - t1
-                ended, overflowed = await _pump(stream, capture, stdin)
+                ended, overflowed = await _pump(stream, capture, stdin, on_stdout)
                 if overflowed:
                     status = "output_exceeded"
             if not ended and status == "exited":
@@ -430,7 +433,7 @@ class Sandbox(OwnedView):
             self._box.timeout_s if timeout is None else timeout,
             64 * 1024,
         )
-        _check_transfer(result, destination, "writing")
+        check_transfer(result, destination, "writing")
 
     async def get_files(
         self,
@@ -468,7 +471,7 @@ class Sandbox(OwnedView):
         if result.status == "output_exceeded" and result.overflowed == "stdout":
             raise ArchiveError("*", f"more than {max_bytes} bytes of file content")
         _check_missing(result, wanted, self.files_root)
-        _check_transfer(result, self.files_root, "reading")
+        check_transfer(result, self.files_root, "reading")
         found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
         expect_exactly(found, wanted.values())
         return {path: found[clean] for path, clean in wanted.items()}
@@ -484,20 +487,15 @@ def _check_missing(result: RunResult, wanted: Mapping[str, str], root: str) -> N
             raise SandboxFileNotFound(path, f"{root.rstrip('/')}/{clean}")
 
 
-def _check_transfer(result: RunResult, where: str, doing: str) -> None:
-    if result.ok:
-        return
-    detail = result.stderr.decode("utf-8", "replace").strip()[:500]
-    if result.status == "exited":
-        raise ArchiveError(where, f"tar {doing} failed with status {result.exit_code}: {detail}")
-    raise ArchiveError(where, f"tar {doing} ended: {result.status.replace('_', ' ')} {detail}")
-
-
 @plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt
 async def _pump(
-    stream: HijackedStream, capture: OutputCapture, stdin: bytes | None
+    stream: HijackedStream,
+    capture: OutputCapture,
+    stdin: StdinSource | None,
+    on_stdout: StdoutSink | None = None,
 ) -> tuple[bool, bool]:
-    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow.
+    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow;
+    with ``on_stdout``, stdout goes there instead, uncapped (the callee bounds it).
 
     Returns ``(ended, overflowed)``; errors are raised outside the nursery, unwrapped.
     """
@@ -515,6 +513,9 @@ async def _pump(
                     ended = True
                     break
                 for stream_id, data in demuxer.feed(chunk):
+                    if on_stdout is not None and stream_id == STDOUT:
+                        await on_stdout(data)
+                        continue
                     if capture.add(stream_id, data):
                         overflowed = True
                         break
