@@ -21,6 +21,7 @@ exception — removes the container before the block's exception (or nothing) pr
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -81,6 +82,14 @@ class BlockingSandbox:
     def get_files(self, paths: Sequence[str], **options: Any) -> dict[str, bytes]:
         """``Sandbox.get_files``: read regular files back."""
         return self._portal.call(functools.partial(self._sandbox.get_files, paths, **options))
+
+    def put_dir(self, local_dir: str | os.PathLike[str], dest: str, **options: Any) -> None:
+        """``Sandbox.put_dir``: copy a host directory tree into the sandbox, streamed."""
+        self._portal.call(functools.partial(self._sandbox.put_dir, local_dir, dest, **options))
+
+    def get_dir(self, src: str, local_dir: str | os.PathLike[str], **options: Any) -> None:
+        """``Sandbox.get_dir``: copy a sandbox directory tree into a new or empty host one."""
+        self._portal.call(functools.partial(self._sandbox.get_dir, src, local_dir, **options))
 
     def start(self, argv: Sequence[str], **options: Any) -> BlockingProcess:
         """``Sandbox.start``: a background process, ended at the latest with the block."""

@@ -2,7 +2,8 @@
 
 ``RUN_SCRIPT`` wraps every exec so its process group can be killed (the Engine API cannot kill an
 exec, moby #9167); ``KILL_SCRIPT`` is that kill; ``PUT_SCRIPT`` and ``GET_SCRIPT`` move files with
-``tar``, confined by the resolved path. sbxkit/_consumers/session.py explains how they are used.
+``tar``, confined by the resolved path, and ``PUT_DIR_SCRIPT``/``GET_DIR_SCRIPT`` whole directories.
+sbxkit/_consumers/session.py explains how they are used.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from sbxkit._plan.policy import SCRATCH_PATH
 
 __all__ = [
     "EXEC_FILE",
+    "GET_DIR_SCRIPT",
     "GET_SCRIPT",
     "KILL_SCRIPT",
     "MISSING_STATUS",
     "NO_GROUP_STATUS",
+    "PUT_DIR_SCRIPT",
     "PUT_SCRIPT",
     "RUN_SCRIPT",
     "SIGNAL_SCRIPT",
@@ -120,3 +123,39 @@ under the root (tar follows links on the way; a link at the end it archives as a
 the parser refuses). A file that is not there — or whose directory is not — ends it with
 ``MISSING_STATUS`` and its name, checked after its directory is known to be under the root
 (so nothing is said about places outside it)."""
+
+_UNDER = 'case "$a/" in "${r%/}"/*) ;; *) _out;; esac; '
+PUT_DIR_SCRIPT = (
+    _OUT
+    + _ROOT
+    + 'd=$1; shift; for p in "$@"; do '
+    + '[ -L "$p" ] && { echo "sbxkit: $p is a link; none is written through" >&2; exit 125; }; '
+    + "done; "
+    + 'mkdir -p "$d" && cd "$d" || exit 125; p=$d; a=$(pwd -P); '
+    + _UNDER
+    + "l=$(find . -type l | head -n 1); "
+    + '[ -z "$l" ] || { echo "sbxkit: $d/${l#./} is a link; none is written through" >&2; '
+    + "exit 125; }; "
+    + "exec tar -x -m -f -"
+)
+"""``$1`` the file root, ``$2`` the destination, the rest every directory on the way to it,
+relative to the root: none may be a link, the destination must resolve under the root, and
+no link may be anywhere under it already (tar would write through one) — checked before the
+stream is read. Entries the stream names that exist already are replaced, as tar does."""
+GET_DIR_SCRIPT = (
+    _OUT
+    + _ROOT
+    + '_no() { printf "%s\\n" "$p" >&2; exit 3; }; '
+    + 'p=$1; if cd "$p" 2>/dev/null; then a=$(pwd -P); '
+    + _UNDER
+    + "exec tar -c -f - .; fi; "
+    + 'a=$(cd "${p%/*}" 2>/dev/null && pwd -P) || _no; '
+    + _UNDER
+    + '[ -e "$p" ] || [ -L "$p" ] || _no; '
+    + 'echo "sbxkit: $p is not a directory" >&2; exit 125'
+)
+"""``$1`` the file root, ``$2`` the directory (``./``-relative): it must resolve under the root
+(a link to a place inside it is followed, as ``get_files`` does); its tree is archived as
+``./…`` without following links in it (the reader refuses them). A directory that is not
+there ends it with ``MISSING_STATUS`` and its name, said only once its parent is known to be
+under the root."""

@@ -57,6 +57,7 @@ from sbxkit._consumers.archive import (
     parse_tar,
     stream_cap,
 )
+from sbxkit._consumers.dirs import DirTransfer, StdoutSink
 from sbxkit._consumers.exec_scripts import (
     GET_SCRIPT,
     KILL_SCRIPT,
@@ -81,11 +82,12 @@ from sbxkit._plan.plan import CheckedSpec
 from sbxkit._plan.policy import SCRATCH_PATH
 from sbxkit._protocol.wire import Expiring
 from sbxkit._util.public import publish
+from sbxkit._util.stdin import StdinSource
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
-from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.frames import STDOUT, Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     ArchiveError,
@@ -135,7 +137,7 @@ class OwnedView:
         return self._box.deadline
 
 
-class Sandbox(OwnedView):
+class Sandbox(OwnedView, DirTransfer):
     """A running long-lived sandbox. Use it only inside its ``open_sandbox`` block."""
 
     def __init__(
@@ -202,11 +204,12 @@ class Sandbox(OwnedView):
     async def _run(
         self,
         argv: list[str],
-        stdin: bytes | None,
+        stdin: StdinSource | None,
         timeout: float,
         max_output: int,
         workdir: str | None = None,
         env: list[str] | None = None,
+        on_stdout: StdoutSink | None = None,
     ) -> RunResult:
         self._check_usable()
         engine = self._box.engine
@@ -245,7 +248,7 @@ class Sandbox(OwnedView):
                 stream = await exec_start(engine, exec_id)
                 t2 = clock()
                 timings["start_s"] = t2 - t1
-                ended, overflowed = await _pump(stream, capture, stdin)
+                ended, overflowed = await _pump(stream, capture, stdin, on_stdout)
                 if overflowed:
                     status = "output_exceeded"
             if not ended and status == "exited":
@@ -488,9 +491,13 @@ class Sandbox(OwnedView):
 
 @plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt
 async def _pump(
-    stream: HijackedStream, capture: OutputCapture, stdin: bytes | None
+    stream: HijackedStream,
+    capture: OutputCapture,
+    stdin: StdinSource | None,
+    on_stdout: StdoutSink | None = None,
 ) -> tuple[bool, bool]:
-    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow.
+    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow;
+    with ``on_stdout``, stdout goes there instead, uncapped (the callee bounds it).
 
     Returns ``(ended, overflowed)``; errors are raised outside the nursery, unwrapped.
     """
@@ -508,6 +515,9 @@ async def _pump(
                     ended = True
                     break
                 for stream_id, data in demuxer.feed(chunk):
+                    if on_stdout is not None and stream_id == STDOUT:
+                        await on_stdout(data)
+                        continue
                     if capture.add(stream_id, data):
                         overflowed = True
                         break

@@ -36,6 +36,7 @@ PURE = [
     "_model/image_ref.py",
     "_model/call_checks.py",
     "_consumers/exec_scripts.py",
+    "_consumers/tar_stream.py",
     "pool/sizing.py",
     "pool/line.py",
     "pool/shape.py",
