@@ -76,7 +76,10 @@ async def test_a_10000_file_tree_round_trips_byte_exact(
     make_tree(source, 10_000, seed=40)
     sent = tree_of(source)
     assert sum(1 for data in sent.values() if data is not None) == 10_000
-    spec = session_spec(busybox, runtime, scratch_bytes=128 * MiB, fsize_bytes=16 * MiB)
+    # The scratch is memory (gVisor keeps 11,000 inodes in its own kernel): room for both.
+    spec = session_spec(
+        busybox, runtime, scratch_bytes=128 * MiB, fsize_bytes=16 * MiB, memory_bytes=256 * MiB
+    )
     async with open_sandbox(spec, engine=engine) as sandbox:
         started = time.monotonic()
         await sandbox.put_dir(source, "work/tree")
