@@ -44,19 +44,20 @@ def quota_driver(witness: Witness) -> bool:
     return bool(witness.get("/info")["Driver"] == "btrfs")
 
 
-def build_deb(where: Path) -> bytes:
-    """A package with no dependencies that installs one script, as ``dpkg-deb`` builds it."""
+def build_deb(where: Path, script: str = HELLO, name: str = "sbxkit-hello") -> bytes:
+    """A package with no dependencies that installs one script, ``/usr/local/bin/NAME``, as
+    ``dpkg-deb`` builds it."""
     root = where / "pkg"
     (root / "DEBIAN").mkdir(parents=True)
     (root / "DEBIAN" / "control").write_text(
-        "Package: sbxkit-hello\nVersion: 1.0\nArchitecture: all\n"
+        f"Package: {name}\nVersion: 1.0\nArchitecture: all\n"
         "Maintainer: sbxkit tests <tests@sbxkit.invalid>\nDescription: installed by a test\n"
     )
-    script = root / "usr" / "local" / "bin" / "sbxkit-hello"
-    script.parent.mkdir(parents=True)
-    script.write_text(HELLO)
-    script.chmod(0o755)
-    out = where / "sbxkit-hello.deb"
+    program = root / "usr" / "local" / "bin" / name
+    program.parent.mkdir(parents=True)
+    program.write_text(script)
+    program.chmod(0o755)
+    out = where / f"{name}.deb"
     subprocess.run(
         ["dpkg-deb", "--build", "--root-owner-group", str(root), str(out)],
         check=True,
