@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     )
     from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
     from sbxkit._consumers.oneshot import run
+    from sbxkit._consumers.process_log import ProcessExit
+    from sbxkit._consumers.processes import Process
     from sbxkit._consumers.pty import PtySession, open_pty
     from sbxkit._consumers.session import (
         Sandbox,
@@ -89,10 +91,13 @@ if TYPE_CHECKING:
         NeverFits,
         NotFound,
         PoolUnavailable,
+        ProcessError,
+        ProcessStillRunning,
         SandboxFileNotFound,
         SbxError,
         SpecError,
         SupervisorError,
+        TooManyProcesses,
     )
     from sbxkit.pool.held import HeldPool, PooledBackend
     from sbxkit.pool.inprocess import Pool, open_pool
@@ -170,6 +175,10 @@ __all__ = [
     "PoolPerShape",
     "PoolUnavailable",
     "PooledBackend",
+    "Process",
+    "ProcessError",
+    "ProcessExit",
+    "ProcessStillRunning",
     "PtySession",
     "RayCluster",
     "Receipt",
@@ -188,6 +197,7 @@ __all__ = [
     "SupervisedOwner",
     "SupervisorError",
     "TmpfsMount",
+    "TooManyProcesses",
     "Usage",
     "VolumeMount",
     "Workspace",
