@@ -8,7 +8,10 @@ sbxkit/_consumers/session.py explains how they are used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sbxkit._plan.policy import SCRATCH_PATH
+from sbxkit.engine.execapi import ExecCreate
 
 __all__ = [
     "EXEC_FILE",
@@ -21,6 +24,7 @@ __all__ = [
     "PUT_SCRIPT",
     "RUN_SCRIPT",
     "SIGNAL_SCRIPT",
+    "wrapped_exec",
 ]
 
 EXEC_FILE = SCRATCH_PATH + "/.sbxkit-exec-"
@@ -159,3 +163,28 @@ GET_DIR_SCRIPT = (
 ``./…`` without following links in it (the reader refuses them). A directory that is not
 there ends it with ``MISSING_STATUS`` and its name, said only once its parent is known to be
 under the root."""
+
+
+def wrapped_exec(
+    token: str,
+    argv: Sequence[str],
+    *,
+    user: str,
+    stdin: bool,
+    tty: bool = False,
+    env: list[str] | None = None,
+    workdir: str | None = None,
+) -> ExecCreate:
+    """The exec of ``argv`` under ``RUN_SCRIPT``: its own process group, recorded under
+    ``token`` for the killer; never privileged, always as the sandbox's user."""
+    return ExecCreate(
+        cmd=["sh", "-c", RUN_SCRIPT, "sbxkit-exec", token, *argv],
+        attach_stdin=stdin,
+        attach_stdout=True,
+        attach_stderr=True,
+        tty=tty,
+        privileged=False,
+        user=user,
+        env=env,
+        working_dir=workdir,
+    )

@@ -43,7 +43,7 @@ from typing import Protocol
 
 import trio
 
-from sbxkit._consumers.exec_scripts import NO_GROUP_STATUS, RUN_SCRIPT, SIGNAL_SCRIPT
+from sbxkit._consumers.exec_scripts import NO_GROUP_STATUS, SIGNAL_SCRIPT, wrapped_exec
 from sbxkit._consumers.process_log import (
     DEFAULT_MAX_PROCESSES,
     DEFAULT_READ_BYTES,
@@ -63,7 +63,7 @@ from sbxkit._model.result import RunResult, Status
 from sbxkit._model.rules import merge_env, runtime_env
 from sbxkit._model.spec import check_limit, validate_workdir
 from sbxkit._util.public import publish
-from sbxkit.engine.execapi import ExecCreate, exec_create, exec_resize, exec_start
+from sbxkit.engine.execapi import exec_create, exec_resize, exec_start
 from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.errors import (
@@ -413,16 +413,8 @@ class ProcessTable:
         sandbox._check_usable()
         engine = sandbox._box.engine
         token = secrets.token_hex(8)
-        body = ExecCreate(
-            cmd=["sh", "-c", RUN_SCRIPT, "sbxkit-exec", token, *argv],
-            attach_stdin=stdin,
-            attach_stdout=True,
-            attach_stderr=True,
-            tty=pty,
-            privileged=False,
-            user=sandbox._box.user,
-            env=env,
-            working_dir=workdir,
+        body = wrapped_exec(
+            token, argv, user=sandbox._box.user, stdin=stdin, tty=pty, env=env, workdir=workdir
         )
         began = time.time()  # the daemon stamps its events with this host's clock
         deadline = trio.current_time() + timeout

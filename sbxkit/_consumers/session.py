@@ -62,7 +62,7 @@ from sbxkit._consumers.exec_scripts import (
     GET_SCRIPT,
     KILL_SCRIPT,
     PUT_SCRIPT,
-    RUN_SCRIPT,
+    wrapped_exec,
 )
 from sbxkit._consumers.process_log import DEFAULT_MAX_PROCESSES
 from sbxkit._consumers.processes import ProcessTable, running, start_process
@@ -214,16 +214,8 @@ class Sandbox(OwnedView, DirTransfer):
         self._check_usable()
         engine = self._box.engine
         token = secrets.token_hex(8)
-        body = ExecCreate(
-            cmd=["sh", "-c", RUN_SCRIPT, "sbxkit-exec", token, *argv],
-            attach_stdin=stdin is not None,
-            attach_stdout=True,
-            attach_stderr=True,
-            tty=False,
-            privileged=False,
-            user=self._box.user,
-            env=env,
-            working_dir=workdir,
+        body = wrapped_exec(
+            token, argv, user=self._box.user, stdin=stdin is not None, env=env, workdir=workdir
         )
         clock = trio.current_time
         timings: dict[str, float] = {}

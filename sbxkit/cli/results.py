@@ -15,12 +15,12 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, get_args
 
 import msgspec
 
 from sbxkit._consumers.harness import Job, JobError, JobId, JobResult
-from sbxkit._model.result import json_fields
+from sbxkit._model.result import Status, json_fields
 from sbxkit._util.bounded_read import file_kind_problem
 from sbxkit.errors import ResultsFileError, SpecError
 
@@ -88,16 +88,7 @@ def encode_result(done: JobResult, *, cluster: bool = False) -> bytes:
     return _ENCODER.encode(result_line(done, cluster=cluster)) + b"\n"
 
 
-RESULT_STATUSES = (
-    "exited",
-    "timed_out",
-    "output_exceeded",
-    "oom_killed",
-    "killed",
-    "disk_exceeded",
-    "error",
-    "lost",
-)
+RESULT_STATUSES = (*get_args(Status), "error", "lost")
 LOST = "lost"
 """A cluster batch's attempt whose node was lost mid-run: recorded, but the job is not done
 (it was retried, or a resume runs it)."""

@@ -16,10 +16,11 @@ or volume) or reach beyond this machine (a network other than ``none``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from sbxkit._grammar.profile import LIMIT_FIELDS
 from sbxkit._model.mounts import Mount, TmpfsMount
+from sbxkit._model.result import Status
 from sbxkit._model.spec import Limits
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
 from sbxkit.mcp.policy import McpPolicy, show
@@ -67,14 +68,7 @@ COMMAND_RESULT = {
     "properties": {
         "status": {
             "type": "string",
-            "enum": [
-                "exited",
-                "timed_out",
-                "output_exceeded",
-                "oom_killed",
-                "killed",
-                "disk_exceeded",
-            ],
+            "enum": list(get_args(Status)),
         },
         "exit_code": {"type": ["integer", "null"]},
         "stdout": STRING,
