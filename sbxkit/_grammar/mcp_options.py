@@ -9,6 +9,8 @@
     lifetime = 3600               # the longest an open sandbox may live (s)
     idle_timeout = 600            # an open sandbox no call used for this long is removed (s)
     max_file_bytes = "4m"         # one stdin, one file read or written, a run's files together
+    max_processes = 4             # background processes running at once in one open sandbox
+    max_read_wait = 30            # the longest a process_read may wait for output (s)
 
 What a model may ask for beyond this — limits — is capped by ``[sandbox.docker.limits]``: a
 tool call may lower them, never raise them (``sbxkit.mcp.policy``). Every value here is
@@ -31,6 +33,10 @@ MAX_SANDBOXES = 4096
 MAX_FILE_BYTES = 64 * 1024 * 1024
 """Transfers travel inside JSON messages (base64 or text): 64 MiB is already a lot."""
 MIN_IDLE_TIMEOUT_S = 1.0
+MAX_PROCESSES = 64
+"""A ceiling on ``max_processes``: each process holds an exec stream, a task and its output."""
+MAX_READ_WAIT_S = 600.0
+"""A ceiling on ``max_read_wait``: a waiting read holds its HTTP request open."""
 
 
 class McpOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -43,13 +49,17 @@ class McpOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froze
     lifetime: float = 3600.0
     idle_timeout: float = 600.0
     max_file_bytes: int | str = "4m"
+    max_processes: int = 4
+    """Background processes (``process_start``) running at once in one open sandbox."""
+    max_read_wait: float = 30.0
+    """The longest one ``process_read`` may wait for new output, in seconds."""
 
 
-def _positive_count(value: int, field: str) -> None:
+def _positive_count(value: int, field: str, most: int = MAX_SANDBOXES) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(field, "must be a whole number >= 1")
-    if value > MAX_SANDBOXES:
-        raise SpecError(field, f"must be <= {MAX_SANDBOXES}")
+    if value > most:
+        raise SpecError(field, f"must be <= {most}")
 
 
 def _seconds(value: float, field: str, minimum: float) -> None:
@@ -105,6 +115,12 @@ def validate_mcp_options(options: McpOptions) -> None:
     _seconds(options.lifetime, f"{ROOT}.lifetime", MIN_IDLE_TIMEOUT_S)
     _seconds(options.idle_timeout, f"{ROOT}.idle_timeout", MIN_IDLE_TIMEOUT_S)
     file_bytes(options)
+    _positive_count(options.max_processes, f"{ROOT}.max_processes", MAX_PROCESSES)
+    wait = options.max_read_wait
+    if isinstance(wait, bool) or not isinstance(wait, int | float):
+        raise SpecError(f"{ROOT}.max_read_wait", "must be a number of seconds")
+    if not 0 <= wait <= MAX_READ_WAIT_S:
+        raise SpecError(f"{ROOT}.max_read_wait", f"must be in 0..{MAX_READ_WAIT_S:.0f} seconds")
 
 
 def parse_http_address(text: str, field: str = "--http") -> tuple[str, int]:

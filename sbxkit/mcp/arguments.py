@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -27,6 +27,7 @@ FILES_ROOT = "/tmp"
 besides ``/dev/shm`` (the root filesystem is read-only)."""
 MAX_RUN_FILES = 100
 SANDBOX_ID_RE = re.compile(r"sbx-[0-9a-f]{24}")
+PROCESS_ID_RE = re.compile(r"p[0-9a-f]{16}")
 
 Encoding = Literal["utf-8", "base64"]
 
@@ -83,6 +84,45 @@ class ListArgs(Args):
     pass
 
 
+class ProcessStartArgs(SandboxArgs):
+    command: list[str] | None = None
+    shell: str | None = None
+    pty: bool = False
+    timeout: float | None = None
+    max_output: int | str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class ProcessArgs(SandboxArgs):
+    process_id: str
+
+
+class ProcessWriteArgs(ProcessArgs):
+    data: str = ""
+    encoding: Encoding = "utf-8"
+    close_stdin: bool = False
+
+
+class ProcessReadArgs(ProcessArgs):
+    cursor: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_bytes: int | str | None = None
+    wait: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    encoding: Encoding = "utf-8"
+
+
+class ProcessSignalArgs(ProcessArgs):
+    signal: int | str
+
+
+class ProcessKillArgs(ProcessArgs):
+    pass
+
+
+class ProcessListArgs(SandboxArgs):
+    pass
+
+
 ARGS: dict[str, type[Args]] = {
     "run": RunArgs,
     "sandbox_open": OpenArgs,
@@ -91,6 +131,12 @@ ARGS: dict[str, type[Args]] = {
     "sandbox_read_file": ReadFileArgs,
     "sandbox_close": CloseArgs,
     "sandbox_list": ListArgs,
+    "process_start": ProcessStartArgs,
+    "process_write": ProcessWriteArgs,
+    "process_read": ProcessReadArgs,
+    "process_signal": ProcessSignalArgs,
+    "process_kill": ProcessKillArgs,
+    "process_list": ProcessListArgs,
 }
 """Tool name → its arguments (``sbxkit.mcp.schemas`` describes the same fields)."""
 
@@ -109,9 +155,13 @@ def decode_args(arguments: dict[str, Any] | None, kind: type[A]) -> A:
         check_command(args.command)
     if isinstance(args, SandboxArgs):
         check_sandbox_id(args.sandbox_id)
-    if isinstance(args, ExecArgs):
+    if isinstance(args, ProcessArgs):
+        check_process_id(args.process_id)
+    if isinstance(args, ProcessStartArgs):
+        process_command(args)
+    if isinstance(args, ExecArgs | ProcessStartArgs):
         validate_workdir(args.cwd, "cwd")
-    if isinstance(args, RunArgs | OpenArgs | ExecArgs) and args.env is not None:
+    if isinstance(args, RunArgs | OpenArgs | ExecArgs | ProcessStartArgs) and args.env is not None:
         check_env(args.env, "env")
     return args
 
@@ -133,6 +183,35 @@ def check_sandbox_id(sandbox_id: str) -> None:
         )
 
 
+def check_process_id(process_id: str) -> None:
+    if PROCESS_ID_RE.fullmatch(process_id) is None:
+        raise SpecError(
+            "process_id", "is not a process id (process_start returns one, e.g. p0123…)"
+        )
+
+
+def process_command(args: ProcessStartArgs) -> list[str]:
+    """A process's argv: ``command`` as given, or ``shell`` run by ``sh -c``; exactly one."""
+    if (args.command is None) == (args.shell is None):
+        both = "not both" if args.command is not None else "one is required"
+        raise SpecError(
+            "command",
+            f"give command (an argv list) or shell (a command line for sh -c), {both}",
+        )
+    if args.shell is not None:
+        if not args.shell.strip():
+            raise SpecError("shell", "is empty; give a command line, e.g. 'make test'")
+        argv = ["sh", "-c", args.shell]
+        try:
+            check_command(argv)
+        except SpecError as error:  # it names command[2]: the model typed shell
+            raise SpecError("shell", error.rule) from None
+        return argv
+    assert args.command is not None
+    check_command(args.command)
+    return list(args.command)
+
+
 def text_bytes(text: str, field: str, limit: int) -> bytes:
     """UTF-8 text as bytes, at most ``limit`` of them."""
     data = text.encode("utf-8")
@@ -141,16 +220,17 @@ def text_bytes(text: str, field: str, limit: int) -> bytes:
     return data
 
 
-def content_bytes(content: str, encoding: Encoding, limit: int) -> bytes:
-    """A file's content as sent: UTF-8 text, or base64 for bytes that are not text."""
+def content_bytes(content: str, encoding: Encoding, limit: int, field: str = "content") -> bytes:
+    """A file's content (or a process's input) as sent: UTF-8 text, or base64 for bytes that
+    are not text."""
     if encoding == "utf-8":
-        return text_bytes(content, "content", limit)
+        return text_bytes(content, field, limit)
     try:
         data = base64.b64decode(content.encode("ascii"), validate=True)
     except (UnicodeEncodeError, binascii.Error):
-        raise SpecError("content", "is not valid base64 (encoding is 'base64')") from None
+        raise SpecError(field, "is not valid base64 (encoding is 'base64')") from None
     if len(data) > limit:
-        raise SpecError("content", f"is {len(data)} bytes; at most {limit} (mcp.max_file_bytes)")
+        raise SpecError(field, f"is {len(data)} bytes; at most {limit} (mcp.max_file_bytes)")
     return data
 
 

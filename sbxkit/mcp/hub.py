@@ -37,15 +37,23 @@ from typing import Any
 import trio
 
 from sbxkit._consumers.oneshot import run as sbxkit_run
+from sbxkit._consumers.processes import Process
 from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
 from sbxkit._model.result import RunResult
-from sbxkit.errors import HubStopping, SbxError, SpecError, UnknownSandbox
+from sbxkit.errors import HubStopping, QuotaExhausted, SbxError, SpecError, UnknownSandbox
 from sbxkit.mcp.arguments import (
     FILES_ROOT,
     CloseArgs,
     ExecArgs,
     ListArgs,
     OpenArgs,
+    ProcessArgs,
+    ProcessKillArgs,
+    ProcessListArgs,
+    ProcessReadArgs,
+    ProcessSignalArgs,
+    ProcessStartArgs,
+    ProcessWriteArgs,
     ReadFileArgs,
     RunArgs,
     WriteFileArgs,
@@ -53,6 +61,13 @@ from sbxkit.mcp.arguments import (
     file_path,
 )
 from sbxkit.mcp.policy import McpPolicy, OpenRequest, exec_request, open_request, run_request
+from sbxkit.mcp.process_calls import (
+    process_fields,
+    read_fields,
+    read_request,
+    signal_number,
+    start_request,
+)
 from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.shapes import SandboxView, sandbox_list
 
@@ -65,6 +80,9 @@ LIFETIME_MARGIN_S = 1.0
 timeout of its own instead of under the sandbox's removal."""
 MAX_REAP_INTERVAL_S = 1.0
 CLOSE_BUDGET_S = 60.0
+ENDED_PROCESSES_KEPT = 16
+"""How many ended processes of a sandbox stay readable (their output and exit), newest kept:
+their output is held in memory, bounded by ``limits.max_output`` each."""
 """The longest the hub waits for a sandbox's removal; sbxkit's own removal is time-bounded,
 and past this the supervisor, which holds every lease, removes what is left."""
 
@@ -77,6 +95,27 @@ class Caller:
 
     account: str
     owner: str
+
+
+@dataclass
+class HeldProcess:
+    """A background process of an open sandbox, kept after it ends so its output stays
+    readable (the session's table forgets ended ones)."""
+
+    process: Process
+    command: list[str]
+    stdin_closed: bool = False
+
+    def fields(self, sandbox_id: str) -> dict[str, Any]:
+        process = self.process
+        return process_fields(
+            sandbox_id,
+            process.id,
+            self.command,
+            pty=process.pty,
+            output_bytes=process.output_bytes,
+            exit_=process.exit,
+        )
 
 
 def new_sandbox_id() -> str:
@@ -99,6 +138,7 @@ class OpenSandbox:
     ended: str | None = None
     last_used: float = 0.0
     busy: int = 0
+    processes: dict[str, HeldProcess] = field(default_factory=dict)
 
     def end(self, why: str) -> None:
         if self.ended is None:
@@ -200,7 +240,10 @@ class Hub:
         try:
             with entry.scope:
                 async with open_sandbox(
-                    entry.request.spec, settings=self.policy.settings, socket_path=self.socket_path
+                    entry.request.spec,
+                    settings=self.policy.settings,
+                    socket_path=self.socket_path,
+                    max_processes=self.policy.options.max_processes,
                 ) as sandbox:
                     entry.sandbox = sandbox
                     entry.last_used = trio.current_time()
@@ -379,9 +422,115 @@ class Hub:
             in_all=quotas.in_all,
         )
 
+    # -- background processes (sbxkit.mcp.process_calls) ------------------------------------
+
+    async def process_start(self, client: Caller, args: ProcessStartArgs) -> dict[str, Any]:
+        entry = self._find(client, args.sandbox_id)
+        request = start_request(
+            self.policy, entry.request.command_limits, entry.request.lifetime_s, args
+        )
+        with self._using(client, args.sandbox_id) as sandbox:
+            left = sandbox.deadline - trio.current_time() - LIFETIME_MARGIN_S
+            if left <= 0:
+                raise UnknownSandbox(f"{args.sandbox_id} ends in under {LIFETIME_MARGIN_S:g} s")
+            most = self.policy.options.max_processes
+            if len(sandbox.processes) >= most:  # before the session's own, naming the option
+                raise QuotaExhausted(
+                    "mcp.max_processes",
+                    f"this sandbox already runs {len(sandbox.processes)} background processes "
+                    f"(the operator allows {most}); end one with process_kill first",
+                )
+            process = await sandbox.start(
+                request.command,
+                pty=request.pty,
+                env=request.env,
+                workdir=request.cwd,
+                max_output=request.max_output,
+                timeout=min(request.timeout_s, left),
+            )
+        held = entry.processes[process.id] = HeldProcess(process, request.command)
+        _forget_ended(entry.processes)
+        return held.fields(args.sandbox_id)
+
+    async def process_write(self, client: Caller, args: ProcessWriteArgs) -> dict[str, Any]:
+        data = content_bytes(args.data, args.encoding, self.policy.file_bytes, "data")
+        if not data and not args.close_stdin:
+            raise SpecError("data", "is empty and close_stdin is false: nothing to do")
+        held = self._process(client, args)
+        with self._using(client, args.sandbox_id):
+            if data:
+                await held.process.write(data)
+            if args.close_stdin:
+                await held.process.close_stdin()
+                held.stdin_closed = True
+        return {
+            "sandbox_id": args.sandbox_id,
+            "process_id": args.process_id,
+            "bytes": len(data),
+            "stdin_closed": held.stdin_closed,
+        }
+
+    async def process_read(self, client: Caller, args: ProcessReadArgs) -> dict[str, Any]:
+        request = read_request(self.policy, args)
+        held = self._process(client, args)
+        with self._using(client, args.sandbox_id):
+            data, _, done = await held.process.read(
+                request.cursor, max_bytes=request.max_bytes, wait=request.wait_s
+            )
+        return read_fields(
+            args.sandbox_id,
+            args.process_id,
+            request,
+            data,
+            args.encoding,
+            done=done,
+            exit_=held.process.exit,
+        )
+
+    async def process_signal(self, client: Caller, args: ProcessSignalArgs) -> dict[str, Any]:
+        number = signal_number(args)
+        held = self._process(client, args)
+        with self._using(client, args.sandbox_id):
+            await held.process.signal(number)
+        return held.fields(args.sandbox_id)
+
+    async def process_kill(self, client: Caller, args: ProcessKillArgs) -> dict[str, Any]:
+        held = self._process(client, args)
+        with self._using(client, args.sandbox_id):
+            await held.process.kill()
+        return held.fields(args.sandbox_id)
+
+    async def process_list(self, client: Caller, args: ProcessListArgs) -> dict[str, Any]:
+        entry = self._find(client, args.sandbox_id)
+        listed = [held.fields(args.sandbox_id) for held in entry.processes.values()]
+        return {
+            "sandbox_id": args.sandbox_id,
+            "processes": listed,
+            "running": sum(1 for held in entry.processes.values() if held.process.exit is None),
+            "max_processes": self.policy.options.max_processes,
+        }
+
+    def _process(self, client: Caller, args: ProcessArgs) -> HeldProcess:
+        entry = self._find(client, args.sandbox_id)
+        held = entry.processes.get(args.process_id)
+        if held is None:
+            raise SpecError(
+                "process_id",
+                f"no process {args.process_id} in {args.sandbox_id} (process_list shows them; "
+                f"at most {ENDED_PROCESSES_KEPT} ended ones stay readable)",
+            )
+        return held
+
     def _refuse_when_stopping(self) -> None:
         if self._closing.is_set():
             raise HubStopping("the server is stopping; no sandbox is created any more")
+
+
+def _forget_ended(processes: dict[str, HeldProcess]) -> None:
+    """Keep every running process and the ``ENDED_PROCESSES_KEPT`` newest ended ones."""
+    ended = [key for key, held in processes.items() if held.process.exit is not None]
+    for key in ended[: max(0, len(ended) - ENDED_PROCESSES_KEPT)]:
+        del processes[key]
 
 
 def base64_text(data: bytes) -> str:

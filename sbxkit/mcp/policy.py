@@ -229,6 +229,16 @@ def open_request(policy: McpPolicy, args: OpenArgs) -> OpenRequest:
     return OpenRequest(spec=spec, command_limits=command_limits, lifetime_s=float(lifetime))
 
 
+def lower_output(raw: int | str | None, cap: int) -> int:
+    """A call's ``max_output`` (a size or a byte count), no higher than its sandbox's."""
+    if raw is None:
+        return cap
+    asked = parse_size(raw, "max_output") if isinstance(raw, str) else raw
+    check_limit("output_bytes", asked, "max_output")
+    at_most("max_output", "output_bytes", asked, cap, SANDBOX_LIMIT)
+    return asked
+
+
 def exec_request(policy: McpPolicy, command_limits: Limits, args: ExecArgs) -> ExecRequest:
     """One command in an open sandbox: its timeout and output cap lower the sandbox's."""
     timeout = command_limits.timeout_s
@@ -236,13 +246,7 @@ def exec_request(policy: McpPolicy, command_limits: Limits, args: ExecArgs) -> E
         check_limit("timeout_s", args.timeout, "timeout")
         at_most("timeout", "timeout_s", args.timeout, timeout, SANDBOX_LIMIT)
         timeout = args.timeout
-    max_output = command_limits.output_bytes
-    if args.max_output is not None:
-        raw = args.max_output
-        asked = parse_size(raw, "max_output") if isinstance(raw, str) else raw
-        check_limit("output_bytes", asked, "max_output")
-        at_most("max_output", "output_bytes", asked, max_output, SANDBOX_LIMIT)
-        max_output = asked
+    max_output = lower_output(args.max_output, command_limits.output_bytes)
     env = None if args.env is None else merged_env(policy.base.env, args.env)
     stdin = None if args.stdin is None else text_bytes(args.stdin, "stdin", policy.file_bytes)
     return ExecRequest(

@@ -24,13 +24,23 @@ from sbxkit._model.result import Status
 from sbxkit._model.spec import Limits
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
 from sbxkit.mcp.policy import McpPolicy, show
+from sbxkit.mcp.process_schemas import process_annotations, process_tool_definitions
+from sbxkit.mcp.schema_parts import (
+    COMMAND,
+    ENCODING,
+    INTEGER,
+    NULLABLE_STRING,
+    NUMBER,
+    SANDBOX_ID,
+    SIZE,
+    STDIN,
+    STRING,
+    TOOL_ERROR,
+    env_schema,
+    hints,
+    obj,
+)
 from sbxkit.mcp.shapes import COMMAND_FIELDS
-
-STRING = {"type": "string"}
-NULLABLE_STRING = {"type": ["string", "null"]}
-INTEGER = {"type": "integer"}
-NUMBER = {"type": "number"}
-SIZE = {"type": ["integer", "string"]}
 
 _LIMIT_MEANINGS = {
     "cpus": "CPU cores (fractions allowed)",
@@ -135,22 +145,6 @@ CLOSED = {
     "required": ["sandbox_id", "closed"],
 }
 
-TOOL_ERROR = {
-    "type": "object",
-    "description": "Only on an error result (isError: true): why the call was refused or "
-    "failed. Nothing was created.",
-    "properties": {
-        "type": {"type": "string", "description": "the error's kind, e.g. SpecError"},
-        "field": {
-            "type": ["string", "null"],
-            "description": "the argument (or profile option) at fault",
-        },
-        "rule": {"type": ["string", "null"], "description": "the rule it broke"},
-        "message": {"type": "string", "description": "field and rule in one sentence"},
-    },
-    "required": ["type", "field", "rule", "message"],
-}
-
 
 def admitting_errors(result: dict[str, Any]) -> dict[str, Any]:
     """A tool's output schema: its result, or (on an error result) ``{"error": …}``. The
@@ -186,17 +180,6 @@ def tool_annotations(policy: McpPolicy) -> dict[str, dict[str, Any]]:
     lasting = lasting_effects(policy)
     reaches_out = open_world(policy)
 
-    def hints(
-        title: str, read_only: bool, destructive: bool, idempotent: bool, world: bool
-    ) -> dict[str, Any]:
-        return {
-            "title": title,
-            "readOnlyHint": read_only,
-            "destructiveHint": destructive,
-            "idempotentHint": idempotent,
-            "openWorldHint": world,
-        }
-
     return {
         "run": hints("Run a command in a fresh sandbox", False, lasting, not lasting, reaches_out),
         "sandbox_open": hints("Open a sandbox", False, False, False, False),
@@ -205,21 +188,6 @@ def tool_annotations(policy: McpPolicy) -> dict[str, dict[str, Any]]:
         "sandbox_read_file": hints("Read a file from a sandbox", True, False, True, False),
         "sandbox_close": hints("Close a sandbox", False, True, True, False),
         "sandbox_list": hints("List my sandboxes", True, False, True, False),
-    }
-
-
-SANDBOX_ID = {
-    "type": "string",
-    "description": "The id sandbox_open returned (sbx-…).",
-}
-
-
-def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
     }
 
 
@@ -275,33 +243,6 @@ def _image(policy: McpPolicy) -> dict[str, Any]:
     }
 
 
-def _env(what: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": STRING,
-        "description": f"Environment variables for {what} (NAME: value). Variables the "
-        "operator sets cannot be changed.",
-    }
-
-
-COMMAND = {
-    "type": "array",
-    "items": STRING,
-    "minItems": 1,
-    "description": 'The program and its arguments, run without a shell: ["python3", "main.py"]. '
-    'For pipes, redirections or &&, use ["sh", "-c", "..."].',
-}
-STDIN = {
-    "type": "string",
-    "description": "Text fed to the command's standard input, then closed (default: empty).",
-}
-ENCODING = {
-    "type": "string",
-    "enum": ["utf-8", "base64"],
-    "description": "utf-8 (default) for text; base64 for bytes that are not text.",
-}
-
-
 def _results(what: str) -> str:
     return (
         f"Returns status: exited (exit_code is {what}'s), timed_out, output_exceeded "
@@ -330,7 +271,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             f"after it; nothing persists between calls (use sandbox_open for several steps). "
             f"Files you pass are written under {FILES_ROOT} first; the command starts in "
             f"{policy.base.workdir}. {_results('the command')}",
-            "inputSchema": _obj(
+            "inputSchema": obj(
                 {
                     "command": COMMAND,
                     "stdin": STDIN,
@@ -343,7 +284,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
                     },
                     "image": _image(policy),
                     "limits": limits_schema(ceilings, "this run"),
-                    "env": _env("the command"),
+                    "env": env_schema("the command"),
                 },
                 ["command"],
             ),
@@ -357,7 +298,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             f"{options.idle_timeout:g} s without a call, when its lifetime ends (at most "
             f"{options.lifetime:g} s), or when this client disconnects. At most "
             f"{options.max_sandboxes_per_client} sandboxes open or running per client.",
-            "inputSchema": _obj(
+            "inputSchema": obj(
                 {
                     "image": _image(policy),
                     "limits": limits_schema(
@@ -371,7 +312,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
                         "description": "Seconds until the sandbox is removed, however it is "
                         f"used; at most and by default {options.lifetime:g}.",
                     },
-                    "env": _env("every command in the sandbox"),
+                    "env": env_schema("every command in the sandbox"),
                 },
                 [],
             ),
@@ -382,7 +323,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             "description": "Run one command in an open sandbox. Files and changes under "
             f"{FILES_ROOT} stay for the next calls; the command's processes are killed when it "
             f"times out or overflows. {_results('the command')}",
-            "inputSchema": _obj(
+            "inputSchema": obj(
                 {
                     "sandbox_id": SANDBOX_ID,
                     "command": COMMAND,
@@ -402,7 +343,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
                         "description": "Absolute directory the command starts in (default "
                         f"{policy.base.workdir}).",
                     },
-                    "env": _env("this command"),
+                    "env": env_schema("this command"),
                 },
                 ["sandbox_id", "command"],
             ),
@@ -412,7 +353,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             "name": "sandbox_write_file",
             "description": f"Write a file in an open sandbox, under {FILES_ROOT} (missing "
             f"directories are created, an existing file is replaced). At most {size}.",
-            "inputSchema": _obj(
+            "inputSchema": obj(
                 {
                     "sandbox_id": SANDBOX_ID,
                     "path": path,
@@ -428,7 +369,7 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             "description": f"Read a regular file from an open sandbox, under {FILES_ROOT}. "
             "Text comes back as UTF-8; a file that is not UTF-8 is refused unless encoding is "
             f"base64. At most {size}.",
-            "inputSchema": _obj(
+            "inputSchema": obj(
                 {"sandbox_id": SANDBOX_ID, "path": path, "encoding": ENCODING},
                 ["sandbox_id", "path"],
             ),
@@ -438,19 +379,20 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             "name": "sandbox_close",
             "description": "Close an open sandbox: its container and every process in it are "
             "removed before this returns.",
-            "inputSchema": _obj({"sandbox_id": SANDBOX_ID}, ["sandbox_id"]),
+            "inputSchema": obj({"sandbox_id": SANDBOX_ID}, ["sandbox_id"]),
             "outputSchema": CLOSED,
         },
         {
             "name": "sandbox_list",
             "description": "List the open sandboxes of this session (time left, idle time, "
             "limits), and how many of its quota this client holds.",
-            "inputSchema": _obj({}, []),
+            "inputSchema": obj({}, []),
             "outputSchema": SANDBOX_LIST,
         },
+        *process_tool_definitions(policy),
     ]
     assert [tool["name"] for tool in tools] == list(ARGS), "a tool without its arguments"
-    hinted = tool_annotations(policy)
+    hinted = {**tool_annotations(policy), **process_annotations(open_world(policy))}
     for tool in tools:
         tool["outputSchema"] = admitting_errors(tool["outputSchema"])
         tool["annotations"] = hinted[tool["name"]]

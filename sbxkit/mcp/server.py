@@ -1,4 +1,4 @@
-"""The MCP server: the official SDK's low-level ``Server`` with sbxkit's seven tools.
+"""The MCP server: the official SDK's low-level ``Server`` with sbxkit's thirteen tools.
 
 Each call is decoded and checked (``sbxkit.mcp.arguments``/``policy``) before the hub creates
 anything; every sbxkit error becomes a tool error (``isError`` with the error's type, field,
@@ -55,7 +55,9 @@ CALLER_SCOPE_KEY = "sbxkit.caller"
 INSTRUCTIONS = (
     "Tools that run commands in hardened, disposable Linux sandboxes. Use run for one "
     "command; sandbox_open and then sandbox_write_file, sandbox_exec and sandbox_read_file "
-    "for several steps that share files, and sandbox_close when done. A failing command is a "
+    "for several steps that share files, and sandbox_close when done. For a long-lived shell "
+    "or server in an open sandbox, process_start it, then process_write its input and "
+    "process_read its output by cursor. A failing command is a "
     "result (read status and exit_code); a tool error means the call itself was refused, and "
     "its message names the argument and the rule."
 )
@@ -172,6 +174,12 @@ SHAPES: dict[str, tuple[Callable[[Any], dict[str, Any]] | None, str | None]] = {
     "sandbox_read_file": (None, None),
     "sandbox_close": (None, None),
     "sandbox_list": (None, None),
+    "process_start": (None, None),
+    "process_write": (None, None),
+    "process_read": (None, None),
+    "process_signal": (None, None),
+    "process_kill": (None, None),
+    "process_list": (None, None),
 }
 """Tool → how the hub's answer becomes JSON (None: it already is), and what progress says
 while it runs (None: no progress; it is quick)."""

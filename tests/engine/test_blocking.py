@@ -5,12 +5,14 @@ it gone at once, no waiting), sessions clean up however their block ends."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +20,15 @@ import sbxkit
 import sbxkit.aio
 import sbxkit.blocking
 from sbxkit._consumers.session import SandboxExpired
-from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, limits, spec, unique, wait_until
+from tests.engine.helpers import (
+    BASE_LIMITS,
+    SIGINT_AT_DEFAULT,
+    limits,
+    processes_with_marker,
+    spec,
+    unique,
+    wait_until,
+)
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -237,3 +247,132 @@ def test_blocking_calls_work_inside_a_running_event_loop_and_from_any_thread(
     worker.start()
     worker.join(60)
     assert outputs == [b"thread\n"]
+
+
+# --- asyncio sandboxes: sbxkit.aio.open_sandbox ------------------------------------------------
+
+
+def test_an_aio_sandbox_execs_moves_files_and_dirs_and_runs_a_process(
+    witness: Witness, busybox: str, tmp_path: Path
+) -> None:
+    label = unique("aio")
+    tree = tmp_path / "src"
+    (tree / "lib").mkdir(parents=True)
+    (tree / "lib" / "a.txt").write_bytes(b"alpha\n")
+
+    async def main() -> None:
+        async with sbxkit.aio.open_sandbox(labelled(busybox, "true", label)) as box:
+            assert await asyncio.to_thread(running, witness, label)
+            await box.put_files({"job/in.txt": b"3 4\n"})
+            result = await box.exec(["sh", "-c", "wc -w < /tmp/job/in.txt > /tmp/job/out.txt"])
+            assert result.ok, result
+            assert await box.get_files(["job/out.txt"]) == {"job/out.txt": b"2\n"}
+            await box.put_dir(tree, "/tmp/tree")
+            await box.exec(["sh", "-c", "echo beta > /tmp/tree/lib/b.txt"])
+            await box.get_dir("/tmp/tree", tmp_path / "back")
+
+            shell = await box.start(["sh"])
+            await shell.write(b"echo one\n")
+            await shell.write(b"echo t")
+            await shell.write(b"wo\n")
+            seen, cursor = b"", 0
+            while seen.count(b"\n") < 2:
+                data, cursor, done = await shell.read(cursor, wait=10)
+                assert not done
+                seen += data
+            assert seen == b"one\ntwo\n"
+            assert shell.exit is None
+            ended = await shell.kill()
+            assert ended.status == "killed"
+            assert shell.exit == ended
+            worker = await box.start(["sh", "-c", "exit 5"], stdin=False)
+            assert (await worker.wait(10)).exit_code == 5
+        assert ours(witness, label) == []  # removed before the block's end returned
+
+    asyncio.run(main())
+    assert (tmp_path / "back" / "lib" / "a.txt").read_bytes() == b"alpha\n"
+    assert (tmp_path / "back" / "lib" / "b.txt").read_bytes() == b"beta\n"
+
+
+def test_an_aio_exec_timed_out_by_asyncio_is_killed_and_the_sandbox_goes_on(
+    witness: Witness, busybox: str
+) -> None:
+    label = unique("aio")
+    marker = str(8_000_000 + os.getpid() % 1_000_000)
+
+    async def main() -> float:
+        async with sbxkit.aio.open_sandbox(labelled(busybox, "true", label)) as box:
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(box.exec(["sleep", marker]), 1)
+            cancelled_s = time.monotonic() - began
+            # The trio side was cancelled: its process group is gone when wait_for raised.
+            assert processes_with_marker(marker) == []
+            assert (await box.exec(["echo", "still"])).stdout == b"still\n"
+            process = await box.start(["sleep", marker])
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(process.wait(), 0.5)
+            assert process.exit is None  # cancelling a wait leaves the process running
+            assert (await process.kill()).status == "killed"
+        assert ours(witness, label) == []
+        return cancelled_s
+
+    assert asyncio.run(main()) < 15  # not the exec's 20 s limit
+
+
+def test_cancelling_an_aio_sandbox_block_removes_it_before_the_task_ends(
+    witness: Witness, busybox: str
+) -> None:
+    label = unique("aio")
+
+    async def hold(started: asyncio.Event) -> None:
+        async with sbxkit.aio.open_sandbox(labelled(busybox, "true", label)) as box:
+            started.set()
+            await box.exec(["sleep", "60"])
+
+    async def main() -> None:
+        started = asyncio.Event()
+        task = asyncio.create_task(hold(started))
+        await asyncio.wait_for(started.wait(), 30)
+        await asyncio.sleep(0.3)  # the exec is under way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ours(witness, label) == []  # gone the moment the task finished cancelling
+
+        # Cancelled while it opens (or just after): nothing is left either.
+        for delay in (0.05, 0.3):
+            opening = asyncio.create_task(hold(asyncio.Event()))
+            await asyncio.sleep(delay)
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+            assert ours(witness, label) == []
+
+    asyncio.run(main())
+
+
+def test_an_aio_sandbox_block_that_raises_or_outstays(witness: Witness, busybox: str) -> None:
+    label = unique("aio")
+
+    async def fail() -> None:
+        async with sbxkit.aio.open_sandbox(labelled(busybox, "true", label)) as box:
+            assert (await box.exec(["true"])).ok
+            _ = 1 / 0
+
+    async def outstay() -> None:
+        async with sbxkit.aio.open_sandbox(labelled(busybox, "true", label, timeout_s=1)):
+            await asyncio.sleep(2.5)
+
+    async def refused() -> None:
+        async with sbxkit.aio.open_sandbox(spec("sbxkit-test/absent:latest", "true")):
+            raise AssertionError("never opened")
+
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(fail())
+    assert ours(witness, label) == []
+    with pytest.raises(SandboxExpired):
+        asyncio.run(outstay())
+    assert ours(witness, label) == []
+    with pytest.raises(sbxkit.ImageError):
+        asyncio.run(refused())

@@ -56,6 +56,12 @@ TOOLS = [
     "sandbox_read_file",
     "sandbox_close",
     "sandbox_list",
+    "process_start",
+    "process_write",
+    "process_read",
+    "process_signal",
+    "process_kill",
+    "process_list",
 ]
 
 
@@ -1047,6 +1053,12 @@ ERROR_CALLS: dict[str, dict[str, Any]] = {
     "sandbox_read_file": {"sandbox_id": GONE, "path": "x"},
     "sandbox_close": {"sandbox_id": GONE},
     "sandbox_list": {"everything": True},
+    "process_start": {"sandbox_id": GONE, "shell": "sh"},
+    "process_write": {"sandbox_id": GONE, "process_id": "p" + "0" * 16, "data": "x"},
+    "process_read": {"sandbox_id": GONE, "process_id": "nope"},
+    "process_signal": {"sandbox_id": GONE, "process_id": "p" + "0" * 16, "signal": "NOPE"},
+    "process_kill": {"sandbox_id": GONE, "process_id": "p" + "0" * 16},
+    "process_list": {"sandbox_id": GONE},
 }
 """A refused call of every tool."""
 
@@ -1083,8 +1095,16 @@ async def test_every_result_conforms_to_its_tools_output_schema(
             ),
             "sandbox_read_file": await call(client, "sandbox_read_file", sandbox_id=box, path="f"),
             "sandbox_list": await call(client, "sandbox_list"),
-            "sandbox_close": await call(client, "sandbox_close", sandbox_id=box),
         }
+        started = await call(client, "process_start", sandbox_id=box, shell="cat")
+        ids = {"sandbox_id": box, "process_id": structured(started)["process_id"]}
+        results["process_start"] = started
+        results["process_write"] = await call(client, "process_write", **ids, data="hi\n")
+        results["process_read"] = await call(client, "process_read", **ids, wait=5)
+        results["process_signal"] = await call(client, "process_signal", **ids, signal="CONT")
+        results["process_list"] = await call(client, "process_list", sandbox_id=box)
+        results["process_kill"] = await call(client, "process_kill", **ids)
+        results["sandbox_close"] = await call(client, "sandbox_close", sandbox_id=box)
         for name, result in results.items():
             schema_validator(tools[name].output_schema).validate(structured(result))
 
@@ -1100,6 +1120,12 @@ EXPECTED_ANNOTATIONS = {
     "sandbox_read_file": (True, False, True, False),
     "sandbox_close": (False, True, True, False),
     "sandbox_list": (True, False, True, False),
+    "process_start": (False, True, False, False),
+    "process_write": (False, True, False, False),
+    "process_read": (True, False, True, False),
+    "process_signal": (False, True, False, False),
+    "process_kill": (False, True, True, False),
+    "process_list": (True, False, True, False),
 }
 
 

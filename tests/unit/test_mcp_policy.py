@@ -451,6 +451,49 @@ RESULTS: dict[str, dict[str, Any]] = {
     "sandbox_list": {"sandboxes": [], "open_or_running": 0, "max_per_client": 2},
 }
 RESULTS["sandbox_exec"] = RESULTS["run"]
+PROCESS_ID = "p" + "0" * 16
+PROCESS_EXIT = {
+    "status": "killed",
+    "exit_code": None,
+    "output_bytes": 3,
+    "duration_s": 1.5,
+    "evidence": {"oom": None, "kill": "sbxkit killed it on the caller's request (kill())"},
+}
+RESULTS["process_start"] = {
+    "sandbox_id": SANDBOX_ID,
+    "process_id": PROCESS_ID,
+    "command": ["sh", "-c", "sh -i"],
+    "pty": False,
+    "running": True,
+    "output_bytes": 0,
+    "exit": None,
+}
+RESULTS["process_signal"] = RESULTS["process_start"]
+RESULTS["process_kill"] = {**RESULTS["process_start"], "running": False, "exit": PROCESS_EXIT}
+RESULTS["process_write"] = {
+    "sandbox_id": SANDBOX_ID,
+    "process_id": PROCESS_ID,
+    "bytes": 3,
+    "stdin_closed": False,
+}
+RESULTS["process_read"] = {
+    "sandbox_id": SANDBOX_ID,
+    "process_id": PROCESS_ID,
+    "output": "hi\n",
+    "encoding": "utf-8",
+    "cursor": 0,
+    "next_cursor": 3,
+    "bytes": 3,
+    "done": True,
+    "running": False,
+    "exit": PROCESS_EXIT,
+}
+RESULTS["process_list"] = {
+    "sandbox_id": SANDBOX_ID,
+    "processes": [RESULTS["process_kill"]],
+    "running": 0,
+    "max_processes": 4,
+}
 
 
 def test_output_schemas_admit_each_result_and_each_error(policy: McpPolicy) -> None:
