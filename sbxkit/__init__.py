@@ -34,11 +34,13 @@ if TYPE_CHECKING:
         Receipt,
         run_with_grants,
     )
+    from sbxkit._consumers.handle import SandboxHandle
     from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
     from sbxkit._consumers.oneshot import run
     from sbxkit._consumers.process_log import ProcessExit
     from sbxkit._consumers.processes import Process
     from sbxkit._consumers.pty import PtySession, open_pty
+    from sbxkit._consumers.reattach import attach_sandbox
     from sbxkit._consumers.session import (
         Sandbox,
         SandboxExit,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         PoolUnavailable,
         ProcessError,
         ProcessStillRunning,
+        ReattachRefused,
         SandboxFileNotFound,
         SbxError,
         SpecError,
@@ -181,12 +184,14 @@ __all__ = [
     "ProcessStillRunning",
     "PtySession",
     "RayCluster",
+    "ReattachRefused",
     "Receipt",
     "RunResult",
     "Sandbox",
     "SandboxExit",
     "SandboxExpired",
     "SandboxFileNotFound",
+    "SandboxHandle",
     "SandboxSpec",
     "SandboxUnusable",
     "SbxError",
@@ -203,6 +208,7 @@ __all__ = [
     "Workspace",
     "aio",
     "apply_profile",
+    "attach_sandbox",
     "blocking",
     "build_create_body",
     "check_spec",

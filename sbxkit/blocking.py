@@ -23,13 +23,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any
 
 import trio
 
-from sbxkit._consumers import oneshot, session
+from sbxkit._consumers import oneshot, reattach, session
+from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.process_log import ProcessExit
@@ -41,7 +42,14 @@ from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 
-__all__ = ["BlockingProcess", "BlockingSandbox", "open_sandbox", "run", "run_many"]
+__all__ = [
+    "BlockingProcess",
+    "BlockingSandbox",
+    "attach_sandbox",
+    "open_sandbox",
+    "run",
+    "run_many",
+]
 
 
 def run(spec: SandboxSpec, stdin: bytes | None = None, **options: Any) -> RunResult:
@@ -90,6 +98,11 @@ class BlockingSandbox:
     def get_dir(self, src: str, local_dir: str | os.PathLike[str], **options: Any) -> None:
         """``Sandbox.get_dir``: copy a sandbox directory tree into a new or empty host one."""
         self._portal.call(functools.partial(self._sandbox.get_dir, src, local_dir, **options))
+
+    def detach(self, keep_s: float) -> SandboxHandle:
+        """``Sandbox.detach``: the supervisor keeps the sandbox past the block for at most
+        ``keep_s`` seconds; ``attach_sandbox(handle)`` continues it, once."""
+        return self._portal.call(functools.partial(self._sandbox.detach, keep_s))
 
     def start(self, argv: Sequence[str], **options: Any) -> BlockingProcess:
         """``Sandbox.start``: a background process, ended at the latest with the block."""
@@ -145,13 +158,29 @@ def open_sandbox(spec: SandboxSpec, **options: Any) -> Iterator[BlockingSandbox]
     exception propagates. What ended the sandbox itself (``SandboxExpired``, ``CleanupError``)
     is raised after a normal exit, or chained over the block's exception.
     """
+    with _held(lambda: session.open_sandbox(spec, **options)) as sandbox:
+        yield sandbox
+
+
+@contextmanager
+def attach_sandbox(handle: SandboxHandle) -> Iterator[BlockingSandbox]:
+    """``sbxkit.attach_sandbox`` as a ``with`` block: a detached sandbox continued here; the
+    block's end removes it, as ``open_sandbox``'s does."""
+    with _held(lambda: reattach.attach_sandbox(handle)) as sandbox:
+        yield sandbox
+
+
+@contextmanager
+def _held(
+    opener: Callable[[], AbstractAsyncContextManager[session.Sandbox]],
+) -> Iterator[BlockingSandbox]:
     opened = threading.Event()
     release = trio.Event()
     held: list[session.Sandbox] = []
 
     async def hold() -> None:
         try:
-            async with session.open_sandbox(spec, **options) as sandbox:
+            async with opener() as sandbox:
                 held.append(sandbox)
                 opened.set()
                 await release.wait()

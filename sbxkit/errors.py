@@ -335,6 +335,15 @@ class SupervisorError(SbxError):
         self.lease = lease
 
 
+class ReattachRefused(SupervisorError):
+    """The supervisor refused to hand a detached sandbox over (``attach_sandbox``): a wrong
+    secret, a handle already used, a lease unknown, ended, or carried by a connection. The
+    lease is untouched; the supervisor's log says the same."""
+
+    def __init__(self, lease: str, reason: str) -> None:
+        super().__init__(f"reattach refused: {reason}", code="reattach", lease=lease)
+
+
 class SupervisorConnectionLost(SupervisorError):
     """The connection to the supervisor closed while sending."""
 

@@ -64,6 +64,7 @@ from sbxkit._consumers.exec_scripts import (
     PUT_SCRIPT,
     wrapped_exec,
 )
+from sbxkit._consumers.handle import detach_sandbox
 from sbxkit._consumers.process_log import DEFAULT_MAX_PROCESSES
 from sbxkit._consumers.processes import ProcessTable, running, start_process
 from sbxkit._lifecycle.attached import feed_stdin
@@ -149,6 +150,7 @@ class Sandbox(OwnedView, DirTransfer):
         self.processes = ProcessTable(max_processes)  # background ones (processes.py)
 
     start = start_process
+    detach = detach_sandbox  # hand it to another process (handle.py, reattach.py)
 
     @property
     def spec(self) -> SandboxSpec:

@@ -43,6 +43,7 @@ from sbxkit._protocol.wire import (
     Close,
     Closed,
     Created,
+    Detached,
     Expiring,
     Launched,
     Message,
@@ -199,7 +200,9 @@ class LeaseLink:
             if isinstance(message, Created):
                 self.created = True  # from here a missing record means it was recovered
             self._push(message)
-            if isinstance(message, TERMINAL):
+            if isinstance(message, TERMINAL) or (
+                isinstance(message, Detached) and message.problem is None
+            ):  # a detached lease's connection ends with the lease alive: no re-adoption
                 self.ended = True
                 return
 

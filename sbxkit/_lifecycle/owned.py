@@ -20,7 +20,13 @@ import trio
 from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
 from sbxkit._kernel.userns import host_root_problem, read_uid_map
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
-from sbxkit._lifecycle.owner import GoverningOwner, InspectingOwner, LaunchingOwner, Owner
+from sbxkit._lifecycle.owner import (
+    DetachingOwner,
+    GoverningOwner,
+    InspectingOwner,
+    LaunchingOwner,
+    Owner,
+)
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.result import Status, Stream
 from sbxkit._model.spec import body_ids
@@ -60,6 +66,19 @@ class SandboxExit(msgspec.Struct, frozen=True, kw_only=True):
     overflowed: Stream | None = None
     oom_evidence: str | None = None
     kill_evidence: str | None = None
+
+
+class Detachment(msgspec.Struct, frozen=True, kw_only=True):
+    """A lease its owner keeps without its caller (``OwnedContainer.detach``): the secret that
+    reattaches it once, the keep deadline (unix seconds), and where its supervisor lives."""
+
+    secret: str
+    until: float
+    state_dir: str
+    supervisor_command: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Detachment(until={self.until:.0f}, state_dir={self.state_dir!r})"
 
 
 # --- the owned container --------------------------------------------------------------------
@@ -144,6 +163,38 @@ class OwnedContainer:
         """Hand the removal to the owner, if it removes on its own (``Owner.release``): the
         payload is done with the container."""
         self.released = await self._owner.release(self.lease)
+
+    async def detach(self, keep_s: float) -> Detachment:
+        """Hand the lease to its owner to keep without this process for at most ``keep_s``
+        seconds (``DetachingOwner``): the secret that reattaches it and the keep deadline
+        (unix seconds). The block's end then leaves the container to the owner."""
+        if not isinstance(self._owner, DetachingOwner):
+            raise SbxError(
+                f"the owner {type(self._owner).__name__} cannot keep a sandbox without its "
+                "caller: only the supervisor can"
+            )
+        secret, until = await self._owner.detach(self.lease, keep_s)
+        self.released = True  # the owner's now: ``remove`` returns at once
+        return Detachment(
+            secret=secret,
+            until=until,
+            state_dir=str(self._owner.state_dir),
+            supervisor_command=self._owner.supervisor_command,
+        )
+
+    @classmethod
+    def reattached(
+        cls, *, engine: Engine, plan: Plan, container_id: str, deadline: float, owner: Owner
+    ) -> OwnedContainer:
+        """The container of a lease taken over from another process (``DetachingOwner``),
+        its time limit ending at ``deadline`` (trio clock) as it did there."""
+        box = cls(
+            engine=engine, plan=plan, container_id=container_id, began=trio.current_time(),
+            owner=owner,
+        )  # fmt: skip
+        box.create_s = 0.0
+        box.deadline = deadline
+        return box
 
     @property
     def governed(self) -> bool:

@@ -172,6 +172,26 @@ class GoverningOwner(Protocol):
         ...
 
 
+@runtime_checkable
+class DetachingOwner(Protocol):
+    """An owner that can keep a lease without its caller for a while and hand it to another
+    process that proves the secret (the supervisor; issue 40)."""
+
+    state_dir: Path
+    supervisor_command: str | None
+
+    async def detach(self, lease: str, keep_s: float) -> tuple[str, float]:
+        """Keep the lease at most ``keep_s`` seconds without this caller: the fresh secret
+        that reattaches it once, and the keep deadline (unix seconds)."""
+        ...
+
+    async def reattach(
+        self, lease: str, secret: str, *, network: NetworkTerms | None = None
+    ) -> str:
+        """Take a detached lease over with its secret: its container id."""
+        ...
+
+
 REMOVE_RETRY_CEILING_S = 1.0
 
 

@@ -24,11 +24,19 @@ from sbxkit._lifecycle.connect import (
     receive_reply,
     refusal_error,
 )
-from sbxkit._lifecycle.link import ADOPT_WITHIN_S, LeaseLink, fifo_dir_keeper, with_secret
+from sbxkit._lifecycle.link import (
+    ADOPT_WITHIN_S,
+    LeaseLink,
+    fifo_dir_keeper,
+    new_secret,
+    with_secret,
+)
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.journal import default_state_dir
+from sbxkit._protocol.proof import secret_hash
 from sbxkit._protocol.wire import (
+    Adopt,
     Adopted,
     AskDenials,
     Claim,
@@ -36,6 +44,8 @@ from sbxkit._protocol.wire import (
     Closed,
     Created,
     Denials,
+    Detach,
+    Detached,
     Expiring,
     Failed,
     Govern,
@@ -49,6 +59,7 @@ from sbxkit._protocol.wire import (
     Registered,
     Reservation,
     Started,
+    Unadopted,
     Unclaimed,
 )
 from sbxkit._util.public import publish
@@ -61,6 +72,7 @@ from sbxkit.errors import (
     CreateInterrupted,
     LinkLost,
     NetworkUnavailable,
+    ReattachRefused,
     SbxError,
     SupervisorError,
 )
@@ -351,6 +363,62 @@ class SupervisedOwner:
         elif answer.status is not None:
             raise status_error("POST", answer.path, answer.status, answer.message)
         self._launch_answered.add(lease)
+
+    async def detach(self, lease: str, keep_s: float) -> tuple[str, float]:
+        """Hand the lease to the supervisor to keep without this caller for at most
+        ``keep_s`` seconds: ``(secret, until)``, the fresh secret that reattaches it (once)
+        and the keep deadline (unix seconds). From here ``remove`` leaves it alone."""
+        link = self._links.get(lease)
+        if link is None:
+            raise SupervisorError("the lease has no connection to its supervisor", lease=lease)
+        secret = new_secret()
+        try:
+            await link.send(Detach(lease=lease, keep_s=keep_s, secret_hash=secret_hash(secret)))
+            reply = await link.take(Detached, timeout=REPLY_TIMEOUT_S)
+        except LinkLost as exc:
+            raise SupervisorError(f"detach: {exc.reason}", lease=lease) from None
+        if reply is None:
+            raise SupervisorError(f"detach: no answer within {REPLY_TIMEOUT_S:g} s", lease=lease)
+        if reply.problem is not None:
+            raise SupervisorError(f"detach refused: {reply.problem}", code="detach", lease=lease)
+        self._forget(lease)
+        link.stop()  # its connection ends; the supervisor keeps the lease
+        return secret, reply.until
+
+    async def reattach(
+        self, lease: str, secret: str, *, network: NetworkTerms | None = None
+    ) -> str:
+        """Take a detached lease over with its handle's ``secret`` (``Adopt``): its container
+        id. From here the lease is this caller's as if it had created it: ``remove`` ends it,
+        and this process's death too. ``ReattachRefused`` says why not."""
+        next_secret = new_secret()
+        adopt = Adopt(
+            lease=lease, secret=secret, next_secret_hash=secret_hash(next_secret), network=network
+        )
+        session = await self.connect(first=adopt)
+        try:
+            reply = await receive_reply(session, "reattach")
+        except BaseException:
+            await session.aclose()  # an Adopted not read: the connection's end removes it
+            raise
+        if isinstance(reply, Adopted):
+            self._link(lease, session, secret=next_secret, network=network)
+            return reply.container_id
+        await session.aclose()
+        if isinstance(reply, Unadopted):
+            raise ReattachRefused(lease, reply.reason)
+        if isinstance(reply, Closed):
+            raise ReattachRefused(lease, "its container is already gone; the lease is over")
+        if isinstance(reply, Refused):
+            raise refusal_error(reply, lease)
+        raise SupervisorError(f"unexpected {type(reply).__name__} after a reattach", lease=lease)
+
+    def _forget(self, lease: str) -> None:
+        self._queued.pop(lease, None)
+        self._inspected.pop(lease, None)
+        self._launching.pop(lease, None)
+        self._launch_answered.discard(lease)
+        self._links.pop(lease, None)
 
     def queued_s(self, lease: str) -> float:
         """How long the lease waited for admission (0 when it fitted at once)."""

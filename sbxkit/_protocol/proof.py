@@ -70,9 +70,41 @@ def check_proof(record: LeaseRecord, secret: str, next_hash: str) -> Proof:
 
 
 def rotated(record: LeaseRecord, secret: str, next_hash: str) -> LeaseRecord:
-    """``record`` once ``secret`` proved it: the next hash is current, the used one spent."""
+    """``record`` once ``secret`` proved it: the next hash is current, the used one spent; a
+    detached lease is attached again (its new caller holds it)."""
     spent = (*record.spent_hashes, secret_hash(secret))[-MAX_SPENT:]
-    return msgspec.structs.replace(record, secret_hash=next_hash, spent_hashes=spent)
+    return msgspec.structs.replace(
+        record, secret_hash=next_hash, spent_hashes=spent, detached_until=None
+    )
+
+
+def detach_problem(record: LeaseRecord, next_hash: str, keep_s: float, now: float) -> str | None:
+    """Why a ``Detach`` cannot hand ``record`` over (pure), or None."""
+    if record.state != "created" or record.container_id is None:
+        return "the lease has no container yet"
+    if not is_well_formed(next_hash):
+        return "the secret hash must be 64 hex digits"
+    if record.secret_hash is not None and hmac.compare_digest(next_hash, record.secret_hash):
+        return "the handle's secret must be a fresh one"
+    if not (0 < keep_s < float("inf")):
+        return f"keep_s must be a positive number of seconds, not {keep_s!r}"
+    if record.lifetime_deadline <= now:
+        return "its lifetime deadline passed"
+    return None
+
+
+def handed_over(record: LeaseRecord, next_hash: str, until: float) -> LeaseRecord:
+    """``record`` detached until ``until`` (unix seconds, at most its lifetime deadline) for
+    the holder of the secret hashed ``next_hash``: the caller's own secret is spent."""
+    spent = record.spent_hashes
+    if record.secret_hash is not None:
+        spent = (*spent, record.secret_hash)[-MAX_SPENT:]
+    return msgspec.structs.replace(
+        record,
+        secret_hash=next_hash,
+        spent_hashes=spent,
+        detached_until=min(until, record.lifetime_deadline),
+    )
 
 
 def refusal_reason(proof: Proof) -> str:
@@ -81,7 +113,7 @@ def refusal_reason(proof: Proof) -> str:
         "accepted": "accepted",
         "retried": "accepted (a retry)",
         "wrong": "wrong secret",
-        "replayed": "replayed secret (already used for an adoption)",
+        "replayed": "replayed secret (already used for an adoption)",  # or a reattach
         "unadoptable": "the lease keeps no secret: it cannot be re-adopted",
         "malformed": "the secret and the next hash must be 64 hex digits, and differ",
     }[proof]

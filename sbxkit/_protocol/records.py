@@ -51,6 +51,9 @@ class LeaseRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     governed: bool = False
     """The lease has a governed network: its listeners die with the supervisor, so it is
     never re-adopted (docs/operations.md)."""
+    detached_until: float | None = None
+    """Unix seconds: its caller detached it (``Detach``) and the supervisor keeps it without
+    one until then, for a reattach with the handle's secret; None: it is not detached."""
     uid: int | None = None
     """The sandbox's own uid (``sbxkit._model.uids``), held while its container may exist; None when
     its spec named a user."""

@@ -64,6 +64,17 @@ docs/operations.md, "Re-adoption"), proving it with the lease's secret (proof.py
 
 ``Closed`` there: the container is already confirmed gone and the record released.
 
+A session may be handed to another process of the same account (issue 40, docs/interactive.md,
+"Detach and reattach"). On its lease's connection the caller hands the lease to the supervisor
+to keep without a caller for a while, under a fresh secret only the handle carries:
+
+    Detach(lease, keep_s, secret_hash) ─►    (the fresh hash and the keep deadline journaled)
+                                     ◄─     Detached(lease, until) | Detached(lease, problem)
+
+After ``Detached`` without a problem the connection closes without ending the lease. The
+reattaching process sends ``Adopt`` with the handle's secret, as a re-adoption does; a lease
+nobody reattached by ``until`` is removed (by a restarted supervisor too: its record says so).
+
 EOF from the client at any point means "remove". After ``Registered`` every lease ends in
 exactly one of ``Closed`` (the container is confirmed gone and the record deleted) or
 ``Orphaned`` (cleanup could not be confirmed; the record is kept and recovery owns it). Only
@@ -202,6 +213,16 @@ class Adopt(Message, tag="adopt"):
     """A governed lease's terms, as registered (or claimed): the supervisor puts its listeners
     back in the sandbox before ``Adopted``. Without them a governed lease is re-adopted with
     its egress closed (nothing listens), as for a handed-off run resumed once it ended."""
+
+
+class Detach(Message, tag="detach"):
+    """Keep the lease without a connected caller for at most ``keep_s`` seconds (never past
+    its lifetime deadline), for whoever proves the secret whose hash is ``secret_hash``
+    (``Adopt``); the caller's secret so far is spent. Answered ``Detached``."""
+
+    lease: str
+    keep_s: float
+    secret_hash: str
 
 
 class Recover(Message, tag="recover"):
@@ -365,6 +386,16 @@ class Unadopted(Message, tag="unadopted"):
     record: bool
 
 
+class Detached(Message, tag="detached"):
+    """The answer to Detach: ``problem`` None once the keep deadline ``until`` (unix seconds)
+    and the fresh hash are journaled (the connection then ends, the lease lives on); else why
+    not (the lease goes on, attached as before)."""
+
+    lease: str
+    until: float = 0.0
+    problem: str | None = None
+
+
 class Failed(Message, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
@@ -434,6 +465,7 @@ ClientMessage = (
     | RunCancel
     | Adopt
     | RunResume
+    | Detach
 )
 ServerMessage = (
     Welcome
@@ -459,6 +491,7 @@ ServerMessage = (
     | RunInterrupted
     | Adopted
     | Unadopted
+    | Detached
 )
 
 _client_decoder = msgspec.json.Decoder(ClientMessage)

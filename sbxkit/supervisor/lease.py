@@ -141,6 +141,7 @@ class Intent:
         self.reason = ""
         self.started = trio.Event()  # the caller started the container
         self.nudge = trio.Event()  # anything changed for a waiting request
+        self.detached = trio.Event()  # the caller detached: its connection's end ends nothing
 
     def request_stop(self, reason: str) -> None:
         if not self.stop.is_set():
@@ -199,6 +200,9 @@ class LiveLease:
         claim; this supervisor closes its own copies once parking ends."""
         self.launch: Launch | None = None
         """Start the container once it is verified (``Register.launch``: a kernel path run)."""
+        self.kept: trio.Event | None = None
+        """Set while the lease is detached (``Detach``): nobody's connection carries it, and
+        the event is set when someone reattaches (its keep deadline then stands down)."""
         self.launching: trio.Event | None = None
         """Set once the daemon answered the start this supervisor sent for ``launch``."""
 

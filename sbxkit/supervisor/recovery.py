@@ -84,6 +84,8 @@ class Recovery(ServiceCore):
         why = (
             "its lifetime deadline passed"
             if record.lifetime_deadline <= time.time()
+            else "it was detached and nobody reattached it by its keep deadline"
+            if record.detached_until is not None
             else f"no caller re-adopted it within the {grace:g} s grace period"
         )
         self.note(f"lease {record.lease}: expired unclaimed: {why}; recovery removes it")

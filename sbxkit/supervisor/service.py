@@ -46,6 +46,7 @@ from sbxkit._protocol.wire import (
     Claim,
     Close,
     Denials,
+    Detach,
     EndPools,
     Govern,
     Governed,
@@ -64,14 +65,15 @@ from sbxkit._protocol.wire import (
     WireError,
 )
 from sbxkit.errors import StorageError
-from sbxkit.supervisor.adopting import Adopting
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
 from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S
+from sbxkit.supervisor.detaching import Detaching
 from sbxkit.supervisor.lease import (
     Intent,
     LiveLease,
     Peer,
     describe,
+    first_of,
     log,
 )
 from sbxkit.supervisor.pooling import Pooling
@@ -88,9 +90,9 @@ def peer_uid(stream: trio.SocketStream) -> int:
     return int(uid)
 
 
-class Service(Adopting, Pooling, Recovery):
-    """The whole service: connections (here), admission, lease tasks, pools, re-adoption and
-    recovery."""
+class Service(Detaching, Pooling, Recovery):
+    """The whole service: connections (here), admission, lease tasks, pools, re-adoption,
+    detached leases and recovery."""
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
@@ -213,7 +215,8 @@ class Service(Adopting, Pooling, Recovery):
         self, peer: Peer, lease: str, intent: Intent, source: Register | LiveLease
     ) -> None:
         """Carry one lease on this connection until it is finished: a Register is admitted
-        first, a claimed lease is live already; the caller's Close or EOF ends it."""
+        first, a claimed lease is live already; the caller's Close or EOF ends it — unless
+        it detached the lease (detaching.py): then the connection ends and the lease lives on."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_intent, peer, lease, intent)
             try:
@@ -221,14 +224,15 @@ class Service(Adopting, Pooling, Recovery):
                 if isinstance(source, Register):
                     live = await self.admit_lease(peer, source, intent)
                 if isinstance(live, LiveLease):
-                    await live.finished.wait()
+                    await first_of(live.finished, intent.detached)
             finally:
-                intent.request_stop("connection ended")
+                if not intent.detached.is_set():
+                    intent.request_stop("connection ended")
                 nursery.cancel_scope.cancel()
 
     async def _read_intent(self, peer: Peer, lease: str, intent: Intent) -> None:
         """Relay the caller's messages after Register: Started (and, for a governed network,
-        Govern and AskDenials, answered here), then Close (or EOF)."""
+        Govern and AskDenials, answered here), then Close (or EOF), or Detach."""
         try:
             while True:
                 message = await peer.receive()
@@ -248,6 +252,12 @@ class Service(Adopting, Pooling, Recovery):
                 elif isinstance(message, Close) and message.lease == lease:
                     intent.request_stop("caller closed")
                     return
+                elif isinstance(message, Detach) and message.lease == lease:
+                    answer = await self.detach_lease(message)
+                    await peer.send(answer)
+                    if answer.problem is None:
+                        intent.detached.set()  # the lease is the supervisor's to keep now
+                        return
                 else:
                     raise WireError(f"unexpected {type(message).__name__} after registration")
         except WireError as exc:

@@ -34,6 +34,8 @@ from sbxkit._protocol.wire import (
     Closed,
     Created,
     Denials,
+    Detach,
+    Detached,
     EndPools,
     Expiring,
     Failed,
@@ -97,6 +99,7 @@ CLIENT_TYPES: tuple[type[Message], ...] = (
     RunCancel,
     Adopt,
     RunResume,
+    Detach,
 )
 SERVER_TYPES: tuple[type[Message], ...] = (
     Welcome,
@@ -122,6 +125,7 @@ SERVER_TYPES: tuple[type[Message], ...] = (
     RunInterrupted,
     Adopted,
     Unadopted,
+    Detached,
 )
 ALL_TAGS = (
     "hello",
@@ -163,6 +167,8 @@ ALL_TAGS = (
     "adopted",
     "unadopted",
     "run_resume",
+    "detach",
+    "detached",
 )
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -278,6 +284,7 @@ client_messages: st.SearchStrategy[Message] = st.one_of(
     run_ended,
     st.builds(RunCancel, signal=int64),
     st.builds(Adopt, lease=texts, secret=texts, next_secret_hash=texts),
+    st.builds(Detach, lease=texts, keep_s=finite, secret_hash=texts),
     st.builds(
         RunResume,
         lease=texts,
@@ -359,6 +366,7 @@ server_messages: st.SearchStrategy[Message] = st.one_of(
     st.just(RunInterrupted()),
     st.builds(Adopted, lease=texts, container_id=texts),
     st.builds(Unadopted, lease=texts, reason=texts, record=st.booleans()),
+    st.builds(Detached, lease=texts, until=finite, problem=st.none() | texts),
 )
 
 
