@@ -219,14 +219,17 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         return base if cwd is None else posixpath.normpath(posixpath.join(base, cwd))
 
     def _check_user(self, user: str | None) -> None:
-        """Every exec runs as the sandbox's one non-root user; naming it is fine."""
+        """Every exec runs as the sandbox's one user; naming it is fine (a workspace's root
+        inside answers to ``root`` too)."""
         if user is None:
             return
         uid, gid = body_ids(self._sandbox.user)
-        if user not in (str(uid), f"{uid}:{gid}"):
+        names = {str(uid), f"{uid}:{gid}"} | ({"root"} if (uid, gid) == (0, 0) else set())
+        if user not in names:
+            what = "root inside its workspace" if uid == 0 else "non-root, no capabilities"
             raise SandboxUserUnsupportedError(
-                f"the sbxkit sandbox runs every command as {uid}:{gid} (non-root, no "
-                f"capabilities); it cannot run as {user!r}"
+                f"the sbxkit sandbox runs every command as {uid}:{gid} ({what}); it cannot "
+                f"run as {user!r}"
             )
 
     async def _exec(

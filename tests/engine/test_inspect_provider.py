@@ -88,3 +88,39 @@ async def test_reading_an_endless_file_is_an_output_limit_and_the_sandbox_lives_
     assert (result.returncode, result.stdout) == (0, "alive\n")
     await sandbox_env.write_file("after.txt", "still here")
     assert await sandbox_env.read_file("after.txt") == "still here"
+
+
+async def test_a_workspace_answers_to_root_and_a_plain_sandbox_refuses_it(
+    tmp_path: Path, python_image: str, witness: Witness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inspect tasks written for root (``exec(..., user="root")``) run in a workspace whose
+    root inside is not the host's (gVisor here); a sandbox of its own uid refuses them."""
+    from inspect_ai.util import SandboxUserUnsupportedError
+
+    monkeypatch.setenv("INSPECT_ASYNC_BACKEND", "trio")
+    plain = write_profile(tmp_path / "plain.toml", python_image)
+    workspace = tmp_path / "workspace.toml"
+    workspace.write_text(
+        plain.read_text()
+        .replace(
+            "[sandbox.docker.limits]",
+            'runtime = "gvisor"\n\n[sandbox.docker.workspace]\n\n[sandbox.docker.limits]',
+        )
+        .replace("pids = 128", "pids = 256")  # gVisor's floor
+    )
+    answers = []
+    for path in (workspace, plain):
+        environments = await SbxkitSandboxEnvironment.sample_init("root", str(path), {})
+        try:
+            env = environments["default"]
+            try:
+                result = await env.exec(["id", "-u"], user="root")
+                answers.append(result.stdout.strip())
+            except SandboxUserUnsupportedError as error:
+                answers.append(str(error))
+        finally:
+            await SbxkitSandboxEnvironment.sample_cleanup("root", str(path), environments, False)
+    assert answers[0] == "0"
+    assert "cannot run as 'root'" in answers[1]
+    assert "non-root" in answers[1]
+    assert not witness.sbxkit_containers()
