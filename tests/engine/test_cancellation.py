@@ -72,7 +72,7 @@ from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan import plan
-from sbxkit._protocol.wire import Launch
+from sbxkit._protocol.wire import Expiring, Launch
 from sbxkit.engine import models
 from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
@@ -241,7 +241,7 @@ class HookedOwner:
     def created_inspection(self, lease: str) -> models.ContainerInspect | None:
         return created_inspection(self._inner, lease)
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         return await self._inner.ended_by_owner(lease)
 
     async def release(self, lease: str) -> bool:

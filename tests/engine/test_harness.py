@@ -19,6 +19,7 @@ from sbxkit._lifecycle.owned import created_inspection
 from sbxkit._lifecycle.owner import Owner
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.spec import MiB
+from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
@@ -161,7 +162,7 @@ class RecordingOwner:
     def created_inspection(self, lease: str) -> ContainerInspect | None:
         return created_inspection(self.inner, lease)
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         return await self.inner.ended_by_owner(lease)
 
     async def release(self, lease: str) -> bool:

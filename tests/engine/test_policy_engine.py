@@ -34,6 +34,7 @@ from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.gpu import GpuRequest
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
+from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
 from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
@@ -108,7 +109,7 @@ class WitnessingOwner:
     def created_inspection(self, lease: str) -> ContainerInspect | None:
         return created_inspection(self._inner, lease)
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         return await self._inner.ended_by_owner(lease)
 
     async def release(self, lease: str) -> bool:

@@ -10,6 +10,7 @@ import trio
 
 import sbxkit
 from sbxkit._lifecycle.outcome import EVIDENCE_GRACE_S, judge_exit
+from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import (
     create_plain_container,
@@ -171,10 +172,18 @@ async def test_a_container_removed_before_its_judging_is_judged_on_its_events(
     assert verdict.kill_evidence is not None
     assert "SIGKILL" in verdict.kill_evidence
 
-    async def owners_reason() -> str:
+    async def owners_reason() -> Expiring:
         await trio.lowlevel.checkpoint()
-        return "lifetime deadline reached"
+        return Expiring(lease="0" * 32, reason="lifetime deadline reached")
 
     verdict = await judge_exit(engine, helper, 137, ended_by_owner=owners_reason)
     assert verdict.status == "timed_out", verdict
     assert verdict.kill_evidence == "sbxkit's own removal: lifetime deadline reached"
+
+    async def over_its_disk() -> Expiring:
+        await trio.lowlevel.checkpoint()
+        return Expiring(lease="0" * 32, reason="past its bound", status="disk_exceeded")
+
+    verdict = await judge_exit(engine, helper, 137, ended_by_owner=over_its_disk)
+    assert verdict.status == "disk_exceeded", verdict
+    assert verdict.kill_evidence == "sbxkit's own removal: past its bound"

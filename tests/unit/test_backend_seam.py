@@ -34,6 +34,7 @@ from sbxkit._model.settings import Settings
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan import plan
 from sbxkit._plan.policy import build_create_body
+from sbxkit._protocol.wire import Expiring
 from sbxkit.backends import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
@@ -92,7 +93,7 @@ class CapturingOwner:
     def queued_s(self, lease: str) -> float:
         return 0.0
 
-    async def ended_by_owner(self, lease: str) -> str | None:
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
         raise AssertionError("never judged: create raised")
 
     async def release(self, lease: str) -> bool:
