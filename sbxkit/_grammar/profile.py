@@ -287,7 +287,7 @@ def validate_profile(profile: Profile) -> None:
         if docker.workspace is not None:
             workspace = profile_workspace(docker.workspace, "workspace")
             try:
-                validate_workspace(workspace, docker.user, docker.network)
+                validate_workspace(workspace, docker.user)
             except SpecError as error:  # the table spells disk_bytes as disk
                 field = "workspace.disk" if error.field == "workspace.disk_bytes" else None
                 if field is None:

@@ -19,7 +19,14 @@ import os
 
 from sbxkit._kernel.pidfd import open_pidfd, still_running
 
-__all__ = ["IdMap", "host_root_problem", "maps_host_root", "parse_id_map", "read_uid_map"]
+__all__ = [
+    "IdMap",
+    "host_root_problem",
+    "maps_host_root",
+    "outside_id",
+    "parse_id_map",
+    "read_uid_map",
+]
 
 IdMap = tuple[tuple[int, int, int], ...]
 """``(first id inside, first id outside, count)`` lines of ``/proc/PID/uid_map``."""
@@ -45,6 +52,14 @@ def maps_host_root(id_map: IdMap) -> bool:
     """Some id inside maps onto host uid 0 (pure). An identity map (the host's own user
     namespace: ``0 0 4294967295``) does, for root inside is then root."""
     return any(outside == 0 for _inside, outside, _count in id_map)
+
+
+def outside_id(id_map: IdMap, inside: int) -> int | None:
+    """The host's id for ``inside`` under ``id_map`` (pure); None where it maps nowhere."""
+    for first_inside, first_outside, count in id_map:
+        if first_inside <= inside < first_inside + count:
+            return first_outside + inside - first_inside
+    return None
 
 
 def read_uid_map(pid: int, container_id: str) -> str | None:

@@ -440,9 +440,10 @@ def spec_labels(spec: SandboxSpec) -> dict[str, str]:
     return merge_labels(spec.labels, parse_extra_flags(spec.extra_flags))
 
 
-def validate_workspace(workspace: object, user: str | None, network: object) -> None:
-    """A workspace is a ``Workspace``; with root inside it names no user of its own, and a
-    governed network (whose listeners a root payload could reach for) is not offered yet."""
+def validate_workspace(workspace: object, user: str | None) -> None:
+    """A workspace is a ``Workspace``; with root inside it names no user of its own. (A
+    governed network is judged with the daemon: it is served only where the sandbox's network
+    namespace is the host kernel's, which for root inside means a remapping daemon's runc.)"""
     if not isinstance(workspace, Workspace):
         raise SpecError("workspace", f"must be a Workspace, got {type(workspace).__name__}")
     if not isinstance(workspace.root, bool):
@@ -467,12 +468,6 @@ def validate_workspace(workspace: object, user: str | None, network: object) -> 
             "user",
             "a workspace with root inside runs as uid 0 in its own user namespace; leave user "
             "unset",
-        )
-    if isinstance(network, Network):
-        raise SpecError(
-            "network",
-            "a governed network is not offered to a workspace with root inside yet; use "
-            "network = 'none' (the default), or a workspace without root",
         )
 
 
@@ -516,7 +511,7 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     if spec.gpus is not None:
         validate_gpu_request(spec.gpus)
     if spec.workspace is not None:
-        validate_workspace(spec.workspace, spec.user, spec.network)
+        validate_workspace(spec.workspace, spec.user)
     if not isinstance(spec.mounts, list):
         raise SpecError("mounts", "must be a list")
     validate_mounts(

@@ -16,16 +16,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import signal
 import socket
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import trio
 
+from sbxkit._kernel.userns import outside_id, parse_id_map
 from sbxkit._model.network_terms import TLS_MOUNT, TlsBundle
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NetworkUnavailable
@@ -245,9 +247,34 @@ TLS_DIR_MODE = 0o755
 """The bundle's directory: root's, searchable by the sandbox user, writable by no one else."""
 
 
+def _host_ids(process: SandboxProcess, uid: int, gid: int) -> tuple[int, int]:
+    """The host's ids for the sandbox user's: the same, unless the daemon remaps user
+    namespaces (its container ids are then subordinate host ids, read from the init's maps,
+    which are read before the pid is checked to be the sandbox's still)."""
+    found = []
+    for kind, inside in (("uid", uid), ("gid", gid)):
+        try:
+            with open(f"/proc/{process.pid}/{kind}_map", encoding="ascii") as handle:
+                outside = outside_id(parse_id_map(handle.read()), inside)
+        except (OSError, ValueError) as exc:
+            raise NetworkUnavailable(f"cannot read the sandbox's {kind} map: {exc}") from exc
+        if outside is None:
+            raise NetworkUnavailable(f"the sandbox's {kind} {inside} maps to no host id")
+        found.append(outside)
+    if not process.alive():
+        raise NetworkUnavailable("the sandbox's process ended before its ids were read")
+    return found[0], found[1]
+
+
 def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
     """Into the sandbox's own ``TLS_MOUNT`` tmpfs, component by component without following a
-    link (the image could hold one), checked to be a mount of its own."""
+    link (the image could hold one), checked to be a mount of its own; owned by the sandbox
+    user as the host knows it (``_host_ids``). Run in a thread of its own: where the daemon
+    remaps user namespaces, the tmpfs belongs to the sandbox's namespace, in which host root is
+    no one (a create as host root fails, ``EOVERFLOW``), so this thread creates as the sandbox's
+    root (its filesystem ids, ``_creating_as``) and chowns as host root again."""
+    creator = _host_ids(process, 0, 0)
+    uid, gid = _host_ids(process, uid, gid)
     nofollow = os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
     root = os.open(f"/proc/{process.pid}/root", os.O_DIRECTORY | os.O_CLOEXEC)
     opened = [root]
@@ -260,32 +287,55 @@ def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int
             opened.append(directory)
         if os.fstat(directory).st_dev == os.fstat(root).st_dev:
             raise NetworkUnavailable(f"{TLS_MOUNT} in the sandbox is not sbxkit's tmpfs")
-        try:
-            os.mkdir("tls", 0o700, dir_fd=directory)
-        except FileExistsError:
-            # Only an owner of this lease makes it (the payload cannot write in root's
-            # tmpfs): a restarted owner re-adopting the sandbox leaves it as it is.
-            return
-        tls = os.open("tls", nofollow, dir_fd=directory)
-        opened.append(tls)
-        # Explicit, whatever the owner's umask: an auto-launched supervisor runs with 077,
-        # which left the directory 0700 and the payload unable to read its own CA.
-        os.fchmod(tls, TLS_DIR_MODE)
-        for attribute, name, mode in _FILE_MODES:
-            data = getattr(bundle, attribute)
-            if data is None:
-                continue
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=tls)
+        files: list[tuple[int, int]] = []
+        with _creating_as(*creator):
             try:
+                os.mkdir("tls", 0o700, dir_fd=directory)
+            except FileExistsError:
+                # Only an owner of this lease makes it (the payload cannot write in root's
+                # tmpfs, unless it is that root: a workspace's, whose bundle it is anyway): a
+                # restarted owner re-adopting the sandbox leaves it as it is.
+                return
+            tls = os.open("tls", nofollow, dir_fd=directory)
+            opened.append(tls)
+            # Explicit, whatever the owner's umask: an auto-launched supervisor runs with 077,
+            # which left the directory 0700 and the payload unable to read its own CA.
+            os.fchmod(tls, TLS_DIR_MODE)
+            for attribute, name, mode in _FILE_MODES:
+                data = getattr(bundle, attribute)
+                if data is None:
+                    continue
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(name, flags, 0o600, dir_fd=tls)
+                opened.append(fd)
                 os.write(fd, data)
-                os.fchown(fd, uid, gid)
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
+                files.append((fd, mode))
+        for fd, mode in files:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
     finally:
         for fd in reversed(opened):
             os.close(fd)
+
+
+@contextlib.contextmanager
+def _creating_as(uid: int, gid: int) -> Iterator[None]:
+    """This thread's filesystem ids for the block (Linux keeps them per thread); host root's
+    again after it, which gives back the capabilities a non-zero fsuid drops."""
+    if (uid, gid) == (0, 0):
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.setfsgid(gid)
+    libc.setfsuid(uid)
+    try:
+        # setfsuid answers the id before the call: asked again, the id it took
+        if libc.setfsuid(uid) != uid or libc.setfsgid(gid) != gid:
+            raise NetworkUnavailable(f"cannot create files as the sandbox's root ({uid}:{gid})")
+        yield
+    finally:
+        libc.setfsuid(0)
+        libc.setfsgid(0)
 
 
 async def write_tls_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
@@ -293,6 +343,8 @@ async def write_tls_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int,
     alone (0400), the certificates by anyone (0444), in a directory only root may change;
     once per sandbox (a directory already there is a previous owner's, left as it is)."""
     try:
-        await trio.to_thread.run_sync(_write_bundle, process, bundle, uid, gid)
+        await trio.to_thread.run_sync(
+            _in_fresh_thread, functools.partial(_write_bundle, process, bundle, uid, gid)
+        )
     except OSError as exc:
         raise NetworkUnavailable(f"cannot put the TLS bundle in the sandbox: {exc}") from exc

@@ -13,7 +13,7 @@ import pytest
 
 from sbxkit._grammar.flags import spec_from_args
 from sbxkit._grammar.profile import ProfileWorkspace, profile_from_dict
-from sbxkit._kernel.userns import host_root_problem, maps_host_root, parse_id_map
+from sbxkit._kernel.userns import host_root_problem, maps_host_root, outside_id, parse_id_map
 from sbxkit._model.network_terms import Network
 from sbxkit._model.rules import ROOT_INSIDE_CAPS
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, Workspace, validate_spec
@@ -66,12 +66,11 @@ def test_a_workspace_runs_as_root_inside_with_the_short_list_of_capabilities() -
     assert plain.host_config.cap_add is None
 
 
-def test_a_workspace_names_no_user_and_takes_no_governed_network_yet() -> None:
+def test_a_workspace_names_no_user_and_may_ask_for_a_governed_network() -> None:
     named = refusal(workspace_spec(user="1000:1000"))
     assert (named.field, "leave user unset" in named.rule) == ("user", True)
-    governed = refusal(workspace_spec(network=Network(allow=["example.com:443"])))
-    assert governed.field == "network"
-    assert "not offered to a workspace with root inside" in governed.rule
+    # judged with the daemon (gVisor and rootless engines are refused there, by name)
+    validate_spec(workspace_spec(network=Network(allow=["example.com:443"])))
     wrong = refusal(workspace_spec(workspace={"root": True}))
     assert wrong.field == "workspace"
     # a workspace without root is a sandbox of its own uid, as before
@@ -136,6 +135,11 @@ def test_the_host_kernel_rule() -> None:
     assert "though the daemon said userns" in problem
     assert host_root_problem("garbage", "userns") is not None
     assert host_root_problem(None, "userns") is None  # the host cannot see it: the daemon's word
+    # what the governor chowns a TLS bundle to: the sandbox user as the host knows it
+    assert outside_id(parse_id_map(remapped), 0) == 165536
+    assert outside_id(parse_id_map(remapped), 61440) == 165536 + 61440
+    assert outside_id(parse_id_map(remapped), 65536) is None
+    assert outside_id(parse_id_map(identity), 1000) == 1000
 
 
 def test_a_profile_and_a_flag_ask_for_a_workspace(tmp_path: Any) -> None:
