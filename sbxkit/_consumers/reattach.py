@@ -17,13 +17,11 @@ from pathlib import Path
 import trio
 
 from sbxkit._consumers.handle import SandboxHandle
-from sbxkit._consumers.processes import running
-from sbxkit._consumers.session import Sandbox
+from sbxkit._consumers.session import Sandbox, serving
 from sbxkit._lifecycle.owned import OwnedContainer
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._util.public import publish
 from sbxkit.engine.client import open_engine
-from sbxkit.errors import SandboxExpired
 
 __all__ = ["attach_sandbox"]
 
@@ -55,15 +53,8 @@ async def attach_sandbox(handle: SandboxHandle) -> AsyncIterator[Sandbox]:
                 deadline=trio.current_time() + left,
                 owner=owner,
             )
-            sandbox = Sandbox(box, handle.files_root, handle.max_processes)
-            try:
-                async with running(sandbox.processes):
-                    with trio.CancelScope(deadline=box.deadline) as scope:
-                        yield sandbox
-            finally:
-                sandbox._unusable = "the sandbox was closed"
-            if scope.cancelled_caught:
-                raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None
+            async with serving(box, handle.files_root, handle.max_processes) as sandbox:
+                yield sandbox
         finally:
             with trio.CancelScope(shield=True):
                 await owner.remove(handle.lease, plan.name, container_id)

@@ -105,6 +105,7 @@ __all__ = [
     "SandboxExpired",
     "SandboxUnusable",
     "open_sandbox",
+    "serving",
 ]
 
 KEEPALIVE_MARGIN_S = 60
@@ -570,16 +571,26 @@ async def open_sandbox(
     keepalive = keepalive_command(limits.timeout_s)
     async with chosen.own(spec, "session", command=keepalive) as box:
         await box.start()
-        sandbox = Sandbox(box, files_root, max_processes)
-        try:
-            async with running(sandbox.processes):  # their tasks end before the removal
-                with trio.CancelScope(deadline=box.deadline) as scope:
-                    yield sandbox
-        finally:
-            sandbox._unusable = "the sandbox was closed"
-        if scope.cancelled_caught:
-            # from None: the deadline's trio.Cancelled is how, not what; it is no cause to show
-            raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None
+        async with serving(box, files_root, max_processes) as sandbox:
+            yield sandbox
+
+
+@asynccontextmanager
+async def serving(
+    box: OwnedContainer, files_root: str, max_processes: int
+) -> AsyncIterator[Sandbox]:
+    """The session on a started container, until its block ends or its deadline passes
+    (``SandboxExpired``); its background processes' tasks end before the caller removes it."""
+    sandbox = Sandbox(box, files_root, max_processes)
+    try:
+        async with running(sandbox.processes):
+            with trio.CancelScope(deadline=box.deadline) as scope:
+                yield sandbox
+    finally:
+        sandbox._unusable = "the sandbox was closed"
+    if scope.cancelled_caught:
+        # from None: the deadline's trio.Cancelled is how, not what; it is no cause to show
+        raise SandboxExpired(box.lease, box.container_id, box.timeout_s) from None
 
 
 publish(__name__, globals())  # public names show as sbxkit.NAME
