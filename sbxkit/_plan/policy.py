@@ -51,6 +51,7 @@ from sbxkit._model.uids import HOST_UIDS, UidRange, uid_for_lease
 from sbxkit._util.public import publish
 from sbxkit.engine.models import (
     ContainerCreate,
+    ContainerInspect,
     HealthConfig,
     HostConfig,
     LogConfig,
@@ -68,6 +69,7 @@ __all__ = [
     "disk_bound",
     "hardened_body",
     "scratch_options",
+    "watched_container",
     "watched_disk",
     "with_own_user",
 ]
@@ -387,6 +389,18 @@ def watched_disk(body: ContainerCreate) -> int | None:
     daemon's storage holds it already (``StorageOpt`` ``size``)."""
     host = body.host_config
     return None if host is None or host.storage_opt else disk_bound(body)
+
+
+def watched_container(info: ContainerInspect) -> int | None:
+    """``watched_disk`` for a created container (a re-adopted lease has no body): the same
+    rule on what the daemon recorded."""
+    host = info.host_config
+    body = ContainerCreate(
+        image=info.image,
+        labels=info.config.labels,
+        host_config=HostConfig(readonly_rootfs=host.readonly_rootfs, storage_opt=host.storage_opt),
+    )
+    return watched_disk(body)
 
 
 publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -8,7 +8,7 @@ import trio
 
 from sbxkit._lifecycle.ownership import carries_lease
 from sbxkit._model.spec import body_ids
-from sbxkit._plan.policy import DISK_LABEL, watched_disk
+from sbxkit._plan.policy import watched_container, watched_disk
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.wire import Closed, Created, Expiring, Failed, Launched, Orphaned
 from sbxkit.engine.client import Engine
@@ -97,11 +97,7 @@ class Leases(ServiceCore):
             info = await engine.container_inspect(container_id)
         except SbxError:
             return None  # gone, or no answer: the removal that follows says which
-        host = info.host_config
-        label = (info.config.labels or {}).get(DISK_LABEL, "")
-        if host.readonly_rootfs or host.storage_opt or not label.isdigit():
-            return None
-        return int(label) or None
+        return watched_container(info)
 
     async def _watch_disk(
         self, live: LiveLease, engine: Engine, container_id: str, bound: int

@@ -8,14 +8,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import msgspec
 import pytest
 
 from sbxkit._grammar.flags import spec_from_args
 from sbxkit._grammar.profile import profile_from_dict, profile_workspace
 from sbxkit._model.rules import DISK_LABEL
 from sbxkit._model.spec import GiB, MiB, Workspace, spec_labels
-from sbxkit._plan.policy import build_create_body, disk_bound, watched_disk
+from sbxkit._plan.policy import build_create_body, disk_bound, watched_container, watched_disk
 from sbxkit._protocol.wire import Expiring
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from sbxkit.errors import SpecError
 from tests.unit.test_workspace import (
     FLAGS,
@@ -27,6 +29,16 @@ from tests.unit.test_workspace import (
 )
 
 
+def as_created(body: ContainerCreate) -> ContainerInspect:
+    """What the daemon records of a container created from ``body``."""
+    raw = {
+        "Id": "c",
+        "Config": {"Labels": body.labels},
+        "HostConfig": msgspec.to_builtins(body.host_config),
+    }
+    return msgspec.convert(raw, ContainerInspect)
+
+
 def test_a_writable_image_is_bounded_and_labelled_with_its_bound() -> None:
     body = build_create_body(workspace_spec(workspace=Workspace(disk_bytes=GiB)), LEASE)
     host = body.host_config
@@ -35,6 +47,7 @@ def test_a_writable_image_is_bounded_and_labelled_with_its_bound() -> None:
     assert (body.labels or {})[DISK_LABEL] == str(GiB)
     assert host.storage_opt is None  # no quota named: the supervisor watches it
     assert watched_disk(body) == disk_bound(body) == GiB
+    assert watched_container(as_created(body)) == GiB  # a re-adopted lease's view
     assert "noexec" in (host.tmpfs or {})["/tmp"]
     assert recheck(body) is None
 
@@ -47,6 +60,7 @@ def test_a_quota_holds_the_bound_and_then_nothing_is_watched() -> None:
     assert host.storage_opt == {"size": str(264 * MiB)}  # btrfs counts the image too
     assert disk_bound(body) == 64 * MiB
     assert watched_disk(body) is None
+    assert watched_container(as_created(body)) is None
     assert recheck(body) is None
 
 
