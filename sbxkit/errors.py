@@ -314,6 +314,18 @@ class ProcessStillRunning(ProcessError):
         self.seconds = seconds
 
 
+class SessionError(SbxError):
+    """A command naming an open session (``sbxkit open``) could not reach it, or what it
+    asked failed there. ``code`` is the exit status the command line gives it."""
+
+    def __init__(self, name: str, reason: str, *, code: int, field: str | None = None) -> None:
+        super().__init__(f"session {name}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.code = code
+        self.field = field
+
+
 # -- the supervisor --------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from sbxkit.errors import (
     EngineUnavailable,
     ImageError,
     SbxError,
+    SessionError,
     SpecError,
 )
 
@@ -86,6 +87,8 @@ def exit_code_for(result: RunResult) -> int:
 
 
 def exit_code_for_error(error: SbxError) -> int:
+    if isinstance(error, SessionError):
+        return error.code
     if isinstance(error, SpecError | ImageError) or is_daemon_refusal(error):
         return EXIT_REFUSED
     if isinstance(error, EngineUnavailable):

@@ -44,7 +44,7 @@ def _number(text: str, field: str, kind: type[int] | type[float]) -> float:
         raise SpecError(field, f"expected a number of ASCII digits, got {text!r}") from None
 
 
-def _env(pairs: Sequence[str]) -> dict[str, str]:
+def env_flags(pairs: Sequence[str]) -> dict[str, str]:
     """``K=V`` sets a value; a bare ``K`` passes the host's value, by name only."""
     env: dict[str, str] = {}
     host = caller_environ()  # this process's, or a handed-off run's caller's (sbxkit.handoff)
@@ -180,7 +180,7 @@ def spec_from_args(
             limits[field] = limit_value(defaults[dest], flag, kind)
     overrides: dict[str, Any] = {
         "limits": msgspec.structs.replace(base.limits, **limits),
-        "env": {**base.env, **_env(getattr(args, "env", None) or [])},
+        "env": {**base.env, **env_flags(getattr(args, "env", None) or [])},
         "labels": {**base.labels, **_labels(getattr(args, "label", None) or [])},
     }
     if getattr(args, "user", None):
@@ -316,3 +316,36 @@ def add_sandbox_flags(
     parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")
+
+
+def add_kind_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose what kind of sandbox a command gets (``run`` and ``open``)."""
+    parser.add_argument(
+        "--runtime",
+        help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
+    )
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="add a container label"
+    )
+    parser.add_argument(
+        "--workspace",
+        action="store_true",
+        help="a workspace: root inside, only where it is not root on the host (a userns-remap "
+        "or rootless daemon, or --runtime gvisor; docs/workspace.md)",
+    )
+    parser.add_argument(
+        "--disk",
+        metavar="SIZE",
+        help="a workspace's image filesystem writable, bounded at SIZE written (e.g. 2g): "
+        "past it, writes fail or the run ends disk_exceeded (docs/workspace.md)",
+    )
+    parser.add_argument(
+        "--exec-tmp",
+        action="store_true",
+        help="a workspace's /tmp may hold programs that run (noexec otherwise)",
+    )
+    parser.add_argument(
+        "--gpus",
+        metavar="N|CDI-ID[,...]",
+        help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
+    )

@@ -13,7 +13,13 @@ import trio
 
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import cancel_on_signals, exit_code_for, to_json
-from sbxkit._grammar.flags import DEFAULTS, ImageAndCommand, add_sandbox_flags, spec_from_args
+from sbxkit._grammar.flags import (
+    DEFAULTS,
+    ImageAndCommand,
+    add_kind_flags,
+    add_sandbox_flags,
+    spec_from_args,
+)
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, profile_settings
 from sbxkit._model.call_checks import MAX_POOL_SIZE
 from sbxkit._model.result import RunResult
@@ -98,7 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     checked = backend.check(spec, "run")  # refused input never waits for stdin
     stdin = stdin_of(args.stdin, streamed=backend.kind == "docker")
     result = trio.run(run_interruptibly, backend, checked, stdin)
-    if args.json:
+    return print_result(result, json=args.json)
+
+
+def print_result(result: RunResult, *, json: bool) -> int:
+    """Print a result as ``sbxkit run`` does (the payload's streams, or one JSON object) and
+    return its exit status."""
+    if json:
         sys.stdout.buffer.write(to_json(result) + b"\n")
     else:
         sys.stdout.buffer.write(result.stdout)
@@ -158,35 +170,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="FILE|-|none",
         help="feed a file, - (this stdin) or none; a piped stdin needs this flag",
     )
-    parser.add_argument(
-        "--runtime",
-        help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
-    )
-    parser.add_argument(
-        "--label", action="append", default=[], metavar="K=V", help="add a container label"
-    )
-    parser.add_argument(
-        "--workspace",
-        action="store_true",
-        help="a workspace: root inside, only where it is not root on the host (a userns-remap "
-        "or rootless daemon, or --runtime gvisor; docs/workspace.md)",
-    )
-    parser.add_argument(
-        "--disk",
-        metavar="SIZE",
-        help="a workspace's image filesystem writable, bounded at SIZE written (e.g. 2g): "
-        "past it, writes fail or the run ends disk_exceeded (docs/workspace.md)",
-    )
-    parser.add_argument(
-        "--exec-tmp",
-        action="store_true",
-        help="a workspace's /tmp may hold programs that run (noexec otherwise)",
-    )
-    parser.add_argument(
-        "--gpus",
-        metavar="N|CDI-ID[,...]",
-        help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
-    )
+    add_kind_flags(parser)
     parser.add_argument(
         "--pool",
         metavar="N",

@@ -2,7 +2,11 @@
 
 - ``parser``: the parser, and ``main()`` (the ``sbxkit`` console script's full path);
 - ``shell``, ``batch`` (+ ``jobs``, ``results``, ``progress``), ``admin`` (supervisor, leases,
-  pools), ``cluster``, ``mcp``, ``demo``: a module a subcommand.
+  pools), ``cluster``, ``mcp``, ``demo``: a module a subcommand;
+- ``sessions``: ``open`` and the commands naming an open sandbox (``exec``, ``logs``, ``write``,
+  ``wait``, ``kill``, ``ps``, ``sessions``, ``cp``, ``close``), with the holder process each
+  open session runs (``_session_holder``), the client side (``_session_client``) and the
+  frames between them (``_session_wire``).
 
 What they share — exit statuses, errors at the boundary, the signal→cancel bridge, the flag table
 and ``sbxkit run``'s grammar — is ``sbxkit._grammar``. Names load on first use (PEP 562), as in

@@ -14,6 +14,7 @@ from sbxkit.cli.admin import add_admin_parsers
 from sbxkit.cli.batch import add_batch_parser
 from sbxkit.cli.cluster import add_cluster_parser
 from sbxkit.cli.mcp import add_mcp_parser
+from sbxkit.cli.sessions import add_session_parsers
 from sbxkit.cli.shell import add_shell_parser
 
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_parsers(sub)
     add_batch_parser(sub)
     add_shell_parser(sub)
+    add_session_parsers(sub)
     add_cluster_parser(sub)
     add_mcp_parser(sub)
     return parser
