@@ -29,15 +29,13 @@ from sbxkit._consumers.host_tree import (
     walk_tree,
 )
 from sbxkit._consumers.tar_stream import (
-    DEFAULT_DIR_MAX_BYTES,
-    DEFAULT_DIR_MAX_ENTRIES,
     TarReader,
     check_bounds,
 )
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import body_ids, check_limit
 from sbxkit._util.stdin import StdinSource
-from sbxkit.errors import SandboxFileNotFound
+from sbxkit.errors import SandboxFileNotFound, SpecError
 
 if TYPE_CHECKING:
     from sbxkit._lifecycle.owned import OwnedContainer
@@ -75,8 +73,8 @@ class DirTransfer:
         local_dir: str | os.PathLike[str],
         dest: str,
         *,
-        max_bytes: int = DEFAULT_DIR_MAX_BYTES,
-        max_entries: int = DEFAULT_DIR_MAX_ENTRIES,
+        max_bytes: int | None = None,
+        max_entries: int | None = None,
         timeout: float | None = None,
     ) -> None:
         """Copy the host directory tree ``local_dir`` into the sandbox at ``dest``, streamed.
@@ -86,13 +84,14 @@ class DirTransfer:
         to it may be a link, nor anything under it already. Only directories and regular files
         are copied: a link, device, FIFO or socket in the tree is refused, as are more than
         ``max_entries`` directories and files or ``max_bytes`` bytes of content — all before
-        anything is sent.
+        anything is sent. Both default to the spec's ``limits.transfer_entries`` and
+        ``limits.transfer_bytes``, and may not exceed them.
         Everything is owned by the sandbox user; files are 0o644, or 0o755 when executable on
         the host. A failure midway (no space, a file changed while copied) raises
         ``ArchiveError`` and may leave part of the tree in the sandbox.
         """
         root = host_path(local_dir)
-        max_bytes, max_entries = check_bounds(max_bytes, max_entries)
+        max_bytes, max_entries = self._bounds(max_bytes, max_entries)
         destination = confine_dir(dest, self.files_root)
         timeout = self._transfer_timeout(timeout)
         uid, gid = body_ids(self._box.user)
@@ -111,8 +110,8 @@ class DirTransfer:
         src: str,
         local_dir: str | os.PathLike[str],
         *,
-        max_bytes: int = DEFAULT_DIR_MAX_BYTES,
-        max_entries: int = DEFAULT_DIR_MAX_ENTRIES,
+        max_bytes: int | None = None,
+        max_entries: int | None = None,
         timeout: float | None = None,
     ) -> None:
         """Copy the sandbox directory tree ``src`` to the host directory ``local_dir``, streamed.
@@ -122,14 +121,15 @@ class DirTransfer:
         created, 0o700) or be an empty directory, and not be a link. Only directories and
         regular files come out: a link (symbolic or hard), device or FIFO in the tree, a member
         name that is absolute or holds ``..``, more than ``max_entries`` directories and files
-        or ``max_bytes`` bytes of content raise ``ArchiveError`` — and then everything written
+        or ``max_bytes`` bytes of content (default and ceiling: the spec's
+        ``limits.transfer_*``) raise ``ArchiveError`` — and then everything written
         into ``local_dir`` is removed again (``local_dir`` too, if this made it). On the host
         nothing is followed or overwritten; directories are 0o700, files 0o600 (0o700 when
         executable in the sandbox).
         """
         source = confine_dir(src, self.files_root)
         target = host_path(local_dir)
-        max_bytes, max_entries = check_bounds(max_bytes, max_entries)
+        max_bytes, max_entries = self._bounds(max_bytes, max_entries)
         timeout = self._transfer_timeout(timeout)
         relative = source[len(self.files_root) :].strip("/")
         self._check_usable()
@@ -161,6 +161,22 @@ class DirTransfer:
             raise
         finally:
             os.close(fd)
+
+    def _bounds(self, max_bytes: int | None, max_entries: int | None) -> tuple[int, int]:
+        """A call's bounds: the spec's unless it asks for less; more is refused by name."""
+        limits = self._box.spec.limits
+        spec_bytes, spec_entries = limits.transfer_bytes, limits.transfer_entries
+        chosen = check_bounds(
+            spec_bytes if max_bytes is None else max_bytes,
+            spec_entries if max_entries is None else max_entries,
+        )
+        for field, value, ceiling, name in (
+            ("max_bytes", chosen[0], spec_bytes, "transfer_bytes"),
+            ("max_entries", chosen[1], spec_entries, "transfer_entries"),
+        ):
+            if value > ceiling:
+                raise SpecError(field, f"{value} is more than the spec's limits.{name} ({ceiling})")
+        return chosen
 
     def _transfer_timeout(self, timeout: float | None) -> float:
         if timeout is None:

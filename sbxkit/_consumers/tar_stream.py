@@ -23,8 +23,6 @@ from sbxkit._consumers.archive import _KIND_NAMES, END_OVERHEAD, TAR_BLOCK, rela
 from sbxkit.errors import ArchiveError, SpecError
 
 __all__ = [
-    "DEFAULT_DIR_MAX_BYTES",
-    "DEFAULT_DIR_MAX_ENTRIES",
     "END_BLOCKS",
     "TarReader",
     "TreeSink",
@@ -34,8 +32,6 @@ __all__ = [
     "tar_header",
 ]
 
-DEFAULT_DIR_MAX_BYTES = 1024 * 1024 * 1024
-DEFAULT_DIR_MAX_ENTRIES = 100_000
 NAME_MAX_BYTES = 4096
 """A GNU long name or pax path longer than Linux's PATH_MAX is refused."""
 PAX_MAX_BYTES = 8192

@@ -29,6 +29,8 @@ LIMIT_FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("fsize", "--fsize", "fsize_bytes", "size"),
     ("scratch", "--scratch", "scratch_bytes", "size"),
     ("shm", "--shm", "shm_bytes", "size"),
+    ("max_transfer", "--max-transfer", "transfer_bytes", "size"),
+    ("max_transfer_entries", "--max-transfer-entries", "transfer_entries", "int"),
 )
 """(argparse dest, flag, ``Limits`` field, kind): the limits a flag sets; sizes and durations
 are read by ``sbxkit/_model/units.py``."""
@@ -172,7 +174,7 @@ def spec_from_args(
         base = SandboxSpec(image=args.image, command=command, limits=msgspec.convert({}, Limits))
     limits: dict[str, Any] = {}
     for dest, flag, field, kind in LIMIT_FLAGS:
-        given = getattr(args, dest)
+        given = getattr(args, dest, None)  # a command without the flag: not given
         if given is not None:
             limits[field] = limit_value(given, flag, kind)
             check_limit_flag(field, limits[field], flag, given)

@@ -130,6 +130,8 @@ class ProfileLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     fsize: int | str | None = None
     scratch: int | str | None = None
     shm: int | str | None = None
+    max_transfer: int | str | None = None
+    max_transfer_entries: int | None = None
 
 
 class ProfileWorkspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -227,6 +229,12 @@ LIMIT_FIELDS: dict[str, tuple[str, bool]] = {
     "scratch": ("scratch_bytes", True),
     "shm": ("shm_bytes", True),
 }
+TRANSFER_FIELDS: dict[str, tuple[str, bool]] = {
+    "max_transfer": ("transfer_bytes", True),
+    "max_transfer_entries": ("transfer_entries", False),
+}
+"""The bounds of one ``put_dir``/``get_dir``: a profile's too, but no MCP call's (the MCP
+tools move single files, under ``mcp.max_file_bytes``)."""
 
 
 @contextmanager
@@ -242,7 +250,7 @@ def profile_limits(limits: ProfileLimits, where_root: str = f"{ROOT}.limits") ->
     """The ``Limits`` fields a profile sets, sizes parsed, each checked under its own path
     (``where_root``: the table they came from, e.g. a tool call's ``limits``)."""
     values: dict[str, Any] = {}
-    for name, (field, is_size) in LIMIT_FIELDS.items():
+    for name, (field, is_size) in {**LIMIT_FIELDS, **TRANSFER_FIELDS}.items():
         raw = getattr(limits, name)
         if raw is None:
             continue

@@ -72,6 +72,7 @@ MIN_CPUS = 0.01
 
 MAX_CPUS = 1024.0
 MAX_PIDS = 4_194_304
+MAX_TRANSFER_ENTRIES = 10_000_000
 """The kernel's ceiling for ``pid_max`` on 64-bit systems."""
 
 MAX_ID = 2**31 - 1
@@ -149,6 +150,10 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     no queue (RLIMIT_MSGQUEUE is 0). Both tmpfs are charged to ``memory_bytes``."""
     shm_bytes: int = 64 * MiB
     """Size of ``/dev/shm`` (HostConfig.ShmSize; POSIX shared memory, semaphores)."""
+    transfer_bytes: int = 1024 * MiB
+    """Content bytes one ``put_dir`` or ``get_dir`` moves at most; a call may ask for less."""
+    transfer_entries: int = 100_000
+    """Directories and files one ``put_dir`` or ``get_dir`` moves at most."""
 
 
 class Workspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -318,8 +323,10 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
             )
     elif name == "output_bytes":
         _check_positive_int(where, value, maximum=MAX_OUTPUT_BYTES)
-    elif name in ("fsize_bytes", "scratch_bytes", "shm_bytes"):
+    elif name in ("fsize_bytes", "scratch_bytes", "shm_bytes", "transfer_bytes"):
         _check_positive_int(where, value, maximum=MAX_SIZE_BYTES)
+    elif name == "transfer_entries":
+        _check_positive_int(where, value, maximum=MAX_TRANSFER_ENTRIES)
     else:
         raise SpecError(where, "unknown limit")
 

@@ -46,11 +46,13 @@ LIMIT_ALIASES = {
     "fsize": "fsize_bytes",
     "scratch": "scratch_bytes",
     "shm": "shm_bytes",
+    "max_transfer": "transfer_bytes",
+    "max_transfer_entries": "transfer_entries",
 }
 """``sbxkit run``/profile names → ``Limits`` names."""
 
 SIZE_FIELDS = frozenset(
-    {"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes", "shm_bytes"}
+    {"memory_bytes", "output_bytes", "fsize_bytes", "scratch_bytes", "shm_bytes", "transfer_bytes"}
 )
 MERGED_FIELDS = ("limits", "env", "labels")
 """Mappings a job line extends key by key instead of replacing."""

@@ -473,6 +473,16 @@ def add_session_parsers(sub: Any) -> None:
     add_kind_flags(opener)
     opener.add_argument("--name", help=f"the session's name ({wire.NAME_RULE}; default: sb-XXXXXX)")
     opener.add_argument(
+        "--max-transfer",
+        metavar="SIZE",
+        help="content one sbxkit cp of a directory moves at most (default: 1g)",
+    )
+    opener.add_argument(
+        "--max-transfer-entries",
+        metavar="N",
+        help="files and directories one sbxkit cp moves at most (default: 100000)",
+    )
+    opener.add_argument(
         "--files-root",
         metavar="PATH",
         help="where sbxkit cp may read and write (default: /tmp; / with --disk)",

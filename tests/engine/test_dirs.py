@@ -223,6 +223,31 @@ async def test_put_dir_refuses_links_special_files_and_bounds_before_sending(
     assert tree_of(tmp_path / "back") == {"a": b"12345", "d": None, "d/b": b"678"}
 
 
+async def test_the_specs_transfer_limits_bound_both_ways(
+    busybox: str, engine: Engine, tmp_path: Path
+) -> None:
+    """``limits.transfer_entries`` and ``transfer_bytes`` are every call's default and
+    ceiling: a call may ask for less, never more."""
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    (tree / "a").write_bytes(b"12345")
+    (tree / "d" / "b").write_bytes(b"678")
+    spec = session_spec(busybox, transfer_entries=2, transfer_bytes=8)
+    async with open_sandbox(spec, engine=engine) as sandbox:
+        with pytest.raises(ArchiveError, match=r"more than 2 entries \(max_entries\)"):
+            await sandbox.put_dir(tree, "t")
+        with pytest.raises(SpecError, match=r"max_entries: 3 is more than the spec's limits"):
+            await sandbox.put_dir(tree, "t", max_entries=3)
+        with pytest.raises(SpecError, match=r"max_bytes: 9 is more than the spec's limits"):
+            await sandbox.get_dir("t", tmp_path / "n", max_bytes=9)
+        (tree / "d" / "b").unlink()
+        await sandbox.put_dir(tree, "t")  # a, d: two entries, five bytes
+        with pytest.raises(ArchiveError, match=r"more than 4 bytes .*\(max_bytes\)"):
+            await sandbox.get_dir("t", tmp_path / "n", max_bytes=4)
+        await sandbox.get_dir("t", tmp_path / "back")
+    assert tree_of(tmp_path / "back") == {"a": b"12345", "d": None}
+
+
 async def test_put_dir_writes_through_no_link_in_the_sandbox(
     busybox: str, engine: Engine, tmp_path: Path
 ) -> None:
