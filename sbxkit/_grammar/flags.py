@@ -5,12 +5,19 @@ positional."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from sbxkit._grammar.common import subcommand_parser
+from sbxkit._grammar.docker_habits import (
+    NAME_LABEL,
+    env_file_pairs,
+    mounts_from_args,
+    user_flag,
+)
 from sbxkit._grammar.profile import Profile, apply_profile
 from sbxkit._model.gpu import GpuRequest
 from sbxkit._model.network_terms import CallbackTls, Network
@@ -165,6 +172,8 @@ def spec_from_args(
     if command and command[0] == "--":
         command = command[1:]
     command = command or list(default_command)
+    if getattr(args, "entrypoint", None):
+        command = [args.entrypoint, *command]  # docker's: the entrypoint, the command its args
     if profile is not None:
         base, _, _ = apply_profile(profile, command, image=args.image)
     else:
@@ -182,11 +191,20 @@ def spec_from_args(
             limits[field] = limit_value(defaults[dest], flag, kind)
     overrides: dict[str, Any] = {
         "limits": msgspec.structs.replace(base.limits, **limits),
-        "env": {**base.env, **env_flags(getattr(args, "env", None) or [])},
+        "env": {
+            **base.env,
+            **env_flags(env_file_pairs(getattr(args, "env_file", None) or [])),
+            **env_flags(getattr(args, "env", None) or []),
+        },
         "labels": {**base.labels, **_labels(getattr(args, "label", None) or [])},
     }
+    if getattr(args, "name", None):  # docker's --name: sbxkit names containers by lease
+        overrides["labels"][NAME_LABEL] = args.name
+    mounts = mounts_from_args(args)
+    if mounts:
+        overrides["mounts"] = [*base.mounts, *mounts]
     if getattr(args, "user", None):
-        overrides["user"] = args.user
+        overrides["user"] = user_flag(args.user)
     for dest in ("workdir", "runtime", "network"):
         if getattr(args, dest, None) is not None:
             overrides[dest] = getattr(args, dest)
@@ -278,7 +296,7 @@ def add_sandbox_flags(
     parser.add_argument("--profile", metavar="FILE", help=profile_help)
     parser.add_argument("--cpus", help=f"CPU quota (default: {defaults['cpus']})")
     parser.add_argument(
-        "--memory", help=f"memory ceiling, no swap: 64m, 1.5g (default: {defaults['memory']})"
+        "-m", "--memory", help=f"memory ceiling, no swap: 64m, 1.5g (default: {defaults['memory']})"
     )
     parser.add_argument("--pids", help=f"process count ceiling (default: {defaults['pids']})")
     parser.add_argument("--max-output", help=f"{output_help} (default: {defaults['max_output']})")
@@ -289,6 +307,7 @@ def add_sandbox_flags(
     parser.add_argument("--scratch", help="size of the /tmp tmpfs (default: 64m)")
     parser.add_argument("--shm", help="size of the /dev/shm tmpfs (default: 64m)")
     parser.add_argument(
+        "-e",
         "--env",
         action="append",
         default=[],
@@ -296,9 +315,12 @@ def add_sandbox_flags(
         help="set a variable; a bare K passes the host's value",
     )
     parser.add_argument(
-        "--user", help="UID:GID, non-root (default: a uid of the sandbox's own, docs/security.md)"
+        "-u",
+        "--user",
+        help="UID[:GID], non-root; UID alone means UID:UID (default: a uid of the "
+        "sandbox's own, docs/security.md)",
     )
-    parser.add_argument("--workdir", help="absolute working directory")
+    parser.add_argument("-w", "--workdir", help="absolute working directory")
     parser.add_argument("--network", choices=["none", "bridge", "managed"], help=network_help)
     parser.add_argument(
         "--allow",
@@ -327,7 +349,7 @@ def add_kind_flags(parser: argparse.ArgumentParser) -> None:
         help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
     )
     parser.add_argument(
-        "--label", action="append", default=[], metavar="K=V", help="add a container label"
+        "-l", "--label", action="append", default=[], metavar="K=V", help="add a container label"
     )
     parser.add_argument(
         "--workspace",
@@ -351,3 +373,53 @@ def add_kind_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N|CDI-ID[,...]",
         help="N GPUs chosen round-robin from the daemon's CDI devices, or explicit CDI names",
     )
+
+
+SPEC_FLAGS: tuple[tuple[str, str], ...] = (
+    *((f"limits.{field}", flag) for _, flag, field, _ in LIMIT_FLAGS),
+    ("network.allow", "--allow"),
+    ("network.callback", "--callback"),
+    ("network.tls.ca", "--tls-ca"),
+    ("network.tls.cert", "--tls-cert"),
+    ("network.tls.key", "--tls-key"),
+    ("network", "--network"),
+    ("mounts", "-v/--mount"),
+    ("workspace.disk_bytes", "--disk"),
+    ("workspace", "--workspace"),
+    ("user", "--user"),
+    ("workdir", "--workdir"),
+    ("runtime", "--runtime"),
+    ("labels", "--label"),
+    ("env", "--env"),
+    ("gpus", "--gpus"),
+    ("image", "IMAGE"),
+    ("command", "CMD"),
+)
+"""A spec field → the flag a command-line user typed for it (the longest prefix wins)."""
+
+
+def flag_for(field: str) -> str:
+    """The flag naming ``field`` (``limits.output_bytes`` → ``--max-output``,
+    ``network.allow[0]`` → ``--allow[0]``), or ``field`` when no flag sets it."""
+    for prefix, flag in SPEC_FLAGS:
+        if field == prefix or field.startswith(prefix + "."):
+            return flag
+        if field.startswith(prefix + "["):  # which one stays said: --env['K'], CMD[1]
+            rest = field[len(prefix) :]
+            return flag + (rest.split("].", 1)[0] + "]" if "]." in rest else rest)
+    return field
+
+
+@contextmanager
+def flags_in_errors(args: argparse.Namespace) -> Iterator[None]:
+    """Re-raise a spec rule's ``SpecError`` naming the flag, where no profile is in play (a
+    profile's fields are named by their own path already)."""
+    try:
+        yield
+    except SpecError as error:
+        if getattr(args, "profile", None) is not None:
+            raise
+        flag = flag_for(error.field)
+        if flag == error.field:
+            raise
+        raise SpecError(flag, error.rule) from None

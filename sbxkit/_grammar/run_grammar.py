@@ -13,11 +13,13 @@ import trio
 
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import cancel_on_signals, exit_code_for, to_json
+from sbxkit._grammar.docker_habits import INSTEAD, add_docker_flags
 from sbxkit._grammar.flags import (
     DEFAULTS,
     ImageAndCommand,
     add_kind_flags,
     add_sandbox_flags,
+    flags_in_errors,
     spec_from_args,
 )
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, profile_settings
@@ -29,7 +31,8 @@ from sbxkit._util.notice import WaitingNotice, say
 from sbxkit._util.stdin import FileStdin, StdinSource
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend, open_backend
-from sbxkit.errors import SpecError
+from sbxkit.engine.client import open_engine
+from sbxkit.errors import ImageError, NotFound, SpecError
 
 
 def stdin_carries_data() -> bool:
@@ -90,8 +93,13 @@ async def run_interruptibly(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    take_docker_stdin(args)
     profile = load_profile(args.profile) if args.profile is not None else None
     spec = spec_from_args(args, profile)
+    if not spec.command:  # docker's habit: the image's own Entrypoint and Cmd
+        spec = msgspec.structs.replace(
+            spec, command=trio.run(image_command, args.socket, spec.image)
+        )
     settings = profile_settings(profile)[0] if profile is not None else None
     on_queued = WaitingNotice(sys.stderr) if sys.stderr.isatty() else None
     backend = cli_backend(
@@ -101,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         on_queued=on_queued,
         pool=run_pool(args, profile),
     )
-    checked = backend.check(spec, "run")  # refused input never waits for stdin
+    with flags_in_errors(args):
+        checked = backend.check(spec, "run")  # refused input never waits for stdin
     stdin = stdin_of(args.stdin, streamed=backend.kind == "docker")
     result = trio.run(run_interruptibly, backend, checked, stdin)
     return print_result(result, json=args.json)
@@ -120,6 +129,29 @@ def print_result(result: RunResult, *, json: bool) -> int:
             say(notice, sys.stderr)
     sys.stdout.flush()
     return exit_code_for(result)
+
+
+def take_docker_stdin(args: argparse.Namespace) -> None:
+    """``-i`` is ``--stdin -``; ``-t`` is refused (no terminal here)."""
+    if getattr(args, "tty", False):
+        raise SpecError("-t", INSTEAD["-t"])
+    if getattr(args, "interactive", False):
+        if args.stdin not in (None, "-"):
+            raise SpecError("-i", f"and --stdin {args.stdin}: name one source of stdin")
+        args.stdin = "-"
+
+
+async def image_command(socket_path: str | None, image: str) -> list[str]:
+    """The image's ``Entrypoint`` then ``Cmd``, as docker runs an image given no command."""
+    async with open_engine(socket_path) as engine:
+        try:
+            config = (await engine.image_inspect(image)).config
+        except NotFound:
+            raise ImageError(image, "not present locally; sbxkit never pulls images") from None
+    command = [*(config.entrypoint or []), *(config.cmd or [])] if config else []
+    if not command:
+        raise SpecError("CMD", f"none given, and the image {image} has no Entrypoint or Cmd")
+    return command
 
 
 def status_notice(result: RunResult) -> str | None:
@@ -171,6 +203,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         help="feed a file, - (this stdin) or none; a piped stdin needs this flag",
     )
     add_kind_flags(parser)
+    add_docker_flags(parser, stdin=True)
     parser.add_argument(
         "--pool",
         metavar="N",

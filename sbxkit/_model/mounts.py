@@ -230,15 +230,17 @@ def validate_mounts(
             if not enable_bind_mounts:
                 raise SpecError(
                     f"{field}.type",
-                    "bind mounts are disabled; the operator enables them with enable_bind_mounts",
+                    "bind mounts are disabled; the operator enables them with enable_bind_mounts "
+                    "(a profile's [sandbox.docker] enable_bind_mounts = true)",
                 )
             check_host_path(f"{field}.source", mount.source, state_dir=state_dir)
         elif isinstance(mount, VolumeMount):
             if not enable_named_volumes:
                 raise SpecError(
                     f"{field}.type",
-                    "named volumes are disabled; the operator "
-                    "enables them with enable_named_volumes",
+                    "named volumes are disabled; the operator enables them with "
+                    "enable_named_volumes (a profile's [sandbox.docker] enable_named_volumes = "
+                    "true)",
                 )
             _check_text(f"{field}.source", mount.source, "volume name")
             if not _VOLUME_NAME.fullmatch(mount.source):

@@ -312,7 +312,11 @@ def check_limit(name: str, value: object, field: str | None = None) -> None:
     elif name == "memory_bytes":
         memory = _check_positive_int(where, value, maximum=MAX_SIZE_BYTES)
         if memory < MIN_MEMORY_BYTES:
-            raise SpecError(where, f"must be >= {MIN_MEMORY_BYTES} (Docker's minimum)")
+            raise SpecError(
+                where,
+                f"must be at least 6m ({MIN_MEMORY_BYTES} bytes, Docker's minimum), "
+                f"got {memory} bytes",
+            )
     elif name == "pids":
         _check_positive_int(where, value, maximum=MAX_PIDS)
     elif name == "timeout_s":

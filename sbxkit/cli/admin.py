@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ def cmd_leases(args: argparse.Namespace) -> int:
     from sbxkit._protocol.journal import default_state_dir
 
     state_dir = args.state_dir or default_state_dir()
+    if not os.path.lexists(state_dir):  # no supervisor ever ran here: nothing to show or do
+        print(f"no lease records: {state_dir} does not exist (no supervisor has used it)")
+        return 0
     if args.leases_action == "list":
         records, problems = admin.read_journal(state_dir)
         print("\n".join(admin.format_records(records)))
@@ -57,6 +61,9 @@ def cmd_pools(args: argparse.Namespace) -> int:
     from sbxkit._protocol.journal import default_state_dir
 
     state_dir = args.state_dir or default_state_dir()
+    if not os.path.lexists(state_dir):
+        print(f"no pools are held: {state_dir} does not exist (no supervisor has used it)")
+        return 0
     if args.pools_action == "list":
         held = admin.list_pools(state_dir)
         print("\n".join(admin.format_pools(held.pools)) if held.pools else "no pools are held")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn, cast
 
 from sbxkit._grammar.common import EXIT_REFUSED, Parser, exit_with, subcommand_parser
+from sbxkit._grammar.docker_habits import advice
 from sbxkit._grammar.flags import parse_with_flags_after_image
 from sbxkit._grammar.run_grammar import add_run_parser
 from sbxkit.cli.admin import add_admin_parsers
@@ -68,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     options = argv[: argv.index("--")] if "--" in argv else argv
     Parser.json_errors = "--json" in options
     parser = build_parser()
+    if not argv:  # what there is to do, rather than argparse's "arguments are required"
+        parser.print_help(sys.stderr)
+        sys.exit(EXIT_REFUSED)
     args, unknown = parse_with_flags_after_image(parser, argv)
     if unknown:  # a typo in a subcommand's flag: that subcommand's usage, not the top level's
-        subcommand_parser(parser, args.action).error("unrecognized arguments: " + " ".join(unknown))
+        chosen = subcommand_parser(parser, args.action)
+        chosen.error(advice(chosen, unknown))
     exit_with(args.handler, args)

@@ -45,6 +45,7 @@ from sbxkit._grammar.flags import (
     add_kind_flags,
     add_sandbox_flags,
     env_flags,
+    flags_in_errors,
     spec_from_args,
 )
 from sbxkit._grammar.profile import load_profile, profile_settings
@@ -83,7 +84,8 @@ def open_plan(args: argparse.Namespace, name: str) -> wire.OpenPlan:
     spec = msgspec.structs.replace(spec, command=keepalive_command(spec.limits.timeout_s))
     settings = profile_settings(profile)[0] if profile is not None else None
     backend = cli_backend(profile, socket_path=args.socket, settings=settings)
-    backend.check(spec, "session")
+    with flags_in_errors(args):
+        backend.check(spec, "session")
     files_root = args.files_root
     if files_root is None:  # a writable image is the workspace: files go anywhere in it
         writable = spec.workspace is not None and spec.workspace.disk_bytes is not None

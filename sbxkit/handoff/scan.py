@@ -29,9 +29,10 @@ PLANNING_ENV = (
 """The caller's variables a run is judged under (``plan.effective_settings``) and that find
 its daemon (``engine/discovery.py``): sent with every hand-off, when set."""
 
-NOT_SERVED = ("--profile", "-h", "--help")
+NOT_SERVED = ("--profile", "-h", "--help", "--env-file", "-v", "--volume", "--mount")
 """Options the hand-off never serves (a profile may name another supervisor or runtime; help
-is the full parser's to print): the command line runs these itself without asking."""
+is the full parser's to print; a path the caller's working directory resolves): the command
+line runs these itself without asking."""
 
 
 class Scan:
@@ -62,8 +63,10 @@ def scan_run(argv: Sequence[str]) -> Scan | str:
         value = inline if eq else (options[index + 1] if index + 1 < len(options) else None)
         if word == "--json":
             json = True
+        elif word in ("-i", "--interactive"):  # docker's habit: --stdin -
+            stdin = "-"
         elif name == "--stdin" and value is not None:
             stdin = value
-        elif name == "--env" and value is not None and "=" not in value:
+        elif name in ("--env", "-e") and value is not None and "=" not in value:
             env_names.append(value)
     return Scan(json=json, stdin=stdin, env_names=tuple(env_names))

@@ -73,10 +73,10 @@ def cli(*argv: str | bytes, close_stdout: bool = False) -> subprocess.CompletedP
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        ([IMAGE, "--", "echo", b"\xff"], "command[1]"),
-        (["--env", b"K=\xff", IMAGE, "--", "true"], "env['K']"),
-        (["--label", b"\xfe=v", IMAGE, "--", "true"], "labels['\\udcfe'] (key)"),
-        (["--workdir", b"/w\xff", IMAGE, "--", "true"], "workdir"),
+        ([IMAGE, "--", "echo", b"\xff"], "CMD[1]"),
+        (["--env", b"K=\xff", IMAGE, "--", "true"], "--env['K']"),
+        (["--label", b"\xfe=v", IMAGE, "--", "true"], "--label['\\udcfe'] (key)"),
+        (["--workdir", b"/w\xff", IMAGE, "--", "true"], "--workdir"),
     ],
 )
 def test_non_utf8_bytes_in_argv_are_refused_naming_the_field(

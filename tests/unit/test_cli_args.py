@@ -558,7 +558,7 @@ def test_main_refuses_bridge_in_production_before_any_daemon_call(
     with pytest.raises(SystemExit) as caught:
         main(["run", "--socket", "/nonexistent/d.sock", "--network", "bridge", IMAGE, "true"])
     assert caught.value.code == EXIT_REFUSED
-    assert "sbxkit: error: network: bridge networking is refused in production" in (
+    assert "sbxkit: error: --network: bridge networking is refused in production" in (
         capsys.readouterr().err
     )
 
@@ -570,7 +570,7 @@ def test_main_refuses_bad_gpu_requests_before_any_daemon_call(
     with pytest.raises(SystemExit) as caught:
         main(["run", "--socket", "/nonexistent/d.sock", "--gpus", gpus, IMAGE, "true"])
     assert caught.value.code == EXIT_REFUSED
-    assert "sbxkit: error: gpus." in capsys.readouterr().err
+    assert "sbxkit: error: --gpus" in capsys.readouterr().err
 
 
 def test_main_refuses_a_bad_profile(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,6 +70,11 @@ def test_the_scan_finds_json_stdin_and_env_names_before_the_separator() -> None:
     assert (scan.json, scan.stdin, scan.env_names) == (True, "-", ("A", "B"))
 
 
+def test_the_scan_reads_dockers_short_spellings() -> None:
+    scan = scanned("run", "-i", "-e", "A", "-e", "B=2", "img", "--", "cat")
+    assert (scan.json, scan.stdin, scan.env_names) == (False, "-", ("A",))
+
+
 def test_the_scan_leaves_a_run_without_those_flags_alone() -> None:
     scan = scanned("run", "--memory", "64m", "img", "--", "true")
     assert (scan.json, scan.stdin, scan.env_names) == (False, None, ())
@@ -84,6 +89,8 @@ def test_the_scan_leaves_a_run_without_those_flags_alone() -> None:
         (("run", "--profile", "p.toml", "--", "x"), "--profile"),
         (("run", "--help"), "--help"),
         (("run", "img", "--", "echo", "\udcff"), "not UTF-8"),
+        (("run", "-v", "./src:/src", "img", "--", "ls"), "-v"),
+        (("run", "--env-file", "e", "img", "--", "env"), "--env-file"),
     ],
 )
 def test_the_scan_declines_what_the_hand_off_never_serves(argv: tuple[str, ...], why: str) -> None:
