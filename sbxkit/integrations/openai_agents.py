@@ -27,10 +27,11 @@ import io
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, TypeAlias
 
 from agents.sandbox.errors import (
     ExecNonZeroError,
@@ -87,6 +88,10 @@ __all__ = [
 ]
 
 
+Opener: TypeAlias = Callable[[], AbstractAsyncContextManager[aio.AioSandbox]]
+"""Opens (or reattaches) a session's sandbox: ``aio.open_sandbox`` or ``aio.attach_sandbox``."""
+
+
 @dataclass
 class _Running:
     """An ``exec_command`` process: its sbxkit handle and how far the model has read."""
@@ -110,13 +115,10 @@ class SbxkitSandboxSession(BaseSandboxSession):
     def __init__(
         self,
         state: SbxkitSandboxSessionState,
-        opener: Any,
-        *,
-        socket_path: str | None = None,
+        opener: Opener,
     ) -> None:
         self.state = state
-        self._opener: Any = opener  # () -> async context manager of an AioSandbox
-        self._socket_path = socket_path
+        self._opener = opener
         self._stack: AsyncExitStack | None = None
         self._sandbox: aio.AioSandbox | None = None
         self._detached = False
@@ -129,8 +131,7 @@ class SbxkitSandboxSession(BaseSandboxSession):
     async def open(self) -> None:
         """Enter the sandbox's block (made or reattached by the opener)."""
         stack = AsyncExitStack()
-        opened: AbstractAsyncContextManager[aio.AioSandbox] = self._opener()
-        self._sandbox = await stack.enter_async_context(opened)
+        self._sandbox = await stack.enter_async_context(self._opener())
         self._stack = stack
         self._helpers = set()
 
@@ -141,13 +142,14 @@ class SbxkitSandboxSession(BaseSandboxSession):
         return self._sandbox
 
     async def _ensure_backend_started(self) -> None:
+        # Never a silent replacement: the sandbox's time limit is its whole life.
         if self._detached:
             raise SbxError("this session was detached: resume its state to continue it")
         if self._sandbox is None or not self._sandbox.usable:
-            await self._close_block()
-            self._opener = _fresh_opener(self.state, self._socket_path, await _env(self.state))
-            self._set_start_state_preserved(False)
-            await self.open()
+            raise SbxError(
+                "the sbxkit sandbox of this session has ended (closed, or past its timeout_s); "
+                "create or resume a session for another"
+            )
 
     async def _close_block(self) -> None:
         stack, self._stack, self._sandbox = self._stack, None, None
@@ -446,7 +448,7 @@ async def _env(state: SbxkitSandboxSessionState) -> dict[str, str]:
 
 def _fresh_opener(
     state: SbxkitSandboxSessionState, socket_path: str | None, env: dict[str, str]
-) -> Any:
+) -> Opener:
     spec = sandbox_spec(state.options, state.manifest.root, env)
     docker: dict[str, Any] = {} if socket_path is None else {"socket_path": socket_path}
     max_processes = min(state.options.max_processes, PTY_PROCESSES_MAX)
@@ -488,7 +490,7 @@ class SbxkitSandboxClient(BaseSandboxClient[SbxkitSandboxClientOptions]):
             options=chosen,
         )
         opener = _fresh_opener(state, self._socket_path, await _env(state))
-        inner = SbxkitSandboxSession(state, opener, socket_path=self._socket_path)
+        inner = SbxkitSandboxSession(state, opener)
         await inner.open()
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
@@ -505,9 +507,7 @@ class SbxkitSandboxClient(BaseSandboxClient[SbxkitSandboxClientOptions]):
         inner: SbxkitSandboxSession | None = None
         if handle_json is not None:
             handle = SandboxHandle.from_json(handle_json)
-            inner = SbxkitSandboxSession(
-                state, lambda: aio.attach_sandbox(handle), socket_path=self._socket_path
-            )
+            inner = SbxkitSandboxSession(state, lambda: aio.attach_sandbox(handle))
             try:
                 await inner.open()
                 inner._set_start_state_preserved(True)
@@ -518,7 +518,7 @@ class SbxkitSandboxClient(BaseSandboxClient[SbxkitSandboxClientOptions]):
         if inner is None:
             state.workspace_root_ready = False
             opener = _fresh_opener(state, self._socket_path, await _env(state))
-            inner = SbxkitSandboxSession(state, opener, socket_path=self._socket_path)
+            inner = SbxkitSandboxSession(state, opener)
             await inner.open()
             inner._set_start_state_preserved(False)
         return self._wrap_session(inner, instrumentation=self._instrumentation)

@@ -1,6 +1,7 @@
 """What tests/integrations/test_openai_agents.py shares: the witness fixtures, a scripted
 agent (the SDK's own ``ScriptedModel``: no LLM, no network) and the second process of the
-resume test (``python -m tests.integrations.openai_agents_support STATE_FILE``).
+resume test (``python -m tests.integrations.openai_agents_support STATE_FILE detach|delete``)
+and the process killed with its session open (``... hold IMAGE``).
 
 The real-engine rules of tests/engine hold: a missing engine or image fails, and each test
 ends with the independent witness finding none of its containers.
@@ -23,7 +24,11 @@ from agents.sandbox import SandboxAgent, SandboxRunConfig
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from openai.types.responses import ResponseCustomToolCall
 
-from sbxkit.integrations.openai_agents import SbxkitSandboxClient, SbxkitSandboxSession
+from sbxkit.integrations.openai_agents import (
+    SbxkitSandboxClient,
+    SbxkitSandboxClientOptions,
+    SbxkitSandboxSession,
+)
 from tests.witness import PYTHON, SOCKET, Witness
 
 SESSION_ID = re.compile(r"Process running with session ID (\d+)")
@@ -150,5 +155,19 @@ async def second_process(state_file: Path) -> None:
     print(json.dumps(report))
 
 
+async def hold(image: str) -> None:
+    """Open a session, say its container on stdout, and wait to be killed."""
+    client = SbxkitSandboxClient()
+    session = await client.create(options=SbxkitSandboxClientOptions(image=image))
+    async with session:
+        inner = session._inner
+        assert isinstance(inner, SbxkitSandboxSession)
+        print(inner.sandbox.container_id, flush=True)
+        await asyncio.sleep(3600)
+
+
 if __name__ == "__main__":
-    asyncio.run(second_process(Path(sys.argv[1])))
+    if sys.argv[1] == "hold":
+        asyncio.run(hold(sys.argv[2]))
+    else:
+        asyncio.run(second_process(Path(sys.argv[1])))

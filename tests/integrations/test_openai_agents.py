@@ -151,6 +151,65 @@ def test_resume_from_a_second_process_spends_the_handle_once(
     assert body(last["seen"]).splitlines()[0] == "carried over"
 
 
+def test_a_state_kept_past_its_keep_resumes_from_its_snapshot(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """Nobody reattached within keep_s: the supervisor removed the sandbox, and resume makes
+    a new one with the workspace the snapshot holds (the SDK's rule for a backend gone)."""
+    client = SbxkitSandboxClient()
+    snapshot = LocalSnapshotSpec(base_path=tmp_path / "snapshots")
+
+    async def first() -> tuple[str, dict[str, object]]:
+        options = SbxkitSandboxClientOptions(image=PYTHON, labels=mark("kept"))
+        session = await client.create(manifest=Manifest(), options=options, snapshot=snapshot)
+        async with session:
+            await session.exec("mkdir -p d && echo kept > d/notes.txt && ln -s d/notes.txt link")
+            container = _inner(session).sandbox.container_id
+            payload = await client.detach(session, keep_s=1)
+        return container, payload
+
+    async def later(payload: dict[str, object]) -> tuple[str, str]:
+        session = await client.resume(client.deserialize_session_state(payload))
+        async with session:
+            listing = await session.exec("cat link; cat d/notes.txt")
+            container = _inner(session).sandbox.container_id
+        await client.delete(session)
+        return container, listing.stdout.decode()
+
+    container, payload = asyncio.run(first())
+    assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []  # the keep ended
+    again, listing = asyncio.run(later(payload))
+    assert again != container
+    assert listing == "kept\nkept\n"  # hydrated from the tar: the file and the link
+
+
+def _inner(session: Any) -> SbxkitSandboxSession:
+    inner = session._inner
+    assert isinstance(inner, SbxkitSandboxSession)
+    return inner
+
+
+def test_a_killed_process_leaves_no_sandbox(witness: Witness) -> None:
+    """The SDK's Docker backend leaves its container running when the process dies; here the
+    supervisor removes it as the dead process's connection ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations.openai_agents_support", "hold", PYTHON],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        container = holder.stdout.readline().strip()
+        assert [c["Id"] for c in witness.sbxkit_containers()] == [container]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    started = time.monotonic()
+    assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
+    print(f"removed {time.monotonic() - started:.2f} s after the SIGKILL")
+
+
 def body(output: str) -> str:
     """What the command printed, below the SDK's header of an exec_command output."""
     return output.split("Output:\n", 1)[1]
