@@ -79,11 +79,14 @@ def test_an_agent_writes_runs_and_feeds_a_program_as_a_hardened_non_root_user(
     assert "noexec" in facts.split("uid=")[1]  # /tmp as sbxkit mounts it; the SDK's helpers ran
 
 
+@pytest.mark.parametrize("runtime", [None, "gvisor"], ids=["runc", "gvisor"])
 def test_root_inside_on_a_userns_daemon_with_a_terminal(
-    witness: Witness,
+    witness: Witness, runtime: str | None
 ) -> None:
     assert witness.maps_uids(), "root inside needs a --userns-remap daemon (the test's own)"
-    options = SbxkitSandboxClientOptions(image=PYTHON, root=True, labels=mark("root"))
+    options = SbxkitSandboxClientOptions(
+        image=PYTHON, root=True, runtime=runtime, labels=mark("root")
+    )
     sandbox = SandboxRunConfig(client=SbxkitSandboxClient(), options=options)
     seen = asyncio.run(run_agent(program_steps(tty=True), sandbox))
 
