@@ -359,6 +359,8 @@ class SbxkitSandboxSession(BaseSandboxSession):
         async with self._pty_lock:
             meta = [(pid, r.last_used, r.done) for pid, r in self._running.items()]
             chosen = process_id_to_prune_from_meta(meta)
+            if chosen is None and meta:  # the SDK spares its 8 most recent; our bound is lower
+                chosen = min(meta, key=lambda m: (not m[2], m[1]))[0]
             victim = self._running.pop(chosen, None) if chosen is not None else None
         if victim is not None:
             await _kill(victim)

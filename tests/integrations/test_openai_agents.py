@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxPathGrant, SandboxRunConfig, User
 from agents.sandbox.entries import InContainerMountStrategy, MountpointMountPattern, S3Mount
+from agents.sandbox.errors import PtySessionNotFoundError
 
 from sbxkit.errors import ReattachRefused, SbxError, SpecError
 from sbxkit.integrations.openai_agents import (
@@ -190,6 +191,34 @@ def _inner(session: Any) -> SbxkitSandboxSession:
     inner = session._inner
     assert isinstance(inner, SbxkitSandboxSession)
     return inner
+
+
+def test_bounds_end_commands_and_processes_as_the_sdk_expects(witness: Witness) -> None:
+    """Past output_bytes a command ends with 123 and says why; past max_processes the least
+    recently used exec_command process is ended for the new one (the SDK's rule)."""
+    client = SbxkitSandboxClient()
+    options = SbxkitSandboxClientOptions(
+        image=PYTHON, output_bytes=1000, max_processes=1, labels=mark("bounds")
+    )
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        session = await client.create(options=options)
+        async with session:
+            flood = await session.exec("head -c 5000 /dev/zero")
+            first = await session.pty_exec_start("sleep 600", yield_time_s=0.3)
+            second = await session.pty_exec_start("sleep 600", yield_time_s=0.3)
+            with pytest.raises(PtySessionNotFoundError) as gone:
+                await session.pty_write_stdin(session_id=first.process_id, chars="")
+        await client.delete(session)
+        return flood, (first, second), gone.value
+
+    flood, (first, second), gone = asyncio.run(scenario())
+    assert flood.exit_code == 123
+    assert len(flood.stdout) == 1000  # exactly the bound, then the end
+    assert flood.stderr.endswith(b"sbxkit: the command ended output_exceeded\n")
+    assert first.process_id is not None
+    assert second.process_id not in (None, first.process_id)  # the second runs, the first ended
+    assert gone.context["session_id"] == first.process_id
 
 
 def test_a_killed_process_leaves_no_sandbox(witness: Witness) -> None:
