@@ -21,6 +21,7 @@ ENGINE26_UP = "scripts/engine26-up"
 USERNS_ENGINE_UP = "scripts/userns-engine-up"
 NETWORK_TIER = "scripts/network-tier"
 NETWORK_TESTS = "tests/network"
+INTEGRATION_TESTS = "tests/integrations"
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
@@ -93,6 +94,7 @@ def tests(session: nox.Session) -> None:
             "-m",
             "not podman and not userns",
             f"--ignore={NETWORK_TESTS}",
+            f"--ignore={INTEGRATION_TESTS}",  # each framework's own session: integration_*
             "--durations=15",  # where CI's 30 minutes go, in every log
             *session.posargs,
             env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
@@ -218,10 +220,31 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,inspect,mcp]", "mypy>=1.10")
+    session.install("-e", ".[test,inspect,mcp,openai-agents]", "mypy>=1.10")
     session.run("mypy")
     # What callers' type checkers must refuse (each line carries the error it must raise).
     session.run("mypy", "--warn-unused-ignores", "tests/typing")
+
+
+# --- integration: the OpenAI Agents SDK ---------------------------------------------------
+
+
+@nox.session
+def integration_openai_agents(session: nox.Session) -> None:
+    """The OpenAI Agents SDK on sbxkit (docs/integrations.md), on a --userns-remap daemon of its
+    own (root inside is one of the tests): a SandboxAgent driven by the SDK's ScriptedModel."""
+    socket = _provision(session, USERNS_ENGINE_UP, {"SBXKIT_USERNS_NAME": "ci-openai_agents"})
+    session.install("-e", ".[test,openai-agents]")
+    session.run(
+        "pytest",
+        "tests/integrations/test_openai_agents.py",
+        *session.posargs,
+        env={
+            "SBXKIT_TEST_SOCKET": socket,
+            "DOCKER_HOST": f"unix://{socket}",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
+        },
+    )
 
 
 @nox.session

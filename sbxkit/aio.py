@@ -34,12 +34,13 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
 
-from sbxkit._consumers import oneshot, session
+from sbxkit._consumers import oneshot, reattach, session
+from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.process_log import ProcessExit
@@ -51,7 +52,15 @@ from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 
-__all__ = ["AioProcess", "AioSandbox", "call", "open_sandbox", "run", "run_many"]
+__all__ = [
+    "AioProcess",
+    "AioSandbox",
+    "attach_sandbox",
+    "call",
+    "open_sandbox",
+    "run",
+    "run_many",
+]
 
 T = TypeVar("T")
 
@@ -89,6 +98,16 @@ class AioSandbox:
     def lease(self) -> str:
         return self._sandbox.lease
 
+    @property
+    def user(self) -> str:
+        """``UID:GID`` every command in it runs as."""
+        return self._sandbox.user
+
+    @property
+    def usable(self) -> bool:
+        """False once the sandbox closed, expired or was detached."""
+        return self._sandbox._unusable is None
+
     async def exec(
         self, argv: Sequence[str], stdin: bytes | None = None, **options: Any
     ) -> RunResult:
@@ -117,6 +136,11 @@ class AioSandbox:
         """``Sandbox.start``: a background process, ended at the latest with the block."""
         process = await self._call(self._sandbox.start, argv, **options)
         return AioProcess(self._portal, process)
+
+    async def detach(self, keep_s: float) -> SandboxHandle:
+        """``Sandbox.detach``: the supervisor keeps the sandbox past the block for at most
+        ``keep_s`` seconds; ``attach_sandbox(handle)`` continues it, once."""
+        return await self._call(self._sandbox.detach, keep_s)
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **options: Any) -> T:
         return await self._portal.acall(functools.partial(fn, *args, **options))
@@ -174,6 +198,22 @@ async def open_sandbox(spec: SandboxSpec, **options: Any) -> AsyncIterator[AioSa
     itself (``SandboxExpired``, ``CleanupError``) is raised after a normal exit, or chained
     over the block's exception.
     """
+    async with _held(lambda: session.open_sandbox(spec, **options)) as sandbox:
+        yield sandbox
+
+
+@asynccontextmanager
+async def attach_sandbox(handle: SandboxHandle) -> AsyncIterator[AioSandbox]:
+    """``sbxkit.attach_sandbox`` as an ``async with`` block for asyncio: a detached sandbox
+    continued here, once; the block's end removes it, as ``open_sandbox``'s does."""
+    async with _held(lambda: reattach.attach_sandbox(handle)) as sandbox:
+        yield sandbox
+
+
+@asynccontextmanager
+async def _held(
+    opener: Callable[[], AbstractAsyncContextManager[session.Sandbox]],
+) -> AsyncIterator[AioSandbox]:
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[session.Sandbox] = loop.create_future()
     release = trio.Event()
@@ -183,7 +223,7 @@ async def open_sandbox(spec: SandboxSpec, **options: Any) -> AsyncIterator[AioSa
             opened.set_result(sandbox)
 
     async def hold() -> None:
-        async with session.open_sandbox(spec, **options) as sandbox:
+        async with opener() as sandbox:
             loop.call_soon_threadsafe(hand_over, sandbox)
             await release.wait()
 

@@ -1,0 +1,1 @@
+"""Adapters that let agent frameworks run their sandboxes on sbxkit (docs/integrations.md)."""
