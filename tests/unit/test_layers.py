@@ -187,6 +187,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sbxkit.cli",),
     ("sbxkit.handoff",),
     ("sbxkit.aio", "sbxkit.blocking", "sbxkit.inspect_provider", "sbxkit.__main__", "sbxkit"),
+    ("sbxkit.integrations",),
 ]
 """The floor plan, ground floor first (docs/architecture.md): a package imports only packages
 on lower floors, never one beside it or above it; inside a package, anything."""
