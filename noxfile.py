@@ -21,6 +21,7 @@ ENGINE26_UP = "scripts/engine26-up"
 USERNS_ENGINE_UP = "scripts/userns-engine-up"
 NETWORK_TIER = "scripts/network-tier"
 NETWORK_TESTS = "tests/network"
+INTEGRATION_TESTS = "tests/integrations"  # each framework's own session (integration_*)
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
@@ -93,6 +94,7 @@ def tests(session: nox.Session) -> None:
             "-m",
             "not podman and not userns",
             f"--ignore={NETWORK_TESTS}",
+            f"--ignore={INTEGRATION_TESTS}",
             "--durations=15",  # where CI's 30 minutes go, in every log
             *session.posargs,
             env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster},
@@ -121,6 +123,7 @@ class _Cells:
             "-m",
             marks,
             f"--ignore={NETWORK_TESTS}",
+            f"--ignore={INTEGRATION_TESTS}",
             *self.session.posargs,
         ]
         # Not session.create_tmp(): it sets TMPDIR for every later command, and the suite's
@@ -218,7 +221,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,inspect,mcp]", "mypy>=1.10")
+    session.install("-e", ".[test,inspect,mcp,deepagents]", "mypy>=1.10")
     session.run("mypy")
     # What callers' type checkers must refuse (each line carries the error it must raise).
     session.run("mypy", "--warn-unused-ignores", "tests/typing")
@@ -232,4 +235,30 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[bench,ray]")
     session.run(
         "python", "-m", "bench", *session.posargs, env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster}
+    )
+
+
+# -- LangChain deep agents (sbxkit/integrations/deepagents.py) --------------------------------
+
+
+@nox.session
+def integration_deepagents(session: nox.Session) -> None:
+    """sbxkit as a deep agents sandbox backend: deep agents' conformance suite for sandboxes
+    (langchain-tests' SandboxIntegrationTests) and a deep agent with a scripted model, offline,
+    on a userns-remap daemon of its own (the default workspace's root inside is provably not
+    the host's; docs/integrations.md)."""
+    socket = _provision(session, USERNS_ENGINE_UP, {"SBXKIT_USERNS_NAME": "ci-deepagents"})
+    session.install("-e", ".[test,deepagents]", "langchain-tests>=1.1,<1.2")
+    session.run(
+        "pytest",
+        f"{INTEGRATION_TESTS}/test_deepagents.py",
+        # pytest-asyncio (the suite's) warns unless its fixture loop scope is named
+        "-o",
+        "asyncio_default_fixture_loop_scope=function",
+        *session.posargs,
+        env={
+            "SBXKIT_TEST_SOCKET": socket,
+            "DOCKER_HOST": f"unix://{socket}",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
+        },
     )
