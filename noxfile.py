@@ -22,6 +22,10 @@ USERNS_ENGINE_UP = "scripts/userns-engine-up"
 NETWORK_TIER = "scripts/network-tier"
 NETWORK_TESTS = "tests/network"
 INTEGRATION_TESTS = "tests/integrations"
+INTEGRATION_SESSIONS = ("integration_openai_agents", "integration_deepagents")
+"""Each framework in a venv of its own, after the suite (``./dev test`` with no selection)."""
+INTEGRATION_DAEMON = {"SBXKIT_USERNS_NAME": "ci-integrations"}
+"""One --userns-remap daemon the integration sessions share, one after another."""
 PODMAN_ROOTLESS_USER = "sbxkit-rootless"
 
 
@@ -34,6 +38,9 @@ def tests(session: nox.Session) -> None:
 
     The cells run on daemons of their own, beside the main suite (one after the other, in the
     background; their output follows the suite's): CI's 30 minutes hold on two cores."""
+    if not session.posargs:  # the frameworks' own sessions run after this one
+        for name in INTEGRATION_SESSIONS:
+            session.notify(name)
     session.run("bash", ENGINE_UP, external=True)
     cluster = _cluster_engines(session)
     session.install("-e", ".[test,inspect,ray,mcp]")
@@ -123,6 +130,7 @@ class _Cells:
             "-m",
             marks,
             f"--ignore={NETWORK_TESTS}",
+            f"--ignore={INTEGRATION_TESTS}",
             *self.session.posargs,
         ]
         # Not session.create_tmp(): it sets TMPDIR for every later command, and the suite's
@@ -220,7 +228,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,inspect,mcp,openai-agents]", "mypy>=1.10")
+    session.install("-e", ".[test,inspect,mcp,openai-agents,deepagents]", "mypy>=1.10")
     session.run("mypy")
     # What callers' type checkers must refuse (each line carries the error it must raise).
     session.run("mypy", "--warn-unused-ignores", "tests/typing")
@@ -233,7 +241,7 @@ def typecheck(session: nox.Session) -> None:
 def integration_openai_agents(session: nox.Session) -> None:
     """The OpenAI Agents SDK on sbxkit (docs/integrations.md), on a --userns-remap daemon of its
     own (root inside is one of the tests): a SandboxAgent driven by the SDK's ScriptedModel."""
-    socket = _provision(session, USERNS_ENGINE_UP, {"SBXKIT_USERNS_NAME": "ci-openai_agents"})
+    socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
     session.install("-e", ".[test,openai-agents]")
     session.run(
         "pytest",
@@ -255,4 +263,30 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[bench,ray]")
     session.run(
         "python", "-m", "bench", *session.posargs, env={"SBXKIT_TEST_CLUSTER_SOCKETS": cluster}
+    )
+
+
+# -- LangChain deep agents (sbxkit/integrations/deepagents.py) --------------------------------
+
+
+@nox.session
+def integration_deepagents(session: nox.Session) -> None:
+    """sbxkit as a deep agents sandbox backend: deep agents' conformance suite for sandboxes
+    (langchain-tests' SandboxIntegrationTests) and a deep agent with a scripted model, offline,
+    on a userns-remap daemon of its own (the default workspace's root inside is provably not
+    the host's; docs/integrations.md)."""
+    socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
+    session.install("-e", ".[test,deepagents]", "langchain-tests>=1.1,<1.2")
+    session.run(
+        "pytest",
+        f"{INTEGRATION_TESTS}/test_deepagents.py",
+        # pytest-asyncio (the suite's) warns unless its fixture loop scope is named
+        "-o",
+        "asyncio_default_fixture_loop_scope=function",
+        *session.posargs,
+        env={
+            "SBXKIT_TEST_SOCKET": socket,
+            "DOCKER_HOST": f"unix://{socket}",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
+        },
     )
