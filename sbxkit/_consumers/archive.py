@@ -129,8 +129,10 @@ def build_tar(
     max_files: int = DEFAULT_MAX_FILES,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> bytes:
-    """A tar of ``files`` (relative name → content): regular files and their parent
-    directories, owned by ``uid:gid``. Names are checked with ``relative_name``."""
+    """A tar of ``files`` (relative name → content): regular files only, owned by ``uid:gid``.
+    Names are checked with ``relative_name``. No directory member: the sandbox makes missing
+    parents with ``mkdir -p`` (``PUT_SCRIPT``), which leaves existing ones as they are, where
+    tar would reset an existing directory's mode to the member's."""
     if not isinstance(files, Mapping):
         raise ArchiveError("*", "files must be a mapping of name to bytes")
     names: dict[str, bytes] = {}
@@ -150,9 +152,6 @@ def build_tar(
         raise ArchiveError(sorted(clash)[0], "named both as a file and as a directory")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for directory in directories:
-            info = _info(directory, tarfile.DIRTYPE, uid, gid, 0o755, mtime)
-            tar.addfile(info)
         for name, data in names.items():
             info = _info(name, tarfile.REGTYPE, uid, gid, mode, mtime)
             info.size = len(data)

@@ -101,14 +101,21 @@ _OUT = '_out() { echo "sbxkit: $p leads to $a, outside the file root" >&2; exit 
 PUT_SCRIPT = (
     _OUT
     + _ROOT
-    + 'd=$1; shift; for p in "$@"; do '
+    + 'd=$1; n=$2; shift 2; i=0; for p in "$@"; do i=$((i + 1)); '
     + '[ -L "$p" ] && { echo "sbxkit: $p is a link; none is written through" >&2; exit 125; }; '
-    + "done; "
-    + 'mkdir -p "$d" && exec tar -x -m -f - -C "$d"'
+    + 'if [ "$i" -le "$n" ]; then [ ! -e "$p" ] || [ -d "$p" ] || { '
+    + 'echo "sbxkit: $p is a file, not a directory; nothing is written over it" >&2; exit 125; }; '
+    + 'elif [ -d "$p" ]; then '
+    + 'echo "sbxkit: $p is a directory; no file is written over it" >&2; exit 125; fi; done; '
+    + 'mkdir -p "$d" || exit 1; i=0; for p in "$@"; do i=$((i + 1)); '
+    + '[ "$i" -le "$n" ] && { mkdir -p "$p" || exit 1; }; done; '
+    + 'exec tar -x -m -f - -C "$d"'
 )
-"""``$1`` the file root, ``$2`` the destination, the rest every directory on the way to it and
-every directory and file the archive names, relative to the root: none may be a link already
-(``mkdir -p`` and tar would write through it)."""
+"""``$1`` the file root, ``$2`` the destination, ``$3`` how many directories follow: every
+directory on the way to the destination and in the archive's names, then every file the
+archive names, all relative to the root. None may be a link already (``mkdir -p`` and tar would
+write through it), a directory may not be a file nor a file a directory (tar would replace
+it). Missing directories are made with ``mkdir -p``; existing ones keep their modes."""
 MISSING_STATUS = 3
 """``GET_SCRIPT``'s exit status for a file that is not there (its name on stderr); tar's own
 are 1 and 2."""

@@ -55,6 +55,7 @@ from sbxkit._consumers.archive import (
     expect_exactly,
     member_paths,
     parse_tar,
+    relative_name,
     stream_cap,
 )
 from sbxkit._consumers.dirs import DirTransfer, StdoutSink
@@ -408,10 +409,9 @@ class Sandbox(OwnedView, DirTransfer):
         """Write ``files`` (relative name → content) under ``dest_dir`` in the sandbox.
 
         ``dest_dir`` is relative to the file root or absolute under it; names are relative,
-        without ``..``. At most ``max_files`` files and ``max_bytes`` bytes of content.
-        Refusals raise ``ArchiveError`` before anything is sent; a failing ``tar`` in the
-        sandbox (no space, the file size limit) raises ``ArchiveError`` with its message.
-        """
+        without ``..``. At most ``max_files`` files and ``max_bytes`` bytes of content. Existing
+        directories keep their modes; a file where a directory is named, or the reverse, a
+        link on the way, a failing ``tar`` (no space, the file size limit): ``ArchiveError``."""
         destination = confine_dir(dest_dir, self.files_root)
         uid, gid = body_ids(self._box.user)
         tar = build_tar(
@@ -424,7 +424,10 @@ class Sandbox(OwnedView, DirTransfer):
         )
         relative = destination[len(self.files_root) :].strip("/")
         on_the_way = member_paths({relative: b""}) if relative else []
-        inside = [f"{relative}/{name}" if relative else name for name in member_paths(files)]
+        named = {relative_name(name) for name in files}
+        inside = [(f"{relative}/{n}".lstrip("/"), n in named) for n in member_paths(files)]
+        folders = [*on_the_way, *(path for path, is_file in inside if not is_file)]
+        written = [path for path, is_file in inside if is_file]
         result = await self._run(
             [
                 "sh",
@@ -433,8 +436,9 @@ class Sandbox(OwnedView, DirTransfer):
                 "sbxkit-put",
                 self.files_root,
                 destination,
-                *on_the_way,
-                *inside,
+                str(len(folders)),
+                *folders,
+                *written,
             ],
             tar,
             self._box.timeout_s if timeout is None else timeout,

@@ -273,6 +273,32 @@ async def test_file_transfer_refuses_escapes_links_and_caps(
         assert b"No such file" in check.stdout
 
 
+async def test_put_files_keeps_what_is_there_and_refuses_type_clashes(
+    busybox: str, engine: Engine
+) -> None:
+    """An existing directory keeps its mode (a 0700 one stays 0700; tar would reset it to its
+    member's), and a file standing where a directory is named, or a directory where a file
+    is, is refused, not replaced: nothing is lost."""
+    async with open_sandbox(session_spec(busybox, None), engine=engine) as sandbox:
+        setup = await sandbox.exec(
+            ["sh", "-c", "mkdir -m 700 /tmp/a && echo keep >/tmp/f && mkdir /tmp/d"]
+        )
+        assert setup.ok, setup
+        await sandbox.put_files({"a/b/new.txt": b"new"})
+        modes = await sandbox.exec(["stat", "-c", "%a", "/tmp/a", "/tmp/a/b"])
+        assert modes.stdout.split() == [b"700", b"755"], modes
+        with pytest.raises(ArchiveError, match="f is a file, not a directory"):
+            await sandbox.put_files({"f/inner.txt": b"x"})
+        with pytest.raises(ArchiveError, match="d is a directory; no file is written"):
+            await sandbox.put_files({"d": b"x"})
+        with pytest.raises(ArchiveError, match="is a file, not a directory"):
+            await sandbox.put_files({"x": b"x"}, "f/sub")
+        assert (await sandbox.get_files(["f", "a/b/new.txt"])) == {
+            "f": b"keep\n",
+            "a/b/new.txt": b"new",
+        }
+
+
 async def test_files_are_confined_by_the_resolved_path_not_the_name(
     busybox: str, engine: Engine
 ) -> None:
