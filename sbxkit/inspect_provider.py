@@ -1,6 +1,6 @@
 """sbxkit as an Inspect sandbox provider: ``sandbox=("sbxkit", "profile.toml")``.
 
-Installed with ``pip install sbxkit[inspect]``; the ``inspect_ai`` entry point imports this
+Installed with ``pip install '.[inspect]'``; the ``inspect_ai`` entry point imports this
 module, which registers the provider under the name ``sbxkit``. Each sample gets one hardened,
 supervised, long-lived sbxkit sandbox (``sbxkit.open_sandbox``) built from a sbxkit profile;
 it is removed at sample cleanup, and by the supervisor if the eval process is killed.

@@ -81,7 +81,7 @@ from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
-from sbxkit.cli.progress import Progress, format_clock, format_progress
+from sbxkit.cli.progress import Progress, counted, format_clock, format_progress
 from sbxkit.cli.results import (
     ResultLine,
     ResultsWriter,
@@ -491,8 +491,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
             writer.close()
     progress.finish()
     print(
-        f"sbxkit batch: {progress.ran} jobs ran in {format_clock(progress.elapsed_s)} "
-        f"({skipped} already done): {progress.failed} failed, {progress.errors} errors"
+        f"sbxkit batch: {counted(progress.ran, 'job')} ran in {format_clock(progress.elapsed_s)} "
+        f"({skipped} already done): {progress.failed} failed, {counted(progress.errors, 'error')}"
         + (f", {progress.lost} attempts lost and retried" if progress.lost else "")
         + f"; results in {args.out}",
         file=sys.stderr,

@@ -18,7 +18,7 @@ from sbxkit.mcp.policy import policy_from_profile
 from sbxkit.mcp.token_files import read_token_file
 
 SDK_MODULES = {"mcp", "mcp_types", "uvicorn", "starlette", "anyio", "pydantic"}
-INSTALL_HINT = "pip install 'sbxkit[mcp]'"
+INSTALL_HINT = "pip install '.[mcp]' in the sbxkit clone (sbxkit is not on PyPI)"
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

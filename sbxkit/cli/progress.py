@@ -14,6 +14,11 @@ from sbxkit.errors import CleanupError
 # --- progress ------------------------------------------------------------------------------------
 
 
+def counted(number: int, noun: str) -> str:
+    """``1 error``, ``2 errors``: a count with its noun as English says it."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def format_clock(seconds: float) -> str:
     seconds = max(0, round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -44,7 +49,7 @@ def format_progress(
         f"{running} running",
         f"{max(left - running, 0)} queued",
         f"{failed} failed",
-        f"{errors} errors",
+        counted(errors, "error"),
         f"{rate:.2f} jobs/s",
         f"ETA {eta}",
     ]

@@ -70,7 +70,8 @@ def import_ray() -> Any:
         import ray
     except ImportError as exc:
         raise SpecError(
-            "cluster", f"needs Ray, which is not installed ({exc}): pip install 'sbxkit[ray]'"
+            "cluster",
+            f"needs Ray, which is not installed ({exc}): pip install '.[ray]' in the sbxkit clone",
         ) from None
     return ray
 

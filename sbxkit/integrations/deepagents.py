@@ -1,4 +1,4 @@
-"""sbxkit as a LangChain deep agents sandbox backend (``pip install 'sbxkit[deepagents]'``).
+"""sbxkit as a LangChain deep agents sandbox backend (``pip install '.[deepagents]'``).
 
     from deepagents import create_deep_agent
     from sbxkit.integrations.deepagents import SbxkitSandbox

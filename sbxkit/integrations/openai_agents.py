@@ -1,4 +1,4 @@
-"""sbxkit as a sandbox backend of the OpenAI Agents SDK (``pip install 'sbxkit[openai-agents]'``).
+"""sbxkit as a sandbox backend of the OpenAI Agents SDK (``pip install '.[openai-agents]'``).
 
     from agents.run import RunConfig
     from agents.sandbox import SandboxRunConfig

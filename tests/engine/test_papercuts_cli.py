@@ -113,4 +113,4 @@ def test_retry_errors_reruns_only_the_jobs_that_could_not_run(
     by_id = {d["id"]: d for d in docs}
     assert by_id["typo"]["stdout"] == "fixed\n"
     assert by_id["ok"]["stdout"] == "ran\n"  # not run again: its line is the first run's
-    assert b"1 jobs ran" in again.stderr
+    assert b"1 job ran" in again.stderr

@@ -485,7 +485,7 @@ def test_ray_missing_is_named_with_the_extra(monkeypatch: pytest.MonkeyPatch) ->
     from sbxkit.cluster.driver import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(SpecError, match=r"sbxkit\[ray\]"):
+    with pytest.raises(SpecError, match=r"pip install '\.\[ray\]' in the sbxkit clone"):
         import_ray()
 
 

@@ -163,3 +163,19 @@ def test_unknown_flags_say_what_to_use_instead(unknown: list[str], said: str) ->
 )
 def test_spec_fields_are_named_as_their_flags(field: str, flag: str) -> None:
     assert flag_for(field) == flag
+
+
+def test_no_doc_installs_sbxkit_from_pypi() -> None:
+    """sbxkit is installed from its clone (`pip install '.[mcp]'`): `pip install
+    'sbxkit[...]'` fails with "No matching distribution" (issue 43, item 1)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    texts += sorted((root / "sbxkit").rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(root)}: {match.group(0)}"
+        for path in texts
+        for match in re.finditer(r"pip install '?sbxkit\[", path.read_text())
+    ]
+    assert offenders == []

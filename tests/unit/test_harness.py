@@ -656,7 +656,7 @@ def test_progress_line_says_done_running_queued_failures_rate_and_eta() -> None:
         done=30, total=100, failed=2, errors=1, ran=20, elapsed_s=10.0, running=8
     )
     assert text == (
-        "30/100 done · 8 running · 62 queued · 2 failed · 1 errors · 2.00 jobs/s · ETA 0:35"
+        "30/100 done · 8 running · 62 queued · 2 failed · 1 error · 2.00 jobs/s · ETA 0:35"
     )
     assert "ETA ?" in format_progress(done=0, total=5, failed=0, errors=0, ran=0, elapsed_s=1)
     assert "ETA 0:00" in format_progress(done=5, total=5, failed=0, errors=0, ran=5, elapsed_s=1)
@@ -674,7 +674,7 @@ def test_progress_is_redrawn_with_cr_on_a_terminal() -> None:
     progress.finish()
     text = stream.getvalue()
     assert text.startswith("\r1/4 done") or text.startswith("\r2/4 done")
-    assert "\r4/4 done · 0 running · 0 queued · 1 failed · 1 errors · 1.50 jobs/s · ETA 0:00" in (
+    assert "\r4/4 done · 0 running · 0 queued · 1 failed · 1 error · 1.50 jobs/s · ETA 0:00" in (
         text
     )
     assert text.endswith("\n")

@@ -93,7 +93,7 @@ def test_a_missing_extra_says_how_to_install_it(profile: Path) -> None:
     done = python(BLOCK_SDK, "mcp", "--profile", str(profile))
     assert done.returncode == 2, done.stderr
     assert "needs the MCP SDK" in done.stderr
-    assert "pip install 'sbxkit[mcp]'" in done.stderr
+    assert "pip install '.[mcp]' in the sbxkit clone" in done.stderr
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0:8765", "192.168.1.10:80", "localhost:8765"])
