@@ -45,10 +45,10 @@ from sbxkit.errors import StorageError
 T = TypeVar("T")
 
 
-def default_state_dir() -> Path:
-    """``SBXKIT_STATE_DIR``, else ``~/.sbxkit/leases`` (``address.py``: the hand-off finds its
-    supervisor by the same rule)."""
-    return Path(state_dir_text())
+def default_state_dir(socket: str | None = None) -> Path:
+    """``SBXKIT_STATE_DIR``, else the daemon's own under ``~/.sbxkit`` (``address.py``: the
+    hand-off finds its supervisor by the same rule)."""
+    return Path(state_dir_text(socket=socket))
 
 
 def check_state_dir(path: Path, *, create: bool) -> Path:

@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
+import msgspec
+
 from sbxkit._lifecycle import leases_admin as admin
 from sbxkit._lifecycle.attached import OutputCallback, run_attached
 from sbxkit._lifecycle.kernel_run import NotAlive, run_on_fifos
@@ -46,6 +48,7 @@ from sbxkit._plan.plan import (
     learn_daemon,
     new_lease_id,
 )
+from sbxkit._protocol.journal import default_state_dir
 from sbxkit._protocol.wire import Recover
 from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
@@ -100,6 +103,13 @@ class DockerBackend:
         wait_for_removal: bool = False,
     ) -> None:
         self.socket_path = socket_path
+        named = socket_path or (engine.socket_path if engine is not None else None)
+        if named is not None and (settings is None or settings.supervisor_state_dir is None):
+            # The daemon named here has its own supervisor (address.state_dir_text).
+            state_dir = str(default_state_dir(named))
+            settings = msgspec.structs.replace(
+                settings or Settings(), supervisor_state_dir=state_dir
+            )
         self.settings = settings
         self.engine = engine
         self.owner = owner

@@ -123,7 +123,7 @@ def _handoff(argv: Sequence[str], signals: _Signals) -> int:
         raise Declined(scan)
     if sys.stdout is None or sys.stderr is None:
         raise Declined("stdout or stderr is closed (the full path says so)")
-    state_dir = state_dir_text()
+    state_dir = state_dir_text(socket=scan.socket)
     if not os.path.isabs(state_dir):
         raise Declined(f"the state directory {state_dir!r} is not absolute")
     source, owned = _stdin_source(scan)

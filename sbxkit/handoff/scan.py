@@ -36,10 +36,17 @@ line runs these itself without asking."""
 
 
 class Scan:
-    """``--json`` given; ``--stdin``'s value; the names ``--env NAME`` passes by name."""
+    """``--json`` given; ``--stdin``'s value; the names ``--env NAME`` passes by name; the
+    daemon ``--socket`` names (its supervisor's state directory is that daemon's)."""
 
-    def __init__(self, json: bool, stdin: str | None, env_names: tuple[str, ...]) -> None:
-        self.json, self.stdin, self.env_names = json, stdin, env_names
+    def __init__(
+        self,
+        json: bool,
+        stdin: str | None,
+        env_names: tuple[str, ...],
+        socket: str | None = None,
+    ) -> None:
+        self.json, self.stdin, self.env_names, self.socket = json, stdin, env_names, socket
 
 
 def _not_text(word: str) -> bool:
@@ -55,7 +62,7 @@ def scan_run(argv: Sequence[str]) -> Scan | str:
         return "an argument that is not UTF-8 (the full path names it)"
     words = list(argv[1:])
     options = words[: words.index("--")] if "--" in words else words
-    json, stdin, env_names = False, None, []
+    json, stdin, env_names, socket = False, None, [], None
     for index, word in enumerate(options):
         name, eq, inline = word.partition("=")
         if name in NOT_SERVED:
@@ -69,4 +76,6 @@ def scan_run(argv: Sequence[str]) -> Scan | str:
             stdin = value
         elif name in ("--env", "-e") and value is not None and "=" not in value:
             env_names.append(value)
-    return Scan(json=json, stdin=stdin, env_names=tuple(env_names))
+        elif name == "--socket" and value is not None:
+            socket = value
+    return Scan(json=json, stdin=stdin, env_names=tuple(env_names), socket=socket)
