@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from sbxkit._grammar.flags import LIMIT_FLAGS, check_limit_flag, limit_value
+from sbxkit._grammar.flags import DEFAULTS, LIMIT_FLAGS, check_limit_flag, limit_value
 from sbxkit._grammar.profile import (
     Profile,
     load_profile,
@@ -58,6 +58,8 @@ MERGED_FIELDS = ("limits", "env", "labels")
 """Mappings a job line extends key by key instead of replacing."""
 
 SPEC_FIELDS = frozenset(SandboxSpec.__struct_fields__)
+BATCH_LIMIT_FLAGS = tuple(flag for flag in LIMIT_FLAGS if not flag[2].startswith("transfer_"))
+"""A job's limits as flags (a job moves no directories: no transfer bounds)."""
 
 
 def normalize_limits(limits: object, where: str = "limits") -> object:
@@ -181,8 +183,9 @@ def add_default_flags(parser: argparse.ArgumentParser) -> None:
         "every job's defaults; the flags below override it, a job line overrides both",
     )
     parser.add_argument("--image", help="default image for job lines without one")
-    for _, flag, _, _ in LIMIT_FLAGS:
-        parser.add_argument(flag, metavar="VALUE", help=f"default {flag[2:]} (as sbxkit run)")
+    for dest, flag, _, _ in BATCH_LIMIT_FLAGS:
+        default = f"; default {DEFAULTS[dest]}, as sbxkit run's" if dest in DEFAULTS else ""
+        parser.add_argument(flag, metavar="VALUE", help=f"every job's {flag[2:]}{default}")
     parser.add_argument(
         "--retry-errors",
         action="store_true",
@@ -206,11 +209,13 @@ def defaults_from_args(
     if args.image is not None:
         defaults["image"] = args.image
     limits = dict(defaults.get("limits", {}))
-    for dest, flag, field, kind in LIMIT_FLAGS:
+    for dest, flag, field, kind in BATCH_LIMIT_FLAGS:
         given = getattr(args, dest)
         if given is not None:
             limits[field] = limit_value(given, flag, kind)
             check_limit_flag(field, limits[field], flag, given)
+        elif field not in limits and dest in DEFAULTS:  # sbxkit run's, where nothing set it
+            limits[field] = limit_value(DEFAULTS[dest], flag, kind)
     if limits:
         defaults["limits"] = limits
     return defaults, effective_settings(settings)
