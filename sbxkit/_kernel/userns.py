@@ -2,7 +2,8 @@
 
 A workspace with root inside (``Workspace.root``) is planned only where a witness says its
 root is not the host's (``sbxkit._plan.preflight.root_inside_witness``: the daemon remaps user
-namespaces or runs rootless, or the runtime is gVisor). Once its container runs, and before
+namespaces or runs rootless, the runtime is gVisor, or rootful Podman was asked for a user
+namespace of the container's own, ``--userns=auto``). Once its container runs, and before
 its payload does (a one-shot run waits behind its gate, a session's keep-alive is sbxkit's),
 the host's kernel is asked too: the container's init, proven the container's by its cgroup
 (as the kernel path proves it), has its ``/proc/PID/uid_map`` read, and no line of it may map

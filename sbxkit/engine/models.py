@@ -84,6 +84,7 @@ class HostConfig(Body):
     device_requests: list[DeviceRequest] | None = None
     shm_size: int | None = None
     storage_opt: dict[str, str] | None = None
+    userns_mode: str | None = None
 
 
 class ContainerCreate(Body):
