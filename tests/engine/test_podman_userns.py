@@ -6,6 +6,7 @@ daemon holds, through the independent witness."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -18,7 +19,8 @@ import sbxkit
 from sbxkit._consumers.oneshot import run
 from sbxkit._consumers.session import open_sandbox
 from sbxkit._kernel.userns import read_uid_map
-from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._lifecycle.owner import InProcessOwner, Owner
+from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.rules import PODMAN_AUTO_USERNS
 from sbxkit._plan.policy import build_create_body, container_name
 from sbxkit._protocol.wire import Refused, Register, Reservation
@@ -168,20 +170,29 @@ def without_userns_mode(raw: bytes) -> bytes:
     return json.dumps(body).encode()
 
 
+@pytest.mark.parametrize("owner", ["in-process", "supervisor"])
 async def test_a_podman_that_drops_the_user_namespace_is_caught_by_the_hosts_kernel(
-    witness: Witness, busybox: str
+    witness: Witness, state_dir: Path, busybox: str, owner: str
 ) -> None:
-    """A proxy drops ``UsernsMode`` from the create on its way to Podman (an in-process owner:
-    no supervisor looks at the body). The container runs as the host's root behind its gate;
-    the host's kernel, asked before the gate opens, reads the init's identity map: refused,
-    removed, the payload never ran."""
-    with FaultProxy(witness.socket_path) as proxy:
+    """A proxy drops ``UsernsMode`` from the create on its way to Podman: the caller's own
+    create (an in-process owner), or the supervisor's (``--docker-socket PROXY``), after its
+    recheck took the body. The container runs as the host's root behind its gate; the host's
+    kernel, asked before the gate opens, reads the init's identity map: refused, removed, the
+    payload never ran."""
+    supervised = owner == "supervisor"
+    with FaultProxy(witness.socket_path) as proxy, contextlib.ExitStack() as stack:
         proxy.add_fault("create", Rewrite(without_userns_mode))
-        async with open_engine(proxy.path) as engine:
+        if supervised:  # the caller talks to Podman, its supervisor through the proxy
+            stack.enter_context(running_supervisor(state_dir, "--docker-socket", proxy.path))
+        async with open_engine(witness.socket_path if supervised else proxy.path) as engine:
+            chosen: Owner = (
+                SupervisedOwner(engine, state_dir=state_dir)
+                if supervised
+                else InProcessOwner(engine)
+            )
             with pytest.raises(ContainerMismatch) as caught:
-                await run(
-                    workspace(busybox, "echo ran"), engine=engine, owner=InProcessOwner(engine)
-                )
+                await run(workspace(busybox, "echo ran"), engine=engine, owner=chosen)
+        assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
         assert proxy.faulted("create") == 1
         assert proxy.errors == []
     assert "maps the container's ids onto host root" in caught.value.what
