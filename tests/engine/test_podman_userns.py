@@ -30,7 +30,7 @@ from sbxkit.errors import ContainerMismatch
 from tests.engine.helpers import spec, text
 from tests.engine.test_supervisor import first_reply
 from tests.engine.test_workspace import CAPS_MASK, workspace
-from tests.faultproxy import FaultProxy, Rewrite
+from tests.faultproxy import Answer, FaultProxy, Rewrite
 from tests.supervision import running_supervisor
 from tests.witness import Witness
 
@@ -170,30 +170,65 @@ def without_userns_mode(raw: bytes) -> bytes:
     return json.dumps(body).encode()
 
 
-@pytest.mark.parametrize("owner", ["in-process", "supervisor"])
-async def test_a_podman_that_drops_the_user_namespace_is_caught_by_the_hosts_kernel(
-    witness: Witness, state_dir: Path, busybox: str, owner: str
-) -> None:
-    """A proxy drops ``UsernsMode`` from the create on its way to Podman: the caller's own
-    create (an in-process owner), or the supervisor's (``--docker-socket PROXY``), after its
-    recheck took the body. The container runs as the host's root behind its gate; the host's
-    kernel, asked before the gate opens, reads the init's identity map: refused, removed, the
-    payload never ran."""
-    supervised = owner == "supervisor"
-    with FaultProxy(witness.socket_path) as proxy, contextlib.ExitStack() as stack:
-        proxy.add_fault("create", Rewrite(without_userns_mode))
-        if supervised:  # the caller talks to Podman, its supervisor through the proxy
+FORGED_MAPS = json.dumps(
+    {"HostConfig": {"IDMappings": {"UidMap": ["0:300000:65536"], "GidMap": ["0:300000:65536"]}}}
+).encode()
+"""Podman's own inspect of a container with a user namespace of its own, as a liar says it."""
+
+
+async def run_through(
+    proxy: FaultProxy, state_dir: Path, owner: str, script: str, busybox: str
+) -> pytest.ExceptionInfo[ContainerMismatch]:
+    """Run a workspace whose requests pass ``proxy``: the caller's, and with ``owner``
+    ``supervisor`` also the supervisor's (``--docker-socket PROXY``, after its recheck took the
+    body); expect ``ContainerMismatch``."""
+    with contextlib.ExitStack() as stack:
+        if owner == "supervisor":
             stack.enter_context(running_supervisor(state_dir, "--docker-socket", proxy.path))
-        async with open_engine(witness.socket_path if supervised else proxy.path) as engine:
+        async with open_engine(proxy.path) as engine:
             chosen: Owner = (
                 SupervisedOwner(engine, state_dir=state_dir)
-                if supervised
+                if owner == "supervisor"
                 else InProcessOwner(engine)
             )
             with pytest.raises(ContainerMismatch) as caught:
-                await run(workspace(busybox, "echo ran"), engine=engine, owner=chosen)
+                await run(workspace(busybox, script), engine=engine, owner=chosen)
+        return caught
+
+
+@pytest.mark.parametrize("owner", ["in-process", "supervisor"])
+async def test_a_podman_that_drops_the_user_namespace_is_refused_before_the_start(
+    witness: Witness, state_dir: Path, busybox: str, owner: str
+) -> None:
+    """A proxy drops ``UsernsMode`` from the create on its way to Podman. Before the start,
+    Podman's own inspect records no map for the container: refused, removed, never started."""
+    with FaultProxy(witness.socket_path) as proxy:
+        proxy.add_fault("create", Rewrite(without_userns_mode))
+        caught = await run_through(proxy, state_dir, owner, "echo ran", busybox)
         assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
         assert proxy.faulted("create") == 1
+        assert proxy.seen("start") == 0
+        assert proxy.errors == []
+    assert "recorded no uid map for it" in caught.value.what
+    assert witness.containers() == []
+
+
+@pytest.mark.parametrize("owner", ["in-process", "supervisor"])
+async def test_a_podman_that_lies_about_the_user_namespace_is_caught_by_the_hosts_kernel(
+    witness: Witness, state_dir: Path, busybox: str, owner: str
+) -> None:
+    """The proxy drops ``UsernsMode`` from the create and answers Podman's own inspect with a
+    map the container does not have. The container runs as the host's root behind its gate;
+    the host's kernel, asked before the gate opens, reads the init's identity map: refused,
+    removed, the payload never ran."""
+    with FaultProxy(witness.socket_path) as proxy:
+        proxy.define_kind("libpod-inspect", "GET", r"/libpod/containers/[^/]+/json$")
+        proxy.add_fault("libpod-inspect", Answer(FORGED_MAPS))
+        proxy.add_fault("create", Rewrite(without_userns_mode))
+        caught = await run_through(proxy, state_dir, owner, "echo ran", busybox)
+        assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
+        assert proxy.faulted("libpod-inspect") == 1
+        assert proxy.seen("start") == 1
         assert proxy.errors == []
     assert "maps the container's ids onto host root" in caught.value.what
     assert "though the daemon said userns-auto" in caught.value.what

@@ -13,7 +13,13 @@ import pytest
 
 from sbxkit._grammar.flags import spec_from_args
 from sbxkit._grammar.profile import ProfileWorkspace, profile_from_dict
-from sbxkit._kernel.userns import host_root_problem, maps_host_root, outside_id, parse_id_map
+from sbxkit._kernel.userns import (
+    host_root_problem,
+    maps_host_root,
+    outside_id,
+    parse_id_map,
+    recorded_maps_problem,
+)
 from sbxkit._model.network_terms import Network
 from sbxkit._model.rules import PODMAN_AUTO_USERNS, PODMAN_AUTO_WITNESS, ROOT_INSIDE_CAPS
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, Workspace, validate_spec
@@ -186,6 +192,22 @@ def test_the_host_kernel_rule() -> None:
     assert outside_id(parse_id_map(remapped), 61440) == 165536 + 61440
     assert outside_id(parse_id_map(remapped), 65536) is None
     assert outside_id(parse_id_map(identity), 1000) == 1000
+
+
+def test_the_maps_podman_recorded_before_the_start() -> None:
+    own = ["0:300000:65536"]
+    assert recorded_maps_problem(own, own) is None
+    for uids, gids in ((None, own), ([], own), (own, None)):  # the host's user namespace
+        problem = recorded_maps_problem(uids, gids)
+        assert problem is not None
+        assert "runs in the host's user namespace" in problem
+    onto_root = recorded_maps_problem(own, ["0:0:1", "1:300001:65535"])
+    assert onto_root is not None
+    assert "gid map" in onto_root
+    assert "reaches host id 0" in onto_root
+    garbled = recorded_maps_problem(["0-300000-65536"], own)
+    assert garbled is not None
+    assert "cannot be read" in garbled
 
 
 def test_a_profile_and_a_flag_ask_for_a_workspace(tmp_path: Any) -> None:
