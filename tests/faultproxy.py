@@ -25,6 +25,8 @@ excluded); the first matching kind wins, anything else is ``other``. Faults atta
 - ``DelayReply(seconds)``: forward at once (the daemon acts now), hold the reply that long.
 - ``Withhold()``: never forward; hold the request until its client goes away (a client that
   died before its request left it: nothing reaches the daemon).
+- ``Rewrite(edit)``: forward the request with its body replaced by ``edit(body)`` (a daemon
+  that ignores part of what it was asked).
 
 Counters per kind: ``seen`` (requests received), ``passed`` (forwarded without a fault) and
 ``faulted`` (a fault applied). ``history`` records every exchange; ``errors`` collects unexpected
@@ -43,8 +45,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -128,7 +130,14 @@ class Answer:
     body: bytes
 
 
-Fault = Delay | DropReply | Orphan | Fail | DelayReply | Withhold | Answer
+@dataclass(frozen=True)
+class Rewrite:
+    """Forward the request with its body rewritten: ``edit`` of the raw body."""
+
+    edit: Callable[[bytes], bytes]
+
+
+Fault = Delay | DropReply | Orphan | Fail | DelayReply | Withhold | Answer | Rewrite
 
 
 @dataclass
@@ -577,6 +586,8 @@ class _Session:
             return False
         if isinstance(fault, Delay):
             await trio.sleep(fault.seconds)
+        if isinstance(fault, Rewrite):
+            request = replace(request, body=fault.edit(request.body))
 
         up = await self._upstream()
         exchange.forwarded_at = time.time()

@@ -355,7 +355,7 @@ def add_kind_flags(parser: argparse.ArgumentParser) -> None:
         "--workspace",
         action="store_true",
         help="a workspace: root inside, only where it is not root on the host (a userns-remap "
-        "or rootless daemon, or --runtime gvisor; docs/workspace.md)",
+        "or rootless daemon, rootful Podman, or --runtime gvisor; docs/workspace.md)",
     )
     parser.add_argument(
         "--disk",

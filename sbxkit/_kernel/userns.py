@@ -2,7 +2,8 @@
 
 A workspace with root inside (``Workspace.root``) is planned only where a witness says its
 root is not the host's (``sbxkit._plan.preflight.root_inside_witness``: the daemon remaps user
-namespaces or runs rootless, or the runtime is gVisor). Once its container runs, and before
+namespaces or runs rootless, the runtime is gVisor, or rootful Podman was asked for a user
+namespace of the container's own, ``--userns=auto``). Once its container runs, and before
 its payload does (a one-shot run waits behind its gate, a session's keep-alive is sbxkit's),
 the host's kernel is asked too: the container's init, proven the container's by its cgroup
 (as the kernel path proves it), has its ``/proc/PID/uid_map`` read, and no line of it may map
@@ -10,7 +11,9 @@ any id onto host uid 0. Under gVisor the init the daemon names is gVisor's sandb
 the same rule holds for it, since the payload's root lives in gVisor's kernel, not the host's.
 
 Where the host cannot see the container's processes (a remote or VM-backed daemon), the
-daemon's word stands alone; ``host_root_problem`` says so instead of guessing.
+daemon's word stands alone; ``host_root_problem`` says so instead of guessing. On rootful
+Podman the daemon's word is also read before the start: the maps Podman recorded at the create
+(``recorded_maps_problem``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = [
     "outside_id",
     "parse_id_map",
     "read_uid_map",
+    "recorded_maps_problem",
 ]
 
 IdMap = tuple[tuple[int, int, int], ...]
@@ -100,4 +104,23 @@ def host_root_problem(uid_map: str | None, witness: str) -> str | None:
             f"the host's kernel maps the container's ids onto host root ({uid_map.strip()!r}), "
             f"though the daemon said {witness}: root inside would be root on the host"
         )
+    return None
+
+
+def recorded_maps_problem(uid_map: list[str] | None, gid_map: list[str] | None) -> str | None:
+    """Why the maps a daemon recorded for a container asked for a user namespace of its own
+    (Podman's ``IDMappings``: ``INSIDE:HOST:COUNT`` lines) do not keep root inside off host root
+    (pure): none at all (it runs in the host's user namespace), or a line onto host id 0."""
+    for kind, lines in (("uid", uid_map), ("gid", gid_map)):
+        if not lines:
+            return (
+                f"the daemon recorded no {kind} map for it: it runs in the host's user "
+                "namespace, though a user namespace of its own was asked for"
+            )
+        try:
+            id_map = parse_id_map("\n".join(line.replace(":", " ") for line in lines))
+        except ValueError as exc:
+            return f"the daemon's {kind} map cannot be read as one ({exc})"
+        if maps_host_root(id_map):
+            return f"the daemon's {kind} map {lines!r} reaches host id 0"
     return None

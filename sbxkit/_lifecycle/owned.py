@@ -18,7 +18,7 @@ import msgspec
 import trio
 
 from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
-from sbxkit._kernel.userns import host_root_problem, read_uid_map
+from sbxkit._kernel.userns import host_root_problem, read_uid_map, recorded_maps_problem
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owner import (
     DetachingOwner,
@@ -263,6 +263,21 @@ async def attached(box: OwnedContainer) -> AsyncIterator[tuple[HijackedStream, W
         await attach.aclose()
 
 
+async def _check_own_userns(engine: Engine, plan: Plan, container_id: str) -> None:
+    """A body that asked rootful Podman for a user namespace of its own (a workspace's root):
+    before the start, the maps Podman recorded at the create must be one that keeps root
+    inside off host root (``recorded_maps_problem``); the host's kernel is asked again once it
+    runs (``OwnedContainer.prove_root``). ``ContainerMismatch``: never started, removed."""
+    host = plan.body.host_config
+    if not engine.is_podman or host is None or host.userns_mode is None:
+        return
+    maps = await engine.podman_id_mappings(container_id)
+    uids, gids = (maps.uid_map, maps.gid_map) if maps is not None else (None, None)
+    problem = recorded_maps_problem(uids, gids)
+    if problem is not None:
+        raise ContainerMismatch(container_id, problem)
+
+
 def owner_launch(plan: Plan, owner: Owner) -> Launch | None:
     """What ``owner`` verifies before it starts the plan's container itself, or None: only an
     owner that launches (``LaunchingOwner``: the supervisor), and only a kernel path container
@@ -317,6 +332,7 @@ async def owned_container(
             image_id=plan.image_id,
             launched=launching is not None,
         )
+        await _check_own_userns(engine, plan, container_id)
         box = OwnedContainer(
             engine=engine, plan=plan, container_id=container_id, began=began, owner=owner
         )

@@ -474,13 +474,33 @@ ROOT_INSIDE_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID",
 """What a workspace's root keeps of root's capabilities (all others dropped): what ``apt-get``
 and ``dpkg`` need to own, read and write the files of other ids and to drop to them."""
 
-ROOT_INSIDE_WITNESSES = ("userns", "rootless", "gvisor")
+PODMAN_AUTO_WITNESS = "userns-auto"
+"""The witness of a rootful Podman service's workspace: the body asks Podman for a user
+namespace of the container's own (``PODMAN_AUTO_USERNS``)."""
+
+PODMAN_AUTO_USERNS = "auto:size=65536"
+"""``HostConfig.UsernsMode`` of a workspace's root on rootful Podman (``--userns=auto``): ids
+taken from the ``containers`` user's subordinate range, apart from every other container of the
+service. The size is pinned: left to Podman it follows the highest id the image's files use
+(65535 for the test images, 1024 for an image of root's files only), and an id outside the map
+cannot be taken (``setuid``, ``chown``); 65536 maps every 16-bit id, ``nobody`` included, as
+``userns-remap`` does."""
+
+ROOT_INSIDE_WITNESSES = ("userns", "rootless", "gvisor", PODMAN_AUTO_WITNESS)
 """Where root inside is not root on the host: a daemon that remaps user namespaces
-(``userns-remap``), a rootless engine, or gVisor (the payload's system calls reach gVisor's
-kernel, whose host processes run unprivileged in a user namespace of their own)."""
+(``userns-remap``), a rootless engine, gVisor (the payload's system calls reach gVisor's
+kernel, whose host processes run unprivileged in a user namespace of their own), or rootful
+Podman asked for a user namespace per container (``PODMAN_AUTO_USERNS``)."""
 
 ROOT_INSIDE_REFUSED = (
     "root inside would be root on the host here: this daemon runs containers in the host's "
     "user namespace, with a runtime whose kernel is the host's. Use a daemon started with "
-    "--userns-remap, a rootless engine, or runtime = 'gvisor' (runsc)"
+    "--userns-remap, a rootless engine, rootful Podman (a user namespace per container), or "
+    "runtime = 'gvisor' (runsc)"
+)
+
+PODMAN_ROOT_REFUSED = (
+    "root inside would be root on the host here: rootful Podman runs a container in the "
+    f"host's user namespace unless HostConfig.UsernsMode is {PODMAN_AUTO_USERNS!r} (a user "
+    "namespace of the container's own, which sbxkit asks for a workspace)"
 )

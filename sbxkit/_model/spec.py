@@ -160,7 +160,8 @@ class Workspace(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     """A sandbox for an agentic harness (docs/workspace.md). ``root`` (the default): the payload
     runs as root inside, with the few capabilities a package manager needs — allowed only
     where root inside is provably not root on the host (a daemon that remaps user namespaces,
-    a rootless engine, or gVisor), and refused by name elsewhere, before anything exists."""
+    a rootless engine, rootful Podman with a user namespace per container, or gVisor), and
+    refused by name elsewhere, before anything exists."""
 
     root: bool = True
     disk_bytes: int | None = None

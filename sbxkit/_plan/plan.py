@@ -48,8 +48,9 @@ from sbxkit._plan.preflight import (
     DaemonPlan,
     check_daemon,
     disk_quota_base,
+    planned_root_witness,
+    planned_userns_mode,
     resolve_mounts,
-    root_inside_witness,
     sandbox_uid_range,
 )
 from sbxkit._protocol.journal import default_state_dir
@@ -104,8 +105,9 @@ class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
     """Where a sandbox that names no user gets its own uid (``sbxkit._model.uids``)."""
     root_witness: str | None = None
     """For a workspace with root inside: what says that root is not the host's
-    (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, or
-    gVisor); the kernel is asked again once the container runs (``sbxkit._kernel.userns``)."""
+    (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, gVisor,
+    or on rootful Podman the body's own user namespace, ``planned_userns_mode``); the kernel
+    is asked again once the container runs (``sbxkit._kernel.userns``)."""
     disk_quota_base: int | None = None
     """For a writable image: what the daemon's storage quota counts besides the writes
     (``disk_quota_base``); None where no quota holds the bound and the supervisor watches."""
@@ -280,7 +282,7 @@ async def learn_daemon(
     uids = HOST_UIDS if named else await sandbox_uid_range(engine)
     witness = None
     if root_inside(checked.spec):
-        witness = await root_inside_witness(engine, checked.spec.runtime)
+        witness = await planned_root_witness(engine, checked.spec.runtime)
         if witness is None:
             raise SpecError("workspace", ROOT_INSIDE_REFUSED)
     quota_base = None
@@ -325,6 +327,7 @@ def build_plan(
         podman=facts.podman,
         network=facts.network,
         disk_quota_base=facts.disk_quota_base,
+        userns_mode=planned_userns_mode(facts.root_witness),
     )
     if body_overrides:
         body = msgspec.structs.replace(body, **dict(body_overrides))

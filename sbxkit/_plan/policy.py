@@ -211,6 +211,7 @@ class BodyInputs(TypedDict, total=False):
     uids: UidRange
     image_env: Mapping[str, str]
     disk_quota_base: int | None
+    userns_mode: str | None
 
 
 def with_own_user(spec: SandboxSpec, lease: str, uids: UidRange = HOST_UIDS) -> SandboxSpec:
@@ -263,6 +264,7 @@ def hardened_body(
     uids: UidRange = HOST_UIDS,
     image_env: Mapping[str, str] | None = None,
     disk_quota_base: int | None = None,
+    userns_mode: str | None = None,
 ) -> ContainerCreate:
     """The hardened create body for a stopped container, for a spec ``validate_spec`` accepted.
 
@@ -285,8 +287,12 @@ def hardened_body(
     writable root filesystem, labelled with its bound (``DISK_LABEL``); ``disk_quota_base``
     (the daemon's storage enforces ``StorageOpt`` ``size``) makes that bound the kernel's:
     ``size`` is the base (what the driver counts besides the writes) plus the bound.
+    ``userns_mode``: a workspace's root on rootful Podman, in a user namespace of its own
+    (``PODMAN_AUTO_USERNS``, ``sbxkit._plan.preflight.planned_userns_mode``).
     """
     _check_lease(lease)
+    if userns_mode is not None and not root_inside(spec):
+        raise SpecError("workspace", "only a workspace's root takes a user namespace of its own")
     if spec.user is None:
         spec = with_scratch_home(spec, image_env or {})
     spec = with_own_user(spec, lease, uids)
@@ -353,6 +359,7 @@ def hardened_body(
         mounts=list(resolved.mounts) or None,
         runtime=runtime_name(spec.runtime),
         device_requests=[device_request(gpu_ids)] if gpu_ids else None,
+        userns_mode=userns_mode,
     )
     return ContainerCreate(
         image=spec.image,

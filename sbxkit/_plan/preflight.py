@@ -33,6 +33,8 @@ from sbxkit._model.mounts import (
 )
 from sbxkit._model.rules import (
     GVISOR_RUNTIME,
+    PODMAN_AUTO_USERNS,
+    PODMAN_AUTO_WITNESS,
     check_podman_controllers,
     check_podman_runtime,
     check_runtime_registered,
@@ -216,13 +218,39 @@ async def sandbox_uid_range(engine: Engine) -> UidRange:
     return uids
 
 
-async def root_inside_witness(engine: Engine, runtime: str | None) -> str | None:
-    """What says root inside a container is not root on the host, for this daemon and runtime
-    (``ROOT_INSIDE_WITNESSES``), or None: gVisor by the runtime asked for; else the daemon's
-    own word — it remaps user namespaces, or runs rootless."""
+async def root_inside_witness(
+    engine: Engine, runtime: str | None, userns_mode: str | None
+) -> str | None:
+    """What says root inside a container is not root on the host, for this daemon, runtime
+    and ``HostConfig.UsernsMode`` (``ROOT_INSIDE_WITNESSES``), or None: gVisor by the runtime
+    asked for; else the daemon's own word — it remaps user namespaces, or runs rootless; else,
+    on rootful Podman, a body that asks for a user namespace of its own
+    (``PODMAN_AUTO_USERNS``). Another ``userns_mode`` is no witness: on a remapping Docker,
+    ``host`` would undo the remapping."""
+    if userns_mode is not None and userns_mode != PODMAN_AUTO_USERNS:
+        return None
     if runtime_name(runtime) == GVISOR_RUNTIME:
-        return "gvisor"
-    return await daemon_remapping(engine)
+        return "gvisor" if userns_mode is None else None
+    remapped = await daemon_remapping(engine)
+    if remapped is not None:
+        return remapped if userns_mode is None else None
+    if engine.is_podman and userns_mode == PODMAN_AUTO_USERNS:
+        return PODMAN_AUTO_WITNESS
+    return None
+
+
+async def planned_root_witness(engine: Engine, runtime: str | None) -> str | None:
+    """The witness a workspace's root is planned on (``root_inside_witness``): rootful Podman's
+    is a body with ``PODMAN_AUTO_USERNS``, every other one a body without a ``UsernsMode``."""
+    witness = await root_inside_witness(engine, runtime, None)
+    if witness is None and engine.is_podman:
+        witness = await root_inside_witness(engine, runtime, PODMAN_AUTO_USERNS)
+    return witness
+
+
+def planned_userns_mode(witness: str | None) -> str | None:
+    """The ``HostConfig.UsernsMode`` a body planned on ``witness`` carries (pure)."""
+    return PODMAN_AUTO_USERNS if witness == PODMAN_AUTO_WITNESS else None
 
 
 QUOTA_DRIVERS = frozenset({"btrfs"})

@@ -177,6 +177,13 @@ class Engine:
             self._podman_host = reply.host
         return self._podman_host
 
+    async def podman_id_mappings(self, container_id: str) -> models.PodmanIdMappings | None:
+        """The user namespace maps Podman recorded for a container at its create (its own
+        inspect: the compat one reports none before start), or None: it has none of its own."""
+        path = api_path("/libpod/containers/{}/json", container_id)
+        reply = await self._get(path, models.PodmanContainerInspect, self.deadlines.inspect)
+        return reply.host_config.id_mappings
+
     # -- images ---------------------------------------------------------------------------------
 
     async def image_inspect(self, name: str) -> models.ImageInspect:

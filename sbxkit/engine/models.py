@@ -84,6 +84,7 @@ class HostConfig(Body):
     device_requests: list[DeviceRequest] | None = None
     shm_size: int | None = None
     storage_opt: dict[str, str] | None = None
+    userns_mode: str | None = None
 
 
 class ContainerCreate(Body):
@@ -296,6 +297,26 @@ class PodmanHost(msgspec.Struct, rename="camel"):
 
 class PodmanInfo(msgspec.Struct):
     host: PodmanHost = msgspec.field(default_factory=PodmanHost)
+
+
+class PodmanIdMappings(msgspec.Struct, rename="pascal"):
+    """A container's user namespace maps as Podman recorded them at create (``INSIDE:HOST:COUNT``
+    lines); absent when it has none of its own."""
+
+    uid_map: list[str] | None = None
+    gid_map: list[str] | None = None
+
+
+class PodmanContainerHostConfig(msgspec.Struct, rename="pascal"):
+    id_mappings: PodmanIdMappings | None = msgspec.field(default=None, name="IDMappings")
+
+
+class PodmanContainerInspect(msgspec.Struct, rename="pascal"):
+    """The part of Podman's own ``/libpod/containers/ID/json`` sbxkit reads."""
+
+    host_config: PodmanContainerHostConfig = msgspec.field(
+        default_factory=PodmanContainerHostConfig
+    )
 
 
 class ErrorReply(msgspec.Struct):

@@ -74,6 +74,9 @@ def error_for(method: str, path: str, status: int, body: bytes) -> EngineError:
     except msgspec.DecodeError:
         message = body.decode("utf-8", "replace")
     text = str(message).strip() or f"HTTP {status}"
+    hint = PODMAN_HINTS.get(str(cause))
+    if hint is not None:
+        text = f"{text} ({hint})"
     # Podman answers 500 where Docker says 404 or 409; its ``cause`` says which it means.
     podman = PODMAN_CAUSES.get(str(cause))
     if podman is not None:
@@ -95,6 +98,15 @@ PODMAN_CAUSES: dict[str, type[EngineError]] = {
     "container state improper": Conflict,  # e.g. a kill of a stopped container ("not running")
 }
 """Podman's ``cause`` for replies Docker gives a precise status."""
+
+PODMAN_HINTS: dict[str, str] = {
+    "could not find enough available IDs": (
+        "Podman's --userns=auto, a workspace's root on rootful Podman, takes each container's "
+        "65536 ids from the `containers` user's range in /etc/subuid and /etc/subgid: it is "
+        "missing or in use by other containers (scripts/podman-up provisions one)"
+    ),
+}
+"""What to do about a Podman ``cause`` whose message does not say it."""
 
 
 class _Connection:

@@ -20,10 +20,10 @@ from sbxkit._kernel.fifos import io_dir_problem
 from sbxkit._kernel.scripts import io_dir_of
 from sbxkit._lifecycle.admission import Budget, Need, default_memory_budget, never_fits
 from sbxkit._lifecycle.uid_holds import hold_own_uid
-from sbxkit._model.rules import ROOT_INSIDE_REFUSED
+from sbxkit._model.rules import PODMAN_AUTO_WITNESS, PODMAN_ROOT_REFUSED, ROOT_INSIDE_REFUSED
 from sbxkit._model.spec import ROOT_USER
 from sbxkit._plan.network_planning import managed_gateway_problem
-from sbxkit._plan.preflight import root_inside_witness
+from sbxkit._plan.preflight import planned_root_witness, root_inside_witness
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.proof import is_well_formed
 from sbxkit._protocol.records import LeaseRecord
@@ -147,21 +147,31 @@ class Admitting(Leases):
 
     async def _root_refusal(self, engine: Engine, register: Register) -> Refused | None:
         """A workspace's root inside is admitted only where this supervisor's own look at the
-        daemon (or the body's runtime, gVisor) says it is not the host's root: the caller's
-        word is not taken. The caller's own start then asks the host's kernel too."""
+        daemon (or the body's runtime, gVisor; on rootful Podman the body's ``UsernsMode``)
+        says it is not the host's root: the caller's word is not taken. The caller's own start
+        then asks the host's kernel too."""
         body = register.body
         if body.user != ROOT_USER:
-            return None
-        runtime = body.host_config.runtime if body.host_config is not None else None
+            return None  # recheck_body refused a UsernsMode without root inside
+        host = body.host_config
+        runtime = host.runtime if host is not None else None
+        userns_mode = host.userns_mode if host is not None else None
         try:
-            witness = await root_inside_witness(engine, runtime)
+            if await root_inside_witness(engine, runtime, userns_mode) is not None:
+                return None
+            planned = await planned_root_witness(engine, runtime)
         except SbxError as exc:
             return Refused(
                 code="policy", reason=f"cannot ask the daemon: {exc}", field="Config.User"
             )
-        if witness is not None:
-            return None
-        return Refused(code="policy", reason=ROOT_INSIDE_REFUSED, field="Config.User")
+        if userns_mode is not None:  # asked where no user namespace of its own is sbxkit's
+            reason = (
+                f"{userns_mode!r} is taken only on rootful Podman (a workspace's root's own "
+                f"user namespace); here root inside rests on {planned or 'nothing'}"
+            )
+            return Refused(code="policy", reason=reason, field="HostConfig.UsernsMode")
+        reason = PODMAN_ROOT_REFUSED if planned == PODMAN_AUTO_WITNESS else ROOT_INSIDE_REFUSED
+        return Refused(code="policy", reason=reason, field="Config.User")
 
     async def _managed_refusal(self, engine: Engine, register: Register) -> Refused | None:
         """A managed network's gateway must be the daemon's bridge's (the forwarder binds it)."""

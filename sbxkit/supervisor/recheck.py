@@ -28,7 +28,12 @@ from sbxkit._model.gpu import GpuRequest, validate_gpu_request
 from sbxkit._model.mounts import check_host_path, check_target
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
-from sbxkit._model.rules import HOST_GATEWAY_ALIAS, ROOT_INSIDE_CAPS, check_network
+from sbxkit._model.rules import (
+    HOST_GATEWAY_ALIAS,
+    PODMAN_AUTO_USERNS,
+    ROOT_INSIDE_CAPS,
+    check_network,
+)
 from sbxkit._model.spec import ROOT_USER, body_ids, parse_user
 from sbxkit._plan.policy import (
     DISK_LABEL,
@@ -147,6 +152,7 @@ def recheck_body(
             )
         if host.cap_add and body.user != ROOT_USER:
             raise _refuse("HostConfig.CapAdd", "only a workspace's root keeps capabilities")
+        _check_userns(body, host)
         _check_limits(host)
         _check_disk(body, host)
         _check_network(body, host, environment, network)
@@ -221,6 +227,23 @@ def _check_hardening(host: HostConfig) -> None:
         raise _refuse("HostConfig.RestartPolicy", 'must be {"Name": "no"}')
     if host.log_config is None or host.log_config.type != "none":
         raise _refuse("HostConfig.LogConfig", 'must be {"Type": "none"}')
+
+
+def _check_userns(body: ContainerCreate, host: HostConfig) -> None:
+    """No ``UsernsMode`` (the daemon's), or rootful Podman's user namespace of a workspace's
+    root's own (``PODMAN_AUTO_USERNS``; admitting.py asks whether the daemon is that Podman).
+    ``host`` on a remapping Docker would run root inside as the host's root."""
+    mode = host.userns_mode
+    if mode is None:
+        return
+    if mode != PODMAN_AUTO_USERNS:
+        raise _refuse(
+            "HostConfig.UsernsMode",
+            f"{mode!r} is refused: only {PODMAN_AUTO_USERNS!r}, a workspace's root's own user "
+            "namespace on rootful Podman",
+        )
+    if body.user != ROOT_USER:
+        raise _refuse("HostConfig.UsernsMode", "only a workspace's root takes one of its own")
 
 
 _ALLOWED_ULIMITS = {u.name: u for u in PODMAN_ULIMITS} | {NO_MESSAGE_QUEUES.name: NO_MESSAGE_QUEUES}

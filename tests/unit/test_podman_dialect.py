@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sbxkit._model.rules import check_podman_runtime
+from sbxkit._model.rules import PODMAN_AUTO_USERNS, check_podman_runtime
+from sbxkit._model.spec import Workspace
 from sbxkit._plan.policy import PODMAN_SEALED_TMPFS, build_create_body, scratch_options
 from sbxkit._plan.verify import check_created
 from sbxkit.engine.transport import error_for
@@ -106,3 +107,58 @@ def test_podmans_500_causes_map_to_dockers_statuses(body: bytes, kind: type[Engi
     error = error_for("POST", "/v1.41/containers/abc/kill", 500, body)
     assert type(error) is kind
     assert error.status == 500
+
+
+def test_podman_out_of_ids_for_its_own_user_namespace_says_where_they_come_from() -> None:
+    body = (
+        b'{"cause":"could not find enough available IDs","message":"container create: creating'
+        b' container storage: could not find enough available IDs","response":500}'
+    )  # Podman 4.3, asked for auto:size=65536 without a containers range
+    error = error_for("POST", "/v1.41/containers/create", 500, body)
+    assert type(error) is EngineError
+    assert "could not find enough available IDs" in str(error)
+    assert "/etc/subuid" in str(error)
+    assert "scripts/podman-up" in str(error)
+
+
+PODMAN_DEFAULTS_DROPPED = [
+    "AUDIT_WRITE", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "NET_RAW", "SETFCAP",
+    "SETPCAP", "SYS_CHROOT",
+]  # fmt: skip
+"""What Podman 4.3's compat inspect said of a workspace's root (the five kept; its defaults)."""
+
+
+def workspace_reply(body: Any, **host: object) -> dict[str, Any]:
+    data = podman_reply(body)
+    data["HostConfig"].update({"CapAdd": [], "CapDrop": PODMAN_DEFAULTS_DROPPED, **host})
+    return data
+
+
+def test_podmans_grant_of_a_workspaces_five_capabilities_is_read_in_its_dialect() -> None:
+    """Podman names capabilities against its default set, which holds all five: they show as
+    no CapAdd and a CapDrop without them."""
+    body = build_create_body(
+        make_spec(workspace=Workspace()), LEASE, podman=True, userns_mode=PODMAN_AUTO_USERNS
+    )
+    assert body.user == "0:0"
+    check_created(inspect(workspace_reply(body)), body, lease=LEASE, name=NAME, podman=True)
+
+
+@pytest.mark.parametrize(
+    ("host", "field"),
+    [
+        ({"CapAdd": ["SYS_ADMIN"]}, "CapAdd"),
+        ({"CapDrop": [*PODMAN_DEFAULTS_DROPPED, "CHOWN"]}, "CapDrop"),
+        ({"CapDrop": []}, "CapDrop"),
+    ],
+)
+def test_podmans_grant_beyond_or_short_of_the_five_is_refused(
+    host: dict[str, object], field: str
+) -> None:
+    body = build_create_body(
+        make_spec(workspace=Workspace()), LEASE, podman=True, userns_mode=PODMAN_AUTO_USERNS
+    )
+    with pytest.raises(ContainerMismatch, match=rf"HostConfig\.{field}"):
+        check_created(
+            inspect(workspace_reply(body, **host)), body, lease=LEASE, name=NAME, podman=True
+        )

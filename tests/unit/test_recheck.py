@@ -321,7 +321,7 @@ def test_a_bind_through_a_link_is_refused_after_resolving() -> None:
     [
         ({"HostConfig": {"Devices": [{"PathOnHost": "/dev/sda"}]}}, "HostConfig.Devices"),
         ({"HostConfig": {"PidMode": "host"}}, "HostConfig.PidMode"),
-        ({"HostConfig": {"UsernsMode": "host"}}, "HostConfig.UsernsMode"),
+        ({"HostConfig": {"UTSMode": "host"}}, "HostConfig.UTSMode"),
         ({"HostConfig": {"VolumesFrom": ["other"]}}, "HostConfig.VolumesFrom"),
         ({"HostConfig": {"Sysctls": {"kernel.x": "1"}}}, "HostConfig.Sysctls"),
         (

@@ -13,11 +13,18 @@ import pytest
 
 from sbxkit._grammar.flags import spec_from_args
 from sbxkit._grammar.profile import ProfileWorkspace, profile_from_dict
-from sbxkit._kernel.userns import host_root_problem, maps_host_root, outside_id, parse_id_map
+from sbxkit._kernel.userns import (
+    host_root_problem,
+    maps_host_root,
+    outside_id,
+    parse_id_map,
+    recorded_maps_problem,
+)
 from sbxkit._model.network_terms import Network
-from sbxkit._model.rules import ROOT_INSIDE_CAPS
+from sbxkit._model.rules import PODMAN_AUTO_USERNS, PODMAN_AUTO_WITNESS, ROOT_INSIDE_CAPS
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, Workspace, validate_spec
 from sbxkit._plan.policy import build_create_body
+from sbxkit._plan.preflight import planned_userns_mode
 from sbxkit._protocol.wire import Claim, PoolTerms, Register, Reservation
 from sbxkit.backends.docker import gated, refuse_late_start
 from sbxkit.backends.sbx import check_sbx_spec
@@ -122,6 +129,46 @@ def test_the_supervisor_takes_root_only_with_exactly_its_capabilities() -> None:
     assert spelled.field == "Config.User"
 
 
+def test_on_rootful_podman_its_root_has_a_user_namespace_of_its_own() -> None:
+    body = build_create_body(
+        workspace_spec(), LEASE, podman=True, userns_mode=planned_userns_mode(PODMAN_AUTO_WITNESS)
+    )
+    assert body.host_config is not None
+    assert body.host_config.userns_mode == PODMAN_AUTO_USERNS == "auto:size=65536"
+    assert b'"UsernsMode":"auto:size=65536"' in msgspec.json.encode(body)
+    assert recheck(body) is None  # whether the daemon is rootful Podman: admitting.py
+    for witness in ("userns", "rootless", "gvisor", None):  # those need none of their own
+        assert planned_userns_mode(witness) is None
+    elsewhere = build_create_body(workspace_spec(), LEASE, podman=True)
+    assert elsewhere.host_config is not None
+    assert elsewhere.host_config.userns_mode is None
+    assert b"UsernsMode" not in msgspec.json.encode(elsewhere)
+    with pytest.raises(SpecError) as caught:
+        build_create_body(workspace_spec(workspace=None), LEASE, userns_mode=PODMAN_AUTO_USERNS)
+    assert caught.value.field == "workspace"
+
+
+@pytest.mark.parametrize(
+    "mode", ["host", "auto", "auto:size=1024", "private", "keep-id", "ns:/proc/1/ns/user", ""]
+)
+def test_the_supervisor_takes_no_other_user_namespace_mode(mode: str) -> None:
+    """``host`` on a remapping Docker would make root inside the host's root; an unpinned or
+    other ``auto`` is not the map sbxkit plans on."""
+    body = build_create_body(workspace_spec(), LEASE, podman=True)
+    refused = recheck(bent(body, lambda d: d["HostConfig"].__setitem__("UsernsMode", mode)))
+    assert refused.field == "HostConfig.UsernsMode"
+    assert PODMAN_AUTO_USERNS in refused.reason
+
+
+def test_the_supervisor_takes_a_user_namespace_only_for_a_workspaces_root() -> None:
+    plain = build_create_body(workspace_spec(workspace=None), LEASE, podman=True)
+    asked = bent(plain, lambda d: d["HostConfig"].__setitem__("UsernsMode", PODMAN_AUTO_USERNS))
+    assert recheck(asked).field == "HostConfig.UsernsMode"
+    own_uid = build_create_body(workspace_spec(workspace=Workspace(root=False)), LEASE)
+    asked = bent(own_uid, lambda d: d["HostConfig"].__setitem__("UsernsMode", PODMAN_AUTO_USERNS))
+    assert recheck(asked).field == "HostConfig.UsernsMode"
+
+
 def test_the_host_kernel_rule() -> None:
     identity = "         0          0 4294967295\n"
     remapped = "         0     165536      65536\n"
@@ -135,11 +182,32 @@ def test_the_host_kernel_rule() -> None:
     assert "though the daemon said userns" in problem
     assert host_root_problem("garbage", "userns") is not None
     assert host_root_problem(None, "userns") is None  # the host cannot see it: the daemon's word
+    podman = "         0     300000      65536\n"  # --userns=auto from containers:300000:…
+    assert host_root_problem(podman, PODMAN_AUTO_WITNESS) is None
+    caught = host_root_problem(identity, PODMAN_AUTO_WITNESS)
+    assert caught is not None
+    assert "though the daemon said userns-auto" in caught
     # what the governor chowns a TLS bundle to: the sandbox user as the host knows it
     assert outside_id(parse_id_map(remapped), 0) == 165536
     assert outside_id(parse_id_map(remapped), 61440) == 165536 + 61440
     assert outside_id(parse_id_map(remapped), 65536) is None
     assert outside_id(parse_id_map(identity), 1000) == 1000
+
+
+def test_the_maps_podman_recorded_before_the_start() -> None:
+    own = ["0:300000:65536"]
+    assert recorded_maps_problem(own, own) is None
+    for uids, gids in ((None, own), ([], own), (own, None)):  # the host's user namespace
+        problem = recorded_maps_problem(uids, gids)
+        assert problem is not None
+        assert "runs in the host's user namespace" in problem
+    onto_root = recorded_maps_problem(own, ["0:0:1", "1:300001:65535"])
+    assert onto_root is not None
+    assert "gid map" in onto_root
+    assert "reaches host id 0" in onto_root
+    garbled = recorded_maps_problem(["0-300000-65536"], own)
+    assert garbled is not None
+    assert "cannot be read" in garbled
 
 
 def test_a_profile_and_a_flag_ask_for_a_workspace(tmp_path: Any) -> None:
