@@ -20,6 +20,7 @@ from typing import Any, get_args
 
 from sbxkit._grammar.profile import LIMIT_FIELDS
 from sbxkit._model.mounts import Mount, TmpfsMount
+from sbxkit._model.network_terms import Network
 from sbxkit._model.result import Status
 from sbxkit._model.spec import Limits
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
@@ -88,8 +89,18 @@ COMMAND_RESULT = {
         "overflowed": {"type": ["string", "null"], "enum": ["stdout", "stderr", None]},
         "evidence": EVIDENCE,
         "duration_s": NUMBER,
+        "denials": {
+            "type": "array",
+            "description": "what the governed network refused during the command: each "
+            "destination the sandbox asked for and the rule that refused it",
+            "items": {
+                "type": "object",
+                "properties": {"destination": STRING, "reason": STRING, "kind": STRING},
+                "required": ["destination", "reason", "kind"],
+            },
+        },
     },
-    "required": [*COMMAND_FIELDS, "evidence", "duration_s"],
+    "required": [*COMMAND_FIELDS, "evidence", "duration_s", "denials"],
 }
 
 SANDBOX = {
@@ -216,7 +227,7 @@ def limits_schema(ceilings: Limits, what: str) -> dict[str, Any]:
 def sandbox_summary(policy: McpPolicy) -> str:
     """The sandbox in one sentence, as this server makes it."""
     base = policy.base
-    network = "no network" if base.network == "none" else f"the {base.network} network"
+    network = network_phrase(base.network)
     mounts = ""
     if base.mounts:
         places = ", ".join(
@@ -229,6 +240,18 @@ def sandbox_summary(policy: McpPolicy) -> str:
         f"{base.user or 'of its own'}, no capabilities; writable: {FILES_ROOT} "
         f"({show('scratch_bytes', base.limits.scratch_bytes)}) and /dev/shm{mounts})"
     )
+
+
+def network_phrase(network: str | Network) -> str:
+    """The network as a model should read it: never a Python repr."""
+    if isinstance(network, str):
+        return "no network" if network == "none" else f"the {network} network"
+    reach = "the managed network" if network.mode == "managed" else "no network"
+    if network.allow:
+        reach += " except, through sbxkit's proxy, " + ", ".join(network.allow)
+    if network.callback is not None:
+        reach += f"; a host endpoint {network.callback} as $SBXKIT_ENDPOINT"
+    return reach
 
 
 def _writable(mount: Mount) -> bool:

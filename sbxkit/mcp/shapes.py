@@ -65,6 +65,10 @@ def command_result(result: RunResult) -> dict[str, Any]:
         **{name: fields[name] for name in COMMAND_FIELDS},
         "evidence": evidence(result),
         "duration_s": round(result.timings.run_s, 3),
+        "denials": [
+            {"destination": d.destination, "reason": d.reason, "kind": d.kind}
+            for d in result.denials
+        ],
     }
 
 

@@ -426,6 +426,9 @@ RESULTS: dict[str, dict[str, Any]] = {
         "overflowed": None,
         "evidence": {"oom": None, "kill": None, "witness": "kernel"},
         "duration_s": 0.5,
+        "denials": [
+            {"destination": "evil.example:443", "reason": "not allowed", "kind": "request"}
+        ],
     },
     "sandbox_open": {
         "sandbox_id": SANDBOX_ID,
@@ -614,3 +617,18 @@ def test_error_fields_name_the_field_and_rule() -> None:
     }
     plain = error_fields(SbxError("boom"))["error"]
     assert (plain["field"], plain["rule"], plain["message"]) == (None, None, "boom")
+
+
+def test_a_governed_network_is_described_in_words_not_a_repr() -> None:
+    from sbxkit._model.network_terms import Network
+    from sbxkit.mcp.schemas import network_phrase
+
+    said = network_phrase(
+        Network(allow=["pypi.org:443", "*.example.com"], callback="http://127.0.0.1:8080")
+    )
+    assert said == (
+        "no network except, through sbxkit's proxy, pypi.org:443, *.example.com; "
+        "a host endpoint http://127.0.0.1:8080 as $SBXKIT_ENDPOINT"
+    )
+    assert "Network(" not in said
+    assert network_phrase("none") == "no network"
