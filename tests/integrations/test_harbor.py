@@ -1,0 +1,280 @@
+"""Harbor on sbxkit: the real ``harbor run`` CLI with its oracle agent (a task's reference
+solution, no model, offline) and ``--env sbxkit.integrations.harbor:SbxkitEnvironment``, on
+tasks written here, against a real daemon.
+
+Run on a ``--userns-remap`` daemon (root inside needs one): ``SBXKIT_TEST_SOCKET=$SOCK
+DOCKER_HOST=unix://$SOCK pytest tests/integrations/test_harbor.py`` (``nox -s
+integration_harbor`` provisions it). Each test ends with the witness finding none of its
+containers.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sbxkit._model.spec import MiB
+from sbxkit.integrations._harbor_spec import SESSION_LABEL
+from tests.engine.helpers import delete_image, wait_until
+from tests.engine.test_workspace_disk import build_deb
+from tests.integrations import harbor_support as support
+from tests.integrations.harbor_support import (
+    flat,
+    harbor_argv,
+    harbor_env,
+    run_harbor,
+    sandboxes_created_since,
+    task_image,
+    trial_dir,
+    trial_result,
+    write_task,
+)
+from tests.witness import PYTHON, Witness
+
+witness = support.witness  # the fixtures: the daemon's independent view, and no leftovers
+no_leftovers = support.no_leftovers
+
+NO_NETWORK = {"docker_image": PYTHON, "network_mode": "no-network"}
+SUM = "#!/bin/bash\nset -e\nmkdir -p /app\necho $((3 + 4 + 5)) > /app/answer.txt\n"
+CHECK_SUM = (
+    "#!/bin/bash\n"
+    'if [ "$(cat /app/answer.txt)" = 12 ]; then r=1; else r=0; fi\n'
+    "echo $r > /logs/verifier/reward.txt\n"
+)
+
+
+def reward(jobs: Path) -> float | None:
+    verified = trial_result(jobs)["verifier_result"]
+    return None if verified is None else float(verified["rewards"]["reward"])
+
+
+def test_a_python_image_task_is_solved_by_its_script(witness: Witness, tmp_path: Path) -> None:
+    """(a) The oracle runs solve.sh in the python image; the verifier's reward comes back 1."""
+    task = write_task(tmp_path / "sum", environment=NO_NETWORK, solve=SUM, test=CHECK_SUM)
+    since = time.time()
+    done = run_harbor(task, tmp_path / "jobs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = trial_result(tmp_path / "jobs")
+    assert result["exception_info"] is None, result["exception_info"]
+    assert reward(tmp_path / "jobs") == 1.0
+    # One sandbox served the whole trial (agent, verifier, transfers), named by its session.
+    (created,) = sandboxes_created_since(witness, since)
+    session = created["Actor"]["Attributes"][SESSION_LABEL]
+    assert session.startswith(f"{result['trial_name']}__"), session
+
+
+CHECK_DEB = (
+    '#!/bin/sh\n[ "$(cat "$1")" = "$2" ] && echo pass || { echo "fail: $(cat "$1")"; exit 1; }\n'
+)
+INSTALL_AND_CHECK = """#!/bin/bash
+v=/logs/verifier
+id -u > $v/uid.txt
+cat /sys/fs/cgroup/memory/memory.limit_in_bytes > $v/memory.txt
+c=/sys/fs/cgroup/cpu
+echo "$(cat $c/cpu.cfs_quota_us) $(cat $c/cpu.cfs_period_us)" > $v/cpu.txt
+# storage_mb bounds what the image takes on: 6 x 60 MiB pass 256 MiB (the error goes to /tmp,
+# a tmpfs: /logs is on the full image too)
+for i in 1 2 3 4 5 6; do head -c 60M /dev/zero > /var/tmp/fill$i 2>> /tmp/fill.txt || break; done
+rm -f /var/tmp/fill*
+cp /tmp/fill.txt $v/fill.txt
+apt-get install -y /tests/sbxkit-check.deb > $v/apt.txt 2>&1 &&
+  dpkg -s sbxkit-check > $v/dpkg.txt &&
+  sbxkit-check /app/answer.txt 12 > $v/check.txt
+if [ $? = 0 ]; then echo 1 > $v/reward.txt; else echo 0 > $v/reward.txt; fi
+"""
+SUM_INPUT = "#!/bin/bash\nset -e\ncd /app\nawk '{s += $1} END {print s}' input.txt > answer.txt\n"
+
+
+def test_a_verifier_installs_a_local_deb_as_root_within_the_tasks_resources(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """(b) A task image of its own (the python image plus /app, committed here); the verifier
+    installs a ``.deb`` built here with ``apt-get install`` as root, in the image made
+    writable by ``storage_mb``; the task's ``cpus``, ``memory_mb`` and ``storage_mb`` are the
+    sandbox's cgroup limits and disk bound, as the verifier reads and meets them."""
+    image = task_image(witness, {"app/input.txt": b"3\n4\n5\n"})
+    try:
+        (tmp_path / "deb").mkdir()
+        deb = build_deb(tmp_path / "deb", CHECK_DEB, "sbxkit-check")
+        environment = {
+            "docker_image": image,
+            "network_mode": "no-network",
+            "cpus": 0.5,
+            "memory_mb": 512,
+            "storage_mb": 256,
+        }
+        task = write_task(
+            tmp_path / "deb-task",
+            environment=environment,
+            solve=SUM_INPUT,
+            test=INSTALL_AND_CHECK,
+            files={"tests/sbxkit-check.deb": deb},
+        )
+        done = run_harbor(task, tmp_path / "jobs")
+    finally:
+        delete_image(witness, image)
+    assert done.returncode == 0, done.stdout + done.stderr
+    verifier = trial_dir(tmp_path / "jobs") / "verifier"
+    logs = {path.name: path.read_text() for path in verifier.iterdir()}
+    assert trial_result(tmp_path / "jobs")["exception_info"] is None
+    assert reward(tmp_path / "jobs") == 1.0, logs
+    assert logs["check.txt"] == "pass\n"
+    assert "Status: install ok installed" in logs["dpkg.txt"]
+    assert logs["uid.txt"] == "0\n"
+    assert int(logs["memory.txt"]) == 512 * MiB
+    assert logs["cpu.txt"].split() == ["50000", "100000"]
+    assert "Disk quota exceeded" in logs["fill.txt"], logs["fill.txt"]
+
+
+SOLVE_FOREVER = "#!/bin/bash\nsleep 300 &\nsleep 300\n"
+LIVE_PROCESSES = """#!/bin/bash
+for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > /logs/verifier/processes.txt
+echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def test_a_solution_that_outlives_its_timeout_is_an_agent_timeout(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """(c) The solution sleeps past the task's 3 s: Harbor reports ``AgentTimeoutError`` as it
+    does on Docker, and the verifier that runs after it finds none of the solution's
+    processes (its own and a background child) still alive."""
+    task = write_task(
+        tmp_path / "slow",
+        environment=NO_NETWORK,
+        solve=SOLVE_FOREVER,
+        test=LIVE_PROCESSES,
+        agent_timeout=3.0,
+    )
+    started = time.monotonic()
+    done = run_harbor(task, tmp_path / "jobs")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = trial_result(tmp_path / "jobs")["exception_info"]
+    assert info["exception_type"] == "AgentTimeoutError", info
+    assert info["exception_message"] == "Agent execution timed out after 3.0 seconds"
+    processes = (trial_dir(tmp_path / "jobs") / "verifier" / "processes.txt").read_text()
+    assert "/tests/test.sh" in processes  # the listing sees the verifier itself
+    assert "sleep 300" not in processes, processes
+    assert elapsed < 120, elapsed
+
+
+def start_harbor_and_wait_for_its_sandbox(
+    witness: Witness, tmp_path: Path
+) -> subprocess.Popen[str]:
+    task = write_task(
+        tmp_path / "forever", environment=NO_NETWORK, solve=SOLVE_FOREVER, test=CHECK_SUM
+    )
+    harbor = subprocess.Popen(
+        harbor_argv(task, tmp_path / "jobs"),
+        env=harbor_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if not wait_until(lambda: bool(witness.sbxkit_containers()), seconds=60, interval=0.2):
+        harbor.kill()
+        out, _ = harbor.communicate(timeout=30)
+        pytest.fail(f"harbor made no sandbox in 60 s: {out}")
+    time.sleep(2.0)  # the solution uploaded and its exec started: the trial is mid-agent
+    assert harbor.poll() is None
+    return harbor
+
+
+def test_ctrl_c_during_a_trial_leaves_no_container(witness: Witness, tmp_path: Path) -> None:
+    """(d) SIGINT to the harbor process mid-solution: Harbor cancels the trial, the
+    environment's stop removes the sandbox, and harbor exits with zero containers left."""
+    harbor = start_harbor_and_wait_for_its_sandbox(witness, tmp_path)
+    harbor.send_signal(signal.SIGINT)
+    out, _ = harbor.communicate(timeout=120)
+    assert harbor.returncode != 0, out
+    # Gone when harbor is: removed by the environment's stop (its log line), not later by
+    # the supervisor.
+    assert witness.sbxkit_containers() == [], out
+    log = (trial_dir(tmp_path / "jobs") / "trial.log").read_text()
+    assert re.search(r"sbxkit sandbox [0-9a-f]{12} removed", log), log
+
+
+def test_a_killed_harbor_leaves_no_container(witness: Witness, tmp_path: Path) -> None:
+    """SIGKILL to the harbor process (no cleanup of its own can run): the supervisor's lease
+    ends with the process's connection and the sandbox is removed."""
+    harbor = start_harbor_and_wait_for_its_sandbox(witness, tmp_path)
+    harbor.kill()
+    harbor.communicate(timeout=30)
+    assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
+
+
+@pytest.mark.parametrize(
+    ("environment", "files", "refusal"),
+    [
+        pytest.param(
+            {"network_mode": "no-network"},
+            {"environment/Dockerfile": b"FROM sbxkit-test/python:latest\n"},
+            "environment/Dockerfile: sbxkit never builds images; build it yourself "
+            "(docker build -t NAME {task}/environment) and set [environment] docker_image "
+            "= NAME in task.toml",
+            id="dockerfile",
+        ),
+        pytest.param(
+            NO_NETWORK,
+            {"environment/docker-compose.yaml": b"services: {main: {privileged: true}}\n"},
+            "environment/docker-compose.yaml: sbxkit runs one hardened container per trial "
+            "and does not run docker compose",
+            id="compose",
+        ),
+        pytest.param(
+            {"docker_image": PYTHON},
+            {},
+            "network_mode: 'public' (the default, or allow_internet = true): sbxkit gives a "
+            "sandbox no internet",
+            id="public-network",
+        ),
+        pytest.param(
+            {"docker_image": PYTHON, "allow_internet": True},
+            {},
+            "network_mode: 'public' (the default, or allow_internet = true)",
+            id="allow-internet",
+        ),
+    ],
+)
+def test_what_sbxkit_will_not_do_is_refused_by_name_before_any_container(
+    witness: Witness,
+    tmp_path: Path,
+    environment: dict[str, object],
+    files: dict[str, bytes],
+    refusal: str,
+) -> None:
+    task = write_task(
+        tmp_path / "refused", environment=environment, solve=SUM, test=CHECK_SUM, files=files
+    )
+    since = time.time()
+    done = run_harbor(task, tmp_path / "jobs")
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode != 0, output
+    assert f"SpecError: environment: {task}/" in output or "SpecError: network_mode" in output
+    assert flat(refusal.format(task=task)) in output, output
+    assert sandboxes_created_since(witness, since) == []
+
+
+def test_offline_runs_a_public_task_with_no_network(witness: Witness, tmp_path: Path) -> None:
+    """``--ek offline=true``: a task that asks for the internet (the default) runs with none
+    (``offline`` says so), and its solution still solves it."""
+    probe = (
+        SUM + "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'"
+        " 2> /app/connect.txt || true\n"
+    )
+    check = CHECK_SUM + "cp /app/connect.txt /logs/verifier/connect.txt\n"
+    task = write_task(
+        tmp_path / "public", environment={"docker_image": PYTHON}, solve=probe, test=check
+    )
+    done = run_harbor(task, tmp_path / "jobs", "--ek", "offline=true")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert reward(tmp_path / "jobs") == 1.0
+    connect = (trial_dir(tmp_path / "jobs") / "verifier" / "connect.txt").read_text()
+    assert "Network is unreachable" in connect, connect
+    assert trial_result(tmp_path / "jobs")["config"]["environment"]["kwargs"] == {"offline": True}
