@@ -75,9 +75,33 @@ def definition_refusal(
 
 
 def is_root(user: str | int | None) -> bool:
-    """Whether a Harbor ``user`` names the workspace's one user, root inside (None: its
+    """Whether a Harbor ``user`` names root inside, the workspace's own user (None: its
     default, which is root)."""
     return user is None or str(user) in ROOT_NAMES
+
+
+AS_USER = """u=$1 g=; shift
+case $u in *:*) g=${u#*:} u=${u%%:*};; esac
+if entry=$(getent passwd "$u"); then
+  uid=$(echo "$entry" | cut -d: -f3) gid=$(echo "$entry" | cut -d: -f4)
+  home=$(echo "$entry" | cut -d: -f6) groups=--init-groups
+else
+  case $u in ""|*[!0-9]*) echo "sbxkit: no such user in the image: $u" >&2; exit 126;; esac
+  uid=$u gid=0 home=/ groups=--clear-groups
+fi
+HOME=$home exec setpriv --reuid="$uid" --regid="${g:-$gid}" $groups -- bash -c "$1"
+"""
+"""Run ``bash -c COMMAND`` as ``USER[:GROUP]`` (a name or a uid, as ``docker exec -u`` takes
+it), dropped from root inside by ``setpriv``: its groups from the image's ``/etc/group``, its
+``HOME`` from its passwd entry, no capabilities left. A uid the image does not know runs with
+gid 0 and no supplementary groups, as Docker does."""
+
+
+def exec_argv(command: str, user: str | int | None) -> list[str]:
+    """The argv of one Harbor ``exec``: ``bash -c`` as root, or dropped to ``user`` first."""
+    if is_root(user):
+        return ["bash", "-c", command]
+    return ["sh", "-c", AS_USER, "sbxkit-as-user", str(user), command]
 
 
 def trial_spec(
@@ -85,8 +109,11 @@ def trial_spec(
 ) -> tuple[SandboxSpec, Settings]:
     """The spec and operator settings of one trial's sandbox (validated by the caller's
     ``check_spec``); the profile supplies every default the task leaves open."""
+    fsize_given = False
     if profile is not None:
-        spec, settings, _ = apply_profile(load_profile(profile), ["unused"], image=task.image)
+        loaded = load_profile(profile)
+        fsize_given = loaded.sandbox.docker.limits.fsize is not None
+        spec, settings, _ = apply_profile(loaded, ["unused"], image=task.image)
     else:
         spec = SandboxSpec(
             image=task.image,
@@ -127,11 +154,15 @@ def trial_spec(
             "so a trial's sandbox is a workspace with root inside",
         )
     disk = given.disk_bytes if given is not None else None
+    disk_bytes = task.storage_mb * MiB if task.storage_mb is not None else disk
+    disk_bytes = disk_bytes or DEFAULT_DISK_BYTES
+    if not fsize_given:
+        # One file may fill the task's disk (a dataset, a wheel): sbxkit's 64 MiB default
+        # suits a one-shot payload, not a task's image.
+        limits = msgspec.structs.replace(limits, fsize_bytes=disk_bytes)
     workspace = Workspace(
         root=True,
-        disk_bytes=task.storage_mb * MiB
-        if task.storage_mb is not None
-        else disk or DEFAULT_DISK_BYTES,
+        disk_bytes=disk_bytes,
         # Harbor's agents write scripts to /tmp and run them there.
         exec_tmp=given.exec_tmp if given is not None else True,
     )

@@ -36,7 +36,7 @@ from sbxkit.errors import SpecError
 from sbxkit.integrations._harbor_spec import (
     TaskShape,
     definition_refusal,
-    is_root,
+    exec_argv,
     trial_spec,
 )
 
@@ -199,17 +199,11 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        """``bash -c command`` as root inside the workspace. A timeout kills the command's whole
-        process group and raises, as Harbor's Docker environment does."""
-        who = self._resolve_user(user)
-        if not is_root(who):
-            raise SpecError(
-                "user",
-                f"{who!r}: the sbxkit sandbox runs every command as root inside its "
-                "workspace; it cannot run as another user",
-            )
+        """``bash -c command`` as root inside the workspace, or as ``user`` (dropped to it by
+        ``setpriv``, which the image must have). A timeout kills the command's whole process
+        group and raises, as Harbor's Docker environment does."""
         result = await self._box.exec(
-            ["bash", "-c", command],
+            exec_argv(command, self._resolve_user(user)),
             timeout=timeout_sec,
             workdir=cwd or self.task_env_config.workdir,
             env=self._merge_env(env),

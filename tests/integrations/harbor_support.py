@@ -65,13 +65,16 @@ def write_task(
     solve: str,
     test: str,
     agent_timeout: float = 120.0,
+    agent_user: str | None = None,
     files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """A Harbor task directory: task.toml, instruction.md, solution/solve.sh, tests/test.sh,
     and ``files`` (relative name → bytes) beside them (``environment/...``, ``tests/...``)."""
     where.mkdir(parents=True)
     lines = ['schema_version = "1.4"', "", "[metadata]", "", "[agent]"]
-    lines += [f"timeout_sec = {agent_timeout}", "", "[verifier]", "timeout_sec = 120.0", ""]
+    lines += [f"timeout_sec = {agent_timeout}"]
+    lines += [f"user = {json.dumps(agent_user)}"] if agent_user is not None else []
+    lines += ["", "[verifier]", "timeout_sec = 120.0", ""]
     lines += [
         "[environment]",
         *(f"{key} = {json.dumps(value)}" for key, value in environment.items()),

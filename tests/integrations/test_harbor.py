@@ -10,7 +10,9 @@ containers.
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import subprocess
 import time
@@ -66,6 +68,8 @@ def test_a_python_image_task_is_solved_by_its_script(witness: Witness, tmp_path:
     (created,) = sandboxes_created_since(witness, since)
     session = created["Actor"]["Attributes"][SESSION_LABEL]
     assert session.startswith(f"{result['trial_name']}__"), session
+    log = (trial_dir(tmp_path / "jobs") / "trial.log").read_text()
+    assert re.search(r"sbxkit sandbox [0-9a-f]{12} removed", log), log  # by the env's stop
 
 
 CHECK_DEB = (
@@ -131,6 +135,34 @@ def test_a_verifier_installs_a_local_deb_as_root_within_the_tasks_resources(
     assert "Disk quota exceeded" in logs["fill.txt"], logs["fill.txt"]
 
 
+AS_NOBODY = """#!/bin/bash
+{ id -u; id -g; echo "$HOME"; touch /written-by-nobody 2>&1; } > /logs/agent/who.txt
+"""
+VERIFY_AS_ROOT = "#!/bin/bash\nid -u > /logs/verifier/uid.txt\necho 1 > /logs/verifier/reward.txt\n"
+
+
+def test_the_tasks_agent_user_runs_the_solution_and_root_the_verifier(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """``[agent] user = "nobody"``: the solution runs as the image's nobody (65534, its home,
+    no right to write to /), dropped to from root inside; the verifier runs as root."""
+    task = write_task(
+        tmp_path / "user",
+        environment=NO_NETWORK,
+        solve=AS_NOBODY,
+        test=VERIFY_AS_ROOT,
+        agent_user="nobody",
+    )
+    done = run_harbor(task, tmp_path / "jobs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert trial_result(tmp_path / "jobs")["exception_info"] is None
+    trial = trial_dir(tmp_path / "jobs")
+    who = (trial / "agent" / "who.txt").read_text().splitlines()
+    assert who[:3] == ["65534", "65534", "/nonexistent"], who
+    assert "Permission denied" in who[3], who
+    assert (trial / "verifier" / "uid.txt").read_text() == "0\n"
+
+
 SOLVE_FOREVER = "#!/bin/bash\nsleep 300 &\nsleep 300\n"
 LIVE_PROCESSES = """#!/bin/bash
 for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > /logs/verifier/processes.txt
@@ -187,15 +219,25 @@ def start_harbor_and_wait_for_its_sandbox(
 
 
 def test_ctrl_c_during_a_trial_leaves_no_container(witness: Witness, tmp_path: Path) -> None:
-    """(d) SIGINT to the harbor process mid-solution: Harbor cancels the trial, the
-    environment's stop removes the sandbox, and harbor exits with zero containers left."""
+    """(d) SIGINT to the harbor process mid-solution: Harbor cancels the trial and the
+    environment's stop removes the sandbox (its log line); the daemon destroys it before
+    harbor exits, so in harbor's own cleanup, not by the supervisor after; harbor exits 130."""
+    since = time.time()
     harbor = start_harbor_and_wait_for_its_sandbox(witness, tmp_path)
-    harbor.send_signal(signal.SIGINT)
-    out, _ = harbor.communicate(timeout=120)
-    assert harbor.returncode != 0, out
-    # Gone when harbor is: removed by the environment's stop (its log line), not later by
-    # the supervisor.
+    (sandbox,) = witness.sbxkit_containers()
+    exits = os.pidfd_open(harbor.pid)
+    try:
+        harbor.send_signal(signal.SIGINT)
+        assert select.select([exits], [], [], 120)[0], "harbor did not exit in 120 s"
+        exited = time.time()
+    finally:
+        os.close(exits)
+    out, _ = harbor.communicate(timeout=30)
+    assert harbor.returncode == 130, out
     assert witness.sbxkit_containers() == [], out
+    destroyed = witness.events(since, time.time(), type=["container"], event=["destroy"])
+    (gone,) = [event for event in destroyed if event["id"] == sandbox["Id"]]
+    assert gone["timeNano"] / 1e9 < exited, (gone["timeNano"] / 1e9, exited)
     log = (trial_dir(tmp_path / "jobs") / "trial.log").read_text()
     assert re.search(r"sbxkit sandbox [0-9a-f]{12} removed", log), log
 

@@ -17,6 +17,7 @@ from sbxkit.integrations._harbor_spec import (
     SESSION_LABEL,
     TaskShape,
     definition_refusal,
+    exec_argv,
     is_root,
     trial_spec,
 )
@@ -45,6 +46,7 @@ def test_the_tasks_resources_are_the_sandboxs_limits_and_disk() -> None:
     assert spec.workspace is not None
     assert (spec.workspace.root, spec.workspace.disk_bytes) == (True, 300 * MiB)
     assert spec.workspace.exec_tmp
+    assert spec.limits.fsize_bytes == 300 * MiB  # one file may take the whole disk
     assert (spec.network, spec.user, spec.workdir) == ("none", None, "/app")
     assert spec.env == {"A": "1"}
     assert spec.labels == {SESSION_LABEL: "t__x__env"}
@@ -77,10 +79,14 @@ def test_the_profile_fills_what_the_task_leaves_open_and_the_task_wins(tmp_path:
     assert (spec.workspace.disk_bytes, spec.workspace.exec_tmp) == (3 * GiB, False)
     assert spec.env == {"B": "2", "A": "1"}
     assert spec.workdir == "/srv"
+    assert spec.limits.fsize_bytes == 3 * GiB
     spec, _ = trial_spec(TaskShape(image=IMAGE, storage_mb=10), profile=path, lifetime_s=60)
     assert spec.workspace is not None
     assert spec.workspace.disk_bytes == 10 * MiB
     assert spec.limits.timeout_s == 60
+    fixed = profile(tmp_path, '[sandbox.docker.limits]\nfsize = "8m"\n')
+    spec, _ = trial_spec(TaskShape(image=IMAGE, storage_mb=10), profile=fixed)
+    assert spec.limits.fsize_bytes == 8 * MiB  # the profile's own, kept
 
 
 @pytest.mark.parametrize(
@@ -139,3 +145,12 @@ def test_building_and_compose_are_refused_by_name(tmp_path: Path) -> None:
 )
 def test_only_root_names_the_workspaces_user(user: str | int | None, root: bool) -> None:
     assert is_root(user) is root
+
+
+def test_root_runs_bash_and_another_user_is_dropped_to_first() -> None:
+    assert exec_argv("echo hi", None) == ["bash", "-c", "echo hi"]
+    assert exec_argv("echo hi", "root") == ["bash", "-c", "echo hi"]
+    argv = exec_argv("echo hi", 1000)
+    assert argv[:2] == ["sh", "-c"]
+    assert argv[3:] == ["sbxkit-as-user", "1000", "echo hi"]  # the command is never spliced in
+    assert "setpriv --reuid" in argv[2]
