@@ -10,6 +10,7 @@ containers.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -320,3 +321,55 @@ def test_offline_runs_a_public_task_with_no_network(witness: Witness, tmp_path: 
     connect = (trial_dir(tmp_path / "jobs") / "verifier" / "connect.txt").read_text()
     assert "Network is unreachable" in connect, connect
     assert trial_result(tmp_path / "jobs")["config"]["environment"]["kwargs"] == {"offline": True}
+
+
+KERNEL = SUM + "{ dmesg | head -1; head -1 /proc/meminfo; } > /logs/agent/kernel.txt\n"
+
+
+def test_a_profile_gives_what_the_task_leaves_open(witness: Witness, tmp_path: Path) -> None:
+    """``--ek profile=PATH``: the profile's runtime (gVisor) and memory serve a task that names
+    neither; the oracle solves it there."""
+    profile = tmp_path / "sbxkit.toml"
+    profile.write_text(
+        '[sandbox.docker]\nruntime = "gvisor"\n[sandbox.docker.limits]\nmemory = "768m"\n'
+    )
+    task = write_task(tmp_path / "gvisor", environment=NO_NETWORK, solve=KERNEL, test=CHECK_SUM)
+    done = run_harbor(task, tmp_path / "jobs", "--ek", f"profile={profile}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert reward(tmp_path / "jobs") == 1.0
+    kernel = (trial_dir(tmp_path / "jobs") / "agent" / "kernel.txt").read_text().splitlines()
+    assert kernel[0].endswith("Starting gVisor..."), kernel
+    assert kernel[1].split() == ["MemTotal:", str(768 * 1024), "kB"], kernel
+
+
+def test_a_bad_profile_fails_the_job_before_any_trial(witness: Witness, tmp_path: Path) -> None:
+    """A profile that sets the network (the task decides it) fails Harbor's preflight."""
+    profile = tmp_path / "sbxkit.toml"
+    profile.write_text('[sandbox.docker]\nnetwork = "bridge"\n')
+    task = write_task(tmp_path / "task", environment=NO_NETWORK, solve=SUM, test=CHECK_SUM)
+    since = time.time()
+    done = run_harbor(task, tmp_path / "jobs", "--ek", f"profile={profile}")
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode != 0, output
+    assert "sandbox.docker.network: 'bridge' in the profile: a Harbor task's network_mode" in output
+    assert not list((tmp_path / "jobs").glob("*/*/trial.log"))  # no trial started
+    assert sandboxes_created_since(witness, since) == []
+
+
+def test_concurrent_trials_each_get_a_sandbox_of_their_own(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """A dataset of three tasks at ``--n-concurrent 3``: three sandboxes (one per trial, by
+    their sessions), every reward 1."""
+    for name in ("one", "two", "three"):
+        write_task(tmp_path / "tasks" / name, environment=NO_NETWORK, solve=SUM, test=CHECK_SUM)
+    since = time.time()
+    done = run_harbor(tmp_path / "tasks", tmp_path / "jobs", "--n-concurrent", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = [json.loads(p.read_text()) for p in (tmp_path / "jobs").glob("*/*/result.json")]
+    assert sorted(r["task_name"] for r in results) == ["one", "three", "two"]
+    assert [r["verifier_result"]["rewards"]["reward"] for r in results] == [1.0, 1.0, 1.0]
+    sessions = {
+        e["Actor"]["Attributes"][SESSION_LABEL] for e in sandboxes_created_since(witness, since)
+    }
+    assert sorted(s.split("__")[0] for s in sessions) == ["one", "three", "two"], sessions
