@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,7 +35,7 @@ from pydantic import Field
 
 from sbxkit import aio
 from sbxkit._plan.plan import check_spec
-from sbxkit.errors import SpecError
+from sbxkit.errors import SandboxExpired, SandboxUnusable, SpecError
 from sbxkit.integrations._harbor_spec import (
     TaskShape,
     definition_refusal,
@@ -80,6 +83,8 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._stack: contextlib.AsyncExitStack | None = None
         self._sandbox: aio.AioSandbox | None = None
+        self._deadline = math.inf
+        self._lifetime = math.inf
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -161,12 +166,15 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
         )
         check_spec(spec, settings)  # every field's rule, before the daemon is asked anything
         stack = contextlib.AsyncExitStack()
+        # Before the open: the session's own clock starts later, so past this it has ended.
+        self._deadline = time.monotonic() + spec.limits.timeout_s
         self._sandbox = await stack.enter_async_context(
             aio.open_sandbox(
                 spec, files_root="/", settings=settings, socket_path=self.options.socket
             )
         )
         self._stack = stack
+        self._lifetime = spec.limits.timeout_s
         self.logger.debug(f"sbxkit sandbox {self._sandbox.container_id[:12]} started")
         try:
             await self.ensure_dirs(self._mount_targets(writable_only=True))
@@ -179,15 +187,28 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
         """Remove the sandbox (sbxkit keeps none: ``delete=False`` changes nothing)."""
         stack, sandbox = self._stack, self._sandbox
         self._stack, self._sandbox = None, None
-        if stack is not None and sandbox is not None:
+        if stack is None or sandbox is None:
+            return
+        try:
             await stack.aclose()
-            self.logger.debug(f"sbxkit sandbox {sandbox.container_id[:12]} removed")
+        except SandboxExpired as expired:
+            # Removed already, on time: the call that met the end has said so.
+            self.logger.debug(str(expired))
+        self.logger.debug(f"sbxkit sandbox {sandbox.container_id[:12]} removed")
 
-    @property
-    def _box(self) -> aio.AioSandbox:
-        if self._sandbox is None:
+    @contextlib.contextmanager
+    def _box(self) -> Iterator[aio.AioSandbox]:
+        """The sandbox, its end named: a call after its lifetime raises the session's
+        ``SandboxExpired``, not the bare "unusable" sbxkit answers once it is gone."""
+        box = self._sandbox
+        if box is None:
             raise RuntimeError("the sbxkit sandbox is not running (start it first)")
-        return self._sandbox
+        try:
+            yield box
+        except SandboxUnusable as exc:
+            if time.monotonic() >= self._deadline:
+                raise SandboxExpired(box.lease, box.container_id, self._lifetime) from exc
+            raise
 
     # -- exec ---------------------------------------------------------------------------------
 
@@ -202,12 +223,13 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
         """``bash -c command`` as root inside the workspace, or as ``user`` (dropped to it by
         ``setpriv``, which the image must have). A timeout kills the command's whole process
         group and raises, as Harbor's Docker environment does."""
-        result = await self._box.exec(
-            exec_argv(command, self._resolve_user(user)),
-            timeout=timeout_sec,
-            workdir=cwd or self.task_env_config.workdir,
-            env=self._merge_env(env),
-        )
+        with self._box() as box:
+            result = await box.exec(
+                exec_argv(command, self._resolve_user(user)),
+                timeout=timeout_sec,
+                workdir=cwd or self.task_env_config.workdir,
+                env=self._merge_env(env),
+            )
         if result.status == "timed_out":
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds")
         if result.status == "output_exceeded":
@@ -232,15 +254,16 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         data = await asyncio.to_thread(Path(source_path).read_bytes)
         target = PurePosixPath(target_path)
-        await self._box.put_files(
-            {target.name: data}, str(target.parent), max_bytes=max(len(data), 1)
-        )
+        with self._box() as box:
+            await box.put_files({target.name: data}, str(target.parent), max_bytes=len(data) or 1)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        await self._box.put_dir(source_dir, target_dir)
+        with self._box() as box:
+            await box.put_dir(source_dir, target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        files = await self._box.get_files([source_path], max_bytes=TRANSFER_MAX_BYTES)
+        with self._box() as box:
+            files = await box.get_files([source_path], max_bytes=TRANSFER_MAX_BYTES)
         await asyncio.to_thread(_write_file, Path(target_path), files[source_path])
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
@@ -250,7 +273,8 @@ class SbxkitEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships 
         staging = await asyncio.to_thread(_staging_beside, target)
         try:
             fresh = Path(staging) / "tree"
-            await self._box.get_dir(source_dir, fresh)
+            with self._box() as box:
+                await box.get_dir(source_dir, fresh)
             await asyncio.to_thread(shutil.copytree, fresh, target, dirs_exist_ok=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -373,3 +373,23 @@ def test_concurrent_trials_each_get_a_sandbox_of_their_own(
         e["Actor"]["Attributes"][SESSION_LABEL] for e in sandboxes_created_since(witness, since)
     }
     assert sorted(s.split("__")[0] for s in sessions) == ["one", "three", "two"], sessions
+
+
+def test_the_sandboxs_lifetime_ends_a_trial_that_outlives_it(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """``--ek lifetime=5`` under a solution of 60 s (its agent timeout 120 s): the sandbox is
+    removed at 5 s and the trial says so (``SandboxExpired``), long before either timeout."""
+    slow = "#!/bin/bash\nsleep 60\n"
+    task = write_task(tmp_path / "long", environment=NO_NETWORK, solve=slow, test=CHECK_SUM)
+    started = time.monotonic()
+    done = run_harbor(task, tmp_path / "jobs", "--ek", "lifetime=5")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = trial_result(tmp_path / "jobs")["exception_info"]
+    assert info["exception_type"] == "SandboxExpired", info
+    assert (
+        "the session's time limit of 5 s passed; the sandbox was removed"
+        in (info["exception_message"])
+    )
+    assert elapsed < 45, elapsed
