@@ -252,36 +252,66 @@ def test_a_killed_harbor_leaves_no_container(witness: Witness, tmp_path: Path) -
     assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
 
 
+DOCKERFILE = {"environment/Dockerfile": b"FROM sbxkit-test/python:latest\n"}
+
+
 @pytest.mark.parametrize(
-    ("environment", "files", "refusal"),
+    ("environment", "files", "options", "refusal"),
     [
         pytest.param(
             {"network_mode": "no-network"},
-            {"environment/Dockerfile": b"FROM sbxkit-test/python:latest\n"},
-            "environment/Dockerfile: sbxkit never builds images; build it yourself "
-            "(docker build -t NAME {task}/environment) and set [environment] docker_image "
-            "= NAME in task.toml",
+            DOCKERFILE,
+            (),
+            "SpecError: environment: {task}/environment/Dockerfile: sbxkit never builds "
+            "images; build it yourself (docker build -t NAME {task}/environment) and set "
+            "[environment] docker_image = NAME in task.toml",
             id="dockerfile",
         ),
         pytest.param(
             NO_NETWORK,
+            DOCKERFILE,
+            ("--force-build",),
+            "SpecError: environment: --force-build: sbxkit never builds images "
+            "({task}/environment/Dockerfile)",
+            id="force-build",
+        ),
+        pytest.param(
+            NO_NETWORK,
             {"environment/docker-compose.yaml": b"services: {main: {privileged: true}}\n"},
-            "environment/docker-compose.yaml: sbxkit runs one hardened container per trial "
-            "and does not run docker compose",
+            (),
+            "SpecError: environment: {task}/environment/docker-compose.yaml: sbxkit runs one "
+            "hardened container per trial and does not run docker compose",
             id="compose",
         ),
         pytest.param(
             {"docker_image": PYTHON},
             {},
-            "network_mode: 'public' (the default, or allow_internet = true): sbxkit gives a "
-            "sandbox no internet",
+            (),
+            "SpecError: network_mode: 'public' (the default, or allow_internet = true): sbxkit "
+            "gives a sandbox no internet",
             id="public-network",
         ),
         pytest.param(
             {"docker_image": PYTHON, "allow_internet": True},
             {},
-            "network_mode: 'public' (the default, or allow_internet = true)",
+            (),
+            "SpecError: network_mode: 'public' (the default, or allow_internet = true)",
             id="allow-internet",
+        ),
+        pytest.param(
+            NO_NETWORK,
+            {},
+            ("--mounts", '[{"type": "bind", "source": "/etc", "target": "/host-etc"}]'),
+            "SpecError: --mounts: sbxkit takes host mounts only from a profile's "
+            "[[sandbox.docker.mounts]]",
+            id="mounts",
+        ),
+        pytest.param(
+            {**NO_NETWORK, "gpus": 1},
+            {},
+            (),
+            "Task requires 1 GPU(s) but sbxkit environment does not support GPU allocation",
+            id="gpus",
         ),
     ],
 )
@@ -290,16 +320,22 @@ def test_what_sbxkit_will_not_do_is_refused_by_name_before_any_container(
     tmp_path: Path,
     environment: dict[str, object],
     files: dict[str, bytes],
+    options: tuple[str, ...],
     refusal: str,
 ) -> None:
     task = write_task(
         tmp_path / "refused", environment=environment, solve=SUM, test=CHECK_SUM, files=files
     )
     since = time.time()
-    done = run_harbor(task, tmp_path / "jobs")
+    done = run_harbor(task, tmp_path / "jobs", *options)
     output = flat(done.stdout + done.stderr)
-    assert done.returncode != 0, output
-    assert f"SpecError: environment: {task}/" in output or "SpecError: network_mode" in output
+    results = list((tmp_path / "jobs").glob("*/*/result.json"))
+    if results:  # refused in the trial's start: its result names it
+        (result,) = results
+        info = json.loads(result.read_text())["exception_info"]
+        output += flat(f" {info['exception_type']}: {info['exception_message']}")
+    else:  # refused as Harbor builds the environment: harbor fails
+        assert done.returncode != 0, output
     assert flat(refusal.format(task=task)) in output, output
     assert sandboxes_created_since(witness, since) == []
 
