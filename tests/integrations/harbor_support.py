@@ -66,6 +66,7 @@ def write_task(
     test: str,
     agent_timeout: float = 120.0,
     agent_user: str | None = None,
+    verifier: Mapping[str, Any] | None = None,
     files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """A Harbor task directory: task.toml, instruction.md, solution/solve.sh, tests/test.sh,
@@ -74,7 +75,8 @@ def write_task(
     lines = ['schema_version = "1.4"', "", "[metadata]", "", "[agent]"]
     lines += [f"timeout_sec = {agent_timeout}"]
     lines += [f"user = {json.dumps(agent_user)}"] if agent_user is not None else []
-    lines += ["", "[verifier]", "timeout_sec = 120.0", ""]
+    lines += ["", "[verifier]", "timeout_sec = 120.0"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (verifier or {}).items()] + [""]
     lines += [
         "[environment]",
         *(f"{key} = {json.dumps(value)}" for key, value in environment.items()),

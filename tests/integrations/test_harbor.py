@@ -429,3 +429,30 @@ def test_the_sandboxs_lifetime_ends_a_trial_that_outlives_it(
         in (info["exception_message"])
     )
     assert elapsed < 45, elapsed
+
+
+def test_a_separate_verifier_environment_is_a_sandbox_of_its_own(
+    witness: Witness, tmp_path: Path
+) -> None:
+    """``[verifier] environment_mode = "separate"``: Harbor opens a second environment for the
+    verifier, a second sandbox (its own hostname), each removed by its stop."""
+    solve = "#!/bin/bash\nhostname > /logs/agent/host.txt\n"
+    test = "#!/bin/bash\nhostname > /logs/verifier/host.txt\necho 1 > /logs/verifier/reward.txt\n"
+    task = write_task(
+        tmp_path / "separate",
+        environment=NO_NETWORK,
+        solve=solve,
+        test=test,
+        verifier={"environment_mode": "separate"},
+    )
+    since = time.time()
+    done = run_harbor(task, tmp_path / "jobs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert reward(tmp_path / "jobs") == 1.0
+    trial = trial_dir(tmp_path / "jobs")
+    agent_host = (trial / "agent" / "host.txt").read_text()
+    verifier_host = (trial / "verifier" / "host.txt").read_text()
+    assert agent_host != verifier_host
+    assert len(sandboxes_created_since(witness, since)) == 2
+    log = (trial / "trial.log").read_text()
+    assert len(re.findall(r"sbxkit sandbox [0-9a-f]{12} removed", log)) == 2, log
