@@ -21,6 +21,7 @@ from sbxkit.integrations._harbor_spec import (
     is_root,
     trial_spec,
 )
+from tests.doc_blocks import all_blocks
 
 IMAGE = "sbxkit-test/python:latest"
 
@@ -154,3 +155,19 @@ def test_root_runs_bash_and_another_user_is_dropped_to_first() -> None:
     assert argv[:2] == ["sh", "-c"]
     assert argv[3:] == ["sbxkit-as-user", "1000", "echo hi"]  # the command is never spliced in
     assert "setpriv --reuid" in argv[2]
+
+
+def test_the_documented_profile_is_one_a_trial_takes(tmp_path: Path) -> None:
+    """docs/integrations.md's Harbor profile: the task's values over it, its own elsewhere."""
+    text = (Path(__file__).parents[2] / "docs" / "integrations.md").read_text()
+    harbor = text[: text.index("## Harbor")].count("\n") + 1  # the section's first line
+    blocks = [b for b in all_blocks() if b.source == "docs/integrations.md" and b.line > harbor]
+    (block,) = [b for b in blocks if b.lang == "toml"]
+    path = profile(tmp_path, block.code)
+    spec, _ = trial_spec(TaskShape(image=IMAGE, memory_mb=1024), profile=path)
+    assert (spec.runtime, spec.limits.cpus, spec.limits.memory_bytes) == ("gvisor", 2, GiB)
+    assert (spec.limits.pids, spec.limits.output_bytes) == (2048, 32 * MiB)
+    assert spec.limits.timeout_s == 6 * 3600
+    assert spec.workspace is not None
+    assert spec.workspace.disk_bytes == 10 * GiB
+    check_spec(spec)
