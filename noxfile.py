@@ -22,7 +22,7 @@ USERNS_ENGINE_UP = "scripts/userns-engine-up"
 NETWORK_TIER = "scripts/network-tier"
 NETWORK_TESTS = "tests/network"
 INTEGRATION_TESTS = "tests/integrations"
-INTEGRATION_SESSIONS = ("integration_openai_agents", "integration_deepagents")
+INTEGRATION_SESSIONS = ("integration_openai_agents", "integration_deepagents", "integration_harbor")
 """Each framework in a venv of its own, after the suite (``./dev test`` with no selection)."""
 INTEGRATION_DAEMON = {"SBXKIT_USERNS_NAME": "ci-integrations"}
 """One --userns-remap daemon the integration sessions share, one after another."""
@@ -283,6 +283,31 @@ def integration_deepagents(session: nox.Session) -> None:
         # pytest-asyncio (the suite's) warns unless its fixture loop scope is named
         "-o",
         "asyncio_default_fixture_loop_scope=function",
+        *session.posargs,
+        env={
+            "SBXKIT_TEST_SOCKET": socket,
+            "DOCKER_HOST": f"unix://{socket}",
+            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
+        },
+    )
+
+
+# -- Harbor (sbxkit/integrations/harbor.py) ---------------------------------------------------
+
+HARBOR_PYTHON = "3.12"  # Harbor itself needs Python >= 3.12; sbxkit supports 3.11 too
+
+
+@nox.session(python=HARBOR_PYTHON)
+def integration_harbor(session: nox.Session) -> None:
+    """sbxkit as a Harbor environment: the real ``harbor run`` (its oracle agent, offline) on
+    ``--env sbxkit.integrations.harbor:SbxkitEnvironment``, on the userns-remap daemon of the
+    integrations (root inside needs one; on btrfs, so ``storage_mb`` is the kernel's quota)."""
+    socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
+    session.install("-e", ".[test,harbor]")
+    session.run(
+        "pytest",
+        f"{INTEGRATION_TESTS}/test_harbor.py",
+        "tests/unit/test_harbor_spec.py",
         *session.posargs,
         env={
             "SBXKIT_TEST_SOCKET": socket,
