@@ -1,7 +1,8 @@
 """sbxkit as a Harbor environment:
 ``harbor run --env sbxkit.integrations.harbor:SbxkitEnvironment``.
 
-Installed with ``pip install 'sbxkit[harbor]'`` (Harbor needs Python 3.12). Each trial gets one
+Installed with ``pip install '.[harbor]'`` from the clone (Harbor needs Python 3.12). Each
+trial gets one
 hardened, supervised sbxkit sandbox (``sbxkit.aio.open_sandbox``): a workspace with root inside
 (where that is provably not the host's root), the task's image writable under its
 ``storage_mb``, no network, the task's ``cpus`` and ``memory_mb`` as hard limits. It is removed
