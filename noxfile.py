@@ -234,27 +234,6 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--warn-unused-ignores", "tests/typing")
 
 
-# --- integration: the OpenAI Agents SDK ---------------------------------------------------
-
-
-@nox.session
-def integration_openai_agents(session: nox.Session) -> None:
-    """The OpenAI Agents SDK on sbxkit (docs/integrations.md), on a --userns-remap daemon of its
-    own (root inside is one of the tests): a SandboxAgent driven by the SDK's ScriptedModel."""
-    socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
-    session.install("-e", ".[test,openai-agents]")
-    session.run(
-        "pytest",
-        "tests/integrations/test_openai_agents.py",
-        *session.posargs,
-        env={
-            "SBXKIT_TEST_SOCKET": socket,
-            "DOCKER_HOST": f"unix://{socket}",
-            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
-        },
-    )
-
-
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
@@ -266,23 +245,17 @@ def bench(session: nox.Session) -> None:
     )
 
 
-# -- LangChain deep agents (sbxkit/integrations/deepagents.py) --------------------------------
+# --- integrations: each framework in a venv of its own (docs/integrations.md) -----------------
 
 
-@nox.session
-def integration_deepagents(session: nox.Session) -> None:
-    """sbxkit as a deep agents sandbox backend: deep agents' conformance suite for sandboxes
-    (langchain-tests' SandboxIntegrationTests) and a deep agent with a scripted model, offline,
-    on a userns-remap daemon of its own (the default workspace's root inside is provably not
-    the host's; docs/integrations.md)."""
+def _integration(session: nox.Session, extras: str, tests: list[str], *extra: str) -> None:
+    """A framework's tests on the integrations' --userns-remap daemon (root inside is among
+    them; on btrfs, so a disk bound is the kernel's quota), with the framework installed."""
     socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
-    session.install("-e", ".[test,deepagents]", "langchain-tests>=1.1,<1.2")
+    session.install("-e", f".[test,{extras}]", *extra)
     session.run(
         "pytest",
-        f"{INTEGRATION_TESTS}/test_deepagents.py",
-        # pytest-asyncio (the suite's) warns unless its fixture loop scope is named
-        "-o",
-        "asyncio_default_fixture_loop_scope=function",
+        *tests,
         *session.posargs,
         env={
             "SBXKIT_TEST_SOCKET": socket,
@@ -292,7 +265,28 @@ def integration_deepagents(session: nox.Session) -> None:
     )
 
 
-# -- Harbor (sbxkit/integrations/harbor.py) ---------------------------------------------------
+@nox.session
+def integration_openai_agents(session: nox.Session) -> None:
+    """The OpenAI Agents SDK on sbxkit: a SandboxAgent driven by the SDK's ScriptedModel."""
+    _integration(session, "openai-agents", [f"{INTEGRATION_TESTS}/test_openai_agents.py"])
+
+
+@nox.session
+def integration_deepagents(session: nox.Session) -> None:
+    """sbxkit as a deep agents sandbox backend: deep agents' conformance suite for sandboxes
+    (langchain-tests' SandboxIntegrationTests) and a deep agent with a scripted model."""
+    _integration(
+        session,
+        "deepagents",
+        # pytest-asyncio (the suite's) warns unless its fixture loop scope is named
+        [
+            f"{INTEGRATION_TESTS}/test_deepagents.py",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+        ],
+        "langchain-tests>=1.1,<1.2",
+    )
+
 
 HARBOR_PYTHON = "3.12"  # Harbor itself needs Python >= 3.12; sbxkit supports 3.11 too
 
@@ -300,18 +294,7 @@ HARBOR_PYTHON = "3.12"  # Harbor itself needs Python >= 3.12; sbxkit supports 3.
 @nox.session(python=HARBOR_PYTHON)
 def integration_harbor(session: nox.Session) -> None:
     """sbxkit as a Harbor environment: the real ``harbor run`` (its oracle agent, offline) on
-    ``--env sbxkit.integrations.harbor:SbxkitEnvironment``, on the userns-remap daemon of the
-    integrations (root inside needs one; on btrfs, so ``storage_mb`` is the kernel's quota)."""
-    socket = _provision(session, USERNS_ENGINE_UP, INTEGRATION_DAEMON)
-    session.install("-e", ".[test,harbor]")
-    session.run(
-        "pytest",
-        f"{INTEGRATION_TESTS}/test_harbor.py",
-        "tests/unit/test_harbor_spec.py",
-        *session.posargs,
-        env={
-            "SBXKIT_TEST_SOCKET": socket,
-            "DOCKER_HOST": f"unix://{socket}",
-            "SBXKIT_TEST_EVIDENCE": "daemon",  # no kernel path where uids are remapped
-        },
+    ``--env sbxkit.integrations.harbor:SbxkitEnvironment``."""
+    _integration(
+        session, "harbor", [f"{INTEGRATION_TESTS}/test_harbor.py", "tests/unit/test_harbor_spec.py"]
     )

@@ -7,10 +7,12 @@ anything that proves what processes exist goes through the host's /proc.
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
+import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +267,40 @@ def commit_with_volume(witness: Witness, container_id: str, repo: str, tag: str)
         timeout=60,
     )
     response.raise_for_status()
+    return f"{repo}:{tag}"
+
+
+def image_with_files(
+    witness: Witness, base: str, files: Mapping[str, bytes], repo: str, *, executable: bool = False
+) -> str:
+    """``base`` plus ``files`` (names relative to ``/``), committed as ``repo:UNIQUE`` through
+    the witness: a task image a test makes for itself. ``executable``: ``*.sh`` files 0755."""
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            script = executable and name.endswith(".sh")
+            info.size, info.mode = len(data), 0o755 if script else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tag = unique("img")
+    container = create_plain_container(witness, base, tag)
+    try:
+        put = witness.session.put(
+            f"{witness.base}/containers/{container}/archive",
+            params={"path": "/"},
+            data=archive.getvalue(),
+            headers={"Content-Type": "application/x-tar"},
+            timeout=60,
+        )
+        put.raise_for_status()
+        commit = witness.session.post(
+            f"{witness.base}/commit",
+            params={"container": container, "repo": repo, "tag": tag},
+            timeout=60,
+        )
+        commit.raise_for_status()
+    finally:
+        witness.session.delete(f"{witness.base}/containers/{container}", timeout=30)
     return f"{repo}:{tag}"
 
 

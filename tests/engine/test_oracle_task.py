@@ -11,8 +11,6 @@ cell's remapping daemon (where the disk bound is the kernel's quota)."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from sbxkit._consumers.session import open_sandbox
 from sbxkit._model.rules import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB, SandboxSpec, Workspace
 from sbxkit.engine.client import Engine
-from tests.engine.helpers import create_plain_container, delete_image, runtime_limits, unique
+from tests.engine.helpers import delete_image, image_with_files, runtime_limits
 from tests.engine.test_workspace_disk import build_deb
 from tests.witness import Witness
 
@@ -41,32 +39,7 @@ TEST_SH = (
 
 def task_image(witness: Witness, base: str) -> str:
     """``base`` plus the task's files, committed as an image of this test's own."""
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        for name, data in TASK.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
-            tar.addfile(info, io.BytesIO(data))
-    name = unique("task")
-    container = create_plain_container(witness, base, name)
-    try:
-        put = witness.session.put(
-            f"{witness.base}/containers/{container}/archive",
-            params={"path": "/"},
-            data=archive.getvalue(),
-            headers={"Content-Type": "application/x-tar"},
-            timeout=60,
-        )
-        put.raise_for_status()
-        commit = witness.session.post(
-            f"{witness.base}/commit",
-            params={"container": container, "repo": "sbxkit-test/task", "tag": name},
-            timeout=60,
-        )
-        commit.raise_for_status()
-    finally:
-        witness.session.delete(f"{witness.base}/containers/{container}", timeout=30)
-    return f"sbxkit-test/task:{name}"
+    return image_with_files(witness, base, TASK, "sbxkit-test/task", executable=True)
 
 
 def verifier_dir(where: Path) -> Path:

@@ -10,13 +10,11 @@ offline: its oracle agent needs no model, and LiteLLM is told to keep to its loc
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.helpers import create_plain_container, unique
+from tests.engine.helpers import image_with_files
 from tests.witness import LEASE_LABEL, PYTHON, SOCKET, Witness
 
 ENVIRONMENT = "sbxkit.integrations.harbor:SbxkitEnvironment"
@@ -97,32 +95,7 @@ def write_task(
 
 def task_image(witness: Witness, files: Mapping[str, bytes]) -> str:
     """The python image plus ``files`` (absolute-less names), committed as this test's own."""
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    name = unique("harbor-task")
-    container = create_plain_container(witness, PYTHON, name)
-    try:
-        put = witness.session.put(
-            f"{witness.base}/containers/{container}/archive",
-            params={"path": "/"},
-            data=archive.getvalue(),
-            headers={"Content-Type": "application/x-tar"},
-            timeout=60,
-        )
-        put.raise_for_status()
-        commit = witness.session.post(
-            f"{witness.base}/commit",
-            params={"container": container, "repo": "sbxkit-test/harbor-task", "tag": name},
-            timeout=60,
-        )
-        commit.raise_for_status()
-    finally:
-        witness.session.delete(f"{witness.base}/containers/{container}", timeout=30)
-    return f"sbxkit-test/harbor-task:{name}"
+    return image_with_files(witness, PYTHON, files, "sbxkit-test/harbor-task")
 
 
 def harbor_argv(task: Path, jobs: Path, *options: str) -> list[str]:
