@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -288,7 +290,22 @@ def integration_deepagents(session: nox.Session) -> None:
     )
 
 
-HARBOR_PYTHON = "3.12"  # Harbor itself needs Python >= 3.12; sbxkit supports 3.11 too
+def _python_312() -> str:
+    """Harbor needs Python >= 3.12 (sbxkit supports 3.11 too). A ``python3.12`` on PATH that
+    runs, else pyenv's (its shim answers only for versions pyenv has activated), else the
+    name, which nox then reports missing: the session fails, it never skips."""
+    found = shutil.which("python3.12")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for candidate in sorted(
+        glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python3.12"))
+    ):
+        return candidate
+    return "3.12"
+
+
+HARBOR_PYTHON = _python_312()
 
 
 @nox.session(python=HARBOR_PYTHON)

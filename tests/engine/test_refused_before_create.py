@@ -34,7 +34,7 @@ CASES: list[tuple[list[str | bytes], bytes]] = [
     (["--timeout", "1e300"], b"--timeout: must be in 0.001..2592000"),
     (["--cpus", "١"], b"--cpus: expected a number of ASCII digits"),
     (["--env", b"K=\xff"], b"env['K']: must be valid UTF-8"),
-    (["--label", b"k=\xff"], b"labels['k']: must be valid UTF-8"),
+    (["--label", b"k=\xff"], b"--label['k']: must be valid UTF-8"),
 ]
 IMAGES = ["HIDDEN/busybox:1", "busybox:", "a@b@c", "hidden//busybox:1"]
 
@@ -60,7 +60,7 @@ def test_image_refused_before_any_container(
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, image, "true")
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"sbxkit: error: image: ")
+    assert done.stderr.startswith(b"sbxkit: error: IMAGE: ")
     assert creates_during(witness, since) == []
 
 
@@ -71,7 +71,7 @@ def test_non_utf8_argv_refused_before_any_container(
     since = time.time()
     done = sbxkit("run", *SMALL, "--socket", witness.socket_path, busybox, "echo", b"\xff")
     assert done.returncode == 2, done.stderr
-    assert b"command[1]: must be valid UTF-8" in done.stderr
+    assert b"CMD[1]: must be valid UTF-8" in done.stderr
     assert creates_during(witness, since) == []
 
 

@@ -123,6 +123,10 @@ def parse_run(run: Run) -> argparse.Namespace:
         raise Declined(f"unrecognized arguments: {' '.join(unknown)}")
     if args.profile is not None:
         raise Declined("--profile (it may name another supervisor or runtime)")
+    if args.tty:
+        raise Declined("-t is refused (the full path says why)")
+    if args.interactive and args.stdin is None:
+        args.stdin = "-"  # docker's -i, as take_docker_stdin reads it
     if bool(args.json) != run.json or args.stdin != run.stdin:
         raise Declined("the command line's scan of --json or --stdin disagrees with the parse")
     for flag in ("tls_ca", "tls_cert", "tls_key"):
