@@ -19,6 +19,7 @@ Every call runs under a deadline. trio, OS and h11 exceptions never escape: they
 
 from __future__ import annotations
 
+import errno
 import select
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -43,6 +44,13 @@ READ_CHUNK = 64 * 1024
 # A short call's body is small JSON; a daemon answering with more is broken or hostile.
 MAX_SHORT_BODY = 32 * 1024 * 1024
 Headers = Sequence[tuple[str, str]]
+
+
+PERMISSION_HINT = (
+    ": this user may not open the daemon's socket; join its group (`sudo usermod -aG docker "
+    "$USER`, then log in again), or name a rootless daemon (DOCKER_HOST=unix://...)"
+)
+"""What a user outside the docker group is told, instead of a bare "Permission denied"."""
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -263,7 +271,10 @@ class Transport:
             stream = await trio.open_unix_socket(self.socket_path)
         except OSError as exc:
             answers.forget(self.socket_path)  # the next engine asks the daemon again
-            raise EngineUnavailable(self.socket_path, exc.strerror or str(exc)) from exc
+            reason = exc.strerror or str(exc)
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                reason += PERMISSION_HINT
+            raise EngineUnavailable(self.socket_path, reason) from exc
         return _Connection(stream)
 
     async def _checkout(self) -> _Connection:
