@@ -382,7 +382,9 @@ SPEC_FLAGS: tuple[tuple[str, str], ...] = (
     ("network.tls.ca", "--tls-ca"),
     ("network.tls.cert", "--tls-cert"),
     ("network.tls.key", "--tls-key"),
+    ("network.tls", "--tls-ca/--tls-cert/--tls-key"),
     ("network", "--network"),
+    ("workspace.exec_tmp", "--exec-tmp"),
     ("mounts", "-v/--mount"),
     ("workspace.disk_bytes", "--disk"),
     ("workspace", "--workspace"),
@@ -391,18 +393,21 @@ SPEC_FLAGS: tuple[tuple[str, str], ...] = (
     ("runtime", "--runtime"),
     ("labels", "--label"),
     ("env", "--env"),
+    ("gpus.count", "--gpus"),
+    ("gpus.devices", "--gpus"),
     ("gpus", "--gpus"),
     ("image", "IMAGE"),
     ("command", "CMD"),
 )
-"""A spec field → the flag a command-line user typed for it (the longest prefix wins)."""
+"""A spec field → the flag a command-line user typed for it: the field itself, or one item of
+it (``[i]``); a field no flag sets keeps its own name (``network.max_connections``)."""
 
 
 def flag_for(field: str) -> str:
     """The flag naming ``field`` (``limits.output_bytes`` → ``--max-output``,
     ``network.allow[0]`` → ``--allow[0]``), or ``field`` when no flag sets it."""
     for prefix, flag in SPEC_FLAGS:
-        if field == prefix or field.startswith(prefix + "."):
+        if field == prefix:
             return flag
         if field.startswith(prefix + "["):  # which one stays said: --env['K'], CMD[1]
             rest = field[len(prefix) :]

@@ -113,9 +113,12 @@ def test_the_command_line_refuses_bad_network_flags_before_anything_exists(
 ) -> None:
     began = time.time()
     for flags, field in (
-        (["--allow", "https://x.example"], "network.allow[0]"),
+        (["--allow", "https://x.example"], "--allow[0]"),
         (["--network", "bridge", "--allow", "x.example"], "--allow"),
-        (["--callback", "http://x.example:8080", "--tls-ca", "/etc/hostname"], "network.tls"),
+        (
+            ["--callback", "http://x.example:8080", "--tls-ca", "/etc/hostname"],
+            "--tls-ca/--tls-cert/--tls-key",
+        ),
         (["--tls-key", "/etc/hostname"], "--tls-ca"),
     ):
         proc = subprocess.run(

@@ -159,6 +159,9 @@ def test_unknown_flags_say_what_to_use_instead(unknown: list[str], said: str) ->
         ("workspace.disk_bytes", "--disk"),
         ("mounts[1].source", "-v/--mount[1]"),
         ("something.else", "something.else"),
+        ("network.tls", "--tls-ca/--tls-cert/--tls-key"),
+        ("network.max_connections", "network.max_connections"),
+        ("workspace.exec_tmp", "--exec-tmp"),
     ],
 )
 def test_spec_fields_are_named_as_their_flags(field: str, flag: str) -> None:
