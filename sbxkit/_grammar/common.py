@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import msgspec
 import trio
 
+from sbxkit._consumers.process_log import ProcessExit
 from sbxkit._grammar.daemon_refusal import is_daemon_refusal
 from sbxkit._model.result import RunResult, Status, json_fields
 from sbxkit._util.notice import say
@@ -80,7 +81,8 @@ def to_json(result: RunResult) -> bytes:
     return msgspec.json.encode(doc)
 
 
-def exit_code_for(result: RunResult) -> int:
+def exit_code_for(result: RunResult | ProcessExit) -> int:
+    """The exit status the command line gives a run, or a background process's end."""
     if result.status == "exited":
         return result.exit_code if result.exit_code is not None else EXIT_INTERNAL
     return STATUS_EXIT[result.status]

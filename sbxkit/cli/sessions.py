@@ -36,10 +36,7 @@ import sbxkit.cli._session_client as client
 import sbxkit.cli._session_wire as wire
 from sbxkit._consumers.process_log import ProcessExit
 from sbxkit._grammar.backend_choice import cli_backend
-from sbxkit._grammar.common import (
-    EXIT_INTERNAL,
-    STATUS_EXIT,
-)
+from sbxkit._grammar.common import EXIT_INTERNAL, exit_code_for
 from sbxkit._grammar.flags import (
     ImageAndCommand,
     add_kind_flags,
@@ -249,12 +246,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return print_result(client.expect(answer, wire.Ran).result, json=args.json)
 
 
-def exit_status(ended: ProcessExit) -> int:
-    if ended.status == "exited":
-        return ended.exit_code if ended.exit_code is not None else EXIT_INTERNAL
-    return STATUS_EXIT[ended.status]
-
-
 def _describe(ended: ProcessExit) -> str:
     if ended.status == "exited":
         return f"exited {ended.exit_code}"
@@ -267,7 +258,7 @@ def _print_exit(ended: ProcessExit, as_json: bool) -> int:
         sys.stdout.buffer.write(msgspec.json.encode(ended) + b"\n")
     else:
         print(_describe(ended))
-    return exit_status(ended)
+    return exit_code_for(ended)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

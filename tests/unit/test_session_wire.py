@@ -7,9 +7,10 @@ import pytest
 
 import sbxkit.cli._session_wire as wire
 from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._grammar.common import exit_code_for
 from sbxkit._protocol.framing import FrameReader
 from sbxkit.cli.parser import build_parser
-from sbxkit.cli.sessions import cmd_exec, cmd_open, exit_status
+from sbxkit.cli.sessions import cmd_exec, cmd_open
 from sbxkit.errors import SpecError
 
 
@@ -63,7 +64,7 @@ def test_an_unknown_request_field_is_refused() -> None:
 )
 def test_wait_exits_as_sbxkit_run_would(status: str, code: int | None, expected: int) -> None:
     ended = ProcessExit(status=status, exit_code=code, output_bytes=0, run_s=1.0)  # type: ignore[arg-type]
-    assert exit_status(ended) == expected
+    assert exit_code_for(ended) == expected
 
 
 def _args(*argv: str):  # type: ignore[no-untyped-def]
