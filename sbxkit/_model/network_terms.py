@@ -17,12 +17,14 @@ sandbox gets for them: owned keys no spec or profile value can override (docs/ne
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import msgspec
 
-from sbxkit._model.network_allow import entry_text, parse_allow_list
-from sbxkit._model.network_names import parse_host, parse_port
+from sbxkit._model.network_allow import AllowEntry, entry_text, parse_allow_list
+from sbxkit._model.network_names import Destination, destination_text, parse_host, parse_port
 from sbxkit._model.predicates import has_control
 from sbxkit._model.units import parse_size
 from sbxkit._util.public import publish
@@ -42,6 +44,8 @@ __all__ = [
     "NetworkTerms",
     "TlsBundle",
     "check_network_spec",
+    "is_callback_destination",
+    "loopback_forwards",
     "network_env",
     "network_mode",
     "owned_keys",
@@ -220,6 +224,75 @@ def _check_tls(network: Network, callback: CallbackTerms | None) -> None:
             raise SpecError(where, "must not contain control characters or '..'")
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1")
+"""What a client inside names the sandbox's own 127.0.0.1 by (``localhost`` is in the
+``/etc/hosts`` Docker writes for a sandbox with a callback)."""
+
+
+def is_callback_destination(callback: CallbackTerms | None, destination: Destination) -> bool:
+    """Whether a proxy request for ``destination`` means the callback: a name or address that,
+    dialled directly inside the sandbox, reaches the callback's forwarder (its
+    ``127.0.0.1:PORT``, by ``$SBXKIT_ENDPOINT``'s host, ``localhost`` or ``127.0.0.1``)."""
+    if callback is None or destination.port != callback.port:
+        return False
+    return destination.host in (callback.inside_host, *LOOPBACK_NAMES)
+
+
+def _is_loopback(entry: AllowEntry) -> bool:
+    return entry.kind == "ip" and ipaddress.ip_address(entry.host).is_loopback
+
+
+def loopback_forwards(
+    entries: Sequence[AllowEntry], callback: CallbackTerms | None = None
+) -> list[tuple[int, str, int]]:
+    """``(index, address, port)`` for each port of each loopback literal entry, once: served
+    at that same address inside the sandbox, forwarded to the host's, because a client that
+    honours ``NO_PROXY`` (or, like Go's, never proxies loopback) dials it there directly. One
+    the callback's forwarder already serves (``127.0.0.1:PORT`` to the same address) is left
+    to it."""
+    found: list[tuple[int, str, int]] = []
+    for index, entry in enumerate(entries):
+        if not _is_loopback(entry):
+            continue
+        for port in entry.ports:
+            taken = callback is not None and (entry.host, port) == ("127.0.0.1", callback.port)
+            if not taken and all((entry.host, port) != (a, p) for _, a, p in found):
+                found.append((index, entry.host, port))
+    return found
+
+
+def _check_loopback(entries: Sequence[AllowEntry], callback: CallbackTerms | None) -> None:
+    """Refuse the loopback entries no client could use as written: a name for loopback (the
+    proxy refuses what it resolves to, and inside it is the sandbox's own), and an address
+    whose port inside is already the proxy's or the callback's."""
+    for index, entry in enumerate(entries):
+        field = f"network.allow[{index}]"
+        text = entry_text(entry)
+        if entry.kind != "ip" and (entry.host == "localhost" or entry.host.endswith(".localhost")):
+            raise SpecError(
+                field,
+                f"{text!r}: localhost is the sandbox's own loopback inside it; to reach a "
+                "service on the host's loopback, allow its address (127.0.0.1:PORT)",
+            )
+        if not _is_loopback(entry) or entry.host != "127.0.0.1":
+            continue
+        for port in entry.ports:
+            if port == PROXY_PORT:
+                raise SpecError(
+                    field,
+                    f"{text!r}: a loopback entry is served at the same address inside the "
+                    f"sandbox, where 127.0.0.1:{PROXY_PORT} is the allow-list proxy's",
+                )
+            if callback is not None and port == callback.port and callback.host != entry.host:
+                raise SpecError(
+                    field,
+                    f"{text!r}: a loopback entry is served at the same address inside the "
+                    f"sandbox, where 127.0.0.1:{port} forwards to the callback "
+                    f"{destination_text(Destination(callback.host, port, callback.is_ip))}; "
+                    "use another port",
+                )
+
+
 class CheckedNetwork(NamedTuple):
     callback: CallbackTerms | None
     allow: list[str]
@@ -231,7 +304,8 @@ def check_network_spec(network: Network) -> CheckedNetwork:
     """Validate a network table; the parsed callback, allow entries and byte bound."""
     if network.mode not in ("none", "managed"):
         raise SpecError("network.mode", "must be 'none' (governed) or 'managed'")
-    entries = [entry_text(entry) for entry in parse_allow_list(network.allow)]
+    parsed = parse_allow_list(network.allow)
+    entries = [entry_text(entry) for entry in parsed]
     if network.mode == "managed" and entries:
         raise SpecError(
             "network.allow",
@@ -240,6 +314,7 @@ def check_network_spec(network: Network) -> CheckedNetwork:
         )
     callback = None if network.callback is None else parse_callback(network.callback)
     _check_tls(network, callback)
+    _check_loopback(parsed, callback)
     size = network.max_connection_bytes
     if isinstance(size, str):
         size = parse_size(size, "network.max_connection_bytes")

@@ -2,13 +2,14 @@
 
 ``Governor.run`` is what the owner (the supervisor for supervised leases, the caller for an
 ``InProcessOwner``) starts once the sandbox's container started and before its payload runs:
-it enters the sandbox (netns.py) to bind the allow-list proxy on ``127.0.0.1:3128`` and the
-callback forwarder on the callback's port, maps the callback's name to loopback in the
-sandbox's ``/etc/hosts``, writes the client TLS bundle, and then serves those listeners
-(proxy.py) until the owner closes it — when the lease ends. The sockets are the owner's: if the
-owner dies, the kernel closes them and egress fails closed (the sandbox is left with a
-loopback nothing listens on). Under the managed network the callback forwarder listens on the
-bridge's gateway instead, in the owner's own namespace.
+it enters the sandbox (netns.py) to bind the allow-list proxy on ``127.0.0.1:3128``, the
+callback forwarder on the callback's port and a forwarder for each loopback allow entry at its
+own address (a client that honours ``NO_PROXY`` dials it there), maps the callback's name to
+loopback in the sandbox's ``/etc/hosts``, writes the client TLS bundle, and then serves those
+listeners (proxy.py) until the owner closes it — when the lease ends. The sockets are the
+owner's: if the owner dies, the kernel closes them and egress fails closed (the sandbox is left
+with a loopback nothing listens on). Under the managed network the callback forwarder listens
+on the bridge's gateway instead, in the owner's own namespace.
 
 Each decision goes to the operator's audit log (one JSON line, appended; not fsync'd) and
 denials are kept for the run's ``RunResult``.
@@ -25,7 +26,7 @@ import trio
 
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
-from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms
+from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms, loopback_forwards
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NetworkUnavailable
 from sbxkit.network.netns import (
@@ -73,6 +74,7 @@ class Governor:
             max_connections=terms.max_connections,
             max_connection_bytes=terms.max_connection_bytes,
             resolver=resolver,
+            callback=terms.callback if terms.mode == "none" else None,
         )
 
     def _record(self, decision: Decision) -> None:
@@ -119,12 +121,29 @@ class Governor:
                     addresses.append(("127.0.0.1", PROXY_PORT))
                 if callback is not None:
                     addresses.append(("127.0.0.1", callback.port))
+                loopback = loopback_forwards(self.context.entries, callback)
+                addresses += [(address, port) for _, address, port in loopback]
                 sockets = await bind_in_sandbox(process, addresses)
                 handlers: list[Handler] = []
                 if terms.allow:
                     handlers.append(partial(proxy_connection, self.context))
                 if callback is not None:
-                    handlers.append(partial(_forward, self.context, callback.host, callback.port))
+                    handlers.append(
+                        partial(
+                            forward_connection, self.context, host=callback.host, port=callback.port
+                        )
+                    )
+                handlers += [
+                    partial(
+                        forward_connection,
+                        self.context,
+                        host=address,
+                        port=port,
+                        kind="connect",
+                        rule=terms.allow[index],
+                    )
+                    for index, address, port in loopback
+                ]
                 served = list(zip(sockets, handlers, strict=True))
                 if callback is not None and not callback.is_ip:
                     await add_hosts_entries(process, [callback.host])
@@ -132,7 +151,9 @@ class Governor:
                 served = [
                     (
                         _listen_on(terms.gateway, callback.port),
-                        partial(_forward, self.context, callback.host, callback.port),
+                        partial(
+                            forward_connection, self.context, host=callback.host, port=callback.port
+                        ),
                     )
                 ]
             if terms.tls is not None:
@@ -176,10 +197,6 @@ class Governor:
                 for sock, _ in served:
                     sock.close()
                 self._close_audit()
-
-
-async def _forward(ctx: ProxyContext, host: str, port: int, stream: trio.SocketStream) -> None:
-    await forward_connection(ctx, stream, host, port)
 
 
 def _listen_on(host: str, port: int) -> socket.socket:

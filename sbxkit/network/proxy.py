@@ -17,7 +17,10 @@ For each connection the sandbox opens to its ``127.0.0.1:3128``:
 5. bound the sandbox's connections at once and each connection's bytes; record one decision.
 
 The callback forwarder splices each connection to the operator's endpoint without judging it
-(the endpoint is the operator's own choice, reached from the host).
+(the endpoint is the operator's own choice, reached from the host). A proxy request for the
+callback — ``$SBXKIT_ENDPOINT``'s host, ``localhost`` or ``127.0.0.1`` at its port, what the
+forwarder answers when dialled directly — goes the same way: a client that ignores
+``NO_PROXY`` (busybox wget) reaches the endpoint, and nothing else, through the proxy.
 """
 
 from __future__ import annotations
@@ -35,9 +38,16 @@ import trio
 from sbxkit._model.network_allow import AllowEntry, entry_text, matching_entry
 from sbxkit._model.network_audit import Decision, Kind
 from sbxkit._model.network_names import Destination, IPAddress, destination_text
+from sbxkit._model.network_terms import CallbackTerms, is_callback_destination
 from sbxkit.network.addresses import address_problem
 from sbxkit.network.clienthello import Hello, HelloProblem, read_client_hello
-from sbxkit.network.request import Refusal, decide_request, forward_headers, framing_problem
+from sbxkit.network.request import (
+    ProxyRequest,
+    Refusal,
+    decide_request,
+    forward_headers,
+    framing_problem,
+)
 
 __all__ = [
     "ProxyContext",
@@ -82,6 +92,8 @@ class ProxyContext:
     max_connection_bytes: int
     resolver: Resolver = system_resolver
     clock: Callable[[], float] = time.time
+    callback: CallbackTerms | None = None
+    """The callback a proxy request may name (``is_callback_destination``)."""
     active: int = 0
 
     def decide(self, destination: str, kind: Kind, **fields: object) -> Decision:
@@ -288,8 +300,9 @@ async def _http(
     request: h11.Request,
     target: bytes,
     destination: Destination,
-    rule: str,
+    rule: str | None,
     addresses: list[IPAddress],
+    kind: Kind = "http",
 ) -> None:
     try:
         upstream, address = await _dial(addresses, destination.port)
@@ -334,7 +347,42 @@ async def _http(
                 within = False
                 break
             await stream.send_all(reply)
-    ctx.allowed(destination_text(destination), "http", address, counts, within, rule)
+    ctx.allowed(destination_text(destination), kind, address, counts, within, rule)
+
+
+async def _callback(
+    ctx: ProxyContext,
+    stream: trio.SocketStream,
+    conn: h11.Connection,
+    request: h11.Request,
+    decided: ProxyRequest,
+    callback: CallbackTerms,
+) -> None:
+    """A proxy request for the callback, served as its forwarder serves a direct connection:
+    the endpoint reached from the host, the bytes unjudged — plain HTTP as the one request
+    (origin-form, as the client sends it directly), CONNECT spliced after ``200`` so TLS and
+    the endpoint's client certificate stay end to end."""
+    target = Destination(callback.host, callback.port, callback.is_ip)
+    try:
+        addresses = await _callback_addresses(callback.host, callback.port)
+    except (OSError, trio.TooSlowError) as exc:
+        raise _Denied(502, f"cannot reach the callback: {exc}", target) from None
+    if decided.kind == "http":
+        await _http(ctx, stream, conn, request, decided.target, target, None, addresses, "callback")
+        return
+    try:
+        upstream, address = await _dial(addresses, callback.port)
+    except OSError as exc:
+        raise _Denied(502, str(exc), target) from None
+    pending = bytes(conn.trailing_data[0])
+    counts = [len(pending), 0]
+    async with upstream:
+        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        within = counts[0] <= ctx.max_connection_bytes
+        if within:
+            await upstream.send_all(pending)
+            within = await _splice(stream, upstream, ctx.max_connection_bytes, counts)
+    ctx.allowed(destination_text(target), "callback", address, counts, within)
 
 
 async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None:
@@ -358,6 +406,10 @@ async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None
             destination, kind = decided.destination, decided.kind
             if framing is not None:  # never forwarded: an upstream could read two requests
                 raise _Denied(400, _framing(framing), destination)
+            if ctx.callback is not None and is_callback_destination(ctx.callback, destination):
+                kind = "callback"
+                await _callback(ctx, stream, conn, request, decided, ctx.callback)
+                return
             entry = matching_entry(ctx.entries, destination)
             if entry is None:
                 raise _Denied(403, "not on the allow-list", destination)
@@ -384,38 +436,56 @@ async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None
 
 
 async def forward_connection(
-    ctx: ProxyContext, stream: trio.SocketStream, host: str, port: int
+    ctx: ProxyContext,
+    stream: trio.SocketStream,
+    host: str,
+    port: int,
+    kind: Kind = "callback",
+    rule: str | None = None,
 ) -> None:
-    """Splice one connection to the callback endpoint (resolved and reached from the host)."""
-    where = f"{host}:{port}"
+    """Splice one connection to the callback endpoint, or to the host's service a loopback
+    allow entry names (``kind`` ``connect``, ``rule`` the entry): resolved and reached from
+    the host."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     async with stream:
         if ctx.active >= ctx.max_connections:
-            ctx.decide(where, "callback", verdict="denied", reason="too many connections")
+            ctx.decide(where, kind, verdict="denied", reason="too many connections")
             return
         ctx.active += 1
         try:
-            await _forward(ctx, stream, host, port, where)
+            await _forward(ctx, stream, host, port, where, kind, rule)
         finally:
             ctx.active -= 1
 
 
 async def _forward(
-    ctx: ProxyContext, stream: trio.SocketStream, host: str, port: int, where: str
+    ctx: ProxyContext,
+    stream: trio.SocketStream,
+    host: str,
+    port: int,
+    where: str,
+    kind: Kind,
+    rule: str | None,
 ) -> None:
     try:
-        try:
-            addresses: list[IPAddress] = [ipaddress.ip_address(host)]
-        except ValueError:
-            with trio.fail_after(RESOLVE_TIMEOUT_S):
-                addresses = await system_resolver(host, port)
-        upstream, address = await _dial(addresses, port)
+        upstream, address = await _dial(await _callback_addresses(host, port), port)
     except (OSError, trio.TooSlowError) as exc:
-        ctx.decide(where, "callback", verdict="denied", reason=f"cannot reach it: {exc}")
+        ctx.decide(where, kind, verdict="denied", reason=f"cannot reach it: {exc}")
         return
     counts = [0, 0]
     async with upstream:
         within = await _splice(stream, upstream, ctx.max_connection_bytes, counts)
-    ctx.allowed(where, "callback", address, counts, within)
+    ctx.allowed(where, kind, address, counts, within, rule)
+
+
+async def _callback_addresses(host: str, port: int) -> list[IPAddress]:
+    """The endpoint's addresses as the host reaches it (an address as given, a name by the
+    host's resolver: the endpoint is the operator's, so no range is refused)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        with trio.fail_after(RESOLVE_TIMEOUT_S):
+            return await system_resolver(host, port)
 
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]

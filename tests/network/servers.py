@@ -73,6 +73,10 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class NaiveUpstream:
     """An upstream as lenient as many behind a CDN: it keeps reading requests on a connection
     whatever ``Connection`` says (until 1 s of silence), and frames a body by
@@ -201,7 +205,8 @@ class Servers:
 
 
 def _serve(address: str, port: int, label: str, seen: Seen, tls: ssl.SSLContext | None) -> _Server:
-    server = _Server((address, port), _handler(label, seen))
+    kind = _Server6 if ":" in address else _Server
+    server = kind((address, port), _handler(label, seen))
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name=f"upstream {label}", daemon=True).start()
@@ -211,7 +216,7 @@ def _serve(address: str, port: int, label: str, seen: Seen, tls: ssl.SSLContext 
 @contextmanager
 def running_servers(directory: Path) -> Iterator[Servers]:
     ca = trustme.CA()
-    seen = {name: Seen() for name in ("a", "b", "literal", "callback", "callback_tls")}
+    seen = {name: Seen() for name in ("a", "b", "literal", "callback", "callback_tls", "v6")}
 
     def tls(*names: str, client_ca: trustme.CA | None = None) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -239,6 +244,7 @@ def running_servers(directory: Path) -> Iterator[Servers]:
         _serve("198.51.100.10", 443, "B", seen["b"], tls(DENIED)),
         _serve(LITERAL, 80, "C", seen["literal"], None),
         _serve("127.0.0.1", 8080, "callback", seen["callback"], None),
+        _serve("::1", 8080, "loopback-v6", seen["v6"], None),  # a host service on [::1]
         _serve(
             "127.0.0.1", 9443, "callback-tls", seen["callback_tls"], tls(CALLBACK, client_ca=ca)
         ),

@@ -10,7 +10,9 @@ import msgspec
 import pytest
 import trio
 
+from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
+from sbxkit._model.network_names import Destination
 from sbxkit._model.network_terms import (
     PROXY_KEYS,
     TLS_TMPFS,
@@ -20,6 +22,8 @@ from sbxkit._model.network_terms import (
     NetworkTerms,
     TlsBundle,
     check_network_spec,
+    is_callback_destination,
+    loopback_forwards,
     network_env,
     parse_callback,
     unset_env,
@@ -84,6 +88,19 @@ def refused(network: Network) -> SpecError:
         (Network(callback="http://h_x:80"), "network.callback", "neither a DNS name"),
         (Network(mode="managed", allow=["a.example"]), "network.allow", "would not be enforced"),
         (Network(allow=["*"]), "network.allow[0]", "every destination"),
+        (Network(allow=["a.example", "localhost:8081"]), "network.allow[1]", "own loopback"),
+        (Network(allow=["app.localhost"]), "network.allow[0]", "allow its address"),
+        (Network(allow=["127.0.0.1:3128"]), "network.allow[0]", "allow-list proxy's"),
+        (
+            Network(allow=["127.0.0.1:8080"], callback="http://h.example:8080"),
+            "network.allow[0]",
+            "forwards to the callback h.example:8080; use another port",
+        ),
+        (
+            Network(allow=["127.0.0.1"], callback="http://127.0.0.2:443"),
+            "network.allow[0]",
+            "forwards to the callback 127.0.0.2:443",
+        ),
         (Network(allow=["a.example"], max_connections=0), "network.max_connections", "1 to"),
         (Network(max_connection_bytes=True), "network.max_connection_bytes", "integer"),
         (Network(max_connection_bytes="4x"), "network.max_connection_bytes", "unknown unit"),
@@ -93,6 +110,57 @@ def test_bad_networks_are_refused_naming_the_field(network: Network, field: str,
     error = refused(network)
     assert error.field == field
     assert rule in error.rule
+
+
+def test_loopback_entries_that_can_work_are_accepted() -> None:
+    """Issue 43, item 5: a loopback entry is served at its own address inside the sandbox, so
+    only one that would collide there is refused; the callback's own target is no collision."""
+    for network in (
+        Network(allow=["127.0.0.1:8080"], callback="http://127.0.0.1:8080"),
+        Network(allow=["127.0.0.2:3128", "[::1]:8080"], callback="http://h.example:8080"),
+        Network(allow=["127.0.0.1:8081"], callback="http://h.example:8080"),
+        Network(allow=["localhost.example:443"]),  # a name under another domain
+    ):
+        check_network_spec(network)
+
+
+def test_loopback_entries_are_forwarded_at_their_own_address_once() -> None:
+    entries = parse_allow_list(
+        ["pypi.org:443", "127.0.0.1:8081", "[::1]:9000", "127.0.0.2", "127.0.0.1:8081", "10.0.0.1"]
+    )
+    assert loopback_forwards(entries) == [
+        (1, "127.0.0.1", 8081),
+        (2, "::1", 9000),
+        (3, "127.0.0.2", 80),
+        (3, "127.0.0.2", 443),
+    ]
+    same = parse_callback("http://127.0.0.1:8081")  # its forwarder already serves that port
+    assert loopback_forwards(entries, same)[0] == (2, "::1", 9000)
+    assert loopback_forwards(parse_allow_list(["pypi.org", "203.0.113.7:80"])) == []
+
+
+@pytest.mark.parametrize(
+    ("callback", "destination", "expected"),
+    [
+        ("http://harness.example:8080", Destination("harness.example", 8080), True),
+        ("http://harness.example:8080", Destination("127.0.0.1", 8080, True), True),
+        ("http://harness.example:8080", Destination("localhost", 8080), True),
+        ("http://harness.example:8080", Destination("harness.example", 8081), False),
+        ("http://harness.example:8080", Destination("other.example", 8080), False),
+        ("http://harness.example:8080", Destination("127.0.0.2", 8080, True), False),
+        ("http://harness.example:8080", Destination("::1", 8080, True), False),  # not bound
+        ("http://10.1.2.3:8080", Destination("127.0.0.1", 8080, True), True),
+        ("http://10.1.2.3:8080", Destination("10.1.2.3", 8080, True), False),  # not inside
+        (None, Destination("127.0.0.1", 8080, True), False),
+    ],
+)
+def test_a_proxy_request_means_the_callback_where_the_forwarder_answers(
+    callback: str | None, destination: Destination, expected: bool
+) -> None:
+    """What ``$SBXKIT_ENDPOINT``'s host (or the sandbox's own loopback) dialled directly reaches,
+    the proxy serves as the callback too: a client ignoring ``NO_PROXY`` gets the same."""
+    terms = None if callback is None else parse_callback(callback)
+    assert is_callback_destination(terms, destination) is expected
 
 
 def test_the_byte_bound_takes_a_size() -> None:
