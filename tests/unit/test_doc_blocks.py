@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sbxkit.errors import SpecError
-from tests.doc_blocks import ROOT, Block, DocBlockError, all_blocks, extract
+from tests.doc_blocks import FRAGMENT, ROOT, Block, DocBlockError, all_blocks, extract
 from tests.doc_runs import check_ini, check_json, check_signatures, check_toml
 
 ERRORS: list[str] = []
@@ -81,6 +81,15 @@ def test_the_comment_directly_above_the_fence_is_read() -> None:
     assert far.skip is None  # not directly above: not its directive
 
 
+def test_a_fragment_says_so_and_a_whole_program_needs_nothing() -> None:
+    fragment = one("```python\n# fragment: in main() above\nawait sbxkit.run(spec)\n```\n")
+    assert fragment.code.startswith(FRAGMENT)
+    main = "async def main():\n    await trio.sleep(0)\n"
+    whole = f"```python\nimport trio\n\n{main}\ntrio.run(main)\n```\n"
+    assert one(whole).lang == "python"
+    assert one("```python\nprint(\n```\n").lang == "python"  # not python at all: not judged here
+
+
 def test_profiles_are_checked_with_the_files_the_blocks_before_make(tmp_path: Path) -> None:
     """A profile naming a host file that nothing made fails the check by its key and path;
     with the creates:PATH block before it, it passes, and PATH is removed after."""
@@ -129,6 +138,9 @@ def test_text_blocks_are_not_code_and_take_no_directive() -> None:
         ("<!-- doc-test: run -->\n```sh\ntrue\n```\n", "not 'run'"),
         ("<!-- doc-test skip x -->\n```sh\ntrue\n```\n", "not a doc-test directive"),
         ("```sh\ntrue\n", "never closed"),
+        ("```python\nawait x\n```\n", "a top-level await: show it whole"),
+        ("```python\nasync with a:\n    pass\n```\n", "or start it with a line '# fragment"),
+        ("<!-- doc-test: skip x -->\n```python\nawait x\n```\n", "a top-level await"),
         ("<!-- doc-test: fixture creates -->\n```sh\ntrue\n```\n", "needs an argument"),
         ("<!-- doc-test: fixture creates:x -->\n```sh\ntrue\n```\n", "PATH absolute"),
         ("<!-- doc-test: fixture creates:/ -->\n```sh\ntrue\n```\n", "below /"),
