@@ -12,10 +12,16 @@ A block's language is the first word of its info string. ``python``, ``sh``, ``c
 ``toml``, ``json`` and ``ini`` are run (or parsed and validated); ``text`` is prose in a box — a
 diagram, a synopsis, output — and is not code. A block with no language, or one no runner
 knows, is an error: say what it is.
+
+A python block with a top-level ``await`` cannot run as a user would paste it into a file: its
+first line must say it is a fragment (``# fragment: ...``), or it is shown whole (imports,
+``async def main``, ``trio.run(main)``). A profile that names host files is checked with them
+in place: an ``sh`` block before it makes them (``creates:PATH``), in the reader's view.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +36,13 @@ FIXTURES = {
     "file": "file:NAME: the block is also written to NAME in the file's working directory",
     "signature": "signature:MODULE: python signatures, checked against MODULE's own",
     "busybox-image": "busybox:latest is present (tagged from the test image: nothing is pulled)",
-    "grant-dirs": "/srv/jobs/job.py and /srv/results exist (made and removed around the block)",
-    "team-profile": "team.toml, a profile naming the test image, is in the working directory",
+    "creates": "creates:PATH: an sh block making PATH, run before the checks of the blocks after "
+    "it in its file (profiles naming host files); PATH is removed after, unless it was there",
 }
 """Every fixture a block may ask for: its name (before any ``:``) and what it provides."""
+
+FRAGMENT = "# fragment"
+"""How a python block with a top-level ``await`` starts: the reader sees it is not whole."""
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 _DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test:(?P<body>.*?)-->\s*$")
@@ -70,6 +79,36 @@ class Block:
         return None
 
 
+def top_level_await(code: str) -> bool:
+    """Whether ``code`` compiles only as a top-level-await fragment (not as a module)."""
+    try:
+        compile(code, "<block>", "exec", dont_inherit=True)  # ast.parse accepts a bare await
+    except SyntaxError:
+        try:
+            compile(
+                code, "<block>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+            )
+        except SyntaxError:
+            return False
+        return True
+    return False
+
+
+def _check_creates(lang: str, fixtures: tuple[str, ...], where: str) -> None:
+    for given in fixtures:
+        base, _, path = given.partition(":")
+        if base == "creates" and (lang != "sh" or not path.startswith("/") or path.count("/") < 2):
+            raise DocBlockError(f"{where}: creates:PATH is an sh block's, PATH absolute, below /")
+
+
+def _check_fragment(lang: str, code: str, where: str) -> None:
+    if lang == "python" and top_level_await(code) and not code.startswith(FRAGMENT):
+        raise DocBlockError(
+            f"{where}: a top-level await: show it whole (imports, async def main, "
+            f"trio.run(main)) or start it with a line '{FRAGMENT}: ...' saying where it runs"
+        )
+
+
 def _directive(line: str, where: str) -> tuple[str | None, tuple[str, ...]]:
     match = _DIRECTIVE.match(line)
     if match is None:
@@ -92,7 +131,7 @@ def _directive(line: str, where: str) -> tuple[str | None, tuple[str, ...]]:
                 raise DocBlockError(
                     f"{where}: unknown fixture {base!r} (known: {sorted(FIXTURES)})"
                 )
-            if base in ("file", "signature") and not (colon and argument):
+            if base in ("file", "signature", "creates") and not (colon and argument):
                 raise DocBlockError(f"{where}: fixture {base} needs an argument: {base}:NAME")
         return None, names
     raise DocBlockError(f"{where}: a directive is 'skip REASON' or 'fixture NAME', not {kind!r}")
@@ -144,6 +183,8 @@ def extract(text: str, source: str, errors: list[str] | None = None) -> list[Blo
             raise DocBlockError(f"{where}: the fence is never closed")
         try:
             lang, skip, fixtures = _judge(info, lines[number - 1] if number else "", where)
+            _check_fragment(lang, "\n".join(body) + "\n", where)
+            _check_creates(lang, fixtures, where)
         except DocBlockError as exc:
             if errors is None:
                 raise

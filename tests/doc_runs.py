@@ -8,7 +8,9 @@ and the fixtures a block may ask for.
 - ``sh``: ``sh -eu`` with the file's working directory as cwd and this interpreter's scripts
   (``sbxkit``) first on PATH; every command must succeed. ``console``: the ``$ `` lines, the
   same way (the other lines are output, not checked).
-- ``toml``: parsed; one with a ``[sandbox]`` table is decoded and validated as a profile.
+- ``toml``: parsed; one with a ``[sandbox]`` table is loaded as a profile (``load_profile``)
+  and its host files checked as ``sbxkit mcp`` checks them at start (``check_host_files``),
+  after the ``creates:PATH`` blocks before it in its file made them.
 - ``json``: parsed. ``ini``: parsed; a systemd unit's ``ExecStart`` of ``sbxkit`` must parse
   with sbxkit's own parser.
 """
@@ -25,6 +27,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,16 +43,6 @@ from tests.doc_blocks import Block, extract
 BLOCK_TIMEOUT_S = 300.0
 BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
 PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
-TEAM_PROFILE = f"""[sandbox.docker]
-image = "{BUSYBOX}"
-
-[sandbox.docker.limits]
-cpus = 1
-memory = "128m"
-pids = 64
-max_output = "1m"
-timeout = 60
-"""
 
 
 class DocState:
@@ -58,6 +51,21 @@ class DocState:
     def __init__(self) -> None:
         self.workdirs: dict[str, Path] = {}
         self.namespaces: dict[tuple[str, int], dict[str, Any]] = {}
+        self.created: dict[tuple[str, int], Path | None] = {}
+        """The ``creates:PATH`` blocks run: PATH when it was not there before (ours to remove)."""
+
+    def close(self) -> None:
+        """Remove what the ``creates:PATH`` blocks made (only what was not there before), and
+        the working directories."""
+        for path in self.created.values():
+            if path is not None and (path.is_symlink() or path.is_file()):
+                path.unlink()
+            elif path is not None and path.exists():
+                shutil.rmtree(path)
+        self.created.clear()
+        for workdir in self.workdirs.values():
+            shutil.rmtree(workdir)
+        self.workdirs.clear()
 
     def workdir(self, source: str) -> Path:
         if source not in self.workdirs:
@@ -202,12 +210,34 @@ def run_shell(block: Block, state: DocState, extra_env: dict[str, str] | None = 
 # --- data files ----------------------------------------------------------------------------------
 
 
-def check_toml(block: Block) -> None:
-    data = tomllib.loads(block.code)
-    if "sandbox" in data:
-        from sbxkit._grammar.profile import decode_profile
+def run_creates(block: Block, state: DocState, root: Path) -> None:
+    """Run the ``creates:PATH`` blocks before ``block`` in its file (each once per state)."""
+    for earlier in extract((root / block.source).read_text(), block.source)[: block.index]:
+        made = earlier.fixture("creates")
+        key = (earlier.source, earlier.index)
+        if made and earlier.skip is None and key not in state.created:
+            path = Path(made)
+            state.created[key] = None if path.exists() or path.is_symlink() else path
+            run_shell(earlier, state)
 
-        decode_profile(block.code, source=block.id)
+
+def check_toml(block: Block, root: Path) -> None:
+    """Parsed; a profile is loaded from a file, as a user's is, and its host files checked
+    with what the blocks before it create in place."""
+    data = tomllib.loads(block.code)
+    if "sandbox" not in data:
+        return
+    from sbxkit import load_profile
+    from sbxkit._grammar.profile_files import check_host_files
+
+    state = DocState()
+    try:
+        run_creates(block, state, root)
+        profile_file = state.workdir(block.source) / "profile.toml"
+        profile_file.write_text(block.code)
+        check_host_files(load_profile(profile_file))
+    finally:
+        state.close()
 
 
 def check_json(block: Block) -> None:
@@ -244,13 +274,14 @@ def block_fixtures(block: Block, state: DocState, witness: Any, root: Path) -> I
         name = earlier.fixture("file")
         if name:
             (workdir / name).write_text(earlier.code)
+    run_creates(block, state, root)
+    made = block.fixture("creates")
+    if made and (block.source, block.index) not in state.created:
+        path = Path(made)
+        state.created[(block.source, block.index)] = None if path.exists() else path
     with contextlib.ExitStack() as stack:
         if block.fixture("busybox-image") is not None:
             stack.enter_context(_image_alias(witness, BUSYBOX, "busybox", "latest"))
-        if block.fixture("grant-dirs") is not None:
-            stack.enter_context(_grant_dirs())
-        if block.fixture("team-profile") is not None:
-            (state.workdir(block.source) / "team.toml").write_text(TEAM_PROFILE)
         name = block.fixture("file")
         if name:
             (state.workdir(block.source) / name).write_text(block.code)
@@ -272,32 +303,3 @@ def _image_alias(witness: Any, source: str, repo: str, tag: str) -> Iterator[Non
     finally:
         if not existed:
             witness.session.delete(f"{witness.base}/images/{reference}", timeout=30)
-
-
-JOB = """print("job ran")
-with open("/out/report.json", "w") as report:  # python3-minimal: no json module
-    report.write('{"answer": 42}')
-"""
-
-
-@contextlib.contextmanager
-def _grant_dirs() -> Iterator[None]:
-    """``/srv/jobs/job.py`` (writes ``/out/report.json``) and an empty ``/srv/results``, as
-    docs/grants.md's example assumes; refused if either exists already (never clobbered)."""
-    srv = Path("/srv")
-    jobs, results = srv / "jobs", srv / "results"
-    for path in (jobs, results):
-        assert not path.exists(), f"{path} exists: the grants example would use it; move it"
-    made_srv = not srv.exists()
-    try:
-        jobs.mkdir(parents=True)
-        results.mkdir()
-        (jobs / "job.py").write_text(JOB)
-        yield
-        assert json.loads((results / "42.json").read_text()) == {"answer": 42}, "not published"
-    finally:
-        for path in (jobs / "job.py", results / "42.json"):
-            path.unlink(missing_ok=True)
-        for path in (jobs, results, *([srv] if made_srv else [])):
-            with contextlib.suppress(FileNotFoundError):
-                path.rmdir()

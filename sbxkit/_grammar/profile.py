@@ -60,7 +60,8 @@ spec's defaults (limits, env, workdir), and what a microVM cannot honour is refu
 
 Decoding is pure: ``tomllib`` text in, a msgspec ``Profile`` out (unknown keys are refused by
 their full path, e.g. ``sandbox.docker.limts``), and every value is checked by the same rules a
-spec obeys, with the profile's path in the error. Only ``load_profile`` touches the disk.
+spec obeys, with the profile's path in the error. Only ``load_profile`` touches the disk
+(``sbxkit._grammar.profile_files`` looks at the host files a profile names).
 ``apply_profile`` turns a profile into (SandboxSpec, Settings, SupervisorOptions); the CLI then
 lays its explicit flags over it.
 """

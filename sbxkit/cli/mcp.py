@@ -12,6 +12,7 @@ from typing import Any
 
 from sbxkit._grammar.mcp_options import parse_http_address
 from sbxkit._grammar.profile import load_profile
+from sbxkit._grammar.profile_files import check_host_files
 from sbxkit._plan.plan import check_spec
 from sbxkit.errors import MissingExtra, SpecError
 from sbxkit.mcp.policy import policy_from_profile
@@ -26,7 +27,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.token_file is not None and address is None:
         raise SpecError("--token-file", "authenticates HTTP clients: use it with --http")
     credentials = read_token_file(args.token_file) if args.token_file is not None else None
-    policy = policy_from_profile(load_profile(args.profile))
+    profile = load_profile(args.profile)
+    policy = policy_from_profile(profile)
+    check_host_files(profile)  # every call would fail on a missing one: refuse it now
     # The profile's sandbox as this environment will judge every call's (SBXKIT_ENV, the
     # supervisor's state dir): refused now rather than on every call.
     check_spec(policy.base, policy.settings)

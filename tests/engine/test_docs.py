@@ -24,10 +24,7 @@ RUNNABLE = [
 def state() -> Iterator[DocState]:
     shared = DocState()
     yield shared
-    for workdir in shared.workdirs.values():
-        for path in sorted(workdir.rglob("*"), reverse=True):
-            path.unlink() if not path.is_dir() else path.rmdir()
-        workdir.rmdir()
+    shared.close()
 
 
 def test_the_docs_have_blocks_to_run() -> None:

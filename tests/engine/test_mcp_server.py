@@ -31,6 +31,8 @@ from mcp.shared.exceptions import MCPError
 
 from sbxkit._model.uids import HOST_UIDS
 from tests.accounts import Account, local_account
+from tests.doc_blocks import ROOT, extract
+from tests.doc_runs import DocState, run_creates
 from tests.engine.helpers import creates_during, processes_with_marker, wait_until
 from tests.engine.mcp_support import (
     CELLS,
@@ -145,6 +147,37 @@ print(sys.stdin.read().upper(), words, os.environ["GREETING"], os.getcwd(), sys.
 print("to stderr", file=sys.stderr)
 sys.exit(3)
 """
+
+
+async def test_the_documented_full_profile_serves_as_written(
+    tmp_path: Path, witness: Witness
+) -> None:
+    """Issue 43: docs/mcp.md's full profile, as written, after the shell block before it made
+    its mount's source: the server starts and a run reads the mount (before, the source was
+    missing and every call failed)."""
+    blocks = extract((ROOT / "docs/mcp.md").read_text(), "docs/mcp.md")
+    [toml] = [block for block in blocks if block.lang == "toml"]
+    state = DocState()
+    try:
+        run_creates(toml, state, ROOT)
+        profile = tmp_path / "mcp-profile.toml"
+        profile.write_text(toml.code)
+        async with connect("stdio", profile, tmp_path) as client:
+            result = structured(
+                await call(client, "run", command=["cat", "/data/points.csv"], image=BUSYBOX)
+            )
+            write = ["sh", "-c", "echo x > /data/new"]
+            written = structured(await call(client, "run", command=write, image=BUSYBOX))
+        assert (result["status"], result["exit_code"], result["stdout"]) == (
+            "exited",
+            0,
+            "x,y\n1,2\n",
+        )
+        assert written["exit_code"] != 0  # the mount is read-only
+        assert "Read-only file system" in written["stderr"], written
+    finally:
+        state.close()
+    assert witness.sbxkit_containers() == []
 
 
 @pytest.mark.parametrize("cell", CELLS)

@@ -130,6 +130,49 @@ def test_production_refuses_a_bridge_profile_at_start(profile: Path) -> None:
     assert "production" in done.stderr
 
 
+HOST_FILES = [
+    (
+        '[[sandbox.docker.mounts]]\ntype = "bind"\nsource = "{missing}"\ntarget = "/data"\n',
+        "sandbox.docker.mounts[0].source: {missing} must exist on the host",
+    ),
+    (
+        'network_audit_log = "{missing}/egress.jsonl"\n',
+        "sandbox.docker.network_audit_log: {missing}/egress.jsonl: its directory {missing} "
+        "does not exist",
+    ),
+    (
+        '[sandbox.docker.network]\ncallback = "https://harness.internal:8443"\n'
+        '[sandbox.docker.network.tls]\nca = "{missing}.pem"\n',
+        "sandbox.docker.network.tls.ca: cannot read {missing}.pem",
+    ),
+    (
+        '[sandbox.docker.supervisor]\nbinary = "{missing}"\n',
+        "sandbox.docker.supervisor.binary: {missing} is not an executable file",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("table", "says"), HOST_FILES, ids=["mount", "audit-log", "tls", "supervisor"]
+)
+def test_a_missing_host_file_is_refused_at_start(
+    profile: Path, tmp_path: Path, table: str, says: str
+) -> None:
+    """Issue 43: a profile naming a host file that is not there started, then failed every
+    call. Now the server does not start: exit 2, the key and the path named."""
+    missing = str(tmp_path / "not-there")
+    text = PROFILE.replace("[sandbox.docker]\n", "[sandbox.docker]\nenable_bind_mounts = true\n")
+    if table.startswith("network_audit_log"):
+        text = text.replace("[sandbox.docker]\n", "[sandbox.docker]\n" + table)
+    else:
+        text += "\n" + table
+    profile.write_text(text.format(missing=missing))
+    done = sbxkit_cli("mcp", "--profile", str(profile))
+    assert done.returncode == 2, done.stderr
+    assert says.format(missing=missing) in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_profile_is_required() -> None:
     done = sbxkit_cli("mcp")
     assert done.returncode == 2
