@@ -34,6 +34,7 @@ from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._lifecycle.kernel_watch import Exited, Feed, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owned import OwnedContainer
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.call_checks import check_pool_options, check_stdin
 from sbxkit._model.result import PhaseTimings, RunResult
@@ -197,7 +198,9 @@ class PooledBackend(DockerBackend):
             fifo_root = owner.fifo_root if fifo_io else None
             plan = build_plan(parked, facts, lease=new_lease_id(), fifo_root=fifo_root)
             template = owner.register_for(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
+                CreateRequest(
+                    plan.lease, plan.name, plan.body, plan.lifetime_s, network=plan.network
+                )
             )
             mounts = list(plan.expected_mounts)
             timeout_s = checked.spec.limits.timeout_s
