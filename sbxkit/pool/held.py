@@ -20,10 +20,10 @@ returns at the payload's exit and removal finishes under the supervisor's owners
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Unpack
 
 import msgspec
 import trio
@@ -45,7 +45,6 @@ from sbxkit._plan.plan import (
     CheckedSpec,
     DaemonFacts,
     build_plan,
-    check_spec,
     learn_daemon,
     new_lease_id,
 )
@@ -54,7 +53,13 @@ from sbxkit._protocol.wire import Claim, Claimed, PoolTerms
 from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
+from sbxkit.backends.docker import (
+    DockerBackend,
+    DockerOptions,
+    Overrides,
+    default_owner,
+    governed,
+)
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import PoolUnavailable, SpecError
 from sbxkit.pool.line import claim_line
@@ -217,40 +222,31 @@ class PooledBackend(DockerBackend):
             yield _Claiming(engine, owner, claim, facts)
 
     @asynccontextmanager
-    async def own(
-        self,
-        spec: SandboxSpec | CheckedSpec,
-        consumer: Consumer,
-        *,
-        command: Sequence[str] | None = None,
-        body_overrides: Mapping[str, Any] | None = None,
-        kernel: bool = False,
+    async def _own_checked(
+        self, checked: CheckedSpec, consumer: Consumer, overrides: Overrides | None, kernel: bool
     ) -> AsyncIterator[OwnedContainer]:
         """A session (``open_sandbox``) starts from a parked container of its shape when one
         is parked: the claim line ``exec``s its keep-alive. Served cold: every other consumer,
         a session with env (a session's env is the container's, set at create), a time limit
         above ``max_timeout_s``, or nothing parked."""
-        checked = check_spec(spec, self.settings, command=command)
         limits = checked.spec.limits
         assert limits.timeout_s is not None  # checked
         line = claim_line(list(checked.spec.command), {})
         if (
             consumer != "session"
-            or body_overrides is not None
+            or overrides is not None
             or line is None
             or checked.spec.env
             or checked.spec.gpus is not None
             or limits.timeout_s > self.pool.max_timeout_s
         ):
-            async with super().own(
-                checked, consumer, body_overrides=body_overrides, kernel=kernel
-            ) as box:
+            async with super()._own_checked(checked, consumer, overrides, kernel) as box:
                 yield box
             return
         async with self._claiming(checked) as claiming:
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
-                async with super().own(checked, consumer) as box:
+                async with super()._own_checked(checked, consumer, None, False) as box:
                     yield box
                 return
             plan = build_plan(checked, claiming.facts, lease=reply.lease)
