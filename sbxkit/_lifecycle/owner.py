@@ -44,17 +44,20 @@ from sbxkit.network.governor import Governor
 
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
-    """What ``Owner.create`` is asked for: the container ``body`` named ``name`` under
-    ``lease``, removed by the owner at the latest ``lifetime_s`` after registration (if it can
-    act on its own); ``network``, a governed sandbox's terms; ``launch``, what a
-    ``LaunchingOwner`` verifies before it starts the container itself."""
+    """What ``Owner.create`` is asked for: a stopped container for a lease."""
 
     lease: str
     name: str
+    """The container's name (``sbxkit-<lease>``)."""
     body: ContainerCreate
+    """The planned create body, as the owner must create it."""
     lifetime_s: float
+    """The backstop: an owner that can act on its own removes the container once that long
+    has passed since registration."""
     network: NetworkTerms | None = None
+    """A governed sandbox's terms, for the owner to govern once the container started."""
     launch: Launch | None = None
+    """What a ``LaunchingOwner`` verifies before it starts the container itself."""
 
 
 class Owner(Protocol):
