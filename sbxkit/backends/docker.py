@@ -220,7 +220,13 @@ class DockerBackend:
         place — on the kernel path behind its own go line, on the daemon's behind a gate
         (sbxkit/network/gate.py) — and the result carries what the network refused."""
         check_stdin(stdin, streams=True)
-        checked = self.check(spec, "run")
+        return await self._run_checked(self.check(spec, "run"), stdin, on_output)
+
+    async def _run_checked(
+        self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
+    ) -> RunResult:
+        """``run_once`` once the spec and stdin are checked: in a fresh container (a subclass
+        may serve it otherwise, ``PooledBackend``)."""
         async with engine_or_open(self.engine, self.socket_path) as engine:
             # Planned on a recent inspection of the image when there is one: the container's
             # image is checked before it starts, and a moved name is planned again, afresh.

@@ -36,7 +36,7 @@ from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owned import OwnedContainer
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
-from sbxkit._model.call_checks import check_pool_options, check_stdin
+from sbxkit._model.call_checks import check_pool_options
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.kernel_host import kernel_path_reason
@@ -97,7 +97,8 @@ class HeldPool(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PooledBackend(DockerBackend):
-    """A ``DockerBackend`` whose one-shot runs claim parked containers from the supervisor."""
+    """A ``DockerBackend`` whose one-shot runs (``_run_checked``) and sessions
+    (``_own_checked``) claim parked containers from the supervisor, cold when they cannot."""
 
     def __init__(
         self, *, pool: HeldPool, recover_at_open: bool = True, **options: Unpack[DockerOptions]
@@ -113,22 +114,16 @@ class PooledBackend(DockerBackend):
         super().__init__(recover_at_open=recover_at_open, **options)
         self.pool = pool
 
-    async def run_once(
-        self,
-        spec: SandboxSpec | CheckedSpec,
-        stdin: StdinSource | None = None,
-        *,
-        on_output: OutputCallback | None = None,
+    async def _run_checked(
+        self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
     ) -> RunResult:
         """Claim a parked container of the spec's shape and run there; cold when none is
         parked, when the command cannot ride a claim line, when the time limit is above
         ``max_timeout_s``, or for a GPU request."""
-        check_stdin(stdin, streams=True)
-        checked = self.check(spec, "run")
         result = await self._run_claimed(checked, stdin, on_output)
         if result is not None:
             return result
-        return await super().run_once(checked, stdin, on_output=on_output)
+        return await super()._run_checked(checked, stdin, on_output)
 
     async def _run_claimed(
         self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
