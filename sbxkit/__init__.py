@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     )
     from sbxkit._consumers.stdio import StdioWorker, open_stdio_worker
     from sbxkit._grammar.profile import apply_profile, load_profile
-    from sbxkit._lifecycle.owner import InProcessOwner, Owner
+    from sbxkit._lifecycle.owner import CreateRequest, InProcessOwner, Owner
     from sbxkit._lifecycle.supervised import SupervisedOwner
     from sbxkit._model.gpu import GpuRequest
     from sbxkit._model.mounts import BindMount, TmpfsMount, VolumeMount
@@ -141,6 +141,7 @@ __all__ = [
     "Conflict",
     "ContainerMismatch",
     "CreateInterrupted",
+    "CreateRequest",
     "Deadlines",
     "Denial",
     "DockerBackend",

@@ -40,11 +40,11 @@ from typing import Any, TypeVar
 import trio
 
 from sbxkit._consumers import oneshot, reattach, session
+from sbxkit._consumers.facade import HeldProcess, HeldSandbox
 from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.process_log import ProcessExit
-from sbxkit._consumers.processes import Process
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
@@ -82,21 +82,9 @@ async def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:
     return await call(functools.partial(_run_many, jobs, **options))
 
 
-class AioSandbox:
+class AioSandbox(HeldSandbox):
     """A long-lived sandbox driven from asyncio (see ``sbxkit.Sandbox``); every method runs in
     the portal's trio thread, and cancelling one cancels it there."""
-
-    def __init__(self, portal: Portal, sandbox: session.Sandbox) -> None:
-        self._portal = portal
-        self._sandbox = sandbox
-
-    @property
-    def container_id(self) -> str:
-        return self._sandbox.container_id
-
-    @property
-    def lease(self) -> str:
-        return self._sandbox.lease
 
     @property
     def user(self) -> str:
@@ -146,21 +134,8 @@ class AioSandbox:
         return await self._portal.acall(functools.partial(fn, *args, **options))
 
 
-class AioProcess:
+class AioProcess(HeldProcess):
     """A background process driven from asyncio (see ``sbxkit.Process``)."""
-
-    def __init__(self, portal: Portal, process: Process) -> None:
-        self._portal = portal
-        self._process = process
-
-    @property
-    def id(self) -> str:
-        return self._process.id
-
-    @property
-    def exit(self) -> ProcessExit | None:
-        """How it ended, or None while it runs."""
-        return self._process.exit
 
     async def write(self, data: bytes) -> None:
         await self._portal.acall(self._process.write, data)

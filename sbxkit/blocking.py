@@ -30,11 +30,11 @@ from typing import Any
 import trio
 
 from sbxkit._consumers import oneshot, reattach, session
+from sbxkit._consumers.facade import HeldProcess, HeldSandbox
 from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.process_log import ProcessExit
-from sbxkit._consumers.processes import Process
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
@@ -64,20 +64,8 @@ def run_many(jobs: Sequence[Job], **options: Any) -> list[JobResult]:
         return portal.call(functools.partial(_run_many, jobs, **options))
 
 
-class BlockingSandbox:
+class BlockingSandbox(HeldSandbox):
     """A long-lived sandbox driven from blocking code (see ``sbxkit.Sandbox``)."""
-
-    def __init__(self, portal: Portal, sandbox: session.Sandbox) -> None:
-        self._portal = portal
-        self._sandbox = sandbox
-
-    @property
-    def container_id(self) -> str:
-        return self._sandbox.container_id
-
-    @property
-    def lease(self) -> str:
-        return self._sandbox.lease
 
     def exec(self, argv: Sequence[str], stdin: bytes | None = None, **options: Any) -> RunResult:
         """``Sandbox.exec``: the exec's process group dies on timeout, overflow or Ctrl-C."""
@@ -110,21 +98,8 @@ class BlockingSandbox:
         return BlockingProcess(self._portal, process)
 
 
-class BlockingProcess:
+class BlockingProcess(HeldProcess):
     """A background process driven from blocking code (see ``sbxkit.Process``)."""
-
-    def __init__(self, portal: Portal, process: Process) -> None:
-        self._portal = portal
-        self._process = process
-
-    @property
-    def id(self) -> str:
-        return self._process.id
-
-    @property
-    def exit(self) -> ProcessExit | None:
-        """How it ended, or None while it runs."""
-        return self._process.exit
 
     def write(self, data: bytes) -> None:
         self._portal.call(self._process.write, data)

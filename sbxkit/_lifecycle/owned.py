@@ -21,6 +21,7 @@ from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
 from sbxkit._kernel.userns import host_root_problem, read_uid_map, recorded_maps_problem
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owner import (
+    CreateRequest,
     DetachingOwner,
     GoverningOwner,
     InspectingOwner,
@@ -308,16 +309,13 @@ async def owned_container(
         make_io_dir(Path(plan.io_dir).parent, plan.lease, *sandbox_ids(plan.body.user))
     try:
         launching = owner_launch(plan, owner) if launch else None
-        if launching is not None:
-            assert isinstance(owner, LaunchingOwner)
-            container_id = await owner.create(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, launch=launching
-            )
-        else:
-            extra = {"network": plan.network} if plan.network is not None else {}
-            container_id = await owner.create(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, **extra
-            )
+        # As before, a launched create carries no network terms (owner_launch launches none
+        # whose terms need a governor).
+        network = plan.network if launching is None else None
+        request = CreateRequest(
+            plan.lease, plan.name, plan.body, plan.lifetime_s, network=network, launch=launching
+        )
+        container_id = await owner.create(request)
         inspected = created_inspection(owner, plan.lease)
         if inspected is None:
             inspected = await engine.container_inspect(container_id)

@@ -14,6 +14,7 @@ per daemon socket and trio run, shared by every ``InProcessOwner`` of that run.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -41,6 +42,24 @@ from sbxkit.errors import CleanupError, NeverFits, SpecError, UidTaken
 from sbxkit.network.governor import Governor
 
 
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """What ``Owner.create`` is asked for: a stopped container for a lease."""
+
+    lease: str
+    name: str
+    """The container's name (``sbxkit-<lease>``)."""
+    body: ContainerCreate
+    """The planned create body, as the owner must create it."""
+    lifetime_s: float
+    """The backstop: an owner that can act on its own removes the container once that long
+    has passed since registration."""
+    network: NetworkTerms | None = None
+    """A governed sandbox's terms, for the owner to govern once the container started."""
+    launch: Launch | None = None
+    """What a ``LaunchingOwner`` verifies before it starts the container itself."""
+
+
 class Owner(Protocol):
     """Creates and removes a lease's container."""
 
@@ -51,22 +70,14 @@ class Owner(Protocol):
         and remove them."""
         ...
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-    ) -> str:
-        """Create the stopped container; return its immutable id.
+    async def create(self, request: CreateRequest) -> str:
+        """Create ``request.body``'s stopped container; return its immutable id.
 
-        ``network`` (given only for a governed sandbox) is what the owner will govern once the
-        container started (``GoverningOwner.govern``); the supervisor re-checks the body
-        against it.
+        ``request.network`` (given only for a governed sandbox) is what the owner will govern
+        once the container started (``GoverningOwner.govern``); the supervisor re-checks the
+        body against it.
 
-        ``lifetime_s`` is the backstop: an owner that can act on its own (the supervisor)
+        ``request.lifetime_s`` is the backstop: an owner that can act on its own (the supervisor)
         removes the container once that long has passed since registration, whatever the
         caller does.
 
@@ -128,16 +139,7 @@ class LaunchingOwner(Protocol):
 
     launches: bool
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> str: ...
+    async def create(self, request: CreateRequest) -> str: ...
 
     def launching(self, lease: str) -> bool:
         """The owner sent the lease's start (a container re-adopted mid-create was not)."""
@@ -324,18 +326,11 @@ class InProcessOwner:
         governor = self._governors.get(lease)
         return () if governor is None else governor.denied()[0]
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-    ) -> str:
+    async def create(self, request: CreateRequest) -> str:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's
-        # timeout alone. A cancel that arrives while waiting for admission is honoured: nothing
-        # is under way yet.
+        # timeout alone; it never launches (``launch`` is for a ``LaunchingOwner``). A cancel
+        # that arrives while waiting for admission is honoured: nothing is under way yet.
+        lease, body = request.lease, request.body
         if watched_disk(body) is not None:
             raise SpecError(
                 "workspace.disk_bytes",
@@ -355,7 +350,7 @@ class InProcessOwner:
         # hand. The engine's own create deadline bounds this. Whatever happens, the caller's
         # remove() confirms the container gone and then returns the reservation.
         with trio.CancelScope(shield=True):
-            container_id = await self._engine.container_create(body, name=name)
+            container_id = await self._engine.container_create(body, name=request.name)
         return container_id
 
     async def started(self, lease: str) -> None:

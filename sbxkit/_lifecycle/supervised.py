@@ -31,6 +31,7 @@ from sbxkit._lifecycle.link import (
     new_secret,
     with_secret,
 )
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.journal import default_state_dir
@@ -50,7 +51,6 @@ from sbxkit._protocol.wire import (
     Failed,
     Govern,
     Governed,
-    Launch,
     Message,
     Orphaned,
     Queued,
@@ -65,7 +65,7 @@ from sbxkit._protocol.wire import (
 from sbxkit._util.public import publish
 from sbxkit._util.unwrap import plain_errors
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.engine.models import ContainerInspect
 from sbxkit.engine.transport import status_error
 from sbxkit.errors import (
     CleanupError,
@@ -137,32 +137,23 @@ class SupervisedOwner:
 
     # -- the owner seam -------------------------------------------------------------------------
 
-    def register_for(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> Register:
-        """The Register asking for ``body``'s container under ``lease`` (and ``network``, a
-        governed network the supervisor carries out once asked; ``launch``, the start the
+    def register_for(self, request: CreateRequest) -> Register:
+        """The Register asking for ``request``'s container (its ``network``, a governed
+        network the supervisor carries out once asked; its ``launch``, the start the
         supervisor makes once the container is verified)."""
-        host = body.host_config
+        host = request.body.host_config
         if host is None or host.memory is None or host.nano_cpus is None:
-            raise SupervisorError("the create body must bound memory and CPU", lease=lease)
+            raise SupervisorError("the create body must bound memory and CPU", lease=request.lease)
         return Register(
-            lease=lease,
-            name=name,
+            lease=request.lease,
+            name=request.name,
             engine_socket=self._engine.socket_path,
-            body=body,
+            body=request.body,
             reservation=Reservation(memory_bytes=host.memory, nano_cpus=host.nano_cpus),
             startup_deadline_s=self.startup_deadline_s,
-            lifetime_deadline_s=lifetime_s,
-            network=network,
-            launch=launch,
+            lifetime_deadline_s=request.lifetime_s,
+            network=request.network,
+            launch=request.launch,
         )
 
     def _link(self, lease: str, session: SupervisorSession, **options: Any) -> LeaseLink:
@@ -237,19 +228,9 @@ class SupervisedOwner:
             raise refusal_error(reply)
         raise SupervisorError(f"unexpected {type(reply).__name__} after a claim")
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> str:
-        register = self.register_for(
-            lease, name, body, lifetime_s=lifetime_s, network=network, launch=launch
-        )
+    async def create(self, request: CreateRequest) -> str:
+        lease = request.lease
+        register = self.register_for(request)
         secret, register = with_secret(register)
         asked = trio.current_time()
         session = await self.connect(first=register)  # Register rides with the Hello
@@ -258,8 +239,8 @@ class SupervisedOwner:
             session,
             secret=secret,
             register=register,
-            network=network,
-            before_register=fifo_dir_keeper(body),
+            network=request.network,
+            before_register=fifo_dir_keeper(request.body),
         )
         # From Registered on the supervisor owns the container: cancelling us only closes the
         # lease. A re-adoption after its death may answer with the container (Adopted), or
@@ -285,7 +266,7 @@ class SupervisedOwner:
             elif isinstance(reply, Created | Adopted):
                 self._queued.setdefault(lease, trio.current_time() - asked)  # re-adopted
                 self._inspected[lease] = reply.inspected if isinstance(reply, Created) else None
-                if launch is not None and isinstance(reply, Created):
+                if request.launch is not None and isinstance(reply, Created):
                     self._launching[lease] = link.adoptions  # an Adopted one was never started
                 return reply.container_id
             elif isinstance(reply, Refused):

@@ -78,6 +78,7 @@ WHERE: dict[str, str] = {
     "NotFound": "sbxkit.errors",
     "OutputGrant": "sbxkit._consumers.grants",
     "Owner": "sbxkit._lifecycle.owner",
+    "CreateRequest": "sbxkit._lifecycle.owner",
     "PhaseTimings": "sbxkit._model.result",
     "PtySession": "sbxkit._consumers.pty",
     "Receipt": "sbxkit._consumers.grants",

@@ -85,6 +85,11 @@ def default_owner(
     )
 
 
+Overrides = Mapping[str, Any]
+"""What a caller sets in a container's create body beyond the plan (``build_plan``'s
+``body_overrides``)."""
+
+
 class DockerBackend:
     """Hardened Docker containers (docs/security.md): every consumer, one lifecycle."""
 
@@ -167,6 +172,15 @@ class DockerBackend:
         """
         checked = check_spec(spec, self.settings, command=command)
         refuse_late_start(checked.spec, consumer)
+        async with self._own_checked(checked, consumer, body_overrides, kernel) as box:
+            yield box
+
+    @asynccontextmanager
+    async def _own_checked(
+        self, checked: CheckedSpec, consumer: Consumer, overrides: Overrides | None, kernel: bool
+    ) -> AsyncIterator[OwnedContainer]:
+        """``own`` once the spec is checked and fits ``consumer``: a cold container (a
+        subclass may serve it otherwise, ``PooledBackend``)."""
         async with engine_or_open(self.engine, self.socket_path) as engine:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
             owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
@@ -177,7 +191,7 @@ class DockerBackend:
                         checked,
                         facts,
                         lease=new_lease_id(),
-                        body_overrides=body_overrides,
+                        body_overrides=overrides,
                         fifo_root=owner.fifo_root if fifo_io else None,
                     )
                     try:
@@ -206,7 +220,13 @@ class DockerBackend:
         place — on the kernel path behind its own go line, on the daemon's behind a gate
         (sbxkit/network/gate.py) — and the result carries what the network refused."""
         check_stdin(stdin, streams=True)
-        checked = self.check(spec, "run")
+        return await self._run_checked(self.check(spec, "run"), stdin, on_output)
+
+    async def _run_checked(
+        self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
+    ) -> RunResult:
+        """``run_once`` once the spec and stdin are checked: in a fresh container (a subclass
+        may serve it otherwise, ``PooledBackend``)."""
         async with engine_or_open(self.engine, self.socket_path) as engine:
             # Planned on a recent inspection of the image when there is one: the container's
             # image is checked before it starts, and a moved name is planned again, afresh.

@@ -20,10 +20,10 @@ returns at the payload's exit and removal finishes under the supervisor's owners
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Unpack
 
 import msgspec
 import trio
@@ -34,8 +34,9 @@ from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._lifecycle.kernel_watch import Exited, Feed, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owned import OwnedContainer
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
-from sbxkit._model.call_checks import check_pool_options, check_stdin
+from sbxkit._model.call_checks import check_pool_options
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.kernel_host import kernel_path_reason
@@ -44,7 +45,6 @@ from sbxkit._plan.plan import (
     CheckedSpec,
     DaemonFacts,
     build_plan,
-    check_spec,
     learn_daemon,
     new_lease_id,
 )
@@ -53,7 +53,13 @@ from sbxkit._protocol.wire import Claim, Claimed, PoolTerms
 from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.base import Consumer
-from sbxkit.backends.docker import DockerBackend, DockerOptions, default_owner, governed
+from sbxkit.backends.docker import (
+    DockerBackend,
+    DockerOptions,
+    Overrides,
+    default_owner,
+    governed,
+)
 from sbxkit.engine.client import Engine, engine_or_open
 from sbxkit.errors import PoolUnavailable, SpecError
 from sbxkit.pool.line import claim_line
@@ -91,7 +97,8 @@ class HeldPool(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PooledBackend(DockerBackend):
-    """A ``DockerBackend`` whose one-shot runs claim parked containers from the supervisor."""
+    """A ``DockerBackend`` whose one-shot runs (``_run_checked``) and sessions
+    (``_own_checked``) claim parked containers from the supervisor, cold when they cannot."""
 
     def __init__(
         self, *, pool: HeldPool, recover_at_open: bool = True, **options: Unpack[DockerOptions]
@@ -107,22 +114,16 @@ class PooledBackend(DockerBackend):
         super().__init__(recover_at_open=recover_at_open, **options)
         self.pool = pool
 
-    async def run_once(
-        self,
-        spec: SandboxSpec | CheckedSpec,
-        stdin: StdinSource | None = None,
-        *,
-        on_output: OutputCallback | None = None,
+    async def _run_checked(
+        self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
     ) -> RunResult:
         """Claim a parked container of the spec's shape and run there; cold when none is
         parked, when the command cannot ride a claim line, when the time limit is above
         ``max_timeout_s``, or for a GPU request."""
-        check_stdin(stdin, streams=True)
-        checked = self.check(spec, "run")
         result = await self._run_claimed(checked, stdin, on_output)
         if result is not None:
             return result
-        return await super().run_once(checked, stdin, on_output=on_output)
+        return await super()._run_checked(checked, stdin, on_output)
 
     async def _run_claimed(
         self, checked: CheckedSpec, stdin: StdinSource | None, on_output: OutputCallback | None
@@ -197,7 +198,9 @@ class PooledBackend(DockerBackend):
             fifo_root = owner.fifo_root if fifo_io else None
             plan = build_plan(parked, facts, lease=new_lease_id(), fifo_root=fifo_root)
             template = owner.register_for(
-                plan.lease, plan.name, plan.body, lifetime_s=plan.lifetime_s, network=plan.network
+                CreateRequest(
+                    plan.lease, plan.name, plan.body, plan.lifetime_s, network=plan.network
+                )
             )
             mounts = list(plan.expected_mounts)
             timeout_s = checked.spec.limits.timeout_s
@@ -214,40 +217,31 @@ class PooledBackend(DockerBackend):
             yield _Claiming(engine, owner, claim, facts)
 
     @asynccontextmanager
-    async def own(
-        self,
-        spec: SandboxSpec | CheckedSpec,
-        consumer: Consumer,
-        *,
-        command: Sequence[str] | None = None,
-        body_overrides: Mapping[str, Any] | None = None,
-        kernel: bool = False,
+    async def _own_checked(
+        self, checked: CheckedSpec, consumer: Consumer, overrides: Overrides | None, kernel: bool
     ) -> AsyncIterator[OwnedContainer]:
         """A session (``open_sandbox``) starts from a parked container of its shape when one
         is parked: the claim line ``exec``s its keep-alive. Served cold: every other consumer,
         a session with env (a session's env is the container's, set at create), a time limit
         above ``max_timeout_s``, or nothing parked."""
-        checked = check_spec(spec, self.settings, command=command)
         limits = checked.spec.limits
         assert limits.timeout_s is not None  # checked
         line = claim_line(list(checked.spec.command), {})
         if (
             consumer != "session"
-            or body_overrides is not None
+            or overrides is not None
             or line is None
             or checked.spec.env
             or checked.spec.gpus is not None
             or limits.timeout_s > self.pool.max_timeout_s
         ):
-            async with super().own(
-                checked, consumer, body_overrides=body_overrides, kernel=kernel
-            ) as box:
+            async with super()._own_checked(checked, consumer, overrides, kernel) as box:
                 yield box
             return
         async with self._claiming(checked) as claiming:
             reply = await claiming.owner.claim(claiming.claim)
             if not isinstance(reply, Claimed):
-                async with super().own(checked, consumer) as box:
+                async with super()._own_checked(checked, consumer, None, False) as box:
                     yield box
                 return
             plan = build_plan(checked, claiming.facts, lease=reply.lease)

@@ -67,12 +67,12 @@ import trio
 from sbxkit._consumers.runner import run
 from sbxkit._kernel import initpid
 from sbxkit._lifecycle.owned import created_inspection
-from sbxkit._lifecycle.owner import InProcessOwner, Owner
+from sbxkit._lifecycle.owner import CreateRequest, InProcessOwner, Owner
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan import plan
-from sbxkit._protocol.wire import Expiring, Launch
+from sbxkit._protocol.wire import Expiring
 from sbxkit.engine import models
 from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
@@ -221,13 +221,11 @@ class HookedOwner:
         self._inner = inner
         self._engine = engine
 
-    async def create(
-        self, lease: str, name: str, body: models.ContainerCreate, *, lifetime_s: float
-    ) -> str:
+    async def create(self, request: CreateRequest) -> str:
         point = self._engine.numbered("owner.create")
-        self._engine.owner_leases.append(lease)
+        self._engine.owner_leases.append(request.lease)
         self._engine.hook(point, "before")
-        container_id = await self._inner.create(lease, name, body, lifetime_s=lifetime_s)
+        container_id = await self._inner.create(request)
         self._engine.created_ids.append(container_id)
         self._engine.hook(point, "after")
         return container_id
@@ -269,23 +267,13 @@ class LaunchingHookedOwner(HookedOwner):
         super().__init__(inner, engine)
         self._launcher = inner
 
-    async def create(  # type: ignore[override]
-        self,
-        lease: str,
-        name: str,
-        body: models.ContainerCreate,
-        *,
-        lifetime_s: float,
-        launch: Launch | None = None,
-    ) -> str:
+    async def create(self, request: CreateRequest) -> str:
         point = self._engine.numbered("owner.create")
-        self._engine.owner_leases.append(lease)
+        self._engine.owner_leases.append(request.lease)
         self._engine.hook(point, "before")
-        container_id = await self._launcher.create(
-            lease, name, body, lifetime_s=lifetime_s, launch=launch
-        )
+        container_id = await self._launcher.create(request)
         self._engine.created_ids.append(container_id)
-        if self._launcher.launching(lease):
+        if self._launcher.launching(request.lease):
             self._engine.start_attempts.append(container_id)
         self._engine.hook(point, "after")
         return container_id

@@ -16,12 +16,12 @@ import trio
 
 from sbxkit._consumers.harness import Job, JobResult, run_many
 from sbxkit._lifecycle.owned import created_inspection
-from sbxkit._lifecycle.owner import Owner
+from sbxkit._lifecycle.owner import CreateRequest, Owner
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.spec import MiB
 from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import SpecError
 from tests.engine.helpers import spec, unique
 from tests.witness import Witness
@@ -146,10 +146,8 @@ class RecordingOwner:
         self.inner: Owner = SupervisedOwner(engine)
         self.log = log
 
-    async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
-    ) -> str:
-        container_id = await self.inner.create(lease, name, body, lifetime_s=lifetime_s)
+    async def create(self, request: CreateRequest) -> str:
+        container_id = await self.inner.create(request)
         self.log["created"].append(container_id)
         return container_id
 

@@ -29,7 +29,7 @@ import trio
 
 from sbxkit._consumers.runner import run
 from sbxkit._consumers.session import open_sandbox
-from sbxkit._lifecycle.owner import InProcessOwner
+from sbxkit._lifecycle.owner import CreateRequest, InProcessOwner
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import MiB, SandboxSpec
@@ -324,7 +324,7 @@ async def test_ending_a_pool_whose_park_waits_for_a_launch_slot_gives_the_slot_b
         owner = SupervisedOwner(engine, state_dir=state_dir, close_timeout_s=30.0)
         holder = await make_plan(engine, spec(busybox, "true"))
         held = await owner.create(
-            holder.lease, holder.name, holder.body, lifetime_s=holder.lifetime_s
+            CreateRequest(holder.lease, holder.name, holder.body, holder.lifetime_s)
         )
         backend = backend_for(engine, state_dir)
         sandbox = shaped(busybox, "true", unique("held"))

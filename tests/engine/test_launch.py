@@ -22,12 +22,10 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
-from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.result import RunResult
-from sbxkit._protocol.wire import Launch
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import EngineError
 from tests.engine.helpers import actions, spec
 from tests.engine.test_readoption import eventually, readopted, records, removed_exactly_once
@@ -52,21 +50,10 @@ class NotingOwner(SupervisedOwner):
         self.lease = ""
         self.launched_then: bool | None = None
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> str:
-        self.lease = lease
-        container_id = await super().create(
-            lease, name, body, lifetime_s=lifetime_s, network=network, launch=launch
-        )
-        self.launched_then = self.launching(lease)
+    async def create(self, request: CreateRequest) -> str:
+        self.lease = request.lease
+        container_id = await super().create(request)
+        self.launched_then = self.launching(request.lease)
         self.created.set()
         return container_id
 

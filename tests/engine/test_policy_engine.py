@@ -30,13 +30,14 @@ import trio
 
 from sbxkit._consumers.runner import run
 from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.gpu import GpuRequest
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate, ContainerInspect
+from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import SpecError
 from tests.engine.helpers import spec, text, unique, wait_until
 from tests.engine.oneshot_paths import OneShot
@@ -92,10 +93,8 @@ class WitnessingOwner:
         self._witness = witness
         self.inspected: list[dict[str, Any]] = []
 
-    async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
-    ) -> str:
-        container_id = await self._inner.create(lease, name, body, lifetime_s=lifetime_s)
+    async def create(self, request: CreateRequest) -> str:
+        container_id = await self._inner.create(request)
         info = await trio.to_thread.run_sync(self._witness.get, f"/containers/{container_id}/json")
         self.inspected.append(info)
         return container_id

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._plan.plan import new_lease_id
 from sbxkit._plan.policy import LEASE_LABEL, build_create_body, container_name
@@ -456,7 +457,7 @@ async def test_lifetime_deadline_removes_the_container_while_the_caller_is_conne
     with running_supervisor(state_dir) as sup:
         owner = SupervisedOwner(engine, state_dir=state_dir)
         registered_before = time.monotonic()
-        container_id = await owner.create(lease, name, body, lifetime_s=1.5)
+        container_id = await owner.create(CreateRequest(lease, name, body, lifetime_s=1.5))
         await engine.container_start(container_id)
         assert [c["State"] for c in containers_with_marker(witness, marker)] == ["running"]
         assert lease_files(state_dir) == [record_filename(lease)]

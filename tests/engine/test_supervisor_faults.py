@@ -28,14 +28,12 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
-from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
-from sbxkit._protocol.wire import Launch
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, CreateInterrupted, SbxError, SupervisorError
 from tests.engine.helpers import actions, container_exists, spec
 from tests.faultproxy import DelayReply, FaultProxy
@@ -183,20 +181,9 @@ class TimedOwner(SupervisedOwner):
     create_ended: float | None = None
     remove_ended: float | None = None
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> str:
+    async def create(self, request: CreateRequest) -> str:
         try:
-            return await super().create(
-                lease, name, body, lifetime_s=lifetime_s, network=network, launch=launch
-            )
+            return await super().create(request)
         finally:
             self.create_ended = trio.current_time()
 

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import sbxkit
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_terms import Network
 from sbxkit._model.settings import Settings
@@ -173,13 +174,13 @@ async def test_the_supervisor_refuses_a_body_that_points_the_proxy_elsewhere(
     owner = SupervisedOwner(engine, state_dir=supervisor.state_dir)
     began = time.time()
     with pytest.raises(SupervisorError) as info:
-        await owner.create(plan.lease, plan.name, hostile, lifetime_s=60, network=plan.network)
+        await owner.create(CreateRequest(plan.lease, plan.name, hostile, 60, network=plan.network))
     assert info.value.code == "policy"
     assert "variables are not sbxkit's" in info.value.reason
     await owner.remove(plan.lease, plan.name, None)
     # the body policy built passes, so the refusal above was the change
     container_id = await owner.create(
-        plan.lease, plan.name, plan.body, lifetime_s=60, network=plan.network
+        CreateRequest(plan.lease, plan.name, plan.body, 60, network=plan.network)
     )
     await owner.remove(plan.lease, plan.name, container_id)
     creates = witness.events(began, time.time() + 1, type=["container"], event=["create"])

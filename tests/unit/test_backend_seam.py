@@ -28,6 +28,7 @@ from sbxkit._consumers.runner import run
 from sbxkit._consumers.session import open_sandbox
 from sbxkit._consumers.stdio import open_stdio_worker
 from sbxkit._grammar.profile import SbxProfile, apply_profile, decode_profile, sandbox_options
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._model import spec
 from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
@@ -39,7 +40,7 @@ from sbxkit.backends import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.backends.sbx import SbxBackend
 from sbxkit.cli.batch import decode_job
-from sbxkit.engine.models import ContainerCreate, ImageConfig, ImageInspect, InfoReply
+from sbxkit.engine.models import ImageConfig, ImageInspect, InfoReply
 from sbxkit.errors import SbxError, SpecError
 from tests.unit.test_layers import IO_MODULES, ROOT, imports_of
 from tests.unit.test_sbx_runner import Machine, sh, write_profile
@@ -81,11 +82,9 @@ class CapturingOwner:
         self.bodies: list[tuple[str, bytes]] = []
         self.removed: list[str] = []
 
-    async def create(
-        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
-    ) -> str:
-        self.bodies.append((lease, msgspec.json.encode(body)))
-        raise Captured(name)
+    async def create(self, request: CreateRequest) -> str:
+        self.bodies.append((request.lease, msgspec.json.encode(request.body)))
+        raise Captured(request.name)
 
     async def started(self, lease: str) -> None:
         raise AssertionError("never started: create raised")

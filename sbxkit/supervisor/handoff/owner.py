@@ -22,6 +22,7 @@ import trio
 from sbxkit._kernel.scripts import io_dir_of
 from sbxkit._lifecycle.connect import REPLY_TIMEOUT_S, refusal_error
 from sbxkit._lifecycle.link import with_secret
+from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_terms import NetworkTerms
@@ -32,7 +33,6 @@ from sbxkit._protocol.wire import (
     Created,
     Expiring,
     Failed,
-    Launch,
     Message,
     Orphaned,
     Queued,
@@ -40,7 +40,6 @@ from sbxkit._protocol.wire import (
     Unclaimed,
 )
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import CleanupError, NetworkUnavailable, SupervisorError
 from sbxkit.supervisor.lease import Intent
 from sbxkit.supervisor.pooling import Pooling, claimed_message
@@ -123,19 +122,11 @@ class ServedOwner(SupervisedOwner):
         for _replies, intent in self._local.values():
             intent.request_stop(reason)
 
-    async def create(
-        self,
-        lease: str,
-        name: str,
-        body: ContainerCreate,
-        *,
-        lifetime_s: float,
-        network: NetworkTerms | None = None,
-        launch: Launch | None = None,
-    ) -> str:
-        if launch is not None:  # launches is False: owned_container never asks
+    async def create(self, request: CreateRequest) -> str:
+        lease = request.lease
+        if request.launch is not None:  # launches is False: owned_container never asks
             raise SupervisorError("a handed-off run starts its container itself", lease=lease)
-        register = self.register_for(lease, name, body, lifetime_s=lifetime_s, network=network)
+        register = self.register_for(request)
         secret, register = with_secret(register)
         self.secret = secret  # a governed run's too: resumed, its egress stays closed
         replies = LocalReplies(self._forward, msgspec.json.encode(register))
