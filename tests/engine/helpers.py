@@ -19,8 +19,12 @@ from typing import Any
 import msgspec
 import requests
 
+from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.owner import Owner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._protocol.wire import Expiring
+from sbxkit.engine.models import ContainerCreate, ContainerInspect
 from tests.engine.runtimes import min_pids
 from tests.witness import RUN_LABEL, THIS_RUN, Witness
 
@@ -409,3 +413,38 @@ def creates_during(witness: Witness, since: float) -> list[dict[str, object]]:
         event=["create"],
         label=[f"{RUN_LABEL}={THIS_RUN}"],
     )
+
+
+class ForwardingOwner:
+    """An owner that hands every call to ``inner``: a test's wrapper overrides only the calls
+    it watches."""
+
+    def __init__(self, inner: Owner) -> None:
+        self._inner = inner
+
+    async def create(
+        self, lease: str, name: str, body: ContainerCreate, *, lifetime_s: float
+    ) -> str:
+        return await self._inner.create(lease, name, body, lifetime_s=lifetime_s)
+
+    async def started(self, lease: str) -> None:
+        await self._inner.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self._inner.queued_s(lease)
+
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        return created_inspection(self._inner, lease)
+
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
+        return await self._inner.ended_by_owner(lease)
+
+    async def release(self, lease: str) -> bool:
+        return await self._inner.release(lease)
+
+    @property
+    def fifo_root(self) -> Path:
+        return self._inner.fifo_root
+
+    async def remove(self, lease: str, name: str, container_id: str | None) -> None:
+        await self._inner.remove(lease, name, container_id)
