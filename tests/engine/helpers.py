@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
@@ -448,3 +449,11 @@ class ForwardingOwner:
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         await self._inner.remove(lease, name, container_id)
+
+
+def piped(argv: list[str]) -> subprocess.Popen[bytes]:
+    """``argv`` started with nothing on its stdin and its stdout and stderr piped (a
+    ``python -c`` script: ``[sys.executable, "-c", script]``)."""
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
