@@ -209,6 +209,17 @@ def container_exists(witness: Witness, container_id: str) -> bool:
     return True
 
 
+def container_gone_at(witness: Witness, container_id: str, seconds: float) -> float | None:
+    """Poll the witness tightly; the monotonic time the container was first seen gone (None:
+    still there after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not container_exists(witness, container_id):
+            return time.monotonic()
+        time.sleep(0.01)
+    return None
+
+
 def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]]:
     """Containers (any state) whose command or a label contains ``marker``, or running ones
     with a process that carries it (a pooled run's command arrives after start; the pooled

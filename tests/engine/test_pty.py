@@ -13,7 +13,7 @@ import trio
 from sbxkit._consumers.pty import PtySession, open_pty
 from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
-from tests.engine.helpers import container_exists, runtime_limits
+from tests.engine.helpers import container_exists, container_gone_at, runtime_limits
 from tests.engine.runtimes import pty_device_name
 from tests.witness import Witness
 
@@ -123,12 +123,7 @@ def test_a_sigkilled_pty_caller_leaves_no_container(
         assert witness.get(f"/containers/{container_id}/json")["State"]["Running"]
         killed_at = time.monotonic()
         caller.send_signal(signal.SIGKILL)
-        gone_at = None
-        while time.monotonic() < killed_at + 10:
-            if not container_exists(witness, container_id):
-                gone_at = time.monotonic()
-                break
-            time.sleep(0.01)
+        gone_at = container_gone_at(witness, container_id, 10.0)
     finally:
         if caller.poll() is None:
             caller.kill()
