@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+import signal
 import subprocess
 import tarfile
 import time
@@ -218,6 +219,17 @@ def container_gone_at(witness: Witness, container_id: str, seconds: float) -> fl
             return time.monotonic()
         time.sleep(0.01)
     return None
+
+
+def removal_after_sigkill(
+    caller: subprocess.Popen[bytes], witness: Witness, container_id: str
+) -> float:
+    """SIGKILL ``caller``, then the seconds until its container is gone (at most 10)."""
+    killed_at = time.monotonic()
+    caller.send_signal(signal.SIGKILL)
+    gone_at = container_gone_at(witness, container_id, 10.0)
+    assert gone_at is not None, f"container {container_id[:12]} outlived its killed caller"
+    return gone_at - killed_at
 
 
 def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]]:
