@@ -45,7 +45,7 @@ from tests.supervision import (
     SupervisorProcess,
     running_supervisor,
 )
-from tests.witness import SOCKET, Witness
+from tests.witness import RUN_LABEL, SOCKET, THIS_RUN, Witness
 
 ONE_SLOT = ("--memory-budget", str(100 * MiB))  # one 64 MiB sandbox fits, two do not
 
@@ -65,8 +65,11 @@ def lease_files(state_dir: Path) -> list[Path]:
 
 
 def created_names(witness: Witness, since: float) -> list[str]:
-    """Names of the sbxkit containers the daemon created since ``since`` (unix seconds)."""
-    events = witness.events(since, time.time(), type=["container"], event=["create"])
+    """Names of the containers this test session created since ``since`` (unix seconds): every
+    one it makes carries its run label; others' on a shared daemon do not count."""
+    assert THIS_RUN is not None  # else the filter would match nothing, and prove nothing
+    mine = [f"{RUN_LABEL}={THIS_RUN}"]
+    events = witness.events(since, time.time(), type=["container"], event=["create"], label=mine)
     return [e["Actor"]["Attributes"].get("name", "") for e in events]
 
 
