@@ -283,6 +283,15 @@ def parse_with_flags_after_image(
     return args, unknown
 
 
+def image_usage(command: str, tail: str = "") -> str:
+    """The usage of a subcommand that takes an image: named, or optional with a profile
+    (which may name it); ``tail`` is what follows the image."""
+    return (
+        f"sbxkit {command} [options] IMAGE{tail}\n"
+        f"       sbxkit {command} --profile FILE [options] [IMAGE]{tail}"
+    )
+
+
 def add_sandbox_flags(
     parser: argparse.ArgumentParser,
     defaults: Mapping[str, str],

@@ -20,6 +20,7 @@ from sbxkit._grammar.flags import (
     add_kind_flags,
     add_sandbox_flags,
     flags_in_errors,
+    image_usage,
     spec_from_args,
 )
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, profile_settings
@@ -181,8 +182,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
         "run",
         help="run one command in a fresh sandbox, then remove it",
-        usage="sbxkit run [options] IMAGE -- CMD...\n"
-        "       sbxkit run --profile FILE [options] [IMAGE] -- CMD...",
+        usage=image_usage("run", " -- CMD..."),
         epilog="exit status: the payload's own when it exited; 124 timed out; 123 output "
         "exceeded; 137 OOM-killed; 2 refused input; 69 engine unavailable; "
         "74 cleanup failed; 75 capacity; 70 other error",

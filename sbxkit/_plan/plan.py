@@ -90,30 +90,39 @@ class CheckedSpec(msgspec.Struct, frozen=True, kw_only=True):
     checked_for: str = "docker"
 
 
-class DaemonFacts(msgspec.Struct, frozen=True, kw_only=True):
-    """What the daemon decided for a checked spec (``learn_daemon``)."""
+class _Carried(msgspec.Struct, frozen=True, kw_only=True):
+    """What the daemon decided that the plan carries on to the lease's owner as it is."""
 
-    mounts: ResolvedMounts
-    daemon: DaemonPlan
     podman: bool = False
     network: NetworkTerms | None = None
-    """What the lease's owner governs (sbxkit/network/): None when nothing is."""
+    """What the lease's owner governs (sbxkit/network/), carried out once the container
+    started: None when nothing is."""
     image_env: dict[str, str] = msgspec.field(default_factory=dict)
     """The image's own environment (``Config.Env``): what its containers start with."""
     image_id: str = ""
-    sandbox_uids: UidRange = HOST_UIDS
-    """Where a sandbox that names no user gets its own uid (``sbxkit._model.uids``)."""
     root_witness: str | None = None
     """For a workspace with root inside: what says that root is not the host's
     (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, gVisor,
     or on rootful Podman the body's own user namespace, ``planned_userns_mode``); the kernel
     is asked again once the container runs (``sbxkit._kernel.userns``)."""
+
+
+_CARRIED = _Carried.__struct_fields__
+
+
+class DaemonFacts(_Carried, frozen=True, kw_only=True):
+    """What the daemon decided for a checked spec (``learn_daemon``)."""
+
+    mounts: ResolvedMounts
+    daemon: DaemonPlan
+    sandbox_uids: UidRange = HOST_UIDS
+    """Where a sandbox that names no user gets its own uid (``sbxkit._model.uids``)."""
     disk_quota_base: int | None = None
     """For a writable image: what the daemon's storage quota counts besides the writes
     (``disk_quota_base``); None where no quota holds the bound and the supervisor watches."""
 
 
-class Plan(msgspec.Struct, frozen=True, kw_only=True):
+class Plan(_Carried, frozen=True, kw_only=True):
     """One sandbox, fully decided: what is created, how it is verified and bounded."""
 
     spec: SandboxSpec
@@ -128,17 +137,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     output_bytes: int
     lifetime_s: float
     """The owner's backstop: the time limit plus ``LIFETIME_MARGIN_S``."""
-    podman: bool = False
-    network: NetworkTerms | None = None
-    """The governed network's terms, carried out by the owner once the container started."""
-    image_env: dict[str, str] = msgspec.field(default_factory=dict)
-    """The image's own environment (``DaemonFacts.image_env``)."""
-    image_id: str = ""
     io_dir: str | None = None
     """The kernel path's FIFO directory of this lease (``sbxkit._kernel``): its stdio are host
     FIFOs, its command is wrapped (``kernel.scripts.cold_command``). None: the daemon's path."""
-    root_witness: str | None = None
-    """What says a workspace's root is not the host's (``DaemonFacts.root_witness``)."""
 
     @property
     def user(self) -> str:
@@ -350,12 +351,8 @@ def build_plan(
         timeout_s=timeout_s,
         output_bytes=output_bytes,
         lifetime_s=timeout_s + LIFETIME_MARGIN_S,
-        podman=facts.podman,
-        network=facts.network,
-        image_env=facts.image_env,
-        image_id=facts.image_id,
         io_dir=io_dir,
-        root_witness=facts.root_witness,
+        **{name: getattr(facts, name) for name in _CARRIED},
     )
 
 

@@ -21,6 +21,12 @@ class Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_o
     """Base of every wire message; our own data, so unknown fields are refused."""
 
 
+class LeaseMessage(Message):
+    """A message about one lease, which it names first (the wire's ``lease`` field)."""
+
+    lease: str
+
+
 _encoder = msgspec.json.Encoder()
 
 

@@ -94,6 +94,7 @@ from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
 from sbxkit._protocol.framing import MAX_FRAME as MAX_FRAME
 from sbxkit._protocol.framing import FrameReader as FrameReader
+from sbxkit._protocol.framing import LeaseMessage
 from sbxkit._protocol.framing import Message as Message
 from sbxkit._protocol.framing import encode as encode
 from sbxkit._protocol.handoff_wire import Run as Run
@@ -133,8 +134,7 @@ class Launch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     image_id: str = ""
 
 
-class Register(Message, tag="register"):
-    lease: str
+class Register(LeaseMessage, tag="register"):
     name: str
     engine_socket: str
     body: ContainerCreate
@@ -150,24 +150,20 @@ class Register(Message, tag="register"):
     """Start the container once verified (``Launch``): answered ``Launched``."""
 
 
-class Started(Message, tag="started"):
+class Started(LeaseMessage, tag="started"):
     """The caller started the container: the daemon's launch work for this lease is done."""
 
-    lease: str
+
+class Close(LeaseMessage, tag="close"):
+    """The caller is done: stop the lease (its container is removed)."""
 
 
-class Close(Message, tag="close"):
-    lease: str
-
-
-class Govern(Message, tag="govern"):
+class Govern(LeaseMessage, tag="govern"):
     """The container started and its payload waits: put the lease's listeners in place."""
 
-    lease: str
 
-
-class AskDenials(Message, tag="ask_denials"):
-    lease: str
+class AskDenials(LeaseMessage, tag="ask_denials"):
+    """What the lease's governed network refused so far: answered ``Denials``."""
 
 
 class PoolTerms(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -202,11 +198,10 @@ class Claim(Message, tag="claim"):
     claimed run keeps the lifetime its own claim implies."""
 
 
-class Adopt(Message, tag="adopt"):
+class Adopt(LeaseMessage, tag="adopt"):
     """Re-adopt a lease whose supervisor died (instead of Register): ``secret`` proves
     ownership once; ``next_secret_hash`` is the hash of the caller's next secret."""
 
-    lease: str
     secret: str
     next_secret_hash: str
     network: NetworkTerms | None = None
@@ -215,12 +210,11 @@ class Adopt(Message, tag="adopt"):
     its egress closed (nothing listens), as for a handed-off run resumed once it ended."""
 
 
-class Detach(Message, tag="detach"):
+class Detach(LeaseMessage, tag="detach"):
     """Keep the lease without a connected caller for at most ``keep_s`` seconds (never past
     its lifetime deadline), for whoever proves the secret whose hash is ``secret_hash``
     (``Adopt``); the caller's secret so far is spent. Answered ``Detached``."""
 
-    lease: str
     keep_s: float
     secret_hash: str
 
@@ -229,10 +223,8 @@ class Recover(Message, tag="recover"):
     """Operator: run one recovery pass now (instead of Register)."""
 
 
-class Retire(Message, tag="retire"):
+class Retire(LeaseMessage, tag="retire"):
     """Operator: delete an uncertain tombstone whose container was never observed."""
-
-    lease: str
 
 
 class ListPools(Message, tag="list_pools"):
@@ -275,32 +267,29 @@ class Refused(Message, tag="refused"):
     field: str | None = None
 
 
-class Queued(Message, tag="queued"):
+class Queued(LeaseMessage, tag="queued"):
     """The request waits for capacity; sent when its place changes and every second."""
 
-    lease: str
     ahead: int
 
 
-class Registered(Message, tag="registered"):
+class Registered(LeaseMessage, tag="registered"):
     """Journaled: the supervisor owns the lease now. Sent with its next answer (mostly Created),
     alone if the create is slow. ``waited_s``: its wait for capacity and a launch slot."""
 
-    lease: str
     waited_s: float = 0.0
 
 
-class Created(Message, tag="created"):
+class Created(LeaseMessage, tag="created"):
     """The lease's container exists, stopped, with the admitted limits. ``inspected``: the
     supervisor's post-create inspection of it, the daemon's answer the caller verifies its
     plan against instead of asking again (one round trip fewer before the start)."""
 
-    lease: str
     container_id: str
     inspected: ContainerInspect | None = None
 
 
-class Claimed(Message, tag="claimed"):
+class Claimed(LeaseMessage, tag="claimed"):
     """A parked container, started and verified, is this connection's lease from now on.
 
     A container parked on the kernel path (sbxkit/kernel) comes with its host ends attached
@@ -309,7 +298,6 @@ class Claimed(Message, tag="claimed"):
     verified when it was parked. The claimer runs on them directly: output and the exit never
     pass through the supervisor. ``fds`` 0: the claimer attaches (the daemon's path)."""
 
-    lease: str
     name: str
     container_id: str
     fds: int = 0
@@ -329,90 +317,79 @@ class Unclaimed(Message, tag="unclaimed"):
     """Why the shape's last park failed (a missing image, a full host ...), if it did."""
 
 
-class Governed(Message, tag="governed"):
+class Governed(LeaseMessage, tag="governed"):
     """The answer to Govern: ``problem`` None once the listeners are in place; else why they
     are not (the payload must not run)."""
 
-    lease: str
     problem: str | None = None
 
 
-class Denials(Message, tag="denials"):
+class Denials(LeaseMessage, tag="denials"):
     """The answer to AskDenials: the first denials of the lease's governed network, and how
     many more were only counted."""
 
-    lease: str
     denials: list[Denial]
     dropped: int = 0
 
 
-class Launched(Message, tag="launched"):
+class Launched(LeaseMessage, tag="launched"):
     """The daemon's answer to the start of a lease registered with ``launch``: ``status``
     None when it started the container, else the error it answered (``path`` the request's,
     ``message`` the daemon's; a ``status`` of 0 is an error no HTTP status came with). A
     container the supervisor found not to be the plan's is never started: it answers nothing
     and leaves the refusal to the caller's own verification."""
 
-    lease: str
     status: int | None = None
     path: str = ""
     message: str = ""
 
 
-class Expiring(Message, tag="expiring"):
+class Expiring(LeaseMessage, tag="expiring"):
     """The supervisor is removing the lease's container on its own decision (the lifetime
     deadline passed, or a writable root filesystem wrote past its bound); sent before the
     removal, so the caller judges that exit as sbxkit's, with ``status``."""
 
-    lease: str
     reason: str
     status: Literal["timed_out", "disk_exceeded"] = "timed_out"
 
 
-class Adopted(Message, tag="adopted"):
+class Adopted(LeaseMessage, tag="adopted"):
     """The lease is this connection's now, with its original deadlines; ``container_id`` is
     its container (for a create the previous supervisor did not get to answer)."""
 
-    lease: str
     container_id: str
 
 
-class Unadopted(Message, tag="unadopted"):
+class Unadopted(LeaseMessage, tag="unadopted"):
     """The lease was not re-adopted, and why. ``record``: this supervisor holds its record
     (recovery owns it); False: it holds none — nothing was journaled, or the lease ended."""
 
-    lease: str
     reason: str
     record: bool
 
 
-class Detached(Message, tag="detached"):
+class Detached(LeaseMessage, tag="detached"):
     """The answer to Detach: ``problem`` None once the keep deadline ``until`` (unix seconds)
     and the fresh hash are journaled (the connection then ends, the lease lives on); else why
     not (the lease goes on, attached as before)."""
 
-    lease: str
     until: float = 0.0
     problem: str | None = None
 
 
-class Failed(Message, tag="failed"):
+class Failed(LeaseMessage, tag="failed"):
     """No container the caller may start; ``Closed`` or ``Orphaned`` follows."""
 
-    lease: str
     reason: str
 
 
-class Closed(Message, tag="closed"):
+class Closed(LeaseMessage, tag="closed"):
     """The lease is released: its container is confirmed gone and its record deleted."""
 
-    lease: str
 
-
-class Orphaned(Message, tag="orphaned"):
+class Orphaned(LeaseMessage, tag="orphaned"):
     """Cleanup could not be confirmed; the record is kept and recovery will finish it."""
 
-    lease: str
     reason: str
 
 

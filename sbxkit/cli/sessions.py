@@ -43,6 +43,7 @@ from sbxkit._grammar.flags import (
     add_sandbox_flags,
     env_flags,
     flags_in_errors,
+    image_usage,
     spec_from_args,
 )
 from sbxkit._grammar.profile import load_profile, profile_settings
@@ -451,7 +452,7 @@ def add_session_parsers(sub: Any) -> None:
         "open",
         cmd_open,
         help="open a sandbox that stays for sbxkit exec, cp, logs ... until sbxkit close",
-        usage="sbxkit open [options] IMAGE\n       sbxkit open --profile FILE [options] [IMAGE]",
+        usage=image_usage("open"),
         epilog="prints the session's name. exit status: 0 open; 2 refused input; "
         "69 engine unavailable; 75 capacity; 70 other error",
     )

@@ -33,6 +33,7 @@ from sbxkit._grammar.common import EXIT_INTERNAL, STATUS_EXIT, exit_with
 from sbxkit._grammar.flags import (
     ImageAndCommand,
     add_sandbox_flags,
+    image_usage,
     parse_with_flags_after_image,
     spec_from_args,
 )
@@ -88,8 +89,7 @@ def add_shell_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "shell",
         help="an interactive shell in a fresh sandbox, removed when it exits",
-        usage="sbxkit shell [options] IMAGE [-- CMD...]\n"
-        "       sbxkit shell --profile FILE [options] [IMAGE] [-- CMD...]",
+        usage=image_usage("shell", " [-- CMD...]"),
         description="Run CMD (default /bin/sh) on a terminal in a fresh hardened sandbox.",
         epilog="exit status: the shell's own; 124 timed out; 123 output exceeded; "
         "137 OOM-killed; 128+N after signal N; 2 refused input; 69 engine unavailable; "

@@ -115,17 +115,8 @@ def trial_spec(
         fsize_given = loaded.sandbox.docker.limits.fsize is not None
         spec, settings, _ = apply_profile(loaded, ["unused"], image=task.image)
     else:
-        spec = SandboxSpec(
-            image=task.image,
-            command=["unused"],
-            limits=Limits(
-                cpus=DEFAULT_CPUS,
-                memory_bytes=DEFAULT_MEMORY_BYTES,
-                pids=DEFAULT_PIDS,
-                output_bytes=DEFAULT_OUTPUT_BYTES,
-                timeout_s=DEFAULT_LIFETIME_S,
-            ),
-        )
+        # No limit set: the task's and the defaults below fill every one.
+        spec = SandboxSpec(image=task.image, command=["unused"], limits=msgspec.convert({}, Limits))
         settings = Settings()
     if spec.network != "none":
         raise SpecError(

@@ -147,6 +147,13 @@ def refuse(options: SbxkitSandboxClientOptions, manifest: Manifest) -> None:
             )
 
 
+_LIMIT_OPTIONS = frozenset(
+    ("cpus", "memory_bytes", "pids", "output_bytes", "timeout_s", "fsize_bytes", "scratch_bytes")
+)
+"""The options that are ``Limits`` fields of the same name (``root`` and ``disk_bytes`` are the
+workspace's)."""
+
+
 def sandbox_spec(
     options: SbxkitSandboxClientOptions, root: str, env: dict[str, str]
 ) -> SandboxSpec:
@@ -162,15 +169,7 @@ def sandbox_spec(
     return SandboxSpec(
         image=options.image,
         command=["unused"],  # a session runs its keep-alive
-        limits=Limits(
-            cpus=options.cpus,
-            memory_bytes=options.memory_bytes,
-            pids=options.pids,
-            output_bytes=options.output_bytes,
-            timeout_s=options.timeout_s,
-            fsize_bytes=options.fsize_bytes,
-            scratch_bytes=options.scratch_bytes,
-        ),
+        limits=Limits(**{name: getattr(options, name) for name in _LIMIT_OPTIONS}),
         env=env,
         user=options.user,
         runtime=options.runtime,

@@ -90,6 +90,11 @@ def _duration(text: str, *, zero: bool) -> float:
     return value
 
 
+def cpu_nanos(text: str) -> int:
+    """A CPU count flag (``1.5``) above 0, in the nano-CPUs the daemon counts."""
+    return round(positive_float(text) * 1e9)
+
+
 def duration_s(text: str) -> float:
     """A duration flag (``10``, ``500ms``, ``5m``) above 0."""
     return _duration(text, zero=False)
@@ -166,6 +171,7 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory-budget",
+        dest="memory_budget_bytes",
         type=size_bytes,
         default=None,
         metavar="SIZE",
@@ -174,7 +180,8 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cpu-budget",
-        type=positive_float,
+        dest="cpu_budget_nano",
+        type=cpu_nanos,
         default=None,
         metavar="CPUS",
         help="CPUs the sandboxes' quotas may add up to (default: none; quotas are ceilings)",
@@ -188,6 +195,7 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--admission-timeout",
+        dest="admission_timeout_s",
         type=duration_s,
         default=ADMISSION_TIMEOUT_S,
         metavar="DURATION",
@@ -195,6 +203,7 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-startup-deadline",
+        dest="max_startup_deadline_s",
         type=duration_s,
         default=MAX_STARTUP_DEADLINE_S,
         metavar="DURATION",
@@ -215,22 +224,13 @@ def build_parser(prog: str = "sbxkit supervisor") -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Config:
     from sbxkit._protocol.journal import default_state_dir
 
-    cpu_budget = None if args.cpu_budget is None else round(args.cpu_budget * 1e9)
     return Config(
         state_dir=args.state_dir or default_state_dir(),
         persistent=args.persistent,
         idle_exit_s=args.idle_exit,
         reaper_interval_s=args.reaper_interval,
-        capacity=Capacity(
-            max_workers=args.max_workers,
-            max_records=args.max_records,
-            max_connections=args.max_connections,
-            memory_budget_bytes=args.memory_budget,
-            cpu_budget_nano=cpu_budget,
-            max_launching=args.max_launching,
-            admission_timeout_s=args.admission_timeout,
-            max_startup_deadline_s=args.max_startup_deadline,
-        ),
+        # build_parser's capacity flags are stored under Capacity's own field names
+        capacity=Capacity(**{name: getattr(args, name) for name in Capacity.__struct_fields__}),
         docker_socket=args.docker_socket,
         adopt_grace_s=args.adopt_grace,
         engine_sockets=tuple(args.engine_socket),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import os
 import secrets
+import signal
+import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
@@ -19,8 +21,12 @@ from typing import Any
 import msgspec
 import requests
 
+from sbxkit._lifecycle.owned import created_inspection
+from sbxkit._lifecycle.owner import CreateRequest, Owner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
+from sbxkit._protocol.wire import Expiring
+from sbxkit.engine.models import ContainerInspect
 from tests.engine.runtimes import min_pids
 from tests.witness import RUN_LABEL, THIS_RUN, Witness
 
@@ -202,6 +208,28 @@ def container_exists(witness: Witness, container_id: str) -> bool:
         return False
     response.raise_for_status()
     return True
+
+
+def container_gone_at(witness: Witness, container_id: str, seconds: float) -> float | None:
+    """Poll the witness tightly; the monotonic time the container was first seen gone (None:
+    still there after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not container_exists(witness, container_id):
+            return time.monotonic()
+        time.sleep(0.01)
+    return None
+
+
+def removal_after_sigkill(
+    caller: subprocess.Popen[bytes], witness: Witness, container_id: str
+) -> float:
+    """SIGKILL ``caller``, then the seconds until its container is gone (at most 10)."""
+    killed_at = time.monotonic()
+    caller.send_signal(signal.SIGKILL)
+    gone_at = container_gone_at(witness, container_id, 10.0)
+    assert gone_at is not None, f"container {container_id[:12]} outlived its killed caller"
+    return gone_at - killed_at
 
 
 def containers_with_marker(witness: Witness, marker: str) -> list[dict[str, Any]]:
@@ -408,4 +436,45 @@ def creates_during(witness: Witness, since: float) -> list[dict[str, object]]:
         type=["container"],
         event=["create"],
         label=[f"{RUN_LABEL}={THIS_RUN}"],
+    )
+
+
+class ForwardingOwner:
+    """An owner that hands every call to ``inner``: a test's wrapper overrides only the calls
+    it watches."""
+
+    def __init__(self, inner: Owner) -> None:
+        self._inner = inner
+
+    async def create(self, request: CreateRequest) -> str:
+        return await self._inner.create(request)
+
+    async def started(self, lease: str) -> None:
+        await self._inner.started(lease)
+
+    def queued_s(self, lease: str) -> float:
+        return self._inner.queued_s(lease)
+
+    def created_inspection(self, lease: str) -> ContainerInspect | None:
+        return created_inspection(self._inner, lease)
+
+    async def ended_by_owner(self, lease: str) -> Expiring | None:
+        return await self._inner.ended_by_owner(lease)
+
+    async def release(self, lease: str) -> bool:
+        return await self._inner.release(lease)
+
+    @property
+    def fifo_root(self) -> Path:
+        return self._inner.fifo_root
+
+    async def remove(self, lease: str, name: str, container_id: str | None) -> None:
+        await self._inner.remove(lease, name, container_id)
+
+
+def piped(argv: list[str]) -> subprocess.Popen[bytes]:
+    """``argv`` started with nothing on its stdin and its stdout and stderr piped (a
+    ``python -c`` script: ``[sys.executable, "-c", script]``)."""
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from tests.supervision import (
     SupervisorProcess,
     running_supervisor,
 )
-from tests.witness import SOCKET, Witness
+from tests.witness import RUN_LABEL, SOCKET, THIS_RUN, Witness
 
 ONE_SLOT = ("--memory-budget", str(100 * MiB))  # one 64 MiB sandbox fits, two do not
 
@@ -65,8 +65,11 @@ def lease_files(state_dir: Path) -> list[Path]:
 
 
 def created_names(witness: Witness, since: float) -> list[str]:
-    """Names of the sbxkit containers the daemon created since ``since`` (unix seconds)."""
-    events = witness.events(since, time.time(), type=["container"], event=["create"])
+    """Names of the containers this test session created since ``since`` (unix seconds): every
+    one it makes carries its run label; others' on a shared daemon do not count."""
+    assert THIS_RUN is not None  # else the filter would match nothing, and prove nothing
+    mine = [f"{RUN_LABEL}={THIS_RUN}"]
+    events = witness.events(since, time.time(), type=["container"], event=["create"], label=mine)
     return [e["Actor"]["Attributes"].get("name", "") for e in events]
 
 
@@ -97,6 +100,24 @@ async def wait_running(witness: Witness, count: int, label_filter: str | None = 
     raise AssertionError(f"{count} running sandboxes never appeared")
 
 
+@asynccontextmanager
+async def one_held(
+    engine: Engine, witness: Witness, state_dir: Path, busybox: str
+) -> AsyncIterator[trio.Nursery]:
+    """A holder's sandbox runs, taking its slot, for the block (the block's nursery is its)."""
+    holder = Holder()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder.hold, engine, owner_for(engine, state_dir), busybox)
+        await wait_running(witness, 1)
+        yield nursery
+        holder.release()
+
+
+async def one_more(engine: Engine, state_dir: Path, busybox: str) -> RunResult:
+    """A run beside the held one (refused or waiting, as the test's bound says)."""
+    return await run(spec(busybox, "echo no"), engine=engine, owner=owner_for(engine, state_dir))
+
+
 # -- FIFO, waiting instead of refusing, the time limit from start ---------------------------------
 
 
@@ -107,10 +128,7 @@ async def test_queued_runs_wait_in_fifo_order_and_their_time_limit_starts_at_sta
     places: dict[int, list[int]] = {}
     results: dict[int, RunResult] = {}
     with running_supervisor(state_dir, "--persistent", *ONE_SLOT):
-        holder = Holder()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(holder.hold, engine, owner_for(engine, state_dir), busybox)
-            await wait_running(witness, 1)
+        async with one_held(engine, witness, state_dir, busybox) as nursery:
 
             async def queued_run(index: int, told: trio.Event) -> None:
                 def on_queued(ahead: int, waited_s: float) -> None:
@@ -129,7 +147,6 @@ async def test_queued_runs_wait_in_fifo_order_and_their_time_limit_starts_at_sta
                 await told.wait()  # queued before the next one asks: arrival order is known
             await trio.sleep(2.5)  # longer than the queued runs' own time limit
             assert finished == []
-            holder.release()
         # The last run returned at its payload's exit; its lease closes once it is removed.
         gone = await trio.to_thread.run_sync(wait_until, lambda: not lease_files(state_dir), 10.0)
         assert gone
@@ -149,20 +166,14 @@ async def test_max_records_refuses_explicitly(
     engine: Engine, witness: Witness, state_dir: Path, busybox: str
 ) -> None:
     with running_supervisor(state_dir, "--persistent", "--max-records", "1"):
-        holder = Holder()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(holder.hold, engine, owner_for(engine, state_dir), busybox)
-            await wait_running(witness, 1)
+        async with one_held(engine, witness, state_dir, busybox):
             since = time.time()
             with pytest.raises(CapacityExhausted) as caught:
-                await run(
-                    spec(busybox, "echo no"), engine=engine, owner=owner_for(engine, state_dir)
-                )
+                await one_more(engine, state_dir, busybox)
             assert caught.value.code == "capacity"
             assert "1 lease records, the cap is 1" in str(caught.value)
             assert not isinstance(caught.value, AdmissionTimeout)
             assert created_names(witness, since) == []
-            holder.release()
         # Returns once its container is gone: the supervisor stops right after this block.
         owner = owner_for(engine, state_dir)
         backend = DockerBackend(engine=engine, owner=owner, wait_for_removal=True)
@@ -174,36 +185,24 @@ async def test_max_connections_refuses_explicitly(
     engine: Engine, witness: Witness, state_dir: Path, busybox: str
 ) -> None:
     with running_supervisor(state_dir, "--persistent", "--max-connections", "1"):
-        holder = Holder()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(holder.hold, engine, owner_for(engine, state_dir), busybox)
-            await wait_running(witness, 1)
+        async with one_held(engine, witness, state_dir, busybox):
             with pytest.raises(CapacityExhausted) as caught:
-                await run(
-                    spec(busybox, "echo no"), engine=engine, owner=owner_for(engine, state_dir)
-                )
+                await one_more(engine, state_dir, busybox)
             assert "too many connections" in str(caught.value)
-            holder.release()
 
 
 async def test_a_passed_admission_deadline_is_its_own_error(
     engine: Engine, witness: Witness, state_dir: Path, busybox: str
 ) -> None:
     with running_supervisor(state_dir, "--persistent", "--admission-timeout", "1", *ONE_SLOT):
-        holder = Holder()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(holder.hold, engine, owner_for(engine, state_dir), busybox)
-            await wait_running(witness, 1)
+        async with one_held(engine, witness, state_dir, busybox):
             since = time.time()
             with pytest.raises(AdmissionTimeout) as caught:
-                await run(
-                    spec(busybox, "echo no"), engine=engine, owner=owner_for(engine, state_dir)
-                )
+                await one_more(engine, state_dir, busybox)
             assert "waited 1 s for capacity" in str(caught.value)
             assert caught.value.code == "admission_timeout"
             assert created_names(witness, since) == []
             assert len(lease_files(state_dir)) == 1  # only the holder's: nothing journaled
-            holder.release()
 
 
 # -- launch slots: a client that never says it started --------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -24,6 +23,7 @@ from tests.engine.helpers import (
     BASE_LIMITS,
     SIGINT_AT_DEFAULT,
     limits,
+    piped,
     processes_with_marker,
     spec,
     unique,
@@ -144,12 +144,7 @@ def test_ctrl_c_removes_the_sandbox_then_raises_keyboard_interrupt(
         )
         + RUN_UNTIL_INTERRUPTED[kind]
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped([sys.executable, "-c", script])
     try:
         assert wait_until(lambda: running(witness, label), 30), proc.poll()
         time.sleep(0.3)  # the exec (or the run's payload) is under way

@@ -58,7 +58,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -66,17 +65,16 @@ import trio
 
 from sbxkit._consumers.runner import run
 from sbxkit._kernel import initpid
-from sbxkit._lifecycle.owned import created_inspection
 from sbxkit._lifecycle.owner import CreateRequest, InProcessOwner, Owner
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan import plan
-from sbxkit._protocol.wire import Expiring
 from sbxkit.engine import models
 from sbxkit.engine.client import Deadlines, Engine, Waiter, negotiate
 from sbxkit.engine.discovery import parse_api_version, ping_socket
 from sbxkit.engine.transport import HijackedStream, Transport
+from tests.engine.helpers import ForwardingOwner
 from tests.witness import LEASE_LABEL, Witness
 
 Point = tuple[str, str]
@@ -214,11 +212,11 @@ class HookedAttach(HijackedStream):
         return data
 
 
-class HookedOwner:
+class HookedOwner(ForwardingOwner):
     """Wraps an owner: hooks around its calls, and the lease they were given."""
 
     def __init__(self, inner: Owner, engine: CancellingEngine) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._engine = engine
 
     async def create(self, request: CreateRequest) -> str:
@@ -229,25 +227,6 @@ class HookedOwner:
         self._engine.created_ids.append(container_id)
         self._engine.hook(point, "after")
         return container_id
-
-    async def started(self, lease: str) -> None:
-        await self._inner.started(lease)
-
-    def queued_s(self, lease: str) -> float:
-        return self._inner.queued_s(lease)
-
-    def created_inspection(self, lease: str) -> models.ContainerInspect | None:
-        return created_inspection(self._inner, lease)
-
-    async def ended_by_owner(self, lease: str) -> Expiring | None:
-        return await self._inner.ended_by_owner(lease)
-
-    async def release(self, lease: str) -> bool:
-        return await self._inner.release(lease)
-
-    @property
-    def fifo_root(self) -> Path:
-        return self._inner.fifo_root
 
     async def remove(self, lease: str, name: str, container_id: str | None) -> None:
         point = self._engine.numbered("owner.remove")

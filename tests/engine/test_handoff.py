@@ -116,15 +116,8 @@ def test_a_handed_off_run_loads_neither_trio_nor_the_cli_and_uses_the_supervisor
     handed: Handed, busybox: str
 ) -> None:
     marker = unique("handed")
-    done = handed.run(
-        "--socket",
-        handed.witness.socket_path,
-        busybox,
-        "--",
-        "echo",
-        marker,
-        python=("-X", "importtime"),
-    )
+    command = ("--socket", handed.witness.socket_path, busybox, "--", "echo", marker)
+    done = handed.run(*command, python=("-X", "importtime"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == f"{marker}\n".encode()
     assert handed.last_path() == "handed off"
@@ -134,16 +127,7 @@ def test_a_handed_off_run_loads_neither_trio_nor_the_cli_and_uses_the_supervisor
     heavy |= {n for n in loaded if n.startswith("sbxkit.cli")}
     assert heavy == set()
     # Control: the full path of the same command does load them (the check can fail).
-    full = handed.run(
-        "--socket",
-        handed.witness.socket_path,
-        busybox,
-        "--",
-        "echo",
-        marker,
-        python=("-X", "importtime"),
-        SBXKIT_HANDOFF="off",
-    )
+    full = handed.run(*command, python=("-X", "importtime"), SBXKIT_HANDOFF="off")
     assert full.returncode == 0, full.stderr[-2000:]
     assert {"trio", "sbxkit.cli"} <= imported(full.stderr)
     assert handed.last_path() == "full path: SBXKIT_HANDOFF is off"

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from tests.engine.cli_paths import CliPath
-from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, unique, wait_until
+from tests.engine.helpers import BASE_LIMITS, SIGINT_AT_DEFAULT, piped, unique, wait_until
 from tests.witness import Witness
 
 TEST_LABEL = "sbxkit.test"
@@ -51,12 +51,7 @@ def test_ctrl_c_in_trio_run_of_sbxkit_run_is_a_plain_keyboard_interrupt_after_re
             print(type(exc).__name__, flush=True)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped([sys.executable, "-c", script])
     try:
         assert wait_until(lambda: running(witness, label), 30), proc.poll()
     finally:
@@ -69,7 +64,7 @@ def test_a_repeated_ctrl_c_on_sbxkit_run_exits_130_quietly_after_cleanup(
     witness: Witness, busybox: str, cli_path: CliPath
 ) -> None:
     label = unique("ki")
-    proc = subprocess.Popen(
+    proc = piped(
         [
             sys.executable,
             "-m",
@@ -87,10 +82,7 @@ def test_a_repeated_ctrl_c_on_sbxkit_run_exits_130_quietly_after_cleanup(
             "--",
             "sleep",
             "60",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        ]
     )
     try:
         assert wait_until(lambda: running(witness, label), 30), proc.poll()
@@ -119,7 +111,7 @@ def test_a_repeated_ctrl_c_on_sbxkit_batch_exits_130_quietly_after_cleanup(
     ]
     jobs.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
+    proc = piped(
         [
             sys.executable,
             "-m",
@@ -132,10 +124,7 @@ def test_a_repeated_ctrl_c_on_sbxkit_batch_exits_130_quietly_after_cleanup(
             "2",
             "--socket",
             witness.socket_path,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        ]
     )
     try:
         assert wait_until(lambda: running(witness, label, 2), 30), proc.poll()

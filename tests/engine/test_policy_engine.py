@@ -29,17 +29,14 @@ import pytest
 import trio
 
 from sbxkit._consumers.runner import run
-from sbxkit._lifecycle.owned import created_inspection
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.gpu import GpuRequest
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
-from sbxkit._protocol.wire import Expiring
 from sbxkit.engine.client import Engine
-from sbxkit.engine.models import ContainerInspect
 from sbxkit.errors import SpecError
-from tests.engine.helpers import spec, text, unique, wait_until
+from tests.engine.helpers import ForwardingOwner, spec, text, unique, wait_until
 from tests.engine.oneshot_paths import OneShot
 from tests.witness import LEASE_LABEL, Witness
 
@@ -84,12 +81,12 @@ async def assert_refused_then_control_runs(
     return info.value
 
 
-class WitnessingOwner:
+class WitnessingOwner(ForwardingOwner):
     """The real supervisor owner, plus an independent inspect of each created container before
     the runner starts it (the id the runner will start, as the daemon recorded it)."""
 
     def __init__(self, engine: Engine, witness: Witness) -> None:
-        self._inner = SupervisedOwner(engine)
+        super().__init__(SupervisedOwner(engine))
         self._witness = witness
         self.inspected: list[dict[str, Any]] = []
 
@@ -98,28 +95,6 @@ class WitnessingOwner:
         info = await trio.to_thread.run_sync(self._witness.get, f"/containers/{container_id}/json")
         self.inspected.append(info)
         return container_id
-
-    async def started(self, lease: str) -> None:
-        await self._inner.started(lease)
-
-    def queued_s(self, lease: str) -> float:
-        return self._inner.queued_s(lease)
-
-    def created_inspection(self, lease: str) -> ContainerInspect | None:
-        return created_inspection(self._inner, lease)
-
-    async def ended_by_owner(self, lease: str) -> Expiring | None:
-        return await self._inner.ended_by_owner(lease)
-
-    async def release(self, lease: str) -> bool:
-        return await self._inner.release(lease)
-
-    @property
-    def fifo_root(self) -> Path:
-        return self._inner.fifo_root
-
-    async def remove(self, lease: str, name: str, container_id: str | None) -> None:
-        await self._inner.remove(lease, name, container_id)
 
 
 def _poll_running(witness: Witness, marker: str, seconds: float) -> dict[str, Any] | None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import trio
@@ -13,7 +11,7 @@ import trio
 from sbxkit._consumers.pty import PtySession, open_pty
 from sbxkit._model.spec import SandboxSpec
 from sbxkit.engine.client import Engine
-from tests.engine.helpers import container_exists, runtime_limits
+from tests.engine.helpers import container_exists, removal_after_sigkill, runtime_limits
 from tests.engine.runtimes import pty_device_name
 from tests.witness import Witness
 
@@ -121,19 +119,10 @@ def test_a_sigkilled_pty_caller_leaves_no_container(
         container_id = caller.stdout.readline().decode().strip()
         assert container_id, caller.stderr.read().decode() if caller.stderr else ""
         assert witness.get(f"/containers/{container_id}/json")["State"]["Running"]
-        killed_at = time.monotonic()
-        caller.send_signal(signal.SIGKILL)
-        gone_at = None
-        while time.monotonic() < killed_at + 10:
-            if not container_exists(witness, container_id):
-                gone_at = time.monotonic()
-                break
-            time.sleep(0.01)
+        elapsed = removal_after_sigkill(caller, witness, container_id)
     finally:
         if caller.poll() is None:
             caller.kill()
         caller.wait(10)
-    assert gone_at is not None, f"container {container_id[:12]} outlived its killed caller"
-    elapsed = gone_at - killed_at
     print(f"\nPTY caller SIGKILLed -> container gone in {elapsed:.3f} s")
     assert elapsed < 2.0

@@ -53,6 +53,8 @@ class Terminal:
             env={**os.environ, "TERM": "xterm"},
         )
         self.seen = b""
+        self.stty_before = b""  # set by start
+        self.attrs_before: list[Any] = []
 
     def expect(self, pattern: bytes, seconds: float = 20.0) -> re.Match[bytes]:
         deadline = time.monotonic() + seconds
@@ -79,6 +81,26 @@ class Terminal:
         if self.proc.isalive():
             self.proc.terminate(force=True)
 
+    def start(self) -> None:
+        """Keep the terminal's settings before sbxkit (``stty -g`` and termios), then let the
+        wrapper start it, until the sandbox's shell prompts."""
+        self.stty_before = self.expect(rb"([^\r\n]+)\r\nREADY").group(1)
+        self.attrs_before = self.attrs()
+        self.send(b"go\n")
+        self.expect(rb"\$ ")
+
+    def lease(self) -> str:
+        """The sandbox's lease, as the shell inside it says."""
+        self.send(b'echo "lease=$SBXKIT_LEASE"\r')
+        return self.expect(rb"lease=([0-9a-f]{32})").group(1).decode()
+
+    def restored_after(self, exit_status: int) -> None:
+        """sbxkit exited with ``exit_status`` and left the terminal's settings as ``start``
+        found them."""
+        self.expect(b"sbxkit-rc=%d\r\n" % exit_status)
+        assert self.expect(rb"([^\r\n]+)\r\nDONE").group(1) == self.stty_before
+        assert self.attrs() == self.attrs_before
+
 
 def sbxkit_pid(wrapper_pid: int) -> int:
     children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
@@ -91,13 +113,9 @@ def test_shell_round_trip_resize_exit_status_and_terminal_restored(
 ) -> None:
     term = Terminal(shell_argv("--socket", witness.socket_path, busybox))
     try:
-        before_stty = term.expect(rb"([^\r\n]+)\r\nREADY").group(1)
-        before = term.attrs()
-        term.send(b"go\n")
-        term.expect(rb"\$ ")
+        term.start()
         assert not term.attrs()[3] & termios.ICANON  # the local terminal is raw meanwhile
-        term.send(b'echo "lease=$SBXKIT_LEASE"\r')
-        lease = term.expect(rb"lease=([0-9a-f]{32})").group(1).decode()
+        lease = term.lease()
         assert witness.containers(label=f"{LEASE_LABEL}={lease}")
         term.send(b"echo hel''lo\r")
         term.expect(rb"hello")
@@ -110,10 +128,7 @@ def test_shell_round_trip_resize_exit_status_and_terminal_restored(
         term.send(b"stty size\r")
         term.expect(rb"40 100")
         term.send(b"exit 7\r")
-        term.expect(rb"sbxkit-rc=7\r\n")
-        after_stty = term.expect(rb"([^\r\n]+)\r\nDONE").group(1)
-        assert after_stty == before_stty
-        assert term.attrs() == before
+        term.restored_after(7)
         assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
     finally:
         term.close()
@@ -124,17 +139,10 @@ def test_sigterm_restores_the_terminal_and_removes_the_sandbox(
 ) -> None:
     term = Terminal(shell_argv("--socket", witness.socket_path, busybox))
     try:
-        before_stty = term.expect(rb"([^\r\n]+)\r\nREADY").group(1)
-        before = term.attrs()
-        term.send(b"go\n")
-        term.expect(rb"\$ ")
-        term.send(b'echo "lease=$SBXKIT_LEASE"\r')
-        lease = term.expect(rb"lease=([0-9a-f]{32})").group(1).decode()
+        term.start()
+        lease = term.lease()
         os.kill(sbxkit_pid(term.proc.pid), signal.SIGTERM)
-        term.expect(rb"sbxkit-rc=143\r\n")
-        after_stty = term.expect(rb"([^\r\n]+)\r\nDONE").group(1)
-        assert after_stty == before_stty
-        assert term.attrs() == before
+        term.restored_after(143)
         assert witness.containers(label=f"{LEASE_LABEL}={lease}") == []
     finally:
         term.close()

@@ -52,8 +52,10 @@ from sbxkit.supervisor.lifecycle import REGISTERED_HELD_S
 from tests.engine.helpers import (
     container_exists,
     container_file_lines,
+    container_gone_at,
     containers_with_marker,
     processes_with_marker,
+    removal_after_sigkill,
     spec,
     unique,
     wait_until,
@@ -220,16 +222,6 @@ def register_for(lease: str, image: str, script: str, socket_path: str) -> Regis
         startup_deadline_s=30.0,
         lifetime_deadline_s=60.0,
     )
-
-
-def wait_gone(witness: Witness, container_id: str, seconds: float) -> float | None:
-    """Poll the witness tightly; the monotonic time the container was first seen gone."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not container_exists(witness, container_id):
-            return time.monotonic()
-        time.sleep(0.01)
-    return None
 
 
 def records_gone(state_dir: Path, seconds: float = 10.0) -> bool:
@@ -409,16 +401,12 @@ def test_caller_sigkilled_mid_run_container_gone_within_2s(
             assert caller.poll() is None
             before_kill = detached_ticks(marker)
 
-            killed_at = time.monotonic()
-            caller.send_signal(signal.SIGKILL)
-            gone_at = wait_gone(witness, container_id, 10.0)
+            elapsed = removal_after_sigkill(caller, witness, container_id)
         finally:
             if caller.poll() is None:
                 caller.kill()
             caller.wait(10)
 
-        assert gone_at is not None, f"container {container_id[:12]} outlived its killed caller"
-        elapsed = gone_at - killed_at
         print(f"\ncaller SIGKILLed mid-run -> container gone in {elapsed:.3f} s")
         assert elapsed < 2.0, f"container gone only {elapsed:.3f} s after the caller's SIGKILL"
         assert before_kill >= 3
@@ -462,7 +450,7 @@ async def test_lifetime_deadline_removes_the_container_while_the_caller_is_conne
         assert [c["State"] for c in containers_with_marker(witness, marker)] == ["running"]
         assert lease_files(state_dir) == [record_filename(lease)]
 
-        gone_at = await trio.to_thread.run_sync(wait_gone, witness, container_id, 8.0)
+        gone_at = await trio.to_thread.run_sync(container_gone_at, witness, container_id, 8.0)
         assert gone_at is not None, sup.log()
         elapsed = gone_at - registered_before
         print(f"\nlifetime 1.5 s -> container gone {elapsed:.3f} s after registration")
@@ -1003,7 +991,7 @@ def test_a_second_register_on_one_connection_drops_it_and_removes_the_first_leas
             client.close()
         assert dropped_after < 5.0
         assert not any(getattr(m, "lease", None) == second for m in rest), rest
-        assert wait_gone(witness, created.container_id, 5.0) is not None
+        assert container_gone_at(witness, created.container_id, 5.0) is not None
         assert wait_until(lambda: lease_files(state_dir) == [], 2.0), lease_files(state_dir)
         assert "unexpected Register after registration" in sup.log()
         assert sup.proc.poll() is None

@@ -28,7 +28,7 @@ from sbxkit.engine.discovery import (
     socket_from_docker_host,
 )
 from sbxkit.errors import EngineUnavailable
-from tests.unit.unix_server import unix_server
+from tests.unit.unix_server import answer_heads, response, unix_server
 
 DOCKER_HEADERS = {"Api-Version": "1.41", "Ostype": "linux", "Server": "Docker/20.10.24 (linux)"}
 PODMAN_HEADERS = {
@@ -51,21 +51,14 @@ class FakeDaemon:
         self.requests: list[bytes] = []
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while True:
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, data = data.partition(b"\r\n\r\n")
-            self.requests.append(head)
-            if self.stall:
-                await trio.sleep_forever()
-            body = b"OK" if b" /_ping " in head.split(b"\r\n")[0] else b"{}"
-            lines = [f"HTTP/1.1 {self.status} X", f"Content-Length: {len(body)}"]
-            lines += [f"{k}: {v}" for k, v in self.headers.items()]
-            await stream.send_all("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body)
+        await answer_heads(stream, self.answer)
+
+    async def answer(self, head: bytes) -> bytes:
+        self.requests.append(head)
+        if self.stall:
+            await trio.sleep_forever()
+        body = b"OK" if b" /_ping " in head.split(b"\r\n")[0] else b"{}"
+        return response(f"{self.status} X", body, self.headers)
 
 
 @asynccontextmanager

@@ -21,27 +21,10 @@ from sbxkit._protocol.proof import (
     rotated,
     secret_hash,
 )
-from sbxkit._protocol.records import LeaseRecord, decode_record, encode_record
+from sbxkit._protocol.records import decode_record, encode_record
 from sbxkit.engine.models import ContainerCreate
 from sbxkit.errors import SbxError
-
-LEASE = "a" * 32
-
-
-def record(secret: str, **fields: object) -> LeaseRecord:
-    base = LeaseRecord(
-        lease=LEASE,
-        name=f"sbxkit-{LEASE}",
-        state="created",
-        container_id="c" * 64,
-        engine_socket="/run/docker.sock",
-        registered_at=1.0,
-        lifetime_deadline=100.0,
-        memory_bytes=1 << 28,
-        nano_cpus=10**9,
-        secret_hash=secret_hash(secret),
-    )
-    return msgspec.structs.replace(base, **fields)
+from tests.unit.test_readoption import LEASE, record
 
 
 def test_a_detach_hands_the_lease_to_the_handles_secret_only() -> None:

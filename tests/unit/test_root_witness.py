@@ -15,7 +15,7 @@ from sbxkit._model.rules import PODMAN_AUTO_USERNS, PODMAN_AUTO_WITNESS
 from sbxkit._plan.preflight import planned_root_witness, root_inside_witness
 from sbxkit.engine.client import connect
 from tests.unit.test_discovery import DOCKER_HEADERS, PODMAN_HEADERS
-from tests.unit.unix_server import Handler, unix_server
+from tests.unit.unix_server import Handler, answer_heads, response, unix_server
 
 
 def answers(*, podman: bool, remap: str | None = None, rootless: bool = False) -> dict[str, bytes]:
@@ -30,20 +30,13 @@ def answers(*, podman: bool, remap: str | None = None, rootless: bool = False) -
 
 
 def daemon(replies: dict[str, bytes], headers: dict[str, str]) -> Handler:
+    async def answer(head: bytes) -> bytes:
+        path = head.split(b" ")[1].decode().split("?")[0]
+        body = next((v for k, v in replies.items() if path.endswith(k)), b"{}")
+        return response("200 OK", body, headers)
+
     async def handle(stream: trio.SocketStream) -> None:
-        data = b""
-        while True:
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, data = data.partition(b"\r\n\r\n")
-            path = head.split(b" ")[1].decode().split("?")[0]
-            body = next((v for k, v in replies.items() if path.endswith(k)), b"{}")
-            lines = ["HTTP/1.1 200 OK", f"Content-Length: {len(body)}"]
-            lines += [f"{k}: {v}" for k, v in headers.items()]
-            await stream.send_all("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body)
+        await answer_heads(stream, answer)
 
     return handle
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import trio
@@ -37,3 +37,26 @@ async def unix_server(path: str, handler: Handler) -> AsyncIterator[None]:
             yield
         finally:
             nursery.cancel_scope.cancel()
+
+
+async def answer_heads(
+    stream: trio.SocketStream, answer: Callable[[bytes], Awaitable[bytes]]
+) -> None:
+    """Read each request head on the connection in turn (these clients send no bodies) and send
+    what ``answer`` makes of it, until the client goes away."""
+    data = b""
+    while True:
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        await stream.send_all(await answer(head))
+
+
+def response(status: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """``HTTP/1.1 STATUS`` with ``headers``, a Content-Length and ``body``."""
+    lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
