@@ -37,9 +37,14 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     sandbox: str
     """The lease of the sandbox that asked."""
     destination: str
+    """``host:port`` as the sandbox asked."""
     verdict: Verdict
     kind: Kind
+    """``connect`` (a CONNECT tunnel, or a connection to a listener of an allow entry),
+    ``http`` (a plain request the proxy forwarded), ``callback`` (to the operator's callback
+    endpoint) or ``request`` (refused before its destination was known)."""
     reason: str | None = None
+    """Why it was denied (None when allowed)."""
     rule: str | None = None
     """The allow entry that allowed it."""
     address: str | None = None

@@ -140,7 +140,11 @@ class Register(LeaseMessage, tag="register"):
     body: ContainerCreate
     reservation: Reservation
     startup_deadline_s: float
+    """Seconds from admission by which the container must have started, else the lease is
+    ended (capped by the supervisor's own ``--max-startup-deadline``)."""
     lifetime_deadline_s: float
+    """Seconds from admission after which the supervisor removes the container, whatever the
+    caller says (the owner's ``lifetime_s``)."""
     network: NetworkTerms | None = None
     """A governed network: what the supervisor's governor carries out once asked (Govern)."""
     secret_hash: str | None = None

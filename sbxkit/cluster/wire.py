@@ -38,9 +38,13 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """What an agent found on its node when it joined (``join.judge`` decides)."""
 
     node_id: str
+    """Ray's id of the node: how the driver knows which member a lost task or agent was."""
     name: str
     implementation: str
+    """The fingerprint of the agent's sbxkit sources: the driver refuses a node whose sbxkit
+    differs from its own."""
     engine: str
+    """The daemon the node's agent uses (its ``DOCKER_HOST``, else ``(discovered)``)."""
     engine_error: str | None = None
     config_error: str | None = None
     """The node's own configuration (``SBXKIT_NODE_PROFILE``, its environment) is unusable."""
