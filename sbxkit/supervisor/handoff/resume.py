@@ -26,7 +26,7 @@ from sbxkit._grammar.run_grammar import status_notice
 from sbxkit._lifecycle.attached import Outcome
 from sbxkit._lifecycle.kernel_run import kernel_verdict
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
-from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.result import PhaseTimings, RunResult, own_exit_code
 from sbxkit._protocol.wire import (
     Adopt,
     Closed,
@@ -92,7 +92,7 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInter
     log(f"lease {lease}: a handed-off run resumed by its command line; container removed")
     result = RunResult(
         status=verdict.status,
-        exit_code=code,
+        exit_code=own_exit_code(verdict.status, code),
         stdout=b"",
         stderr=b"",
         overflowed=ended.overflowed,
