@@ -94,6 +94,8 @@ class JobError(msgspec.Struct, frozen=True, kw_only=True):
     message: str
     container_id: str | None = None
     lease: str | None = None
+    field: str | None = None
+    """The spec field a refusal names (``SpecError``), else None."""
 
 
 class JobResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -252,11 +254,13 @@ class ClusterRunner(Protocol):
 def _error_of(exc: BaseException) -> JobError:
     container_id = getattr(exc, "container_id", None)
     lease = getattr(exc, "lease", None)
+    field = getattr(exc, "field", None)
     return JobError(
         type=type(exc).__name__,
         message=str(exc),
         container_id=container_id if isinstance(container_id, str) else None,
         lease=lease if isinstance(lease, str) else None,
+        field=field if isinstance(field, str) else None,
     )
 
 

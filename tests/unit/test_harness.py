@@ -26,6 +26,7 @@ from sbxkit._consumers.harness import (
     need_of,
     run_many,
 )
+from sbxkit._grammar.result_doc import ErrorDoc, ErrorResultDoc
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
@@ -503,7 +504,10 @@ def test_a_repeated_id_names_both_lines() -> None:
 
 
 def result_json(job_id: JobId, status: str = "exited") -> bytes:
-    """A complete line as sbxkit writes it (every key of the results schema)."""
+    """A complete line as sbxkit writes it: a result's, or an error's (``error``, ``lost``)."""
+    if status in ("error", "lost"):
+        failed = ErrorDoc(type="ImageError", message="gone")
+        return msgspec.json.encode(ErrorResultDoc(id=job_id, status=status, error=failed)) + b"\n"
     return msgspec.json.encode(ResultLine(id=job_id, status=status, exit_code=0)) + b"\n"
 
 
@@ -582,12 +586,9 @@ def test_error_lines_carry_the_class_and_message() -> None:
     doc = json.loads(encode_result(done))
     assert doc["id"] == 7
     assert doc["status"] == "error"
-    assert doc["error"] == {
-        "type": "ImageError",
-        "message": "image 'x': missing",
-        "container_id": None,
-        "lease": None,
-    }
+    # The error object of ``sbxkit run --json`` (docs/cli.md); the container and lease beside it.
+    assert doc["error"] == {"type": "ImageError", "message": "image 'x': missing", "field": None}
+    assert (doc["container_id"], doc["lease"]) == (None, None)
 
 
 def test_writer_appends_whole_lines_and_loops_over_short_writes(tmp_path: Path) -> None:

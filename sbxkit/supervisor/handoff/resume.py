@@ -22,7 +22,7 @@ from __future__ import annotations
 import trio
 
 from sbxkit._grammar.common import exit_code_for, exit_code_for_error
-from sbxkit._grammar.run_grammar import status_notice
+from sbxkit._grammar.run_grammar import RunBounds, status_notice
 from sbxkit._lifecycle.attached import Outcome
 from sbxkit._lifecycle.kernel_run import kernel_verdict
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
@@ -111,7 +111,15 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInter
     document = None
     if resume.json:
         document = result_document(result, ended.stdout_bytes, ended.stderr_bytes)
-    return RunReport(exit_status=exit_code_for(result), json=document, notice=status_notice(result))
+    bounds = RunBounds(
+        timeout_s=resume.timeout_s,
+        output_bytes=resume.output_bytes,
+        memory_bytes=live.record.memory_bytes,
+        disk_bytes=resume.disk_bytes,
+    )
+    return RunReport(
+        exit_status=exit_code_for(result), json=document, notice=status_notice(result, bounds)
+    )
 
 
 async def _removal(intent: Intent, replies: LocalReplies) -> str | None:
