@@ -10,20 +10,21 @@ validated before anything runs; the first bad one is reported with its line numb
 and the exit status is 2.
 
 Output: one JSON object per line and per job, in completion order (``--order input``: in the
-jobs' order, a line held while a job before it runs) — the shape ``sbxkit run --json`` prints,
-``id`` first (sbxkit/_grammar/result_doc.py, docs/cli.md): ``status`` (``exited``,
-``timed_out``, ``output_exceeded``, ``oom_killed``, ``killed``, ``disk_exceeded``, or
-``error``), ``exit_code``, ``stdout``/``stderr`` (UTF-8 with replacement; ``--output-encoding
-base64``: ``stdout_base64``/``stderr_base64``, the bytes exactly), the byte counts, evidence,
-``container_id``, ``lease``, ``timings`` (seconds: ``queued_s``, ``create_s``, ``start_s``,
-``run_s``, ``remove_s``, ``elapsed_s``), and ``error`` (``{"type", "message", "field"}``, for
-jobs that have no run result). Each line is appended with one unbuffered write as its job
-completes (or is released in order; a failed write is truncated away, so the file never ends
-in half a line); the file is fsynced at the end.
+jobs' order, a line held while a job before it runs; locally no job starts more than 4 ×
+``--parallel`` places after the earliest one running, which bounds what is held) — the shape
+``sbxkit run --json`` prints, ``id`` first (sbxkit/_grammar/result_doc.py, docs/cli.md):
+``status`` (``exited``, ``timed_out``, ``output_exceeded``, ``oom_killed``, ``killed``,
+``disk_exceeded``, or ``error``), ``exit_code``, ``stdout``/``stderr`` (UTF-8 with replacement;
+``--output-encoding base64``: ``stdout_base64``/``stderr_base64``, the bytes exactly), the byte
+counts, evidence, ``container_id``, ``lease``, ``timings`` (seconds: ``queued_s``, ``create_s``,
+``start_s``, ``run_s``, ``remove_s``, ``elapsed_s``), and ``error`` (``{"type", "message",
+"field"}``, for jobs that have no run result). Each line is appended with one unbuffered write
+as its job completes (or is released in order; a failed write is truncated away, so the file
+never ends in half a line); the file is fsynced at the end.
 
 Resume: ids already present in RESULTS are skipped, so re-running the same command after an
-interruption runs exactly the jobs without a line. Only result lines count (every key of the
-format, no other): any other line refuses the run and leaves the file as it is, and so does
+interruption runs exactly the jobs without a line. Only result lines count (a result line's keys,
+no other): any other line refuses the run and leaves the file as it is, and so does
 ``--out`` naming the jobs or profile file. A torn last line of ours left by a crash is moved
 aside to ``RESULTS.torn-<UTC time>``, never deleted (docs/operations.md).
 
@@ -134,6 +135,9 @@ CLUSTER_PARALLEL = 1_000_000
 MAX_JOBS_BYTES = 256 * 1024 * 1024
 """Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
+ORDER_AHEAD = 4
+"""``--order input``: no job starts more than 4 × ``--parallel`` places after the earliest one
+still running, so at most that many lines wait for it (a local batch's bound)."""
 DESCRIPTION = (
     "Run a JSONL file of jobs in parallel, one result line per job appended to RESULTS; ids "
     "already there are skipped, so the same command resumes."
@@ -303,7 +307,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("completion", "input"),
         default="completion",
         help="completion (default): each line as its job completes; input: in the jobs' "
-        "order (a line waits while an earlier job runs)",
+        f"order (a line waits while an earlier job runs; no job starts more than "
+        f"{ORDER_AHEAD} x --parallel places after the earliest one running)",
     )
     add_output_encoding(parser)
     parser.add_argument(
@@ -409,6 +414,7 @@ async def run_batch(
                 on_start=progress.start,
                 backend=backend,
                 pool=pool,
+                ahead=None if order is None else ORDER_AHEAD * parallel,
             )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))

@@ -274,8 +274,8 @@ def pending_jobs(jobs: Sequence[Job], scan: ResultsScan) -> list[Job]:
 
 class InputOrder:
     """``--order input``: releases lines in the jobs' order. A line is held only while a job
-    before it has none, so what is held is the lines completed ahead of the earliest job still
-    running (with ``--parallel N``: usually fewer than N; at worst every line but one)."""
+    before it has none: what is held is the lines completed ahead of the earliest job still
+    running, fewer than the batch's ``ahead`` (``run_many``: 4 × ``--parallel`` locally)."""
 
     def __init__(self, ids: Iterable[JobId]) -> None:
         self._next: deque[JobId] = deque(ids)

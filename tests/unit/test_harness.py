@@ -43,6 +43,7 @@ from sbxkit.cli.batch import (
     prepare_results,
     scan_results,
 )
+from sbxkit.cli.results import InputOrder
 from sbxkit.errors import CleanupError, ImageError, JobsFileError, SpecError
 
 LIMITS: dict[str, Any] = {
@@ -709,3 +710,31 @@ def test_no_progress_when_stderr_is_not_a_terminal() -> None:
     progress.finish()
     assert stream.getvalue() == ""
     assert progress.done == 1
+
+
+async def test_run_many_ahead_bounds_what_waits_for_a_slow_first_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``ahead`` (``sbxkit batch --order input``): no job starts more than ``ahead`` places
+    after the earliest one running, so the lines held for input order stay fewer than it."""
+
+    async def run(spec: SandboxSpec, stdin: bytes | None = None, **_: Any) -> RunResult:
+        await trio.sleep(100 if spec.command[0] == "slow" else 1)
+        return fake_result(spec.command[0])
+
+    jobs = [Job(id="j0", spec=spec(command="slow")), *jobs_of(9)[1:]]
+    for ahead, expect_wait in ((3, True), (None, False)):
+        order = InputOrder(job.id for job in jobs)
+        most = [0]
+
+        def held(done: JobResult, order: InputOrder = order, most: list[int] = most) -> None:
+            order.add(done.id, b"line")
+            most[0] = max(most[0], order.held)
+
+        results = await run_many(
+            jobs, parallel=4, backend=backend_of(FnBackend(run)), on_result=held, ahead=ahead
+        )
+        by_id = {r.id: r for r in results}
+        assert (by_id["j3"].started_at >= by_id["j0"].finished_at) is expect_wait
+        assert most[0] == (2 if ahead == 3 else 8)
+        assert order.held == 0
