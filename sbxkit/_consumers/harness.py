@@ -94,6 +94,8 @@ class JobError(msgspec.Struct, frozen=True, kw_only=True):
     message: str
     container_id: str | None = None
     lease: str | None = None
+    field: str | None = None
+    """The spec field a refusal names (``SpecError``), else None."""
 
 
 class JobResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -252,11 +254,13 @@ class ClusterRunner(Protocol):
 def _error_of(exc: BaseException) -> JobError:
     container_id = getattr(exc, "container_id", None)
     lease = getattr(exc, "lease", None)
+    field = getattr(exc, "field", None)
     return JobError(
         type=type(exc).__name__,
         message=str(exc),
         container_id=container_id if isinstance(container_id, str) else None,
         lease=lease if isinstance(lease, str) else None,
+        field=field if isinstance(field, str) else None,
     )
 
 
@@ -349,6 +353,7 @@ async def run_many(
     backend: Backend | None = None,
     pool: Pool | PoolPerShape | None = None,
     cluster: ClusterRunner | None = None,
+    ahead: int | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
@@ -367,6 +372,9 @@ async def run_many(
     ``cluster`` (``sbxkit.RayCluster``) runs the batch on a Ray cluster instead, each job on a
     node whose own supervisor admits and removes it (docs/cluster.md); ``parallel`` then bounds
     the jobs in flight across the cluster, and the local engine options do not apply.
+    ``ahead`` starts no job more than ``ahead`` places after the earliest job still running
+    (``sbxkit batch --order input``: what waits for an earlier job is bounded); None: no such
+    bound. Local batches only.
 
     Raises ``SpecError`` before anything runs for a bad ``parallel`` or budget, duplicate job
     ids, or a job larger than the caller's own budget. Host admission (the memory budget, live
@@ -390,8 +398,11 @@ async def run_many(
         if job.id in seen:
             raise SpecError(f"jobs[{index}].id", f"{job.id!r} repeats jobs[{seen[job.id]}].id")
         seen[job.id] = index
+    if ahead is not None and ahead < 1:
+        raise SpecError("ahead", f"must be at least 1, got {ahead}")
     if cluster is not None:
         _refuse_beside_cluster(
+            ahead=ahead,
             engine=engine,
             owner_factory=owner_factory,
             socket_path=socket_path,
@@ -433,6 +444,7 @@ async def run_many(
                 capacity_wait_s,
                 on_start,
                 runner,
+                ahead,
             )
 
     if backend is not None:
@@ -472,8 +484,10 @@ async def _dispatch(
     capacity_wait_s: float,
     on_start: StartCallback | None,
     runner: JobRunner,
+    ahead: int | None = None,
 ) -> list[JobResult]:
     results: list[JobResult | None] = [None] * len(jobs)
+    earliest = [0]  # the first index without a result
     begun = trio.current_time()
     freed = [trio.Event()]
     callback_error: list[BaseException] = []
@@ -498,6 +512,8 @@ async def _dispatch(
                 done, queued_s=started - begun, started_at=started, finished_at=finished
             )
             results[index] = done
+            while earliest[0] < len(results) and results[earliest[0]] is not None:
+                earliest[0] += 1
             if on_result is not None:
                 try:
                     on_result(done)
@@ -506,6 +522,8 @@ async def _dispatch(
                     nursery.cancel_scope.cancel()
 
         for index, (job, need) in enumerate(zip(jobs, needs, strict=True)):
+            while ahead is not None and index - earliest[0] >= ahead:
+                await freed[0].wait()
             while not admission.admit(need):
                 await freed[0].wait()
             if on_start is not None:

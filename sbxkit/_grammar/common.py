@@ -21,7 +21,8 @@ import trio
 
 from sbxkit._consumers.process_log import ProcessExit
 from sbxkit._grammar.daemon_refusal import is_daemon_refusal
-from sbxkit._model.result import RunResult, Status, json_fields
+from sbxkit._grammar.result_doc import ErrorDoc, ErrorResultDoc, OutputEncoding, result_doc
+from sbxkit._model.result import RunResult, Status
 from sbxkit._util.notice import say
 from sbxkit.errors import (
     CapacityExhausted,
@@ -55,30 +56,9 @@ STATUS_EXIT: dict[Status, int] = {
 }
 
 
-class JsonResult(msgspec.Struct, kw_only=True):
-    """The ``--json`` document: one object, text decoded as UTF-8 with replacement."""
-
-    status: Status
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    stdout_bytes: int
-    stderr_bytes: int
-    overflowed: str | None
-    container_id: str
-    lease: str
-    oom_evidence: str | None
-    kill_evidence: str | None
-    usage: dict[str, object] | None
-    timings: dict[str, float]
-    pooled: bool
-    evidence: str
-    denials: list[dict[str, object]]
-
-
-def to_json(result: RunResult) -> bytes:
-    doc = JsonResult(**json_fields(result))  # type: ignore[arg-type]
-    return msgspec.json.encode(doc)
+def to_json(result: RunResult, encoding: OutputEncoding = "utf-8") -> bytes:
+    """``sbxkit run --json``'s document (sbxkit/_grammar/result_doc.py)."""
+    return msgspec.json.encode(result_doc(result, encoding))
 
 
 def exit_code_for(result: RunResult | ProcessExit) -> int:
@@ -180,7 +160,7 @@ def print_json_error(kind: str, message: str, field: str | None, code: int) -> N
 def json_error(kind: str, message: str, field: str | None, code: int) -> str:
     """``--json``'s error object (``print_json_error``; a handed-off run's ``RunError``)."""
     message, field = _printable(message), None if field is None else _printable(field)
-    doc = {"error": {"type": kind, "message": message, "field": field}, "exit_status": code}
+    doc = ErrorResultDoc(error=ErrorDoc(type=kind, message=message, field=field), exit_status=code)
     return msgspec.json.encode(doc).decode()
 
 

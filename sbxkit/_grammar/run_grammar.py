@@ -6,7 +6,7 @@ import argparse
 import os
 import stat
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import trio
@@ -24,9 +24,11 @@ from sbxkit._grammar.flags import (
     spec_from_args,
 )
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, profile_settings
+from sbxkit._grammar.result_doc import OUTPUT_ENCODINGS, OutputEncoding
 from sbxkit._model.call_checks import MAX_POOL_SIZE
 from sbxkit._model.result import RunResult
-from sbxkit._model.spec import SandboxSpec
+from sbxkit._model.spec import SandboxSpec, writable_image
+from sbxkit._model.units import format_seconds, format_size
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._util.notice import WaitingNotice, say
 from sbxkit._util.stdin import FileStdin, StdinSource
@@ -34,6 +36,18 @@ from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.engine.client import open_engine
 from sbxkit.errors import ImageError, NotFound, SpecError
+
+
+class RunBounds(NamedTuple):
+    """The limits a run had, as its verdict line names them (None: not known here)."""
+
+    timeout_s: float | None = None
+    output_bytes: int | None = None
+    memory_bytes: int | None = None
+    disk_bytes: int | None = None
+
+
+NO_BOUNDS = RunBounds()
 
 
 def stdin_carries_data() -> bool:
@@ -114,18 +128,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         checked = backend.check(spec, "run")  # refused input never waits for stdin
     stdin = stdin_of(args.stdin, streamed=backend.kind == "docker")
     result = trio.run(run_interruptibly, backend, checked, stdin)
-    return print_result(result, json=args.json)
+    return print_result(
+        result, json=args.json, bounds=bounds_of(checked), encoding=args.output_encoding
+    )
 
 
-def print_result(result: RunResult, *, json: bool) -> int:
+def print_result(
+    result: RunResult,
+    *,
+    json: bool,
+    bounds: RunBounds = NO_BOUNDS,
+    encoding: OutputEncoding = "utf-8",
+) -> int:
     """Print a result as ``sbxkit run`` does (the payload's streams, or one JSON object) and
-    return its exit status."""
+    return its exit status; the verdict line names the limits of ``bounds``."""
     if json:
-        sys.stdout.buffer.write(to_json(result) + b"\n")
+        sys.stdout.buffer.write(to_json(result, encoding) + b"\n")
     else:
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
-        notice = status_notice(result)
+        notice = status_notice(result, bounds)
         if notice is not None:
             say(notice, sys.stderr)
     sys.stdout.flush()
@@ -155,13 +177,37 @@ async def image_command(socket_path: str | None, image: str) -> list[str]:
     return command
 
 
-def status_notice(result: RunResult) -> str | None:
+def bounds_of(spec: SandboxSpec | CheckedSpec) -> RunBounds:
+    """The limits of ``spec`` a verdict line names."""
+    spec = spec.spec if isinstance(spec, CheckedSpec) else spec
+    limits = spec.limits
+    return RunBounds(
+        timeout_s=limits.timeout_s,
+        output_bytes=limits.output_bytes,
+        memory_bytes=limits.memory_bytes,
+        disk_bytes=writable_image(spec),
+    )
+
+
+def status_notice(result: RunResult, bounds: RunBounds = NO_BOUNDS) -> str | None:
     """What ``sbxkit run`` says on stderr after the payload's own, when it did not simply
-    exit: ``sbxkit: timed out``, ``sbxkit: output exceeded (stdout)`` ..."""
+    exit, naming the limit that ended it: ``sbxkit: timed out after 30 s``, ``sbxkit: output
+    exceeded (stdout): limit 1 MiB``, ``sbxkit: oom killed: memory limit 256 MiB`` ..."""
     if result.status == "exited":
         return None
-    detail = f" ({result.overflowed})" if result.overflowed else ""
-    return f"sbxkit: {result.status.replace('_', ' ')}{detail}"
+    line = f"sbxkit: {result.status.replace('_', ' ')}"
+    if result.overflowed:
+        line += f" ({result.overflowed})"
+    if result.status == "timed_out" and bounds.timeout_s is not None:
+        return f"{line} after {format_seconds(bounds.timeout_s)}"
+    limit = {
+        "output_exceeded": ("limit", bounds.output_bytes),
+        "oom_killed": ("memory limit", bounds.memory_bytes),
+        "disk_exceeded": ("disk limit", bounds.disk_bytes),
+    }.get(result.status)
+    if limit is not None and limit[1] is not None:
+        return f"{line}: {limit[0]} {format_size(limit[1])}"
+    return line
 
 
 def run_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions | None:
@@ -176,6 +222,17 @@ def run_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions |
             return msgspec.structs.replace(configured, size=int(size))
         return PoolOptions(size=int(size))
     return profile.sandbox.docker.pool if profile is not None else None
+
+
+def add_output_encoding(parser: argparse.ArgumentParser) -> None:
+    """``--output-encoding``: how JSON carries the payload's output (``run --json``, batch)."""
+    parser.add_argument(
+        "--output-encoding",
+        choices=OUTPUT_ENCODINGS,
+        default="utf-8",
+        help="utf-8 (default): stdout and stderr as text, a byte that is not UTF-8 replaced by "
+        "U+FFFD; base64: stdout_base64 and stderr_base64, the bytes exactly",
+    )
 
 
 def add_run_parser(sub: Any) -> argparse.ArgumentParser:
@@ -211,6 +268,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         "kept N strong (the first run of a shape starts the pool; docs/pool.md)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_encoding(parser)
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, action=ImageAndCommand, metavar="IMAGE -- CMD"
     )

@@ -18,7 +18,14 @@ from sbxkit._lifecycle.outcome import Verdict
 from sbxkit._lifecycle.output import OutputCapture, stream_name
 from sbxkit._lifecycle.owned import OwnedContainer, attached
 from sbxkit._model.network_audit import Denial
-from sbxkit._model.result import Evidence, PhaseTimings, RunResult, Status, Stream
+from sbxkit._model.result import (
+    Evidence,
+    PhaseTimings,
+    RunResult,
+    Status,
+    Stream,
+    own_exit_code,
+)
 from sbxkit._util.stdin import StdinSource, write_stdin
 from sbxkit._util.unwrap import plain_async
 from sbxkit.engine.client import Waiter
@@ -59,11 +66,9 @@ class Ran:
             run_s=self.run_s,
             remove_s=box.remove_s or 0.0,
         )
-        # After sbxkit's own removal (the owner's word) the code is its kill, not the payload's.
-        ended_by_sbxkit = self.verdict.status in ("timed_out", "disk_exceeded")
         return RunResult(
             status=self.verdict.status,
-            exit_code=None if ended_by_sbxkit else self.exit_code,
+            exit_code=own_exit_code(self.verdict.status, self.exit_code),
             stdout=self.capture.stdout,
             stderr=self.capture.stderr,
             overflowed=self.capture.overflowed,

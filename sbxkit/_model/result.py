@@ -78,6 +78,13 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
         return self.status == "exited" and self.exit_code == 0
 
 
+def own_exit_code(status: Status, code: int | None) -> int | None:
+    """``RunResult.exit_code``: the payload's code only when it exited by itself. After a kill
+    (sbxkit's for a limit, the kernel's OOM killer, someone's ``docker kill``) the 137 is the
+    kill's, not the payload's answer; the status says which kill it was."""
+    return code if status == "exited" else None
+
+
 def json_fields(result: RunResult) -> dict[str, object]:
     """The result as JSON-ready fields (``sbxkit run --json`` and ``sbxkit batch`` lines): text
     decoded as UTF-8 with replacement, byte counts of the raw output, timings in seconds."""

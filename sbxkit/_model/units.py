@@ -125,4 +125,21 @@ def parse_duration(text: object, field: str) -> float:
     return float(seconds)
 
 
+_SIZE_NAMES = ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB"))
+
+
+def format_size(size: int) -> str:
+    """A byte count as a person reads it: ``256 MiB``, ``1.5 GiB``, ``100 bytes`` (binary units,
+    as ``parse_size`` reads them; at most two decimals)."""
+    for unit, name in _SIZE_NAMES:
+        if size >= unit:
+            return f"{size / unit:.2f}".rstrip("0").rstrip(".") + f" {name}"
+    return f"{size} bytes" if size != 1 else "1 byte"
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration as a person reads it: ``30 s``, ``0.5 s``, ``1.25 s`` (at most three decimals)."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + " s"
+
+
 publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -97,6 +97,8 @@ class RunStarted(Message, tag="run_started"):
     pooled: bool = False
     queued_s: float = 0.0
     """What the verdict's result says beside the command line's own figures."""
+    disk_bytes: int | None = None
+    """The bound on the sandbox's writable image, for the verdict line (None: read-only)."""
 
 
 class RunResume(Message, tag="run_resume"):
@@ -118,12 +120,17 @@ class RunResume(Message, tag="run_resume"):
     pooled: bool = False
     queued_s: float = 0.0
     run_s: float = 0.0
+    output_bytes: int | None = None
+    timeout_s: float | None = None
+    disk_bytes: int | None = None
+    """``RunStarted``'s limits, echoed: the verdict line names them (``memory_bytes`` is the
+    lease record's)."""
 
 
 class RunReport(Message, tag="run_report"):
     """The handed-off run's result: the exit status, the ``--json`` document (its ``stdout``
     and ``stderr`` empty: the command line puts its own output there), and the line said after
-    the payload's stderr (``sbxkit: timed out``), if any."""
+    the payload's stderr (``sbxkit: timed out after 30 s``), if any."""
 
     exit_status: int
     json: str | None = None

@@ -9,18 +9,22 @@ such as ``"64m"``). ``--profile`` and the limit flags give defaults a line may l
 validated before anything runs; the first bad one is reported with its line number and field,
 and the exit status is 2.
 
-Output: one JSON object per line and per job, in completion order — ``id``, ``status``
-(``exited``, ``timed_out``, ``output_exceeded``, ``oom_killed``, or ``error``), ``exit_code``,
-``stdout``/``stderr`` (UTF-8 with replacement), ``stdout_bytes``/``stderr_bytes`` (the raw byte
-counts), ``overflowed``, ``oom_evidence``, ``container_id``, ``lease``, ``timings`` (seconds:
-``queued_s``, ``create_s``, ``start_s``, ``run_s``, ``remove_s``, ``elapsed_s``), and ``error``
-(``{"type", "message"}``, for jobs that have no run result). Each line is appended with one
-unbuffered write as its job completes (a failed write is truncated away, so the file never ends
-in half a line); the file is fsynced at the end.
+Output: one JSON object per line and per job, in completion order (``--order input``: in the
+jobs' order, a line held while a job before it runs; locally no job starts more than 4 ×
+``--parallel`` places after the earliest one running, which bounds what is held) — the shape
+``sbxkit run --json`` prints, ``id`` first (sbxkit/_grammar/result_doc.py, docs/cli.md):
+``status`` (``exited``, ``timed_out``, ``output_exceeded``, ``oom_killed``, ``killed``,
+``disk_exceeded``, or ``error``), ``exit_code``, ``stdout``/``stderr`` (UTF-8 with replacement;
+``--output-encoding base64``: ``stdout_base64``/``stderr_base64``, the bytes exactly), the byte
+counts, evidence, ``container_id``, ``lease``, ``timings`` (seconds: ``queued_s``, ``create_s``,
+``start_s``, ``run_s``, ``remove_s``, ``elapsed_s``), and ``error`` (``{"type", "message",
+"field"}``, for jobs that have no run result). Each line is appended with one unbuffered write
+as its job completes (or is released in order; a failed write is truncated away, so the file
+never ends in half a line); the file is fsynced at the end.
 
 Resume: ids already present in RESULTS are skipped, so re-running the same command after an
-interruption runs exactly the jobs without a line. Only result lines count (every key of the
-format, no other): any other line refuses the run and leaves the file as it is, and so does
+interruption runs exactly the jobs without a line. Only result lines count (a result line's keys,
+no other): any other line refuses the run and leaves the file as it is, and so does
 ``--out`` naming the jobs or profile file. A torn last line of ours left by a crash is moved
 aside to ``RESULTS.torn-<UTC time>``, never deleted (docs/operations.md).
 
@@ -72,6 +76,8 @@ from sbxkit._consumers.harness import Job, JobId, JobResult, run_many
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, sandbox_options
+from sbxkit._grammar.result_doc import OutputEncoding
+from sbxkit._grammar.run_grammar import add_output_encoding
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, decoded_as, parse_size
 from sbxkit._plan.plan import check_spec
@@ -80,9 +86,16 @@ from sbxkit._util.bounded_read import read_bounded
 from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend, open_backend
 from sbxkit.backends.docker import DockerBackend
-from sbxkit.cli.jobs import add_default_flags, defaults_from_args, forget_error_lines, with_defaults
+from sbxkit.cli.jobs import (
+    add_default_flags,
+    add_valued_flags,
+    defaults_from_args,
+    forget_error_lines,
+    with_defaults,
+)
 from sbxkit.cli.progress import Progress, counted, format_clock, format_progress
 from sbxkit.cli.results import (
+    InputOrder,
     ResultLine,
     ResultsWriter,
     encode_result,
@@ -122,6 +135,9 @@ CLUSTER_PARALLEL = 1_000_000
 MAX_JOBS_BYTES = 256 * 1024 * 1024
 """Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
+ORDER_AHEAD = 4
+"""``--order input``: no job starts more than 4 × ``--parallel`` places after the earliest one
+still running, so at most that many lines wait for it (a local batch's bound)."""
 DESCRIPTION = (
     "Run a JSONL file of jobs in parallel, one result line per job appended to RESULTS; ids "
     "already there are skipped, so the same command resumes."
@@ -270,19 +286,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--parallel in all, and claim them (docs/pool.md; a profile's [sandbox.docker.pool] "
         "sets the size per shape and the idle TTL). Docker only",
     )
-    parser.add_argument(
-        "--memory-budget",
-        metavar="SIZE",
-        help="this batch's share: summed memory of its jobs in flight, e.g. 8g (default: no "
-        "cap of its own; the supervisor admits against the host's budget)",
+    add_valued_flags(
+        parser,
+        (
+            "--memory-budget",
+            "SIZE",
+            "this batch's share: summed memory of its jobs in flight, e.g. 8g (default: no "
+            "cap of its own; the supervisor admits against the host's budget)",
+        ),
+        (
+            "--cpu-budget",
+            "CPUS",
+            "this batch's share: summed CPUs of its jobs in flight (default: no cap; CPU "
+            "quotas are ceilings, not reservations)",
+        ),
+        ("--socket", None, "Docker socket path (default: discovered)"),
     )
     parser.add_argument(
-        "--cpu-budget",
-        metavar="CPUS",
-        help="this batch's share: summed CPUs of its jobs in flight (default: no cap; CPU "
-        "quotas are ceilings, not reservations)",
+        "--order",
+        choices=("completion", "input"),
+        default="completion",
+        help="completion (default): each line as its job completes; input: in the jobs' "
+        f"order (a line waits while an earlier job runs; no job starts more than "
+        f"{ORDER_AHEAD} x --parallel places after the earliest one running)",
     )
-    parser.add_argument("--socket", help="Docker socket path (default: discovered)")
+    add_output_encoding(parser)
     parser.add_argument(
         "--no-progress", action="store_true", help="no status line, even on a terminal"
     )
@@ -332,15 +360,23 @@ async def run_batch(
     pool_options: PoolOptions | None = None,
     cluster: RayCluster | None = None,
     settings: Settings | None = None,
+    order: InputOrder | None = None,
+    encoding: OutputEncoding = "utf-8",
 ) -> None:
     """Run the jobs on ``backend``, writing each result as it completes; SIGINT/SIGTERM cancel
     the batch (every run removes its container first) and raise Interrupted. ``pool_options``
     pre-start containers of each shape of the batch to claim, ``size`` per shape at most and
     ``parallel`` in all (docs/pool.md). ``cluster`` runs them on a Ray cluster instead (every
-    attempt gets a line, docs/cluster.md)."""
+    attempt gets a line, docs/cluster.md). ``order`` writes the lines in the jobs' order
+    (``--order input``); ``encoding`` is the output's in them (``--output-encoding``)."""
 
     def on_result(done: JobResult) -> None:
-        writer.append(encode_result(done, cluster=cluster is not None))
+        line = encode_result(done, cluster=cluster is not None, encoding=encoding)
+        if order is None or done.lost:  # a lost attempt's line completes no job
+            writer.append(line)
+        else:
+            for released in order.add(done.id, line):
+                writer.append(released)
         progress.record(done)
 
     async def tick() -> None:
@@ -378,6 +414,7 @@ async def run_batch(
                 on_start=progress.start,
                 backend=backend,
                 pool=pool,
+                ahead=None if order is None else ORDER_AHEAD * parallel,
             )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))
@@ -456,6 +493,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         )
         return EXIT_JOB_ERRORS if earlier_errors else EXIT_OK
     writer = ResultsWriter(args.out)
+    order = InputOrder(job.id for job in pending) if args.order == "input" else None
     try:
         progress.draw()
         trio.run(
@@ -471,6 +509,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 pool_options=batch_pool(args, profile) if args.ray is None else None,
                 cluster=batch_cluster(args, scan.lost),
                 settings=settings,
+                order=order,
+                encoding=args.output_encoding,
             )
         )
     except (Interrupted, KeyboardInterrupt) as exc:
@@ -486,6 +526,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return getattr(exc, "exit_code", 128 + signal.SIGINT)
     finally:
         try:
+            for line in order.drain() if order is not None else ():
+                writer.append(line)  # completed jobs keep their lines, whatever stopped it
             writer.sync()
         finally:
             writer.close()

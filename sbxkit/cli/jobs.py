@@ -174,15 +174,24 @@ def forget_error_lines(path: Path, ids: Collection[object]) -> int:
 # --- the command line --------------------------------------------------------------------------
 
 
+def add_valued_flags(parser: argparse.ArgumentParser, *flags: tuple[str, str | None, str]) -> None:
+    """Flags that take one value as given: ``(flag, metavar or None, help)`` each."""
+    for flag, metavar, text in flags:
+        parser.add_argument(flag, metavar=metavar, help=text)
+
+
 def add_default_flags(parser: argparse.ArgumentParser) -> None:
     """``sbxkit batch``'s job defaults and ``--retry-errors``."""
-    parser.add_argument(
-        "--profile",
-        metavar="FILE",
-        help="TOML profile ([sandbox.docker]) whose image, limits, env, labels and policy are "
-        "every job's defaults; the flags below override it, a job line overrides both",
+    add_valued_flags(
+        parser,
+        (
+            "--profile",
+            "FILE",
+            "TOML profile ([sandbox.docker]) whose image, limits, env, labels and policy are "
+            "every job's defaults; the flags below override it, a job line overrides both",
+        ),
+        ("--image", None, "default image for job lines without one"),
     )
-    parser.add_argument("--image", help="default image for job lines without one")
     for dest, flag, _, _ in BATCH_LIMIT_FLAGS:
         default = f"; default {DEFAULTS[dest]}, as sbxkit run's" if dest in DEFAULTS else ""
         parser.add_argument(flag, metavar="VALUE", help=f"every job's {flag[2:]}{default}")

@@ -13,79 +13,68 @@ import io
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, get_args
 
 import msgspec
 
-from sbxkit._consumers.harness import Job, JobError, JobId, JobResult
-from sbxkit._model.result import Status, json_fields
+from sbxkit._consumers.harness import Job, JobId, JobResult
+from sbxkit._grammar.result_doc import (
+    ErrorDoc,
+    ErrorResultDoc,
+    OutputEncoding,
+    ResultDoc,
+    result_doc,
+)
+from sbxkit._model.result import Status
 from sbxkit._util.bounded_read import file_kind_problem
 from sbxkit.errors import ResultsFileError, SpecError
 
 # --- output --------------------------------------------------------------------------------------
 
 
-class ResultLine(msgspec.Struct, kw_only=True):
-    """One line of RESULTS."""
-
-    id: JobId
-    status: str
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    overflowed: str | None = None
-    oom_evidence: str | None = None
-    kill_evidence: str | None = None
-    usage: dict[str, Any] | None = None
-    container_id: str | None = None
-    lease: str | None = None
-    timings: dict[str, float] = msgspec.field(default_factory=dict)
-    pooled: bool = False
-    evidence: str | None = None
-    denials: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    error: JobError | None = None
-    node: str | msgspec.UnsetType | None = msgspec.UNSET
-    """Cluster batches only (``--ray``): the node the attempt ran on, and which attempt it was
-    (absent from local lines, which stay as they were)."""
-    attempt: int | msgspec.UnsetType = msgspec.UNSET
-
+ResultLine = ResultDoc
+"""A result's line of RESULTS: the shape ``sbxkit run --json`` prints too (an error's line is
+an ``ErrorResultDoc``; sbxkit/_grammar/result_doc.py)."""
 
 _ENCODER = msgspec.json.Encoder()
 
 
-def result_line(done: JobResult, *, cluster: bool = False) -> ResultLine:
-    """``cluster``: the line says which node and attempt (a lost attempt is a ``lost`` line)."""
+def result_line(
+    done: JobResult, *, cluster: bool = False, encoding: OutputEncoding = "utf-8"
+) -> ResultDoc | ErrorResultDoc:
+    """``cluster``: the line says which node and attempt (a lost attempt is a ``lost`` line);
+    ``encoding``: the output's (``--output-encoding``)."""
     timings = {"queued_s": done.queued_s}
-    placed: dict[str, object] = {"node": done.node, "attempt": done.attempt} if cluster else {}
     result = done.result
+    line: ResultDoc | ErrorResultDoc
     if result is None:
         assert done.error is not None
         timings["elapsed_s"] = done.elapsed_s
-        return ResultLine(
-            id=done.id,
+        error = done.error
+        line = ErrorResultDoc(
             status="lost" if done.lost else "error",
-            container_id=done.error.container_id,
-            lease=done.error.lease,
+            container_id=error.container_id,
+            lease=error.lease,
             timings=timings,
-            error=done.error,
-            **placed,  # type: ignore[arg-type]
+            error=ErrorDoc(type=error.type, message=error.message, field=error.field),
         )
-    fields = json_fields(result)
-    fields["timings"] = {
-        **timings,
-        **msgspec.structs.asdict(result.timings),
-        "elapsed_s": done.elapsed_s,
-    }
-    return ResultLine(id=done.id, **fields, **placed)  # type: ignore[arg-type]
+    else:
+        line = result_doc(result, encoding)
+        line.timings = {**timings, **line.timings, "elapsed_s": done.elapsed_s}
+    line.id = done.id
+    if cluster:
+        line.node, line.attempt = done.node, done.attempt
+    return line
 
 
-def encode_result(done: JobResult, *, cluster: bool = False) -> bytes:
+def encode_result(
+    done: JobResult, *, cluster: bool = False, encoding: OutputEncoding = "utf-8"
+) -> bytes:
     """The complete line for one job, newline included (JSON escapes any newline inside)."""
-    return _ENCODER.encode(result_line(done, cluster=cluster)) + b"\n"
+    return _ENCODER.encode(result_line(done, cluster=cluster, encoding=encoding)) + b"\n"
 
 
 RESULT_STATUSES = (*get_args(Status), "error", "lost")
@@ -94,34 +83,13 @@ LOST = "lost"
 (it was retried, or a resume runs it)."""
 
 
-class _Seen(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The schema a line must match to count as a result: every key ``ResultLine`` writes
-    (the five added later optional, so older results files still resume) and no other. A
-    jobs file or any other JSONL with ``id`` fields fails it, and is never taken for results."""
-
-    id: JobId
-    status: str
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    stdout_bytes: int
-    stderr_bytes: int
-    overflowed: str | None
-    oom_evidence: str | None
-    container_id: str | None
-    lease: str | None
-    timings: dict[str, float]
-    error: dict[str, Any] | None
-    kill_evidence: str | None = None
-    usage: dict[str, Any] | None = None
-    pooled: bool = False
-    node: str | None = None
-    attempt: int = 1
-    denials: list[dict[str, Any]] | None = None
-    evidence: str | None = None
-
-
-_SEEN = msgspec.json.Decoder(_Seen)
+_LINE_KEYS = frozenset(ResultDoc.__struct_fields__) | frozenset(ErrorResultDoc.__struct_fields__)
+_REQUIRED_KEYS = frozenset({"id", "status", "timings"})
+"""The schema a line must match to count as a result: the keys of ``ResultDoc`` or
+``ErrorResultDoc`` (sbxkit/_grammar/result_doc.py; an older line's keys are among them), no
+other, and ``id``, ``status`` and ``timings``, which every line of ours has. A jobs file or any
+other JSONL with ``id`` fields fails it, and is never taken for results."""
+_LINE = msgspec.json.Decoder(dict[str, Any])
 _OWN_ID = re.compile(rb'\{"id":(?:"(?:[^"\\]|\\.)*"|-?[0-9]+)')
 _OWN_ID_CUT = re.compile(rb'\{"id":(?:"(?:[^"\\]|\\.)*\\?|-?[0-9]*)')
 _OWN_NEXT = b',"status":"'
@@ -141,11 +109,25 @@ def is_own_torn_line(fragment: bytes, *, after_results: bool) -> bool:
     return rest.startswith(_OWN_NEXT)
 
 
-def _result_line(raw: bytes) -> _Seen:
-    seen = _SEEN.decode(raw)
-    if seen.status not in RESULT_STATUSES:
-        raise msgspec.ValidationError(f"unknown status {seen.status!r}")
-    return seen
+def _result_line(raw: bytes) -> tuple[JobId, str]:
+    """The id and status of a result line; ``msgspec.ValidationError`` for any other line."""
+    data = _LINE.decode(raw)
+    unknown = sorted(set(data) - _LINE_KEYS)
+    if unknown:
+        raise msgspec.ValidationError(f"unknown key {unknown[0]!r}")
+    missing = sorted(_REQUIRED_KEYS - set(data))
+    if missing:
+        raise msgspec.ValidationError(f"missing key {missing[0]!r}")
+    status = data["status"]
+    if status not in RESULT_STATUSES:
+        raise msgspec.ValidationError(f"unknown status {status!r}")
+    seen: ResultDoc | ErrorResultDoc
+    if status in ("error", LOST):
+        seen = msgspec.convert(data, ErrorResultDoc)
+    else:
+        seen = msgspec.convert(data, ResultDoc)
+    assert not isinstance(seen.id, msgspec.UnsetType)  # a required key
+    return seen.id, status
 
 
 class ResultsScan(msgspec.Struct, frozen=True):
@@ -168,7 +150,7 @@ class ResultsScan(msgspec.Struct, frozen=True):
 def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
     """Pure: read a results file line by line (newlines kept), without keeping it in memory.
 
-    Every complete line must be a result line (the schema of ``_Seen``): anything else refuses
+    Every complete line must be a result line (``_LINE_KEYS``): anything else refuses
     the file, as it is not something this command wrote. A last line without its newline is a
     complete record that lost it, or a crash's torn half of one of ours (beyond
     ``keep_bytes``, to be moved aside); a torn line that is not ours refuses the file too.
@@ -184,7 +166,7 @@ def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
             offset += len(raw)
             continue
         try:
-            seen = _result_line(body)
+            job_id, status = _result_line(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             if complete:
                 raise ResultsFileError(source, number, f"not a result line ({exc})") from None
@@ -196,12 +178,12 @@ def scan_lines(lines: Iterable[bytes], source: str = "results") -> ResultsScan:
                     "left as it is",
                 ) from None
             return ResultsScan(done, errors, offset, needs_newline=False, lost=lost)  # torn
-        if seen.status == LOST:
-            lost[seen.id] = lost.get(seen.id, 0) + 1
+        if status == LOST:
+            lost[job_id] = lost.get(job_id, 0) + 1
         else:
-            done.add(seen.id)
-        if seen.status == "error":
-            errors.add(seen.id)
+            done.add(job_id)
+        if status == "error":
+            errors.add(job_id)
         offset += len(raw)
         if not complete:
             return ResultsScan(done, errors, offset, needs_newline=True, lost=lost)
@@ -288,6 +270,36 @@ def _move_aside(path: Path, torn: bytes) -> Path:
 def pending_jobs(jobs: Sequence[Job], scan: ResultsScan) -> list[Job]:
     """The jobs without a line in RESULTS, in input order (resume)."""
     return [job for job in jobs if job.id not in scan.done]
+
+
+class InputOrder:
+    """``--order input``: releases lines in the jobs' order. A line is held only while a job
+    before it has none: what is held is the lines completed ahead of the earliest job still
+    running, fewer than the batch's ``ahead`` (``run_many``: 4 × ``--parallel`` locally)."""
+
+    def __init__(self, ids: Iterable[JobId]) -> None:
+        self._next: deque[JobId] = deque(ids)
+        self._held: dict[JobId, bytes] = {}
+
+    def add(self, job_id: JobId, line: bytes) -> list[bytes]:
+        """The lines ``job_id``'s completion releases, in order (none while an earlier one
+        runs)."""
+        self._held[job_id] = line
+        released = []
+        while self._next and self._next[0] in self._held:
+            released.append(self._held.pop(self._next.popleft()))
+        return released
+
+    def drain(self) -> list[bytes]:
+        """The lines still held, in input order (an interrupted batch keeps them: a resume
+        skips their jobs)."""
+        held = [self._held.pop(job_id) for job_id in self._next if job_id in self._held]
+        self._next.clear()
+        return held
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
 
 WriteFn = Callable[[int, bytes], int]

@@ -47,7 +47,7 @@ from sbxkit._grammar.flags import (
     spec_from_args,
 )
 from sbxkit._grammar.profile import load_profile, profile_settings
-from sbxkit._grammar.run_grammar import print_result, stdin_carries_data
+from sbxkit._grammar.run_grammar import RunBounds, print_result, stdin_carries_data
 from sbxkit._model.units import parse_duration
 from sbxkit._util.notice import say
 from sbxkit.errors import SessionError, SpecError
@@ -244,7 +244,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
             secret="", argv=command, stdin=stdin, timeout_s=timeout, workdir=args.workdir, env=env
         ),
     )
-    return print_result(client.expect(answer, wire.Ran).result, json=args.json)
+    ran = client.expect(answer, wire.Ran).result
+    return print_result(ran, json=args.json, bounds=RunBounds(timeout_s=timeout))
 
 
 def _describe(ended: ProcessExit) -> str:

@@ -541,11 +541,11 @@ def with_output(document: str, stdout: bytes, stderr: bytes) -> bytes:
 
 
 def error_json(kind: str, message: str, code: int) -> str:
-    """``--json``'s error object, as ``cli.common.json_error`` renders one (no field)."""
+    """``--json``'s error document, as ``_grammar.common.json_error`` renders one (no field)."""
     error = {"type": kind, "message": message, "field": None}
-    return json.dumps(
-        {"error": error, "exit_status": code}, ensure_ascii=False, separators=(",", ":")
-    )
+    doc: dict[str, object] = {"status": "error", "container_id": None, "lease": None}
+    doc |= {"timings": {}, "error": error, "exit_status": code}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
 
 # -- signals ----------------------------------------------------------------------------------

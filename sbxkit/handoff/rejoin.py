@@ -95,6 +95,9 @@ def resume_message(
         pooled=bool(started.get("pooled")),
         queued_s=float(started.get("queued_s", 0.0)),
         run_s=run_s,
+        output_bytes=started.get("output_bytes"),
+        timeout_s=started.get("timeout_s"),
+        disk_bytes=started.get("disk_bytes"),
     )
 
 

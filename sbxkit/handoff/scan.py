@@ -29,10 +29,20 @@ PLANNING_ENV = (
 """The caller's variables a run is judged under (``plan.effective_settings``) and that find
 its daemon (``engine/discovery.py``): sent with every hand-off, when set."""
 
-NOT_SERVED = ("--profile", "-h", "--help", "--env-file", "-v", "--volume", "--mount")
+NOT_SERVED = (
+    "--profile",
+    "-h",
+    "--help",
+    "--env-file",
+    "-v",
+    "--volume",
+    "--mount",
+    "--output-encoding",
+)
 """Options the hand-off never serves (a profile may name another supervisor or runtime; help
-is the full parser's to print; a path the caller's working directory resolves): the command
-line runs these itself without asking."""
+is the full parser's to print; a path the caller's working directory resolves; an output
+encoding the command line would have to apply itself): the command line runs these itself
+without asking."""
 
 
 class Scan:

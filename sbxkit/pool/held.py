@@ -37,7 +37,7 @@ from sbxkit._lifecycle.owned import OwnedContainer
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.call_checks import check_pool_options
-from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.result import PhaseTimings, RunResult, own_exit_code
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.kernel_host import kernel_path_reason
 from sbxkit._plan.plan import (
@@ -384,7 +384,7 @@ async def _run_on_claimed(
     capture = ran.outcome.capture
     return RunResult(
         status=ran.verdict.status,
-        exit_code=ran.exit_code,
+        exit_code=own_exit_code(ran.verdict.status, ran.exit_code),
         stdout=capture.stdout,
         stderr=capture.stderr,
         overflowed=capture.overflowed,

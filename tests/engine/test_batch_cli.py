@@ -6,6 +6,7 @@ witness, by this test's label. The one-shot suites run on the cold path and with
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import select
@@ -134,6 +135,34 @@ def test_every_job_gets_one_complete_line(
     assert (odd["status"], odd["exit_code"]) == ("exited", 3)  # a payload status, exit 0 still
     assert (odd["stdout"], odd["stdout_bytes"]) == ("a\ufffdb", 3)
     assert any(doc["pooled"] for doc in docs.values()) == bool(batch_path)
+    assert witness.containers(label=f"{TEST_LABEL}={label}") == []
+
+
+def test_order_input_writes_the_lines_in_the_jobs_order_with_every_byte(
+    witness: Witness, busybox: str, tmp_path: Path
+) -> None:
+    """``--order input``: the first job is the slowest, yet its line comes first; the default
+    (completion) writes it last. ``--output-encoding base64`` carries bytes that are not
+    UTF-8 exactly (issue 43, item 10)."""
+    label = unique("order")
+    lines = [job("slow", busybox, r"sleep 3; printf 'a\377\000b'", label)]
+    lines += [job(f"quick{i}", busybox, f"echo {i}", label) for i in range(3)]
+    jobs = write_jobs(tmp_path / "jobs.jsonl", lines)
+    ordered = tmp_path / "ordered.jsonl"
+    proc = batch(
+        witness, jobs, ordered, "--parallel", "4", "--order", "input",
+        "--output-encoding", "base64",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    docs = result_lines(ordered)
+    assert [doc["id"] for doc in docs] == ["slow", "quick0", "quick1", "quick2"]
+    assert base64.b64decode(docs[0]["stdout_base64"]) == b"a\xff\x00b"
+    assert "stdout" not in docs[0]
+    assert [base64.b64decode(doc["stdout_base64"]) for doc in docs[1:]] == [b"0\n", b"1\n", b"2\n"]
+    completed = tmp_path / "completed.jsonl"
+    proc = batch(witness, jobs, completed, "--parallel", "4")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [doc["id"] for doc in result_lines(completed)][-1] == "slow"
     assert witness.containers(label=f"{TEST_LABEL}={label}") == []
 
 

@@ -6,6 +6,7 @@ that really produces that outcome. Claims about the daemon go through the witnes
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -198,7 +199,7 @@ def test_cli_timeout_exits_124(cli_run: CliRun, witness: Witness, busybox: str) 
     proc = cli_run(witness, busybox, "sleep", "30", options=("--timeout", "1"))
 
     assert proc.returncode == 124, proc.stderr
-    assert b"timed out" in proc.stderr
+    assert proc.stderr.endswith(b"sbxkit: timed out after 1 s\n"), proc.stderr  # the limit named
 
 
 def test_cli_output_exceeded_exits_123(cli_run: CliRun, witness: Witness, busybox: str) -> None:
@@ -208,7 +209,7 @@ def test_cli_output_exceeded_exits_123(cli_run: CliRun, witness: Witness, busybo
 
     assert proc.returncode == 123, proc.stderr
     assert len(proc.stdout) == 1000
-    assert b"output exceeded (stdout)" in proc.stderr
+    assert proc.stderr.endswith(b"sbxkit: output exceeded (stdout): limit 1000 bytes\n")
 
 
 def test_cli_oom_exits_137(cli_run: CliRun, witness: Witness, busybox: str) -> None:
@@ -218,6 +219,34 @@ def test_cli_oom_exits_137(cli_run: CliRun, witness: Witness, busybox: str) -> N
     doc = one_json_object(proc)
     assert doc["status"] == "oom_killed"
     assert doc["oom_evidence"]
+    assert doc["exit_code"] is None  # the kernel's kill, not the payload's answer (docs/cli.md)
+
+
+def test_cli_oom_names_the_memory_limit(cli_run: CliRun, witness: Witness, busybox: str) -> None:
+    proc = cli_run(witness, busybox, "tail", "/dev/zero", options=("--memory", "64m"))
+
+    assert proc.returncode == 137, proc.stderr
+    assert proc.stderr.endswith(b"sbxkit: oom killed: memory limit 64 MiB\n"), proc.stderr
+
+
+def test_cli_output_encoding_base64_carries_every_byte(
+    witness: Witness, busybox: str, cli_path: CliPath
+) -> None:
+    """Bytes that are not UTF-8 reach ``--json`` exactly under ``--output-encoding base64``;
+    the default's U+FFFD stays the default (issue 43, item 10)."""
+    cli_path.falls_back("--output-encoding is not handed off")
+    payload = ("sh", "-c", "printf 'a\\377\\000b'; printf '\\376' >&2")
+    proc = run_cli(witness, busybox, *payload, options=("--json", "--output-encoding", "base64"))
+
+    assert proc.returncode == 0, proc.stderr
+    doc = one_json_object(proc)
+    assert "stdout" not in doc
+    assert "stderr" not in doc
+    assert base64.b64decode(str(doc["stdout_base64"])) == b"a\xff\x00b"
+    assert base64.b64decode(str(doc["stderr_base64"])) == b"\xfe"
+    assert (doc["stdout_bytes"], doc["stderr_bytes"], doc["error"]) == (4, 1, None)
+    text = one_json_object(run_cli(witness, busybox, *payload, options=("--json",)))
+    assert text["stdout"] == "a\ufffd\x00b"
 
 
 @pytest.mark.parametrize(

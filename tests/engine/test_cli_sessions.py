@@ -86,6 +86,9 @@ def test_a_session_from_open_to_close(
     data = bytes(range(256)) * 100
     piped = cli("exec", "-i", "work", "--", "cat", stdin=data)
     assert (piped.returncode, piped.stdout) == (0, data)
+    late = cli("exec", "--timeout", "1", "work", "--", "sleep", "30")
+    assert late.returncode == 124, late.stderr
+    assert late.stderr.endswith(b"sbxkit: timed out after 1 s\n"), late.stderr  # its limit named
 
     # A background process, fed across three calls, read by cursor.
     started = cli(

@@ -374,6 +374,8 @@ def test_a_handed_off_run_survives_a_supervisor_crash_with_its_own_result(
                 assert crashed.stdout == b"out\n"
                 assert crashed.stderr.startswith(b"err\n")
                 assert (crashed.stdout, crashed.stderr) == (control.stdout, control.stderr)
+                if case == "timed_out":  # the limit named, by the served run and the resumed
+                    assert crashed.stderr.endswith(b"sbxkit: timed out after 5 s\n")
                 removed_once(witness, state_dir, f"{LABEL}={label}", since)
             else:
                 assert crashed.stderr == control.stderr == b""

@@ -255,7 +255,7 @@ def assert_oom_outcome(result: RunResult, podman: bool) -> None:
         return
     assert result.status == "oom_killed", result
     assert result.oom_evidence
-    assert result.exit_code == 137
+    assert result.exit_code is None  # the kernel's kill: no answer of the payload's
 
 
 async def test_a_large_python_allocation_is_oom_killed(

@@ -26,6 +26,7 @@ from sbxkit._consumers.harness import (
     need_of,
     run_many,
 )
+from sbxkit._grammar.result_doc import ErrorDoc, ErrorResultDoc
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
@@ -42,6 +43,7 @@ from sbxkit.cli.batch import (
     prepare_results,
     scan_results,
 )
+from sbxkit.cli.results import InputOrder
 from sbxkit.errors import CleanupError, ImageError, JobsFileError, SpecError
 
 LIMITS: dict[str, Any] = {
@@ -503,7 +505,10 @@ def test_a_repeated_id_names_both_lines() -> None:
 
 
 def result_json(job_id: JobId, status: str = "exited") -> bytes:
-    """A complete line as sbxkit writes it (every key of the results schema)."""
+    """A complete line as sbxkit writes it: a result's, or an error's (``error``, ``lost``)."""
+    if status in ("error", "lost"):
+        failed = ErrorDoc(type="ImageError", message="gone")
+        return msgspec.json.encode(ErrorResultDoc(id=job_id, status=status, error=failed)) + b"\n"
     return msgspec.json.encode(ResultLine(id=job_id, status=status, exit_code=0)) + b"\n"
 
 
@@ -582,12 +587,9 @@ def test_error_lines_carry_the_class_and_message() -> None:
     doc = json.loads(encode_result(done))
     assert doc["id"] == 7
     assert doc["status"] == "error"
-    assert doc["error"] == {
-        "type": "ImageError",
-        "message": "image 'x': missing",
-        "container_id": None,
-        "lease": None,
-    }
+    # The error object of ``sbxkit run --json`` (docs/cli.md); the container and lease beside it.
+    assert doc["error"] == {"type": "ImageError", "message": "image 'x': missing", "field": None}
+    assert (doc["container_id"], doc["lease"]) == (None, None)
 
 
 def test_writer_appends_whole_lines_and_loops_over_short_writes(tmp_path: Path) -> None:
@@ -708,3 +710,31 @@ def test_no_progress_when_stderr_is_not_a_terminal() -> None:
     progress.finish()
     assert stream.getvalue() == ""
     assert progress.done == 1
+
+
+async def test_run_many_ahead_bounds_what_waits_for_a_slow_first_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``ahead`` (``sbxkit batch --order input``): no job starts more than ``ahead`` places
+    after the earliest one running, so the lines held for input order stay fewer than it."""
+
+    async def run(spec: SandboxSpec, stdin: bytes | None = None, **_: Any) -> RunResult:
+        await trio.sleep(100 if spec.command[0] == "slow" else 1)
+        return fake_result(spec.command[0])
+
+    jobs = [Job(id="j0", spec=spec(command="slow")), *jobs_of(9)[1:]]
+    for ahead, expect_wait in ((3, True), (None, False)):
+        order = InputOrder(job.id for job in jobs)
+        most = [0]
+
+        def held(done: JobResult, order: InputOrder = order, most: list[int] = most) -> None:
+            order.add(done.id, b"line")
+            most[0] = max(most[0], order.held)
+
+        results = await run_many(
+            jobs, parallel=4, backend=backend_of(FnBackend(run)), on_result=held, ahead=ahead
+        )
+        by_id = {r.id: r for r in results}
+        assert (by_id["j3"].started_at >= by_id["j0"].finished_at) is expect_wait
+        assert most[0] == (2 if ahead == 3 else 8)
+        assert order.held == 0

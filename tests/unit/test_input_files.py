@@ -13,15 +13,15 @@ import sys
 import threading
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from sbxkit._grammar.profile import MAX_PROFILE_BYTES, load_profile
 from sbxkit._util.bounded_read import file_kind_problem, read_bounded
 from sbxkit.cli.batch import check_out_path, load_jobs
 from sbxkit.cli.jobs import forget_error_lines
-from sbxkit.cli.results import ResultLine, is_own_torn_line, prepare_results, scan_results
+from sbxkit.cli.results import is_own_torn_line, prepare_results, scan_results
 from sbxkit.errors import ResultsFileError, SpecError
+from tests.unit.test_harness import result_json
 
 NO_SOCKET = "/nonexistent/sbxkit-test.sock"
 IMAGE = "sbxkit-test/busybox:latest"
@@ -50,7 +50,7 @@ def batch_cli(*argv: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def result_line(job_id: str | int, status: str = "exited") -> bytes:
-    return msgspec.json.encode(ResultLine(id=job_id, status=status, exit_code=0)) + b"\n"
+    return result_json(job_id, status)
 
 
 # --- special files, caps and the deadline -------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sbxkit._grammar.common import JsonResult
+from sbxkit._grammar.result_doc import ErrorResultDoc, ResultDoc
 from sbxkit.cli import build_parser
 from sbxkit.cli.batch import EPILOG, EXIT_CLEANUP_FAILED, EXIT_JOB_ERRORS, EXIT_OK
 from tests.unit.test_flag_placement import every_parser
@@ -20,10 +20,26 @@ CLI_DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 """The command line's reference, moved out of the README (issue 43, item 12)."""
 
 
+BATCH_ONLY = ("id", "node", "attempt")
+"""The keys a batch line adds to ``sbxkit run --json``'s (``node`` and ``attempt``: a cluster's)."""
+
+
 def test_the_cli_doc_lists_every_json_key() -> None:
     sentence = CLI_DOC[CLI_DOC.index("`--json` prints one object:") :].split("\nOn an error")[0]
-    listed = re.findall(r"`([a-z_]+)`", sentence)
-    assert listed == list(JsonResult.__struct_fields__)
+    listed = re.findall(r"`([a-z_0-9]+)`", sentence)
+    assert listed == [key for key in ResultDoc.__struct_fields__ if key not in BATCH_ONLY]
+
+
+def test_the_cli_doc_tables_every_result_key_and_the_error_shape() -> None:
+    """One shape for ``run --json`` and batch lines, documented once (issue 43, item 10)."""
+    section = CLI_DOC[CLI_DOC.index("### Results as JSON") :]
+    table = section[: section.index("An error (")]
+    cells = re.findall(r"^\| (`[^|]+)\|", table, re.M)
+    tabled = [key for cell in cells for key in re.findall(r"`([a-z_0-9]+)`", cell)]
+    assert tabled == [key for key in ResultDoc.__struct_fields__ if key not in BATCH_ONLY]
+    error = section[section.index("An error (") :].split("```json")[0]
+    said = set(re.findall(r"`([a-z_]+)`", error))
+    assert set(ErrorResultDoc.__struct_fields__) - set(BATCH_ONLY) <= said
 
 
 def test_the_cli_doc_says_batchs_exit_statuses() -> None:

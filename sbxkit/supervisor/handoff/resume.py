@@ -22,11 +22,11 @@ from __future__ import annotations
 import trio
 
 from sbxkit._grammar.common import exit_code_for, exit_code_for_error
-from sbxkit._grammar.run_grammar import status_notice
+from sbxkit._grammar.run_grammar import RunBounds, status_notice
 from sbxkit._lifecycle.attached import Outcome
 from sbxkit._lifecycle.kernel_run import kernel_verdict
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
-from sbxkit._model.result import PhaseTimings, RunResult
+from sbxkit._model.result import PhaseTimings, RunResult, own_exit_code
 from sbxkit._protocol.wire import (
     Adopt,
     Closed,
@@ -92,7 +92,7 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInter
     log(f"lease {lease}: a handed-off run resumed by its command line; container removed")
     result = RunResult(
         status=verdict.status,
-        exit_code=code,
+        exit_code=own_exit_code(verdict.status, code),
         stdout=b"",
         stderr=b"",
         overflowed=ended.overflowed,
@@ -111,7 +111,15 @@ async def _resumed(service: Adopting, resume: RunResume) -> RunReport | RunInter
     document = None
     if resume.json:
         document = result_document(result, ended.stdout_bytes, ended.stderr_bytes)
-    return RunReport(exit_status=exit_code_for(result), json=document, notice=status_notice(result))
+    bounds = RunBounds(
+        timeout_s=resume.timeout_s,
+        output_bytes=resume.output_bytes,
+        memory_bytes=live.record.memory_bytes,
+        disk_bytes=resume.disk_bytes,
+    )
+    return RunReport(
+        exit_status=exit_code_for(result), json=document, notice=status_notice(result, bounds)
+    )
 
 
 async def _removal(intent: Intent, replies: LocalReplies) -> str | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,20 +33,26 @@ import trio
 
 from sbxkit._grammar.backend_choice import held_pool
 from sbxkit._grammar.common import (
-    JsonResult,
     Parser,
     exit_code_for,
     exit_code_for_error,
     json_error,
 )
 from sbxkit._grammar.flags import parse_with_flags_after_image, spec_from_args
-from sbxkit._grammar.run_grammar import add_run_parser, run_pool, status_notice
+from sbxkit._grammar.result_doc import result_doc
+from sbxkit._grammar.run_grammar import (
+    RunBounds,
+    add_run_parser,
+    bounds_of,
+    run_pool,
+    status_notice,
+)
 from sbxkit._kernel.init import REAP_LIMIT_S
 from sbxkit._lifecycle.attached import DRAIN_GRACE_S, Outcome
 from sbxkit._lifecycle.kernel_watch import AfterGo, Exited, Feed, KernelIO
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._model.gpu import GpuCursor
-from sbxkit._model.result import RunResult, json_fields
+from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._protocol.wire import (
     Queued,
@@ -129,6 +135,8 @@ def parse_run(run: Run) -> argparse.Namespace:
         args.stdin = "-"  # docker's -i, as take_docker_stdin reads it
     if bool(args.json) != run.json or args.stdin != run.stdin:
         raise Declined("the command line's scan of --json or --stdin disagrees with the parse")
+    if args.output_encoding != "utf-8":  # the command line never hands it off (scan.py)
+        raise Declined("--output-encoding is the full path's")
     for flag in ("tls_ca", "tls_cert", "tls_key"):
         value = getattr(args, flag, None)
         if value is not None and not Path(value).is_absolute():
@@ -161,6 +169,8 @@ class HandOff:
         self.ended = trio.Event()
         self.report: RunEnded | None = None
         self.signal: int | None = None
+        self.bounds = RunBounds()
+        """The run's limits, once parsed: its verdict line names them."""
 
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -196,6 +206,7 @@ class HandOff:
             raise Declined("this supervisor relays to a pinned daemon socket")
         args = parse_run(run)
         spec = spec_from_args(args, None)
+        self.bounds = bounds_of(spec)
         pool = run_pool(args, None)
         with self.scope:
             engine = await self._engine(args.socket)
@@ -271,6 +282,7 @@ class HandOff:
             engine_socket=self.owner.engine_socket,
             pooled=self.owner.pooled,
             queued_s=self.owner.queued_s(lease),
+            disk_bytes=self.bounds.disk_bytes,
         )
         ends = [io.stdin.fileno(), io.stdout.fileno(), io.stderr.fileno(), init.pidfd]
         self.handed_over = True  # before the send: its RunEnded may come before it returns
@@ -358,20 +370,19 @@ class HandOff:
         if self.run.json:
             document = result_document(result, report.stdout_bytes, report.stderr_bytes)
         return RunReport(
-            exit_status=exit_code_for(result), json=document, notice=status_notice(result)
+            exit_status=exit_code_for(result),
+            json=document,
+            notice=status_notice(result, self.bounds),
         )
 
 
 def result_document(result: RunResult, stdout_bytes: int, stderr_bytes: int) -> str:
-    """``sbxkit run --json``'s document of a handed-off run (``cli.common.to_json``): its
+    """``sbxkit run --json``'s document of a handed-off run (``_grammar.common.to_json``): its
     ``stdout`` and ``stderr`` empty — the command line, which alone has the output, puts it
     there (``client.with_output``) — and the byte counts the command line reported."""
-    fields: Mapping[str, Any] = {
-        **json_fields(result),
-        "stdout_bytes": stdout_bytes,
-        "stderr_bytes": stderr_bytes,
-    }
-    return msgspec.json.encode(JsonResult(**fields)).decode()
+    doc = result_doc(result)
+    doc.stdout_bytes, doc.stderr_bytes = stdout_bytes, stderr_bytes
+    return msgspec.json.encode(doc).decode()
 
 
 class Reported(OutputCapture):
