@@ -1,6 +1,7 @@
 """The host files a profile names, looked at before anything is served (``sbxkit mcp`` at
-start): a file that is not there would fail every call instead of the start. Each run still
-checks its own bind sources (``sbxkit._plan.preflight``)."""
+start, a local ``sbxkit batch`` before its first job): a file that is not there would fail
+every call instead of the start. Each run still checks its own bind sources
+(``sbxkit._plan.preflight``)."""
 
 from __future__ import annotations
 

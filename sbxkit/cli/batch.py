@@ -76,6 +76,7 @@ from sbxkit._consumers.harness import Job, JobId, JobResult, run_many
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, sandbox_options
+from sbxkit._grammar.profile_files import check_host_files
 from sbxkit._grammar.result_doc import OutputEncoding
 from sbxkit._grammar.run_grammar import add_output_encoding
 from sbxkit._model.settings import Settings
@@ -465,6 +466,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         refuse_beside_ray(args, profile)
         backend: Backend | None = None
     else:
+        if profile is not None:
+            check_host_files(profile)  # else every line would fail on it, one by one
         args.parallel = args.parallel or DEFAULT_PARALLEL
         # --parallel bounds the containers that exist, as run_many's own backend does; and a
         # batch that printed its summary has left nothing behind, not even for a moment.

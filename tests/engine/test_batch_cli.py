@@ -219,6 +219,30 @@ def test_a_bad_line_is_refused_by_number_and_field_before_anything_runs(
     assert creates(witness, label, since) == 0
 
 
+def test_a_profile_naming_a_missing_host_file_is_refused_once_before_any_job(
+    witness: Witness, busybox: str, tmp_path: Path
+) -> None:
+    label = unique("batch")
+    missing = tmp_path / "no-such-dataset"
+    profile = tmp_path / "profile.toml"
+    profile.write_text(
+        "[sandbox.docker]\nenable_bind_mounts = true\n"
+        f'[[sandbox.docker.mounts]]\ntype = "bind"\nsource = "{missing}"\ntarget = "/data"\n'
+    )
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl", [job(f"j{n}", busybox, "true", label) for n in range(3)]
+    )
+    out = tmp_path / "results.jsonl"
+    since = time.time()
+    proc = batch(witness, jobs, out, "--profile", str(profile))
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if str(missing).encode() in line]
+    assert len(said) == 1, proc.stderr  # once at start, not once per job
+    assert b"sandbox.docker.mounts[0].source" in proc.stderr
+    assert not out.exists()
+    assert creates(witness, label, since) == 0
+
+
 def test_a_job_larger_than_the_memory_budget_is_refused(
     witness: Witness, busybox: str, tmp_path: Path, batch_path: list[str]
 ) -> None:
