@@ -144,9 +144,8 @@ class Engine:
         self, method: str, path: str, *, body: bytes | None = None, timeout: float
     ) -> HijackedStream:
         """``Upgrade: tcp`` on a dedicated connection (attach, exec start)."""
-        headers = [("Content-Type", "application/json")] if body is not None else []
         return await self._transport.hijack(
-            method, self._path(path), body=body, headers=headers, timeout=timeout
+            method, self._path(path), json_body=body, timeout=timeout
         )
 
     async def stream(self, method: str, path: str, *, timeout: float) -> StreamResponse:

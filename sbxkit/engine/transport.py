@@ -374,16 +374,9 @@ class Transport:
         _refuse_redirect(method, target, response.status, response.headers)
         return response
 
-    async def open_stream(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes | None = None,
-        headers: Headers = (),
-        timeout: float,
-    ) -> StreamResponse:
-        """A long call on its own connection; returns once the response head has arrived.
+    async def open_stream(self, method: str, target: str, *, timeout: float) -> StreamResponse:
+        """A long call on its own connection (wait, events: no body, no extra headers); returns
+        once the response head has arrived.
 
         ``timeout`` bounds only the wait for the head. Error statuses are read and raised here.
         """
@@ -391,7 +384,7 @@ class Transport:
         try:
             async with self._deadline(method, target, timeout):
                 with mapped_errors(method, target):
-                    await conn.send(*self._request_events(method, target, body, headers))
+                    await conn.send(*self._request_events(method, target, None, ()))
                     head = await self._read_head(conn)
             if not isinstance(head, h11.Response):
                 raise EngineProtocolError(f"{method} {target}: unexpected {head.status_code}")
@@ -409,21 +402,17 @@ class Transport:
         return stream
 
     async def hijack(
-        self,
-        method: str,
-        target: str,
-        *,
-        body: bytes | None = None,
-        headers: Headers = (),
-        timeout: float,
+        self, method: str, target: str, *, json_body: bytes | None = None, timeout: float
     ) -> HijackedStream:
-        """Upgrade a call to a raw stream (attach, exec start)."""
+        """Upgrade a call to a raw stream (attach; exec start, whose ``json_body`` says how)."""
         conn = await self._connect()
-        upgrade = [("Connection", "Upgrade"), ("Upgrade", "tcp"), *headers]
+        upgrade = [("Connection", "Upgrade"), ("Upgrade", "tcp")]
+        if json_body is not None:
+            upgrade.append(("Content-Type", "application/json"))
         try:
             async with self._deadline(method, target, timeout):
                 with mapped_errors(method, target):
-                    await conn.send(*self._request_events(method, target, body, upgrade))
+                    await conn.send(*self._request_events(method, target, json_body, upgrade))
                     head = await self._read_head(conn)
                     if isinstance(head, h11.Response):
                         error_body = b""
