@@ -331,3 +331,21 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def ray_workers(socket_path: str) -> set[int]:
+    """The Ray worker processes (``ray::…``: relays, agents, idle ones) of the node bound to
+    ``socket_path`` (its workers inherit the node's DOCKER_HOST)."""
+    wanted = f"DOCKER_HOST=unix://{socket_path}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                continue
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found

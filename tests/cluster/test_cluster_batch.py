@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from sbxkit._protocol.statedir import LOCK_NAME
-from tests.cluster.cluster import ADDRESS, NODE_CPUS, NODE_RESOURCES, REPO, LocalCluster
+from tests.cluster.cluster import (
+    ADDRESS,
+    NODE_CPUS,
+    NODE_RESOURCES,
+    REPO,
+    LocalCluster,
+    ray_workers,
+)
 from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
 
 LIMITS = {"cpus": 0.25, "memory": "64m", "pids": 32, "max_output": "1m", "timeout": 120}
@@ -418,19 +425,12 @@ def test_parallel_beyond_the_nodes_cpus_queues_instead_of_starting_ray_workers(
     jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
     write_jobs(jobs, count, "echo done")
     most = dict.fromkeys(names, 0)
-    driver = subprocess.Popen(
-        batch_argv(cluster, jobs, out, "--parallel", str(count)),
-        cwd=REPO,
-        env=cluster.driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = start_batch(cluster, jobs, out, "--parallel", str(count))
     try:
         deadline = time.monotonic() + BATCH_TIMEOUT_S
         while driver.poll() is None and time.monotonic() < deadline:
             for name, witness in node_witnesses.items():
-                most[name] = max(most[name], len(_ray_workers(witness.socket_path)))
+                most[name] = max(most[name], len(ray_workers(witness.socket_path)))
             time.sleep(0.1)
         _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
     finally:
@@ -445,24 +445,6 @@ def test_parallel_beyond_the_nodes_cpus_queues_instead_of_starting_ray_workers(
     assert {r["node"] for r in results} == set(names)
     bound = NODE_CPUS + 1 + NODE_CPUS
     assert all(0 < seen <= bound for seen in most.values()), (most, bound)
-
-
-def _ray_workers(socket_path: str) -> set[int]:
-    """The Ray worker processes (``ray::…``: relays, agents, idle ones) of the node bound to
-    ``socket_path`` (its workers inherit the node's DOCKER_HOST)."""
-    wanted = f"DOCKER_HOST=unix://{socket_path}".encode()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
-                continue
-            if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                found.add(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def _host(listener: str) -> str:
@@ -482,9 +464,9 @@ def _untag(witness: Witness, name: str) -> None:
     witness.session.delete(f"{witness.base}/images/{name}", params={"noprune": "1"}, timeout=30)
 
 
-def start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
+def start_batch(cluster: LocalCluster, jobs: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        batch_argv(cluster, jobs, out),
+        batch_argv(cluster, jobs, out, *flags),
         cwd=REPO,
         env=cluster.driver_env(),
         stdout=subprocess.PIPE,
