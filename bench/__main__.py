@@ -17,6 +17,7 @@ from bench import (
     cancel_latency,
     client_memory,
     cluster,
+    cluster_parallel,
     concurrent_cli,
     exec_latency,
     humaneval,
@@ -53,6 +54,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         runtimes,
         pool,
         cluster,
+        cluster_parallel,
         network,
     )
 }

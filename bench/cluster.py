@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=None, help=f"per batch (default {DEFAULT_JOBS})"
     )
     parser.add_argument("--quick", action="store_true", help="2 rounds of 16 jobs")
+    add_cluster_arguments(parser, NAME)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """What every benchmark on the test cluster takes: the nodes' daemons, image, output."""
     parser.add_argument(
         "--sockets",
         default=os.environ.get("SBXKIT_TEST_CLUSTER_SOCKETS", ""),
@@ -72,63 +78,117 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: $SBXKIT_TEST_CLUSTER_SOCKETS)",
     )
     parser.add_argument("--image", default=default_python())
-    common.add_out_argument(parser, NAME)
+    common.add_out_argument(parser, name)
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # the driver inside the namespace
 
 
 def main(args: argparse.Namespace) -> int:
     if args.measure is not None:
         return _measure(json.loads(args.measure))
-    sockets = [s.strip() for s in args.sockets.split(",") if s.strip()]
-    if len(sockets) != 2:
-        say(f"bench {NAME}: --sockets must name two Docker sockets (scripts/cluster-engines-up)")
-        return 2
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS)
     jobs = args.jobs or (QUICK_JOBS if args.quick else DEFAULT_JOBS)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.cluster.cluster import ADDRESS, REPO, LocalCluster
-
-    root = Path(tempfile.mkdtemp(prefix="sbxr-", dir="/tmp"))
-    leaks = [LeakCheck(socket, NAME) for socket in sockets]
-    cluster = LocalCluster(root, dict(zip(("raya", "rayb"), sockets, strict=True)))
-    errors: list[str] = []
-    measured: dict[str, Any] = {}
-    try:
-        t0 = time.perf_counter()
-        cluster.start()
-        say(f"{NAME}: cluster up in {time.perf_counter() - t0:.1f} s")
-        config = {
-            "address": ADDRESS,
-            "image": args.image,
-            "jobs": jobs,
-            "rounds": rounds,
-            "warmup": args.warmup,
-            "local_socket": sockets[0],
-            "state_dir": str(root / "state-local"),
-        }
-        done = subprocess.run(
-            cluster.in_ns([sys.executable, "-m", "bench", NAME, "--measure", json.dumps(config)]),
-            cwd=REPO,
-            env=cluster.driver_env(),
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-        sys.stderr.write(done.stderr[-4000:])
-        if done.returncode != 0:
-            errors.append(f"the driver exited {done.returncode}")
-        else:
-            measured = json.loads(done.stdout.strip().splitlines()[-1])
-            errors += measured.get("errors", [])
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    found = [leak for check in leaks for leak in check.sweep()]
+    config = {"jobs": jobs, "rounds": rounds, "warmup": args.warmup}
+    ran = on_cluster(NAME, args, config, lambda cluster: None)
+    if ran is None:
+        return 2
+    measured, errors, found = ran
     report = _report(args, rounds, jobs, measured, errors, found)
     return common.publish(args, NAME, report, _render(report))
 
 
+def on_cluster(
+    name: str, args: argparse.Namespace, config: dict[str, Any], shape: Callable[[Any], None]
+) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]] | None:
+    """Start the test cluster on ``args.sockets``, let ``shape`` restart its nodes as the
+    benchmark wants, run benchmark ``name``'s driver with ``config`` (plus the cluster's
+    address, image, node A's socket, the nodes' sockets and a local state dir), stop it all.
+    Returns what the driver measured, the errors, and the containers leaked; None (said why)
+    without two sockets."""
+    sockets = [s.strip() for s in args.sockets.split(",") if s.strip()]
+    if len(sockets) != 2:
+        say(f"bench {name}: --sockets must name two Docker sockets (scripts/cluster-engines-up)")
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.cluster.cluster import ADDRESS, LocalCluster
+
+    root = Path(tempfile.mkdtemp(prefix="sbxr-", dir="/tmp"))
+    leaks = [LeakCheck(socket, name) for socket in sockets]
+    names = ("raya", "rayb")
+    cluster = LocalCluster(root, dict(zip(names, sockets, strict=True)))
+    measured: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        cluster.start()
+        shape(cluster)
+        say(f"{name}: cluster up in {time.perf_counter() - t0:.1f} s")
+        measured = drive(
+            cluster,
+            name,
+            {
+                **config,
+                "address": ADDRESS,
+                "image": args.image,
+                "local_socket": sockets[0],
+                "sockets": dict(zip(names, sockets, strict=True)),
+                "state_dir": str(root / "state-local"),
+            },
+        )
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    found = [leak for check in leaks for leak in check.sweep()]
+    return measured, list(measured.get("errors", [])), found
+
+
+def drive(cluster: Any, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Run benchmark ``name``'s driver (``--measure config``) inside ``cluster``'s namespace;
+    its last stdout line, parsed (``errors`` says what went wrong)."""
+    from tests.cluster.cluster import REPO
+
+    done = subprocess.run(
+        cluster.in_ns([sys.executable, "-m", "bench", name, "--measure", json.dumps(config)]),
+        cwd=REPO,
+        env=cluster.driver_env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    sys.stderr.write(done.stderr[-4000:])
+    if done.returncode != 0:
+        return {"errors": [f"the driver exited {done.returncode}"]}
+    measured: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return measured
+
+
+def ratio_rows(ratios: dict[str, Any]) -> list[str]:
+    """The markdown table of ``ratio_of_medians`` results, by name."""
+    out = ["| ratio | median | halves | bootstrap 95 % |", "|---|---:|---|---|"]
+    for name, ratio in ratios.items():
+        halves = ", ".join(f"{h:.3f}" for h in ratio["halves"])
+        low, high = ratio["bootstrap95"]
+        out.append(f"| {name} | {ratio['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    return out
+
+
 # --- the driver, inside the namespace ---------------------------------------------------------
+
+
+def prepare_driver(config: dict[str, Any]) -> Any:
+    """The driver's start: joins the cluster, points the local contender's supervisor at its
+    state dir; returns the one-shot ``true`` spec every job runs."""
+    import ray
+
+    import sbxkit
+
+    os.environ["SBXKIT_STATE_DIR"] = config["state_dir"]
+    ray.init(address=config["address"], logging_level="ERROR", log_to_driver=False)
+    return sbxkit.SandboxSpec(
+        image=config["image"],
+        command=["true"],
+        limits=sbxkit.Limits(
+            cpus=0.1, memory_bytes=32 * sbxkit.MiB, pids=32, output_bytes=sbxkit.MiB, timeout_s=60
+        ),
+    )
 
 
 def _measure(config: dict[str, Any]) -> int:
@@ -138,15 +198,7 @@ def _measure(config: dict[str, Any]) -> int:
 
     import sbxkit
 
-    spec = sbxkit.SandboxSpec(
-        image=config["image"],
-        command=["true"],
-        limits=sbxkit.Limits(
-            cpus=0.1, memory_bytes=32 * sbxkit.MiB, pids=32, output_bytes=sbxkit.MiB, timeout_s=60
-        ),
-    )
-    os.environ["SBXKIT_STATE_DIR"] = config["state_dir"]  # the local contender's supervisor
-    ray.init(address=config["address"], logging_level="ERROR", log_to_driver=False)
+    spec = prepare_driver(config)
     times: dict[str, list[float]] = {key: [] for key in CONTENDERS}
     setups: dict[str, list[float]] = {key: [] for key in CONTENDERS}
     placed: dict[str, dict[str, int]] = {key: {} for key in CONTENDERS}
@@ -268,11 +320,7 @@ def _render(report: dict[str, Any]) -> str:
             f"{fmt(contender['batch_s'].get('median'), 2)} | "
             f"{fmt(contender['setup_s'].get('median'), 2)} | {contender['placed']} |"
         )
-    out += ["", "| ratio | median | halves | bootstrap 95 % |", "|---|---:|---|---|"]
-    for name, ratio in report["ratios"].items():
-        halves = ", ".join(f"{h:.3f}" for h in ratio["halves"])
-        low, high = ratio["bootstrap95"]
-        out.append(f"| {name} | {ratio['ratio']:.3f} | {halves} | {low:.3f}–{high:.3f} |")
+    out += ["", *ratio_rows(report["ratios"])]
     out += [
         "",
         "Both daemons, both containerds, the three raylets and every sandbox share this "

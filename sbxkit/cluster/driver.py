@@ -40,7 +40,7 @@ from sbxkit.cluster.membership import Membership
 from sbxkit.cluster.options import ClusterOptions
 from sbxkit.cluster.rayauth import HOW_TO, cluster_enforces_token_auth
 from sbxkit.cluster.relay import relay
-from sbxkit.cluster.resources import fits, job_resources
+from sbxkit.cluster.resources import RELAY_CPUS, fits, job_resources
 from sbxkit.cluster.seal import Forged, Keys, context, new_batch_id
 from sbxkit.cluster.secret import load_secret
 from sbxkit.cluster.wire import (
@@ -56,11 +56,18 @@ from sbxkit.cluster.wire import (
     decode_reply,
     encode,
 )
-from sbxkit.errors import ClusterUnauthenticated, ClusterUnavailable, SbxError, SpecError
+from sbxkit.errors import (
+    ClusterUnauthenticated,
+    ClusterUnavailable,
+    ImageError,
+    SbxError,
+    SpecError,
+)
 
 CLEANUP_BUDGET_S = 60.0
 """How long the end of a batch may take: the agents' removals, then Ray's own shutdown."""
 NODE_ID = re.compile(r"node ID: ([0-9a-f]{16,})")
+NEVER_PULLS = "sbxkit never pulls images (load it on the nodes first)"
 UNVERIFIED_TRIES = 3
 """Outcomes that do not verify one job may get back before it ends with an error."""
 
@@ -196,7 +203,7 @@ class _Batch:
         self.in_flight: dict[int, Any] = {}  # index → the relay's ObjectRef
         self.started: dict[int, float] = {}
         self.began = trio.current_time()
-        self.relay = ray.remote(num_cpus=0, max_retries=0)(relay)
+        self.relay = ray.remote(num_cpus=RELAY_CPUS, max_retries=0)(relay)
 
     async def run(self) -> list[JobResult]:
         send, receive = trio.open_memory_channel[tuple[int, Any, concurrent.futures.Future[Any]]](
@@ -242,13 +249,21 @@ class _Batch:
                     f"{self.membership.largest}",
                 )
                 continue
+            lacking = self.membership.lacking(spec.image)
+            if lacking and len(lacking) == len(self.membership.accepted):
+                self._refuse(  # as a local batch says it, naming the cluster
+                    index,
+                    "ImageError",
+                    str(ImageError(spec.image, f"not present on any accepted node; {NEVER_PULLS}")),
+                )
+                continue
             job = self.jobs[index]
             attempt = self.dispatch.attempt(index)
             payload = encode(RemoteJob(id=job.id, spec=spec, stdin=job.stdin, attempt=attempt))
             sealed = self.keys.seal("job", context(index, attempt), payload)
             placement: dict[str, Any] = {"resources": asked, "scheduling_strategy": "SPREAD"}
-            if self.membership.excluded:
-                excluded = ",".join(sorted(self.membership.excluded))
+            if self.membership.excluded or lacking:
+                excluded = ",".join(sorted(self.membership.excluded | lacking))
                 placement["label_selector"] = {"ray.io/node-id": f"!in({excluded})"}
             ref = self.relay.options(**placement).remote(
                 self.keys.batch_id, index, attempt, sealed, self.membership.agents

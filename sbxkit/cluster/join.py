@@ -6,7 +6,11 @@ the content of every image the batch names, and the sbxkit it runs. A node is re
 - its own configuration is unusable (``SBXKIT_NODE_PROFILE``, its environment);
 - its engine does not answer, or its supervisor cannot be reached or started;
 - it runs a different sbxkit than the driver (the wire between them would not match);
-- an image the batch names is missing there, or differs from the reference.
+- an image the batch names differs there from the reference.
+
+A node that lacks an image is not refused: the jobs naming it are placed on the nodes that have
+it, and a job whose image no accepted node has ends with the error line a local batch gives it
+(``ImageError``), while the batch goes on.
 
 Images are compared by content (``images.content_fingerprint``: the layers and the run
 configuration), not by image ID: the same image imported on each host separately gets a
@@ -39,12 +43,14 @@ class NodeRefusal(msgspec.Struct, frozen=True, kw_only=True):
 
 def image_reference(reports: Iterable[NodeReport]) -> dict[str, str | None]:
     """Each image's reference fingerprint: the one a strict majority of the nodes that have
-    it hold, else None (missing everywhere, or no majority)."""
+    it hold, else None (no majority). An image no node has is left out."""
     reports = list(reports)
     names = {name for report in reports for name in report.images}
     reference: dict[str, str | None] = {}
     for name in sorted(names):
         held = Counter(r.images[name] for r in reports if r.images.get(name) is not None)
+        if not held:
+            continue
         winner = held.most_common(1)
         total = sum(held.values())
         reference[name] = winner[0][0] if winner and winner[0][1] * 2 > total else None
@@ -71,9 +77,9 @@ def refusal_reasons(
         reasons.append(f"its supervisor: {report.supervisor_error}")
     for name, fingerprint in sorted(report.images.items()):
         expected = reference.get(name)
-        if fingerprint is None:
-            reasons.append(f"image {name!r} is missing there (sbxkit never pulls: load it)")
-        elif expected is None:
+        if fingerprint is None or name not in reference:
+            continue  # its jobs go to the nodes that have it; none had it to compare with
+        if expected is None:
             reasons.append(
                 f"image {name!r} differs between the nodes and no majority holds one content "
                 f"({fingerprint[:19]} there): give every node the same image"

@@ -31,7 +31,7 @@ import trio
 from sbxkit.cluster.agent import NodeAgent, implementation
 from sbxkit.cluster.join import NodeRefusal, image_reference, judge
 from sbxkit.cluster.options import ClusterOptions
-from sbxkit.cluster.resources import SANDBOXES, declaration_problem, declared
+from sbxkit.cluster.resources import declaration_problem, declared, node_slots
 from sbxkit.cluster.seal import Forged, Keys, context
 from sbxkit.cluster.wire import JoinRefused, NodeReport, decode_join_reply, decode_report
 from sbxkit.errors import ClusterUnavailable
@@ -95,8 +95,8 @@ class Membership:
 
     @property
     def capacity(self) -> int:
-        """The sandboxes the accepted nodes advertise, in all."""
-        return int(sum(m.resources.get(SANDBOXES, 0) for m in self.accepted))
+        """The jobs the accepted nodes run at once, in all (``resources.node_slots``)."""
+        return sum(node_slots(m.resources) for m in self.accepted)
 
     @property
     def largest(self) -> dict[str, float]:
@@ -106,6 +106,14 @@ class Membership:
             for key, amount in member.resources.items():
                 largest[key] = max(largest.get(key, 0), amount)
         return largest
+
+    def lacking(self, image: str) -> set[str]:
+        """The accepted nodes that do not have ``image`` (its jobs are placed elsewhere)."""
+        return {
+            m.node_id
+            for m in self.accepted
+            if m.report is not None and m.report.images.get(image, "") is None
+        }
 
     @property
     def agents(self) -> dict[str, Any]:

@@ -7,10 +7,16 @@ holding the resources for the run. It never runs a sandbox itself, and never see
 the clear: it carries the job sealed (``seal.py``) and returns the agent's sealed outcome. What
 it says itself (no agent here, the agent died) it seals with its node's cluster secret; without
 one, it says so unsealed, which the driver only takes as "not run here".
+
+It waits for the agent through the call's future, not ``ray.get``: a task blocked in
+``ray.get`` gives its CPU back to the node, and Ray then starts one more worker process for the
+next relay; holding the CPU (``resources.RELAY_CPUS``) is what bounds a node's relays, and so its
+Ray workers, by its CPUs.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 from typing import Any
@@ -19,6 +25,8 @@ from sbxkit.cluster.seal import Keys, context
 from sbxkit.cluster.secret import load_secret
 from sbxkit.cluster.wire import AgentLost, NotAccepted, Outcome, SealedOutcome, Unsealed, encode
 from sbxkit.errors import SbxError
+
+POLL_S = 0.2
 
 
 def relay(
@@ -36,7 +44,7 @@ def relay(
         return _reply(batch_id, index, attempt, NotAccepted(node_id=node_id))
     call = agent.run.remote(index, attempt, sealed_job, os.getpid())
     try:
-        outcome: bytes = ray.get(call)
+        outcome = _wait(call)
     except ray.exceptions.RayActorError as exc:
         lost = AgentLost(node_id=node_id, reason=_first_line(exc))
         return _reply(batch_id, index, attempt, lost)
@@ -44,6 +52,17 @@ def relay(
         ray.cancel(call)
         raise
     return outcome
+
+
+def _wait(call: Any) -> bytes:
+    """The call's result, polled so that a cancellation (Ray interrupts the main thread)
+    is seen within ``POLL_S``; never ``ray.get``, which would release the relay's CPU."""
+    future: concurrent.futures.Future[bytes] = call.future()
+    while True:
+        try:
+            return future.result(timeout=POLL_S)
+        except concurrent.futures.TimeoutError:
+            continue
 
 
 def _reply(batch_id: bytes, index: int, attempt: int, outcome: Outcome) -> bytes:

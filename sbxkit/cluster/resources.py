@@ -6,6 +6,12 @@ A node that runs sandboxes declares, when its raylet starts, what its supervisor
 ``ray start --resources``. Each job's relay task asks for one sandbox and its memory limit, so
 Ray places it on a node whose supervisor will admit it now; the supervisor still admits it
 itself (docs/cluster.md).
+
+A relay also holds one of the node's Ray CPUs (``RELAY_CPUS``) while its job runs: each running
+relay is one Ray worker process, and without a CPU to hold Ray starts a worker for every relay
+its custom resources admit (28 on a 2-core node at ``--parallel 64``), each costing a Python
+start. So a node runs at most ``min(sbxkit_sandboxes, CPU)`` jobs at once (``node_slots``);
+the rest wait in Ray.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from sbxkit._lifecycle.admission import default_memory_budget
 
 SANDBOXES = "sbxkit_sandboxes"
 MEMORY_MIB = "sbxkit_memory_mib"
+CPU = "CPU"
+RELAY_CPUS = 1
+"""The Ray CPUs a relay holds while its job runs (it waits without releasing them)."""
 MiB = 1024 * 1024
 
 
@@ -39,9 +48,17 @@ def node_resources(
 
 
 def declared(resources: Mapping[str, float]) -> dict[str, float] | None:
-    """A node's sbxkit resources, or None for a node that declares none (not a sandbox node)."""
+    """A node's sbxkit resources and its Ray CPUs, or None for a node that declares no sbxkit
+    resources (not a sandbox node)."""
     found = {key: float(resources[key]) for key in (SANDBOXES, MEMORY_MIB) if key in resources}
-    return found or None
+    if not found:
+        return None
+    return {**found, CPU: float(resources.get(CPU, 0))}
+
+
+def node_slots(resources: Mapping[str, float]) -> int:
+    """How many of the batch's jobs a node runs at once: a sandbox and a relay's CPU each."""
+    return int(min(resources.get(SANDBOXES, 0), resources.get(CPU, 0) // RELAY_CPUS))
 
 
 def declaration_problem(resources: Mapping[str, float]) -> str | None:
@@ -52,6 +69,11 @@ def declaration_problem(resources: Mapping[str, float]) -> str | None:
             f"declares {', '.join(f'{k}={resources.get(k, 0):g}' for k in missing)}; a sandbox "
             f"node needs {SANDBOXES} and {MEMORY_MIB} >= 1 (ray start --resources "
             '"$(sbxkit cluster resources)")'
+        )
+    if resources.get(CPU, 0) < RELAY_CPUS:
+        return (
+            f"declares {CPU}={resources.get(CPU, 0):g}; each running job's relay holds "
+            f"{RELAY_CPUS} (one Ray worker process): ray start --num-cpus N"
         )
     return None
 

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEAD_PORT = 6379
 ADDRESS = f"127.0.0.1:{HEAD_PORT}"
 NODE_RESOURCES = {"sbxkit_sandboxes": 4, "sbxkit_memory_mib": 4096}
-NODE_CPUS = 4  # Ray keeps this many idle workers warm per node (relay tasks ask for 0 CPUs)
+NODE_CPUS = 4  # a relay holds one while its job runs: at most 4 jobs (and relays) a node
 START_TIMEOUT_S = 120.0
 
 RAY_QUIET = {
@@ -142,6 +142,7 @@ class LocalCluster:
         socket: str | None = None,
         env: dict[str, str] | None = None,
         resources: dict[str, int] | None = None,
+        cpus: int = NODE_CPUS,
     ) -> Node:
         """(Re)start worker node ``name``: its daemon (``socket``, default its own) through
         DOCKER_HOST, its own supervisor state dir, sbxkit resources; ``env`` on top."""
@@ -157,7 +158,7 @@ class LocalCluster:
             "--resources",
             json.dumps(NODE_RESOURCES if resources is None else resources),
             "--num-cpus",
-            str(NODE_CPUS),
+            str(cpus),
         ]
         node = self._launch(name, argv, node_env)
         self.nodes[name] = node
@@ -329,4 +330,22 @@ def _descendants(root: int) -> set[int]:
             if child not in found:
                 found.add(child)
                 stack.append(child)
+    return found
+
+
+def ray_workers(socket_path: str) -> set[int]:
+    """The Ray worker processes (``ray::…``: relays, agents, idle ones) of the node bound to
+    ``socket_path`` (its workers inherit the node's DOCKER_HOST)."""
+    wanted = f"DOCKER_HOST=unix://{socket_path}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                continue
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue
     return found

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from sbxkit._protocol.statedir import LOCK_NAME
-from tests.cluster.cluster import ADDRESS, NODE_RESOURCES, REPO, LocalCluster
+from tests.cluster.cluster import (
+    ADDRESS,
+    NODE_CPUS,
+    NODE_RESOURCES,
+    REPO,
+    LocalCluster,
+    ray_workers,
+)
 from tests.witness import PYTHON, RUN_LABEL, THIS_RUN, Witness
 
 LIMITS = {"cpus": 0.25, "memory": "64m", "pids": 32, "max_output": "1m", "timeout": 120}
@@ -320,8 +327,9 @@ def test_nodes_are_refused_by_name_when_they_join(
         assert done.returncode == 0, done.stderr
         assert "node rayc (" in done.stderr
         assert "refused: no Docker engine" in done.stderr
-        assert "node rayb (" in done.stderr
-        assert f"image {only_a!r} is missing" in done.stderr
+        # rayb lacks the image: not refused (it would run other images' jobs), just not used
+        # for this one's.
+        assert "node rayb (" not in done.stderr
         assert {r["node"] for r in lines(out)} == {"raya"}
 
         jobs2, out2 = tmp_path / "jobs2.jsonl", tmp_path / "results2.jsonl"
@@ -337,6 +345,106 @@ def test_nodes_are_refused_by_name_when_they_join(
         _untag(raya, only_a)
         _untag(raya, differs)
         _untag(rayb, differs)
+
+
+def test_a_job_whose_image_no_node_has_gets_the_local_error_line_and_the_batch_goes_on(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    """Issue 43, item 7: one job naming an image no node has used to refuse every node (each
+    lacked an image the batch names) and stop the whole batch (exit 69, nothing run). Now that
+    job gets the error line a local batch gives it, a job whose image only raya has runs on
+    raya, and the rest run on both nodes."""
+    missing = f"sbxkit-test/cluster-nowhere:{THIS_RUN}"
+    only_a = f"sbxkit-test/cluster-only-a:{THIS_RUN}"
+    raya = node_witnesses["raya"]
+    _tag(raya, PYTHON, only_a)
+    try:
+        images = [PYTHON, missing, PYTHON, only_a, PYTHON, only_a, PYTHON, PYTHON]
+        jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+        jobs.write_text(
+            "".join(
+                json.dumps(
+                    {"id": f"j{i}", "image": image, "command": ["echo", "ok"], "limits": LIMITS}
+                )
+                + "\n"
+                for i, image in enumerate(images)
+            )
+        )
+        done = run_batch(cluster, jobs, out)
+        # The same job alone in a local batch, on raya's daemon (refused before any supervisor
+        # or container is needed).
+        local_jobs, local_out = tmp_path / "local.jsonl", tmp_path / "local-results.jsonl"
+        local_jobs.write_text(jobs.read_text().splitlines()[1] + "\n")
+        local = subprocess.run(
+            [sys.executable, "-m", "sbxkit", "batch", str(local_jobs), "--out", str(local_out)],
+            cwd=REPO,
+            env={
+                **os.environ,
+                "DOCKER_HOST": f"unix://{raya.socket_path}",
+                "SBXKIT_STATE_DIR": str(tmp_path / "local-state"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        _untag(raya, only_a)
+    assert local.returncode == 1, local.stderr
+    assert done.returncode == local.returncode, done.stderr  # 1: a job ended with an error
+    assert "refused" not in done.stderr, done.stderr
+    by_id = {r["id"]: r for r in lines(out)}
+    assert sorted(by_id) == [f"j{i}" for i in range(len(images))]
+    [local_line] = lines(local_out)
+    error_line = by_id["j1"]
+    assert error_line["status"] == local_line["status"] == "error", error_line
+    assert error_line["error"]["type"] == local_line["error"]["type"] == "ImageError"
+    assert error_line["error"]["message"].startswith(f"image {missing!r}: not present")
+    assert "never pulls" in error_line["error"]["message"]
+    assert set(local_line) <= set(error_line), set(local_line) - set(error_line)
+    ran = {i: r for i, r in by_id.items() if i != "j1"}
+    assert all(r["status"] == "exited" and r["stdout"] == "ok\n" for r in ran.values()), ran
+    assert {ran["j3"]["node"], ran["j5"]["node"]} == {"raya"}
+    assert not (tmp_path / "local-state").exists()  # the local batch started no supervisor
+
+
+def test_parallel_beyond_the_nodes_cpus_queues_instead_of_starting_ray_workers(
+    cluster: LocalCluster, node_witnesses: dict[str, Witness], tmp_path: Path
+) -> None:
+    """Issue 43, item 7: with nodes advertising 64 sandboxes, ``--parallel 64`` used to put 64
+    relays on the nodes at once, each a Ray worker process of its own (a worker start each, on
+    two shared cores). A relay now holds one of its node's Ray CPUs while its job runs, so each
+    node runs at most NODE_CPUS relays and the rest wait in Ray: the Ray worker processes on
+    each node, sampled through the batch, stay within NODE_CPUS relays + 1 agent + NODE_CPUS
+    idle workers Ray keeps warm."""
+    wide = {"sbxkit_sandboxes": 64, "sbxkit_memory_mib": 8192}
+    count = 64
+    names = tuple(node_witnesses)
+    for name in names:
+        cluster.stop_node(name)
+        cluster.start_node(name, resources=wide)
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    write_jobs(jobs, count, "echo done")
+    most = dict.fromkeys(names, 0)
+    driver = start_batch(cluster, jobs, out, "--parallel", str(count))
+    try:
+        deadline = time.monotonic() + BATCH_TIMEOUT_S
+        while driver.poll() is None and time.monotonic() < deadline:
+            for name, witness in node_witnesses.items():
+                most[name] = max(most[name], len(ray_workers(witness.socket_path)))
+            time.sleep(0.1)
+        _, stderr = driver.communicate(timeout=BATCH_TIMEOUT_S)
+    finally:
+        interrupt(driver)
+        for name in names:
+            cluster.stop_node(name)
+            cluster.start_node(name)
+    assert driver.returncode == 0, stderr
+    results = lines(out)
+    assert sorted(r["id"] for r in results) == sorted(f"j{i}" for i in range(count))
+    assert all(r["status"] == "exited" and r["stdout"] == "done\n" for r in results)
+    assert {r["node"] for r in results} == set(names)
+    bound = NODE_CPUS + 1 + NODE_CPUS
+    assert all(0 < seen <= bound for seen in most.values()), (most, bound)
 
 
 def _host(listener: str) -> str:
@@ -356,9 +464,9 @@ def _untag(witness: Witness, name: str) -> None:
     witness.session.delete(f"{witness.base}/images/{name}", params={"noprune": "1"}, timeout=30)
 
 
-def start_batch(cluster: LocalCluster, jobs: Path, out: Path) -> subprocess.Popen[str]:
+def start_batch(cluster: LocalCluster, jobs: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        batch_argv(cluster, jobs, out),
+        batch_argv(cluster, jobs, out, *flags),
         cwd=REPO,
         env=cluster.driver_env(),
         stdout=subprocess.PIPE,

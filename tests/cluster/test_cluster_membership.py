@@ -233,7 +233,8 @@ print(json.dumps([[r.id, r.node, r.result.stdout.decode()] for r in results]))
     # Relays waiting in Ray for room on raya: at most as many again as raya holds (Ray's
     # report is a sample: some may be on their way to a worker when it is taken).
     assert 1 <= demand["most"] <= SLOTS, demand
-    wanted = {"sbxkit_sandboxes": 1.0, "sbxkit_memory_mib": 64.0}  # one sandbox, its memory
+    # One sandbox, its memory, and the CPU the relay holds while its job runs.
+    wanted = {"CPU": 1.0, "sbxkit_sandboxes": 1.0, "sbxkit_memory_mib": 64.0}
     assert all(bundle == wanted for bundle, _ in demand["shapes"]), demand
     assert driver.returncode == 0, stderr
     results = json.loads(stdout.strip().splitlines()[-1])

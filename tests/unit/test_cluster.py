@@ -37,6 +37,7 @@ from sbxkit.cluster.resources import (
     fits,
     job_resources,
     node_resources,
+    node_slots,
 )
 from sbxkit.cluster.seal import BATCH_ID_BYTES, Forged, Keys, context, new_batch_id
 from sbxkit.cluster.secret import (
@@ -78,6 +79,14 @@ def test_a_job_asks_for_one_sandbox_and_its_memory_in_whole_mib() -> None:
     assert job_resources(Need(0, 0))[MEMORY_MIB] == 1
 
 
+def test_a_node_runs_as_many_jobs_at_once_as_its_sandboxes_and_cpus_allow() -> None:
+    """Each running relay is a Ray worker process holding a CPU: a 2-core node advertising 64
+    sandboxes runs 2 at once (the rest wait in Ray), not 64 workers."""
+    assert node_slots({SANDBOXES: 64.0, MEMORY_MIB: 1024.0, "CPU": 2.0}) == 2
+    assert node_slots({SANDBOXES: 4.0, MEMORY_MIB: 1024.0, "CPU": 8.0}) == 4
+    assert node_slots({SANDBOXES: 4.0, MEMORY_MIB: 1024.0}) == 0
+
+
 def test_a_node_advertises_its_supervisor_budget() -> None:
     gib = 1024 * MiB
     # The supervisor's default: MemTotal less the larger of 1 GiB and 10 %.
@@ -93,11 +102,17 @@ def test_a_node_advertises_its_supervisor_budget() -> None:
 
 def test_declarations() -> None:
     assert declared({"CPU": 4.0}) is None  # not a sandbox node (the head, say)
-    assert declared({"CPU": 4.0, SANDBOXES: 4.0}) == {SANDBOXES: 4.0}
-    problem = declaration_problem({SANDBOXES: 4.0})
+    assert declared({"CPU": 4.0, SANDBOXES: 4.0}) == {SANDBOXES: 4.0, "CPU": 4.0}
+    assert declared({SANDBOXES: 4.0}) == {SANDBOXES: 4.0, "CPU": 0.0}
+    problem = declaration_problem({SANDBOXES: 4.0, "CPU": 4.0})
     assert problem is not None
     assert MEMORY_MIB in problem
-    assert declaration_problem({SANDBOXES: 4.0, MEMORY_MIB: 1024.0}) is None
+    assert declaration_problem({SANDBOXES: 4.0, MEMORY_MIB: 1024.0, "CPU": 1.0}) is None
+    # A relay holds a CPU while its job runs: a node with none could run nothing.
+    no_cpu = declaration_problem({SANDBOXES: 4.0, MEMORY_MIB: 1024.0, "CPU": 0.0})
+    assert no_cpu is not None
+    assert "CPU=0" in no_cpu
+    assert "--num-cpus" in no_cpu
     assert fits({SANDBOXES: 1, MEMORY_MIB: 512}, {SANDBOXES: 4, MEMORY_MIB: 1024})
     assert not fits({SANDBOXES: 1, MEMORY_MIB: 2048}, {SANDBOXES: 4, MEMORY_MIB: 1024})
 
@@ -121,7 +136,7 @@ def test_the_reference_is_a_strict_majority_of_the_nodes_that_have_the_image() -
     assert image_reference(reports) == {"img": "sha256:1", "other": "sha256:9"}
     tie = [report("a", images={"img": "sha256:1"}), report("b", images={"img": "sha256:2"})]
     assert image_reference(tie) == {"img": None}
-    assert image_reference([report("a", images={"img": None})]) == {"img": None}
+    assert image_reference([report("a", images={"img": None})]) == {}  # nobody has it
 
 
 def test_each_refusal_names_the_node_and_what_to_fix() -> None:
@@ -130,22 +145,21 @@ def test_each_refusal_names_the_node_and_what_to_fix() -> None:
         report("ok", images={"img": "sha256:1"}),
         report("noengine", engine_error="Docker engine at /x is unavailable: refused"),
         report("stale", images={"img": "sha256:2"}),
-        report("missing", images={"img": None}),
+        report("lacks", images={"img": None}),
         report("other", implementation="older", images={"img": "sha256:1"}),
         report("nosup", images={"img": "sha256:1"}, supervisor_error="unsafe state dir"),
         report("badconf", config_error="SBXKIT_NODE_PROFILE: no such file"),
     ]
     accepted, refused = judge(reports, implementation="impl", reference=reference)
-    assert [r.name for r in accepted] == ["ok"]
+    # A node lacking an image is not refused: that image's jobs are placed elsewhere.
+    assert [r.name for r in accepted] == ["ok", "lacks"]
     why = {r.name: str(r) for r in refused}
-    assert set(why) == {"noengine", "stale", "missing", "other", "nosup", "badconf"}
+    assert set(why) == {"noengine", "stale", "other", "nosup", "badconf"}
     assert "its own configuration: SBXKIT_NODE_PROFILE" in why["badconf"]
     assert "node noengine" in why["noengine"]
     assert "no Docker engine" in why["noengine"]
     assert "'img' differs" in why["stale"]
     assert "sha256:2" in why["stale"]
-    assert "'img' is missing" in why["missing"]
-    assert "never pulls" in why["missing"]
     assert "different sbxkit" in why["other"]
     assert "supervisor" in why["nosup"]
 
