@@ -350,10 +350,13 @@ class SupervisorError(SbxError):
 class ReattachRefused(SupervisorError):
     """The supervisor refused to hand a detached sandbox over (``attach_sandbox``): a wrong
     secret, a handle already used, a lease unknown, ended, or carried by a connection. The
-    lease is untouched; the supervisor's log says the same."""
+    lease is untouched; the supervisor's log says the same. ``ended``: the lease is over (no
+    record of it, or its keep deadline passed), not refused for cause — a caller may make a
+    new sandbox instead."""
 
-    def __init__(self, lease: str, reason: str) -> None:
+    def __init__(self, lease: str, reason: str, *, ended: bool = False) -> None:
         super().__init__(f"reattach refused: {reason}", code="reattach", lease=lease)
+        self.ended = ended
 
 
 class SupervisorConnectionLost(SupervisorError):

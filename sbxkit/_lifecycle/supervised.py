@@ -387,9 +387,11 @@ class SupervisedOwner:
             return reply.container_id
         await session.aclose()
         if isinstance(reply, Unadopted):
-            raise ReattachRefused(lease, reply.reason)
+            raise ReattachRefused(lease, reply.reason, ended=reply.ended)
         if isinstance(reply, Closed):
-            raise ReattachRefused(lease, "its container is already gone; the lease is over")
+            raise ReattachRefused(
+                lease, "its container is already gone; the lease is over", ended=True
+            )
         if isinstance(reply, Refused):
             raise refusal_error(reply, lease)
         raise SupervisorError(f"unexpected {type(reply).__name__} after a reattach", lease=lease)

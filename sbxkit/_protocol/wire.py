@@ -370,6 +370,9 @@ class Unadopted(LeaseMessage, tag="unadopted"):
 
     reason: str
     record: bool
+    ended: bool = False
+    """The lease is over (no record of it, or its keep deadline passed and its container is
+    being removed), not refused for cause (a wrong or spent secret, another owner)."""
 
 
 class Detached(LeaseMessage, tag="detached"):

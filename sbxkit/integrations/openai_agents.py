@@ -514,7 +514,7 @@ class SbxkitSandboxClient(BaseSandboxClient[SbxkitSandboxClientOptions]):
                 await inner.open()
                 inner._set_start_state_preserved(True)
             except ReattachRefused as exc:
-                if "no record of the lease" not in str(exc):
+                if not exc.ended:
                     raise  # a wrong or replayed secret is no reason to make another
                 inner = None  # it ended (kept too long): a replacement, from the snapshot
         if inner is None:

@@ -89,10 +89,11 @@ def _launched_waiting(info: ContainerInspect) -> bool:
 class _NotAdopted(Exception):
     """Why an adoption stops (answered ``Unadopted`` with ``record``)."""
 
-    def __init__(self, reason: str, *, record: bool = True) -> None:
+    def __init__(self, reason: str, *, record: bool = True, ended: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.record = record
+        self.ended = ended
 
 
 class Adopting(Leases):
@@ -134,7 +135,11 @@ class Adopting(Leases):
                 self.adopting.discard(lease)
         except _NotAdopted as refusal:
             self.note(f"lease {lease}: not re-adopted: {refusal.reason}")
-            await peer.send(Unadopted(lease=lease, reason=refusal.reason, record=refusal.record))
+            await peer.send(
+                Unadopted(
+                    lease=lease, reason=refusal.reason, record=refusal.record, ended=refusal.ended
+                )
+            )
             return None
 
     def _adoptable(self, adopt: Adopt) -> LeaseRecord:
@@ -143,7 +148,9 @@ class Adopting(Leases):
         record = self.records.get(lease)
         if record is None:
             raise _NotAdopted(
-                "no record of the lease: nothing was journaled for it, or it ended", record=False
+                "no record of the lease: nothing was journaled for it, or it ended",
+                record=False,
+                ended=True,
             )
         proof = check_proof(record, adopt.secret, adopt.next_secret_hash)
         if proof not in ("accepted", "retried"):

@@ -90,7 +90,8 @@ class Detaching(Adopting):
         kept = live.kept
         assert kept is not None
         proof = check_proof(live.record, adopt.secret, adopt.next_secret_hash)
-        if live.stop.is_set():
+        ended = live.stop.is_set()
+        if ended:
             reason = "its keep deadline passed (or it ended); its container is being removed"
         elif proof != "accepted":  # a retry only makes sense after a restart (adopting.py)
             reason = f"refused: {refusal_reason('replayed' if proof == 'retried' else proof)}"
@@ -98,7 +99,7 @@ class Detaching(Adopting):
             reason = ""
         if reason:
             self.note(f"lease {lease}: not reattached: {reason}")
-            await peer.send(Unadopted(lease=lease, reason=reason, record=True))
+            await peer.send(Unadopted(lease=lease, reason=reason, record=True, ended=ended))
             return None
         live.kept = None  # no second reattach, and the keep deadline stands down
         kept.set()

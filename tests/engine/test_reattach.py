@@ -115,24 +115,29 @@ async def test_wrong_unknown_and_spent_handles_are_refused_and_logged(
         lease = handle.lease
         assert alive(witness, lease)
 
-        async def refused(forged: SandboxHandle) -> str:
+        async def refused(forged: SandboxHandle) -> tuple[str, bool]:
             with pytest.raises(ReattachRefused) as caught:
                 async with attach_sandbox(forged):
                     raise AssertionError("reattached with a forged handle")
-            return caught.value.reason
+            return caught.value.reason, caught.value.ended
 
         wrong = await refused(msgspec.structs.replace(handle, secret=os.urandom(32).hex()))
         unknown = await refused(msgspec.structs.replace(handle, lease=os.urandom(16).hex()))
-        assert "wrong secret" in wrong
-        assert "no record of the lease" in unknown
+        assert "wrong secret" in wrong[0]
+        assert not wrong[1]  # refused for cause: no reason to make another
+        assert "no record of the lease" in unknown[0]
+        assert unknown[1]
         assert alive(witness, lease), "a refusal leaves the lease as it was"
         async with attach_sandbox(handle) as again:
             assert (await again.exec(["cat", "/tmp/note.txt"])).stdout == b"kept"
             spent = await refused(handle)  # while the first reattach holds it
-        assert "replayed secret" in spent
+        assert "replayed secret" in spent[0]
+        assert not spent[1]
         await removed_exactly_once(witness, state_dir, lease, since)
         ended = await refused(handle)
-        assert "replayed secret" in ended or "no record" in ended
+        assert ("replayed secret" in ended[0] and not ended[1]) or (
+            "no record" in ended[0] and ended[1]
+        )
         log = sup.log()
     assert f"lease {lease}: not reattached: refused: wrong secret" in log
     assert f"lease {lease}: not re-adopted: refused: replayed secret" in log
@@ -156,9 +161,10 @@ async def test_a_detached_lease_nobody_reattaches_is_removed_at_its_keep_deadlin
         await removed_exactly_once(witness, state_dir, lease, since)
         gone_at = time.time()
         assert gone_at - handle.keep_until < 3.0, "removed at its keep deadline"
-        with pytest.raises(ReattachRefused, match="no record of the lease"):
+        with pytest.raises(ReattachRefused, match="no record of the lease") as caught:
             async with attach_sandbox(handle):
                 pass
+        assert caught.value.ended  # over, not refused for cause: a caller may make another
         log = sup.log()
     assert f"lease {lease}: detached and not reattached by its keep deadline" in log
 
