@@ -111,6 +111,39 @@ async def test_a_timeout_interrupts_the_code_and_the_interpreter_lives_on(
         assert (await interp.run_code("1 + 1")).text == "2"
 
 
+async def test_code_that_swallows_the_interrupt_gets_its_interpreter_killed(
+    runtime: str | None, python_image: str, engine: Engine
+) -> None:
+    stubborn = (
+        "import time\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(0.1)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('ignored')\n"
+    )
+    async with open_interpreter(spec(python_image, runtime), engine=engine) as interp:
+        t0 = trio.current_time()
+        with pytest.raises(InterpreterDied, match="did not stop within") as died:
+            await interp.run_code(stubborn, timeout=1)
+        assert died.value.status == "killed"
+        assert 1 + INTERRUPT_GRACE_S <= trio.current_time() - t0 < 1 + INTERRUPT_GRACE_S + 5
+        await interp.restart()
+        assert (await interp.run_code("'fresh'")).text == "'fresh'"
+
+
+async def test_a_cancelled_call_kills_the_interpreter_and_says_so(
+    runtime: str | None, python_image: str, engine: Engine
+) -> None:
+    async with open_interpreter(spec(python_image, runtime), engine=engine) as interp:
+        with trio.move_on_after(1):
+            await interp.run_code("import time\ntime.sleep(60)")
+        with pytest.raises(InterpreterDied, match="abandoned"):
+            await interp.run_code("1")
+        await interp.restart()
+        assert (await interp.run_code("1 + 1")).text == "2"
+
+
 async def test_a_crash_is_reported_and_restart_starts_a_fresh_one(
     runtime: str | None, python_image: str, engine: Engine
 ) -> None:
