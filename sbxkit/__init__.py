@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     )
     from sbxkit._consumers.handle import SandboxHandle
     from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
+    from sbxkit._consumers.interp_frames import CodeError, CodeResult
+    from sbxkit._consumers.interpreter import Interpreter, open_interpreter
     from sbxkit._consumers.oneshot import run
     from sbxkit._consumers.process_log import ProcessExit
     from sbxkit._consumers.processes import Process
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
         EngineUnavailable,
         ImageChanged,
         ImageError,
+        InterpreterDied,
         NetworkUnavailable,
         NeverFits,
         NotFound,
@@ -138,6 +141,8 @@ __all__ = [
     "CheckedSpec",
     "CleanupError",
     "ClusterUnavailable",
+    "CodeError",
+    "CodeResult",
     "Conflict",
     "ContainerMismatch",
     "CreateInterrupted",
@@ -161,6 +166,8 @@ __all__ = [
     "ImageError",
     "InProcessOwner",
     "InputGrant",
+    "Interpreter",
+    "InterpreterDied",
     "Job",
     "JobError",
     "JobResult",
@@ -216,6 +223,7 @@ __all__ = [
     "load_profile",
     "open_backend",
     "open_engine",
+    "open_interpreter",
     "open_pool",
     "open_pty",
     "open_sandbox",

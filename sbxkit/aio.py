@@ -39,11 +39,12 @@ from typing import Any, TypeVar
 
 import trio
 
-from sbxkit._consumers import oneshot, reattach, session
-from sbxkit._consumers.facade import HeldProcess, HeldSandbox
+from sbxkit._consumers import interpreter, oneshot, reattach, session
+from sbxkit._consumers.facade import HeldInterpreter, HeldProcess, HeldSandbox
 from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
+from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
@@ -53,16 +54,20 @@ from sbxkit._util.unwrap import plain_async
 _run_many = plain_async(_harness_run_many)
 
 __all__ = [
+    "AioInterpreter",
     "AioProcess",
     "AioSandbox",
     "attach_sandbox",
     "call",
+    "open_interpreter",
     "open_sandbox",
     "run",
     "run_many",
 ]
 
 T = TypeVar("T")
+H = TypeVar("H")
+W = TypeVar("W")
 
 
 async def call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -173,27 +178,51 @@ async def open_sandbox(spec: SandboxSpec, **options: Any) -> AsyncIterator[AioSa
     itself (``SandboxExpired``, ``CleanupError``) is raised after a normal exit, or chained
     over the block's exception.
     """
-    async with _held(lambda: session.open_sandbox(spec, **options)) as sandbox:
+    async with _held(lambda: session.open_sandbox(spec, **options), AioSandbox) as sandbox:
         yield sandbox
+
+
+class AioInterpreter(HeldInterpreter):
+    """An interpreter session driven from asyncio (see ``sbxkit.Interpreter``). An
+    ``on_output`` callback runs in sbxkit's trio thread, not in the event loop."""
+
+    async def run_code(self, code: str, **options: Any) -> CodeResult:
+        """``Interpreter.run_code``: ``options`` are its keyword arguments."""
+        call = functools.partial(self._interpreter.run_code, code, **options)
+        return await self._portal.acall(call)
+
+    async def restart(self) -> None:
+        """``Interpreter.restart``: a fresh interpreter, its state gone."""
+        await self._portal.acall(self._interpreter.restart)
+
+
+@asynccontextmanager
+async def open_interpreter(spec: SandboxSpec, **options: Any) -> AsyncIterator[AioInterpreter]:
+    """``sbxkit.open_interpreter`` as an ``async with`` block for asyncio; ``options`` are its
+    keyword arguments. The sandbox is held and removed as ``open_sandbox``'s is."""
+    opener = lambda: interpreter.open_interpreter(spec, **options)  # noqa: E731
+    async with _held(opener, AioInterpreter) as held:
+        yield held
 
 
 @asynccontextmanager
 async def attach_sandbox(handle: SandboxHandle) -> AsyncIterator[AioSandbox]:
     """``sbxkit.attach_sandbox`` as an ``async with`` block for asyncio: a detached sandbox
     continued here, once; the block's end removes it, as ``open_sandbox``'s does."""
-    async with _held(lambda: reattach.attach_sandbox(handle)) as sandbox:
+    async with _held(lambda: reattach.attach_sandbox(handle), AioSandbox) as sandbox:
         yield sandbox
 
 
 @asynccontextmanager
 async def _held(
-    opener: Callable[[], AbstractAsyncContextManager[session.Sandbox]],
-) -> AsyncIterator[AioSandbox]:
+    opener: Callable[[], AbstractAsyncContextManager[H]],
+    wrap: Callable[[Portal, H], W],
+) -> AsyncIterator[W]:
     loop = asyncio.get_running_loop()
-    opened: asyncio.Future[session.Sandbox] = loop.create_future()
+    opened: asyncio.Future[H] = loop.create_future()
     release = trio.Event()
 
-    def hand_over(sandbox: session.Sandbox) -> None:
+    def hand_over(sandbox: H) -> None:
         if not opened.done():
             opened.set_result(sandbox)
 
@@ -215,7 +244,7 @@ async def _held(
             holder.result()  # raises why it did not open
             raise AssertionError("the sandbox's holder ended before it opened")
         try:
-            yield AioSandbox(portal, opened.result())
+            yield wrap(portal, opened.result())
         except BaseException as exc:
             portal.run_sync(release.set)
             await _finish(holder)

@@ -25,15 +25,16 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from sbxkit._consumers import oneshot, reattach, session
-from sbxkit._consumers.facade import HeldProcess, HeldSandbox
+from sbxkit._consumers import interpreter, oneshot, reattach, session
+from sbxkit._consumers.facade import HeldInterpreter, HeldProcess, HeldSandbox
 from sbxkit._consumers.handle import SandboxHandle
 from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
+from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
@@ -42,10 +43,15 @@ from sbxkit._util.unwrap import plain_async
 
 _run_many = plain_async(_harness_run_many)
 
+H = TypeVar("H")
+W = TypeVar("W")
+
 __all__ = [
+    "BlockingInterpreter",
     "BlockingProcess",
     "BlockingSandbox",
     "attach_sandbox",
+    "open_interpreter",
     "open_sandbox",
     "run",
     "run_many",
@@ -133,25 +139,48 @@ def open_sandbox(spec: SandboxSpec, **options: Any) -> Iterator[BlockingSandbox]
     exception propagates. What ended the sandbox itself (``SandboxExpired``, ``CleanupError``)
     is raised after a normal exit, or chained over the block's exception.
     """
-    with _held(lambda: session.open_sandbox(spec, **options)) as sandbox:
+    with _held(lambda: session.open_sandbox(spec, **options), BlockingSandbox) as sandbox:
         yield sandbox
+
+
+class BlockingInterpreter(HeldInterpreter):
+    """An interpreter session driven from plain Python (see ``sbxkit.Interpreter``). An
+    ``on_output`` callback runs in sbxkit's trio thread."""
+
+    def run_code(self, code: str, **options: Any) -> CodeResult:
+        """``Interpreter.run_code``: ``options`` are its keyword arguments."""
+        return self._portal.call(functools.partial(self._interpreter.run_code, code, **options))
+
+    def restart(self) -> None:
+        """``Interpreter.restart``: a fresh interpreter, its state gone."""
+        self._portal.call(self._interpreter.restart)
+
+
+@contextmanager
+def open_interpreter(spec: SandboxSpec, **options: Any) -> Iterator[BlockingInterpreter]:
+    """``sbxkit.open_interpreter`` as a ``with`` block; ``options`` are its keyword arguments.
+    The sandbox is held and removed as ``open_sandbox``'s is."""
+    opener = lambda: interpreter.open_interpreter(spec, **options)  # noqa: E731
+    with _held(opener, BlockingInterpreter) as held:
+        yield held
 
 
 @contextmanager
 def attach_sandbox(handle: SandboxHandle) -> Iterator[BlockingSandbox]:
     """``sbxkit.attach_sandbox`` as a ``with`` block: a detached sandbox continued here; the
     block's end removes it, as ``open_sandbox``'s does."""
-    with _held(lambda: reattach.attach_sandbox(handle)) as sandbox:
+    with _held(lambda: reattach.attach_sandbox(handle), BlockingSandbox) as sandbox:
         yield sandbox
 
 
 @contextmanager
 def _held(
-    opener: Callable[[], AbstractAsyncContextManager[session.Sandbox]],
-) -> Iterator[BlockingSandbox]:
+    opener: Callable[[], AbstractAsyncContextManager[H]],
+    wrap: Callable[[Portal, H], W],
+) -> Iterator[W]:
     opened = threading.Event()
     release = trio.Event()
-    held: list[session.Sandbox] = []
+    held: list[H] = []
 
     async def hold() -> None:
         try:
@@ -174,7 +203,7 @@ def _held(
             holding.wait()
             holding.result()  # raises why it did not open
         try:
-            yield BlockingSandbox(portal, held[0])
+            yield wrap(portal, held[0])
         except BaseException as exc:
             portal.run_sync(release.set)
             holding.wait()

@@ -314,6 +314,27 @@ class ProcessStillRunning(ProcessError):
         self.seconds = seconds
 
 
+class InterpreterDied(SbxError):
+    """An interpreter (``open_interpreter``) ended or was ended: its process exited or was
+    killed (``status``, ``exit_code`` and ``evidence`` say how, on the daemon's evidence where
+    there is any), it broke its protocol, or it did not stop after an interrupt. Its state is
+    gone; ``Interpreter.restart()`` starts a fresh one."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        status: str | None = None,
+        exit_code: int | None = None,
+        evidence: str | None = None,
+    ) -> None:
+        super().__init__(f"the interpreter died: {reason}")
+        self.reason = reason
+        self.status = status
+        self.exit_code = exit_code
+        self.evidence = evidence
+
+
 class SessionError(SbxError):
     """A command naming an open session (``sbxkit open``) could not reach it, or what it
     asked failed there. ``code`` is the exit status the command line gives it."""

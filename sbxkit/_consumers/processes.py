@@ -64,7 +64,7 @@ from sbxkit._model.rules import merge_env, runtime_env
 from sbxkit._model.spec import check_limit, validate_workdir
 from sbxkit._util.public import publish
 from sbxkit.engine.execapi import exec_create, exec_resize, exec_start
-from sbxkit.engine.frames import Demuxer
+from sbxkit.engine.frames import STDOUT, Demuxer
 from sbxkit.engine.transport import READ_CHUNK, HijackedStream
 from sbxkit.errors import (
     Conflict,
@@ -130,8 +130,10 @@ class Process:
         deadline: float,
         began: float,
         on_end: Callable[[str], object],
+        tap: Callable[[int, bytes], object] | None = None,
     ) -> None:
         self.id = "p" + token
+        self._tap = tap  # takes the output instead of the log (the interpreter's frames)
         self._on_end = on_end
         self.pty = pty
         self._sandbox = sandbox
@@ -328,8 +330,12 @@ class Process:
         """Keep output until EOF (True) or the first byte past the cap (False)."""
         demuxer = None if self.pty else Demuxer()
         while chunk := await self._stream.receive_some(READ_CHUNK):
-            pieces = [chunk] if demuxer is None else [data for _, data in demuxer.feed(chunk)]
-            for data in pieces:
+            pieces = [(STDOUT, chunk)] if demuxer is None else demuxer.feed(chunk)
+            for stream_id, data in pieces:
+                if self._tap is not None:  # the tap bounds what it keeps
+                    self._tap(stream_id, data)
+                    self._wake()
+                    continue
                 overflowed = self._log.add(data)
                 self._wake()
                 if overflowed:
@@ -403,9 +409,11 @@ class ProcessTable:
         workdir: str | None,
         max_output: int,
         timeout: float,
+        tap: Callable[[int, bytes], object] | None = None,
     ) -> Process:
         """Create and start the exec, hand its stream to a new task; refused beyond the limit
-        or outside the sandbox's block."""
+        or outside the sandbox's block. With ``tap``, output goes there, not to the log, as
+        ``tap(stream id, bytes)`` (``pty=False`` only: a terminal has one stream)."""
         if self._nursery is None:
             raise SandboxUnusable(sandbox.container_id, "the sandbox's block has ended")
         if len(self._live) >= self.limit:
@@ -442,6 +450,7 @@ class ProcessTable:
             deadline=deadline,
             began=began,
             on_end=self._ended,
+            tap=tap,
         )
         self._live[process.id] = process
         self._nursery.start_soon(process.follow)

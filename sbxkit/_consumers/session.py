@@ -59,6 +59,7 @@ from sbxkit._consumers.archive import (
     stream_cap,
 )
 from sbxkit._consumers.dirs import DirTransfer, StdoutSink
+from sbxkit._consumers.exec_pump import discard_until_eof, pump_exec
 from sbxkit._consumers.exec_scripts import (
     GET_SCRIPT,
     KILL_SCRIPT,
@@ -68,7 +69,7 @@ from sbxkit._consumers.exec_scripts import (
 from sbxkit._consumers.handle import detach_sandbox
 from sbxkit._consumers.process_log import DEFAULT_MAX_PROCESSES
 from sbxkit._consumers.processes import ProcessTable, running, start_process
-from sbxkit._lifecycle.attached import feed_stdin
+from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._lifecycle.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._lifecycle.owned import KILL_BUDGET_S, OwnedContainer, SandboxExit
@@ -85,11 +86,9 @@ from sbxkit._plan.policy import SCRATCH_PATH
 from sbxkit._protocol.wire import Expiring
 from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
-from sbxkit._util.unwrap import plain_async
 from sbxkit.backends.base import Backend
 from sbxkit.backends.docker import DockerOptions, docker_backend
 from sbxkit.engine.execapi import ExecCreate, exec_create, exec_inspect, exec_start
-from sbxkit.engine.frames import STDOUT, Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     ArchiveError,
@@ -178,6 +177,7 @@ class Sandbox(OwnedView, DirTransfer):
         max_output: int | None = None,
         workdir: str | None = None,
         env: Mapping[str, str] | None = None,
+        on_output: OutputCallback | None = None,
     ) -> RunResult:
         """Run ``argv`` in the sandbox as the sandbox user; return a one-shot ``RunResult``.
 
@@ -186,6 +186,7 @@ class Sandbox(OwnedView, DirTransfer):
         pass, N + 1 is ``output_exceeded``. On a timeout, an overflow, an error or
         cancellation the exec's whole process group is killed before this returns or raises.
         ``stdin`` is fed then closed; without it the command's stdin is empty.
+        ``on_output(stream, chunk)`` gets the output as it arrives, within the cap.
         """
         command = _check_argv(argv)
         check_stdin(stdin)
@@ -199,7 +200,9 @@ class Sandbox(OwnedView, DirTransfer):
             owned = spec_owned_keys(self.spec.network)  # the container's values stand
             merged = merge_env(dict(env), runtime=runtime_env(self.lease), field="env", owned=owned)
             env_list = [f"{key}={value}" for key, value in sorted(merged.items())]
-        return await self._run(command, stdin, timeout, max_output, workdir, env_list)
+        return await self._run(
+            command, stdin, timeout, max_output, workdir, env_list, on_output=on_output
+        )
 
     def _check_usable(self) -> None:
         if self._unusable is not None:
@@ -214,6 +217,7 @@ class Sandbox(OwnedView, DirTransfer):
         workdir: str | None = None,
         env: list[str] | None = None,
         on_stdout: StdoutSink | None = None,
+        on_output: OutputCallback | None = None,
     ) -> RunResult:
         self._check_usable()
         engine = self._box.engine
@@ -244,7 +248,7 @@ class Sandbox(OwnedView, DirTransfer):
                 stream = await exec_start(engine, exec_id)
                 t2 = clock()
                 timings["start_s"] = t2 - t1
-                ended, overflowed = await _pump(stream, capture, stdin, on_stdout)
+                ended, overflowed = await pump_exec(stream, capture, stdin, on_stdout, on_output)
                 if overflowed:
                     status = "output_exceeded"
             if not ended and status == "exited":
@@ -328,7 +332,7 @@ class Sandbox(OwnedView, DirTransfer):
         drained = trio.Event()
         async with trio.open_nursery() as nursery:
             if stream is not None:
-                nursery.start_soon(_discard_until_eof, stream, drained)
+                nursery.start_soon(discard_until_eof, stream, drained)
             else:
                 drained.set()
             problem = await self._kill_group(token)
@@ -486,56 +490,6 @@ class Sandbox(OwnedView, DirTransfer):
         found = parse_tar(result.stdout, max_files=max_files, max_bytes=max_bytes)
         expect_exactly(found, wanted.values())
         return {path: found[clean] for path, clean in wanted.items()}
-
-
-@plain_async  # Ctrl-C inside the nursery leaves as a plain KeyboardInterrupt
-async def _pump(
-    stream: HijackedStream,
-    capture: OutputCapture,
-    stdin: StdinSource | None,
-    on_stdout: StdoutSink | None = None,
-) -> tuple[bool, bool]:
-    """Demux output into ``capture`` (feeding ``stdin`` alongside) until EOF or an overflow;
-    with ``on_stdout``, stdout goes there instead, uncapped (the callee bounds it).
-
-    Returns ``(ended, overflowed)``; errors are raised outside the nursery, unwrapped.
-    """
-    error: SbxError | None = None
-    ended = overflowed = False
-    async with trio.open_nursery() as nursery:
-        if stdin is not None:
-            nursery.start_soon(feed_stdin, stream, stdin)
-        demuxer = Demuxer()
-        try:
-            while not overflowed:
-                chunk = await stream.receive_some()
-                if not chunk:
-                    demuxer.close()
-                    ended = True
-                    break
-                for stream_id, data in demuxer.feed(chunk):
-                    if on_stdout is not None and stream_id == STDOUT:
-                        await on_stdout(data)
-                        continue
-                    if capture.add(stream_id, data):
-                        overflowed = True
-                        break
-        except SbxError as exc:
-            error = exc
-        nursery.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return ended, overflowed
-
-
-async def _discard_until_eof(stream: HijackedStream, drained: trio.Event) -> None:
-    """Read and drop an ended exec's output until its stream closes (or an error ends it)."""
-    try:
-        with contextlib.suppress(SbxError):
-            while await stream.receive_some():
-                pass
-    finally:
-        drained.set()
 
 
 def keepalive_command(timeout_s: float) -> list[str]:

@@ -380,3 +380,30 @@ async def test_the_container_is_removed_on_error_cancellation_and_time_limit(
     assert trio.current_time() - started < 6.0
     for container_id in ids:
         assert not container_exists(witness, container_id)
+
+
+async def test_exec_on_output_sees_chunks_before_the_exec_ends_within_the_cap(
+    runtime: str | None, busybox: str, engine: Engine
+) -> None:
+    """Issue 44 item 3: ``exec(on_output=...)`` gets output as it happens, exactly what the
+    capture kept (never past ``max_output``)."""
+    seen: list[tuple[str, bytes, float]] = []
+    async with open_sandbox(session_spec(busybox, runtime), engine=engine) as sandbox:
+        t0 = trio.current_time()
+        result = await sandbox.exec(
+            ["sh", "-c", "echo first; echo oops >&2; sleep 1.5; echo last"],
+            on_output=lambda stream, chunk: seen.append((stream, chunk, trio.current_time() - t0)),
+        )
+        ended = trio.current_time() - t0
+        assert (result.status, result.stdout) == ("exited", b"first\nlast\n")
+        assert b"".join(c for s, c, _ in seen if s == "stdout") == result.stdout
+        assert b"".join(c for s, c, _ in seen if s == "stderr") == b"oops\n"
+        assert next(t for _, c, t in seen if c.startswith(b"first")) < ended - 1.0
+        seen.clear()
+        capped = await sandbox.exec(
+            ["sh", "-c", "yes | head -c 5000"],
+            max_output=1000,
+            on_output=lambda stream, chunk: seen.append((stream, chunk, 0.0)),
+        )
+        assert capped.status == "output_exceeded"
+        assert b"".join(c for _, c, _ in seen) == capped.stdout == b"y\n" * 500

@@ -37,6 +37,8 @@ PURE = [
     "_model/call_checks.py",
     "_consumers/exec_scripts.py",
     "_consumers/tar_stream.py",
+    "_consumers/interp_frames.py",
+    "_consumers/interp_program.py",
     "pool/sizing.py",
     "pool/line.py",
     "pool/shape.py",
