@@ -162,7 +162,7 @@ async def test_a_crash_is_reported_and_restart_starts_a_fresh_one(
 
 
 async def test_an_interpreter_killed_by_oom_is_reported_as_such(
-    runtime: str | None, python_image: str, engine: Engine
+    runtime: str | None, python_image: str, engine: Engine, witness: Witness
 ) -> None:
     async with open_interpreter(
         spec(python_image, runtime, memory_bytes=64 * 1024 * 1024), engine=engine
@@ -171,8 +171,14 @@ async def test_an_interpreter_killed_by_oom_is_reported_as_such(
             await interp.run_code(
                 "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 20))", timeout=15
             )
-        assert died.value.status == "oom_killed", died.value
-        assert died.value.evidence
+        if witness.is_podman():
+            # Podman 4.3 gives no evidence of an OOM (docs/backends.md): the kill is the
+            # exit it is, never an OOM nobody proved (as test_hardening's assert_oom_outcome).
+            assert (died.value.status, died.value.exit_code) == ("exited", 137), died.value
+            assert not died.value.evidence
+        else:
+            assert died.value.status == "oom_killed", died.value
+            assert died.value.evidence
         if is_gvisor(runtime):
             # gVisor ends the whole sandbox on an OOM (the one-shot case ends the same way):
             # nothing is left to restart in, and restart says so.
