@@ -28,7 +28,8 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-GiB = 1024**3
+from sbxkit._model.units import GiB, format_size
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -57,13 +58,6 @@ def default_memory_budget(mem_total: int) -> int:
     return mem_total - memory_headroom(mem_total)
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n} bytes"
-
-
 class NeverFits(msgspec.Struct, frozen=True):
     """Why a request can never be admitted: the spec field, the CLI flag and the rule."""
 
@@ -76,8 +70,8 @@ def never_fits(need: Need, budget: Budget) -> NeverFits | None:
     if budget.memory_bytes is not None and need.memory_bytes > budget.memory_bytes:
         return NeverFits(
             "limits.memory_bytes",
-            f"--memory {_size(need.memory_bytes)} asked, more than the whole memory budget "
-            f"of {_size(budget.memory_bytes)}; it can never start",
+            f"--memory {format_size(need.memory_bytes)} asked, more than the whole memory budget "
+            f"of {format_size(budget.memory_bytes)}; it can never start",
         )
     if budget.host_nano_cpus is not None and need.nano_cpus > budget.host_nano_cpus:
         return NeverFits(
