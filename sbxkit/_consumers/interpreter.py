@@ -348,8 +348,10 @@ class Interpreter:
         ended = process.exit
         if ended is not None:
             await self._sandbox_ended(gen, f"its process ended: {ended.status}")
-            if ended.exit_code is not None and ended.exit_code >= SIGNAL_EXIT_BASE:
-                await self._oom_since_start(gen)  # a runtime's failure may hide an OOM kill
+            if ended.status == "exited" and ended.exit_code == SIGNAL_EXIT_BASE:
+                # A runtime's own failure (gVisor's 128) may hide an OOM kill; a signal exit
+                # was judged on the daemon's events already (Process._judge).
+                await self._oom_since_start(gen)
             if ended.status == "exited":
                 reason = f"its process exited with code {ended.exit_code}"
             elif ended.status == "oom_killed":
