@@ -33,7 +33,7 @@ from sbxkit.engine.frames import Demuxer
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import EngineConnectionError, EngineError
 
-__all__ = ["Outcome", "OutputCallback", "Ran", "feed_stdin", "run_attached"]
+__all__ = ["Outcome", "OutputCallback", "Ran", "RunTimes", "feed_stdin", "run_attached"]
 
 # After the payload exits, its attach stream closes almost at once; don't hang on it
 # (moby #41922: an attach stream can outlive its container).
@@ -86,25 +86,49 @@ async def run_attached(
     box: OwnedContainer, stdin: StdinSource | None, on_output: OutputCallback | None = None
 ) -> Ran:
     """Run the box's command once; the time limit starts when the container has started."""
-    clock = trio.current_time
-    t_start = clock()
+    times = RunTimes()
     async with attached(box) as (attach, waiter):
-        t_run = clock()
+        times.began()
         outcome = await supervise(attach, waiter, stdin, box.output_bytes, box.timeout_s, on_output)
-        run_s = clock() - t_run
+        times.ended()
     verdict, exit_code = Verdict(status=outcome.status), None
     if outcome.status == "exited":
         # Only a payload that really exited has an exit code; after an overflow or a
         # timeout the code (if any) is sbxkit's kill, not the payload's answer.
         exit_code = outcome.exit_code
         verdict = await box.judge(exit_code)
-    return Ran(
-        verdict=verdict,
-        exit_code=exit_code,
-        capture=outcome.capture,
-        start_s=t_run - t_start,
-        run_s=run_s,
-    )
+    return times.ran(verdict, exit_code, outcome.capture)
+
+
+class RunTimes:
+    """A run's two phases on trio's clock: from asking for the start until the payload runs
+    (``start_s``), then until it ended (``run_s``)."""
+
+    def __init__(self) -> None:
+        self._asked = self._began = trio.current_time()
+        self._run_s = 0.0
+
+    def began(self) -> None:
+        self._began = trio.current_time()
+
+    def ended(self) -> None:
+        self._run_s = trio.current_time() - self._began
+
+    def ran(
+        self,
+        verdict: Verdict,
+        exit_code: int | None,
+        capture: OutputCapture,
+        evidence: Evidence = "daemon",
+    ) -> Ran:
+        return Ran(
+            verdict=verdict,
+            exit_code=exit_code,
+            capture=capture,
+            start_s=self._began - self._asked,
+            run_s=self._run_s,
+            evidence=evidence,
+        )
 
 
 class Outcome:

@@ -26,7 +26,7 @@ from sbxkit._kernel.fifos import open_host_ends
 from sbxkit._kernel.init import ContainerInit, InitUnverified
 from sbxkit._kernel.initpid import cgroup_layout_known, init_pid_on_host, learn_cgroup_layout
 from sbxkit._kernel.scripts import GO_LINE
-from sbxkit._lifecycle.attached import Outcome, OutputCallback, Ran
+from sbxkit._lifecycle.attached import Outcome, OutputCallback, Ran, RunTimes
 from sbxkit._lifecycle.kernel_watch import (
     Exited,
     Feed,
@@ -210,25 +210,17 @@ async def run_on_fifos(
     """Run the box's command once on the kernel path; the time limit starts once the shell
     said it runs (the payload starts at the go line). ``NotAlive``: it never ran.
     ``supervise`` watches the run (this process, unless the run was handed off)."""
-    clock = trio.current_time
-    t_start = clock()
+    times = RunTimes()
     # Its owner hears the launch is over right after the go line, not before it (AfterGo). A
     # governed network's listeners go in after the start, which that message precedes; an
     # owner that started the container itself knew when the daemon answered.
     after_go = None if box.governed or box.launched_by_owner else box.launched
     async with started_on_fifos(box, launched=box.governed) as (io, exited, evidence):
-        t_run = clock()
+        times.began()
         feed = Feed(GO_LINE, stdin, box.output_bytes, box.timeout_s, on_output)
         outcome = await supervise(io, exited, feed, after_go)
-        run_s = clock() - t_run
+        times.ended()
         verdict, exit_code, evidence = await kernel_verdict(  # the init's OOM watch still open
             box.engine, box.container_id, box.judge, outcome, evidence, io.init
         )
-    return Ran(
-        verdict=verdict,
-        exit_code=exit_code,
-        capture=outcome.capture,
-        start_s=t_run - t_start,
-        run_s=run_s,
-        evidence=evidence,
-    )
+    return times.ran(verdict, exit_code, outcome.capture, evidence)
