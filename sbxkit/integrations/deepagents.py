@@ -49,7 +49,7 @@ from sbxkit._model.result import RunResult
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import Limits, SandboxSpec, Workspace
 from sbxkit._model.units import GiB, MiB
-from sbxkit._plan.plan import CheckedSpec, check_spec
+from sbxkit._plan.plan import check_spec
 from sbxkit._util.portal import Portal
 from sbxkit.errors import PortalClosed, SandboxUnusable, SbxError, SpecError
 
@@ -159,16 +159,47 @@ class SbxkitSandbox(BaseSandbox):
         command_timeout: int = DEFAULT_COMMAND_TIMEOUT,
         max_file_bytes: int = MAX_FILE_BYTES,
     ) -> None:
-        checked = backend_spec(
-            image,
-            profile=profile,
-            spec=spec,
-            limits=limits,
-            workspace=workspace,
-            env=env,
-            workdir=workdir,
-            settings=settings,
-        )
+        if spec is not None:
+            given = [name for name, value in (("image", image), ("profile", profile)) if value]
+            if given:
+                raise SpecError(given[0], "give an image, a profile or a spec, not more than one")
+            shaping = (limits, env, workdir)
+            if any(value is not None for value in shaping) or workspace is not DEFAULT_WORKSPACE:
+                raise SpecError(
+                    "spec",
+                    "a spec is used as it is: set its limits, workspace, env "
+                    "and workdir in it, not beside it",
+                )
+            chosen = spec
+        elif profile is not None:
+            if settings is not None:
+                raise SpecError(
+                    "settings", "a profile carries its own settings: give one or the other"
+                )
+            if limits is not None or workspace is not DEFAULT_WORKSPACE:
+                raise SpecError(
+                    "profile",
+                    "a profile sets its own limits and workspace: set them in it, not beside it",
+                )
+            chosen, settings, _ = apply_profile(load_profile(profile), ["true"], image=image)
+            if env:
+                chosen = msgspec.structs.replace(chosen, env={**chosen.env, **env})
+            if workdir is not None:
+                chosen = msgspec.structs.replace(chosen, workdir=workdir)
+        elif image is not None:
+            chosen = SandboxSpec(
+                image=image,
+                command=["true"],
+                limits=DEFAULT_LIMITS if limits is None else limits,
+                workspace=workspace,
+                env=dict(env or {}),
+                workdir=workdir,
+            )
+        else:
+            raise SpecError("image", "no sandbox: give an image, a profile or a spec")
+        if chosen.workdir is None:
+            chosen = msgspec.structs.replace(chosen, workdir=DEFAULT_WORKDIR)
+        checked = check_spec(chosen, settings)
         _check_positive("command_timeout", command_timeout)
         _check_positive("max_file_bytes", max_file_bytes)
         self._command_timeout = command_timeout
@@ -320,60 +351,6 @@ class SbxkitSandbox(BaseSandbox):
             max_output=max_output,
             workdir="/",
         )
-
-
-def backend_spec(
-    image: str | None = None,
-    *,
-    profile: str | Path | None = None,
-    spec: SandboxSpec | None = None,
-    limits: Limits | None = None,
-    workspace: Workspace | None = DEFAULT_WORKSPACE,
-    env: Mapping[str, str] | None = None,
-    workdir: str | None = None,
-    settings: Settings | None = None,
-) -> CheckedSpec:
-    """The checked spec ``SbxkitSandbox`` opens (its arguments, see there); nothing is
-    created. The working directory is the spec's or profile's, else ``/tmp``."""
-    if spec is not None:
-        given = [name for name, value in (("image", image), ("profile", profile)) if value]
-        if given:
-            raise SpecError(given[0], "give an image, a profile or a spec, not more than one")
-        shaping = (limits, env, workdir)
-        if any(value is not None for value in shaping) or workspace is not DEFAULT_WORKSPACE:
-            raise SpecError(
-                "spec",
-                "a spec is used as it is: set its limits, workspace, env "
-                "and workdir in it, not beside it",
-            )
-        chosen = spec
-    elif profile is not None:
-        if settings is not None:
-            raise SpecError("settings", "a profile carries its own settings: give one or the other")
-        if limits is not None or workspace is not DEFAULT_WORKSPACE:
-            raise SpecError(
-                "profile",
-                "a profile sets its own limits and workspace: set them in it, not beside it",
-            )
-        chosen, settings, _ = apply_profile(load_profile(profile), ["true"], image=image)
-        if env:
-            chosen = msgspec.structs.replace(chosen, env={**chosen.env, **env})
-        if workdir is not None:
-            chosen = msgspec.structs.replace(chosen, workdir=workdir)
-    elif image is not None:
-        chosen = SandboxSpec(
-            image=image,
-            command=["true"],
-            limits=DEFAULT_LIMITS if limits is None else limits,
-            workspace=workspace,
-            env=dict(env or {}),
-            workdir=workdir,
-        )
-    else:
-        raise SpecError("image", "no sandbox: give an image, a profile or a spec")
-    if chosen.workdir is None:
-        chosen = msgspec.structs.replace(chosen, workdir=DEFAULT_WORKDIR)
-    return check_spec(chosen, settings)
 
 
 def _check_positive(field: str, value: int) -> None:
