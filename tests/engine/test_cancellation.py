@@ -510,6 +510,30 @@ def expect_outcome(point: Point, outcome: Outcome, owner: OwnerKind) -> None:
         assert outcome.result is None
 
 
+def ended_before_create(
+    witness: Witness, engine: CancellingEngine, since: float, point: Point, owner: OwnerKind
+) -> bool:
+    """Checks a run cancelled before any container existed (on either path): True when the
+    point is one, and nothing was created, started or left."""
+    if point in NOTHING_CREATED[owner]:
+        assert engine.create_names == []  # this engine was never asked to create
+        assert engine.created_ids == []
+        assert engine.removed == []
+        if engine.lease is not None:
+            assert lease_actions(witness, engine.lease, since) == []
+        return True
+    if owner == "in-process" and point == ("image_inspect#1", "after"):
+        # The create is still sent after this cancel (the known issue, pinned by
+        # test_cancel_before_create_sends_no_create); either way nothing may be left and
+        # nothing may have started.
+        if engine.create_names:
+            assert_gone_and_started(witness, engine, since, started=False)
+        else:
+            assert engine.removed == []
+        return True
+    return False
+
+
 async def check_point(
     witness: Witness, busybox: str, command: list[str], point: Point, owner: OwnerKind
 ) -> None:
@@ -519,21 +543,7 @@ async def check_point(
         assert engine.fired, f"{point} was never reached; calls: {engine.log}"
         expect_outcome(point, outcome, owner)
         before_start = point in pre_start(owner)
-        if point in NOTHING_CREATED[owner]:
-            assert engine.create_names == []  # this engine was never asked to create
-            assert engine.created_ids == []
-            assert engine.removed == []
-            if engine.lease is not None:
-                assert lease_actions(witness, engine.lease, since) == []
-            return
-        if owner == "in-process" and point == ("image_inspect#1", "after"):
-            # The create is still sent after this cancel (the known issue, pinned by
-            # test_cancel_before_create_sends_no_create); either way nothing may be left and
-            # nothing may have started.
-            if engine.create_names:
-                assert_gone_and_started(witness, engine, since, started=False)
-            else:
-                assert engine.removed == []
+        if ended_before_create(witness, engine, since, point, owner):
             return
         assert_gone_and_started(witness, engine, since, started=not before_start)
         if owner == "in-process":

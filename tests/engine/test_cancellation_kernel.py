@@ -53,9 +53,9 @@ from tests.engine.test_cancellation import (
     Point,
     assert_gone_and_started,
     cancelling_engine,
+    ended_before_create,
     every_run_asks_the_daemon,  # noqa: F401 - an autouse fixture, for this module too
     expect_outcome,
-    lease_actions,
     make_spec,
     run_with_cancel,
     supervised,
@@ -163,14 +163,7 @@ async def check_kernel_point(
         outcome = await run_with_cancel(engine, make_spec(busybox, command), point, owner=owner)
         assert engine.fired, f"{point} was never reached; calls: {engine.log}"
         expect_outcome(point, outcome, owner)
-        if point in daemon.NOTHING_CREATED[owner]:
-            assert engine.created_ids == []
-            if engine.lease is not None:
-                assert lease_actions(witness, engine.lease, since) == []
-            return
-        if owner == "in-process" and point == ("image_inspect#1", "after"):
-            if engine.create_names:
-                assert_gone_and_started(witness, engine, since, started=False)
+        if ended_before_create(witness, engine, since, point, owner):
             return
         not_started = {
             "in-process": PRE_START,
