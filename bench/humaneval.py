@@ -114,9 +114,12 @@ def broken_program() -> str:
     return p["prompt"] + BROKEN_SOLUTION + "\n" + p["test"] + "\n" + f"check({p['entry_point']})\n"
 
 
-def sandbox_spec(image: str, program: str, key: str = "sbxkit") -> SandboxSpec:
+def sandbox_spec(
+    image: str, program: str, key: str = "sbxkit", runtime: str | None = None
+) -> SandboxSpec:
     return SandboxSpec(
         image=image,
+        runtime=runtime,
         command=["python3", "-c", program],
         limits=Limits(
             cpus=CPUS, memory_bytes=MEMORY_BYTES, pids=PIDS, output_bytes=MiB, timeout_s=TIMEOUT_S
@@ -131,13 +134,21 @@ def last_line(stderr: bytes) -> str:
 
 
 async def sbxkit_all(
-    engine: Engine, image: str, programs: dict[str, str], *, pooled: bool = False
+    engine: Engine,
+    image: str,
+    programs: dict[str, str],
+    *,
+    pooled: bool = False,
+    runtime: str | None = None,
 ) -> dict[str, Any]:
     key = "sbxkit_pooled" if pooled else "sbxkit"
-    jobs = [Job(id=task, spec=sandbox_spec(image, code, key)) for task, code in programs.items()]
+    jobs = [
+        Job(id=task, spec=sandbox_spec(image, code, key, runtime))
+        for task, code in programs.items()
+    ]
     if pooled:
         backend = DockerBackend(engine=engine)
-        shape = sandbox_spec(image, "", key)  # every job's shape: only the program differs
+        shape = sandbox_spec(image, "", key, runtime)  # every job's shape: only the program
         async with open_pool(shape, size=PARALLEL, backend=backend) as pool:
             results = await run_many(jobs, parallel=PARALLEL, backend=backend, pool=pool)
     else:
@@ -161,7 +172,11 @@ async def sbxkit_all(
 
 
 def dockerpy_all(
-    client: Any, pool: ThreadPoolExecutor, image: str, programs: dict[str, str]
+    client: Any,
+    pool: ThreadPoolExecutor,
+    image: str,
+    programs: dict[str, str],
+    runtime: str | None = None,
 ) -> dict[str, Any]:
     def one(code: str) -> tuple[int | None, bytes]:
         body = peer_body(
@@ -171,6 +186,7 @@ def dockerpy_all(
             cpus=CPUS,
             memory_bytes=MEMORY_BYTES,
             pids=PIDS,
+            runtime=runtime,
         )
         status, stderr = dockerpy_one_shot(client, body, want_stderr=True)
         return status, stderr
