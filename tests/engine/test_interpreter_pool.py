@@ -16,6 +16,14 @@ from tests.engine.helpers import container_exists
 from tests.engine.test_session import session_spec
 from tests.witness import Witness
 
+KILL_INTERPRETER = (
+    "import os\n"
+    "mark = b'import ' + b'ast, base64'  # the interpreter's source, not this one's\n"
+    "pids = [p for p in os.listdir('/proc') if p.isdigit()\n"
+    "        and mark in open('/proc/%s/cmdline' % p, 'rb').read()]\n"
+    "for p in pids: os.kill(int(p), 9)\n"
+    "print(len(pids))"
+)
 LOADED = "import sys\nsorted(m for m in ('numpy', 'pandas', 'tomllib') if m in sys.modules)"
 
 
@@ -103,3 +111,29 @@ async def test_bad_pool_arguments_are_refused_before_any_container(python_image:
     with pytest.raises(SpecError, match=r"pool\.size: must be an integer from 1 to"):
         async with open_interpreter_pool(spec(python_image), size=0):
             pass
+
+
+async def test_an_interpreter_that_died_while_parked_is_never_handed_out(
+    python_image: str, engine: Engine, witness: Witness
+) -> None:
+    async with open_interpreter_pool(
+        spec(python_image), size=1, preload=["tomllib"], engine=engine
+    ) as pool:
+        await pool.wait_ready()
+        (parked,) = pool.parking.ready
+        dead = parked.interpreter
+        # The code's own way to end it: a parked interpreter has no call, so kill its process
+        # from a second exec in its sandbox, as a crash would.
+        killed = await dead.sandbox.exec(["python3", "-c", KILL_INTERPRETER])
+        assert (killed.status, killed.exit_code) == ("exited", 0)
+        assert int(killed.stdout) >= 1  # the interpreter (and the exec wrapper naming it)
+        with trio.fail_after(10):
+            while dead._gen is not None and dead._gen.process is not None:
+                if dead._gen.process.exit is not None:
+                    break
+                await trio.sleep(0.05)
+        async with pool.interpreter() as interp:
+            assert interp is not dead
+            assert interp.sandbox.container_id != dead.sandbox.container_id
+            assert (await interp.run_code(LOADED)).text == "['tomllib']"
+        assert not container_exists(witness, dead.sandbox.container_id)
