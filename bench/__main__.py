@@ -29,6 +29,7 @@ from bench import (
     streaming,
     supervised,
     throughput,
+    warm_interpreter,
 )
 
 
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         cluster,
         cluster_parallel,
         network,
+        warm_interpreter,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""

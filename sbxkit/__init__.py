@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from sbxkit._consumers.handle import SandboxHandle
     from sbxkit._consumers.harness import Job, JobError, JobResult, run_many
     from sbxkit._consumers.interp_frames import CodeError, CodeResult
+    from sbxkit._consumers.interp_pool import InterpreterPool, open_interpreter_pool
     from sbxkit._consumers.interpreter import Interpreter, open_interpreter
     from sbxkit._consumers.oneshot import run
     from sbxkit._consumers.process_log import ProcessExit
@@ -168,6 +169,7 @@ __all__ = [
     "InputGrant",
     "Interpreter",
     "InterpreterDied",
+    "InterpreterPool",
     "Job",
     "JobError",
     "JobResult",
@@ -224,6 +226,7 @@ __all__ = [
     "open_backend",
     "open_engine",
     "open_interpreter",
+    "open_interpreter_pool",
     "open_pool",
     "open_pty",
     "open_sandbox",

@@ -19,6 +19,8 @@ from sbxkit._model.uids import HOST_UIDS, MAPPED_UIDS, UidRange
 SOCKET = os.environ.get("SBXKIT_TEST_SOCKET", "/var/run/docker.sock")
 BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:latest")
 PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
+PYDATA = os.environ.get("SBXKIT_TEST_PYDATA_IMAGE", "sbxkit-test/pydata:latest")
+"""The python image with numpy, pandas and matplotlib (scripts/engine-up, from wheels)."""
 LEASE_LABEL = "sbxkit.lease"
 RUN_LABEL = "sbxkit-test.run"
 THIS_RUN = dict(

@@ -20,6 +20,7 @@ import msgspec
 
 from sbxkit._model.result import Stream
 from sbxkit._util.public import publish
+from sbxkit.errors import SpecError
 
 __all__ = [
     "CodeError",
@@ -30,6 +31,7 @@ __all__ = [
     "Out",
     "Ready",
     "Reply",
+    "check_preload",
     "encode_request",
     "frame_bound",
 ]
@@ -59,6 +61,8 @@ class CodeError(msgspec.Struct, frozen=True):
 
 class Ready(msgspec.Struct, tag_field="t", tag="ready", frozen=True):
     python: str
+    preload_error: str | None = None
+    """Set when a module named in ``preload`` did not import: which, and the exception."""
 
 
 class Out(msgspec.Struct, tag_field="t", tag="out", frozen=True):
@@ -71,6 +75,7 @@ class Reply(msgspec.Struct, tag_field="t", tag="result", frozen=True):
     id: int
     value: dict[str, str] | None
     error: CodeError | None
+    displays: list[dict[str, str]] = msgspec.field(default_factory=list)
 
 
 Frame = Ready | Out | Reply
@@ -85,8 +90,10 @@ class CodeResult(msgspec.Struct, frozen=True, kw_only=True):
     interrupted it; each keeps exactly the first ``max_output`` bytes). ``text`` is the repr
     of the last expression's value (None without one, or when it is None); ``data`` maps MIME
     types (``text/plain``, ``text/html``, ``image/png`` as base64, ``application/json``,
-    ``text/markdown``) to that value's representations. The status and the caps are sbxkit's
-    own judgement; the rest is what the code's process said.
+    ``text/markdown``) to that value's representations. ``displays`` are the matplotlib
+    figures the call left open in pyplot (``plt.show()`` or not), in order, each as
+    ``text/plain`` and ``image/png``; they are closed after. The status and the caps are
+    sbxkit's own judgement; the rest is what the code's process said.
     """
 
     status: CodeStatus
@@ -96,6 +103,7 @@ class CodeResult(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, str] = msgspec.field(default_factory=dict)
     error: CodeError | None = None
     run_s: float = 0.0
+    displays: list[dict[str, str]] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -104,14 +112,31 @@ class CodeResult(msgspec.Struct, frozen=True, kw_only=True):
 
 def frame_bound(max_output: int) -> int:
     """The largest frame a call capped at ``max_output`` may send: its result holds at most
-    about eight capped texts, each at worst six bytes per character once JSON-escaped."""
-    return 48 * max_output + FRAME_OVERHEAD
+    about eight capped texts, each at worst six bytes per character once JSON-escaped, and
+    figures of at most ``4 * max_output`` bytes of JSON in all."""
+    return 52 * max_output + FRAME_OVERHEAD
 
 
 def encode_request(call_id: int, code: str, cap: int) -> bytes:
     """One request frame: run ``code``, capping each representation at ``cap`` characters."""
     body = json.dumps({"id": call_id, "code": code, "cap": cap}).encode("utf-8")
     return HEADER.pack(len(body)) + body
+
+
+MAX_PRELOAD = 64
+
+
+def check_preload(preload: object) -> tuple[str, ...]:
+    """``preload``, checked: module names (dotted identifiers) the interpreter imports before
+    it is ready. Refused with the name and the rule, before any container exists."""
+    if isinstance(preload, str) or not isinstance(preload, (list, tuple)):
+        raise SpecError("preload", f"must be a list of module names, got {type(preload).__name__}")
+    if len(preload) > MAX_PRELOAD:
+        raise SpecError("preload", f"must name at most {MAX_PRELOAD} modules")
+    for name in preload:
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            raise SpecError("preload", f"{name!r} is not a module name (dotted Python identifiers)")
+    return tuple(preload)
 
 
 _DECODER = msgspec.json.Decoder(Frame)

@@ -1,12 +1,15 @@
 """The interpreter sbxkit runs inside a sandbox (``open_interpreter``): standard-library Python,
 sent as ``python3 -c SOURCE``, nothing installed in the image.
 
-It speaks frames over its own stdin and a private duplicate of its stdout (the framing is
-sbxkit/_consumers/interp_frames.py): a 4-byte big-endian length, then a JSON object. File
-descriptors 1 and 2 become pipes that a thread wraps into ``out`` frames, so whatever the code
-prints — ``print``, ``os.write(1, ...)``, a child process — arrives as output, never as a frame.
-SIGINT raises ``KeyboardInterrupt`` only while the code runs: the host's interrupt of a call
-that outlived its time limit stops that call and nothing else.
+Modules named after the source (``python3 -c SOURCE numpy pandas``: ``preload``) are imported
+before it says it is ready. It speaks frames over its own stdin and a private duplicate of its
+stdout (the framing is sbxkit/_consumers/interp_frames.py): a 4-byte big-endian length, then a
+JSON object. File descriptors 1 and 2 become pipes that a thread wraps into ``out`` frames, so
+whatever the code prints — ``print``, ``os.write(1, ...)``, a child process — arrives as output,
+never as a frame. Figures the code leaves open in matplotlib's pyplot (Agg, set through
+MPLBACKEND) come back as PNG ``displays`` when the call ends; matplotlib is imported only by the
+code, never by this program. SIGINT raises ``KeyboardInterrupt`` only while the code runs: the
+host's interrupt of a call that outlived its time limit stops that call and nothing else.
 
 The code shares this process, so it can always make the interpreter say what it likes about
 its own call; the host treats every frame as untrusted data (interp_frames.py).
@@ -121,18 +124,56 @@ def rich(value, cap):
             continue
         if len(data) <= cap:
             found[mime] = data
-    figure = sys.modules.get("matplotlib.figure")
-    if figure is not None and isinstance(value, figure.Figure):
-        import io
-        buffer = io.BytesIO()
-        value.savefig(buffer, format="png")
-        data = base64.b64encode(buffer.getvalue()).decode()
+    if is_figure(value):
+        try:
+            data = figure_png(value)
+        except Exception:
+            return found
         if len(data) <= cap:
             found["image/png"] = data
     return found
 
 
-def run(code, ns, cap):
+def is_figure(value):
+    figure = sys.modules.get("matplotlib.figure")  # only if the code imported matplotlib
+    return figure is not None and isinstance(value, figure.Figure)
+
+
+def figure_png(fig):
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def shown_figures(cap, last):
+    # Like a notebook's inline backend: the pyplot figures still open when a cell ends (drawn,
+    # or plt.show(), a no-op under Agg) come back as PNG, in order, and are closed. A figure
+    # that is the cell's value is in the value already; the budget keeps the frame bounded.
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    shown, budget = [], 4 * cap
+    try:
+        for num in pyplot.get_fignums():
+            fig = pyplot.figure(num)
+            if fig is last:
+                continue
+            try:
+                display = {"text/plain": repr(fig)[:200], "image/png": figure_png(fig)}
+            except Exception:
+                continue
+            size = len(json.dumps(display))
+            if len(display["image/png"]) > cap or size > budget:
+                continue
+            budget -= size
+            shown.append(display)
+    finally:
+        pyplot.close("all")
+    return shown
+
+
+def run(code, ns, cap, holder):
     name = "<cell-%d>" % STATE["id"]
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     tree = ast.parse(code, name, "exec")
@@ -145,6 +186,7 @@ def run(code, ns, cap):
     value = eval(compile(last, name, "eval"), ns)
     if value is None:
         return None
+    holder[0] = value  # shown_figures leaves a Figure value to the value
     text = repr(value)
     found = {"text/plain": text[:cap]}
     found.update(rich(value, cap))
@@ -152,10 +194,19 @@ def run(code, ns, cap):
 
 
 def main():
+    os.environ.setdefault("MPLBACKEND", "Agg")  # read by matplotlib if the code imports it
     signal.signal(signal.SIGINT, on_interrupt)
     threading.Thread(target=pump, daemon=True).start()
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
-    send({"t": "ready", "python": sys.version.split()[0]})
+    ready = {"t": "ready", "python": sys.version.split()[0]}
+    for name in sys.argv[1:]:  # preload: imported before ready, into sys.modules only
+        try:
+            __import__(name)
+        except BaseException as exc:
+            ready["preload_error"] = "%s: %s: %s" % (name, type(exc).__name__, str(exc)[:500])
+            break
+    sys.argv[1:] = []
+    send(ready)
     while True:
         (size,) = struct.unpack(">I", read_exact(4))
         if size > MAX_IN:
@@ -164,9 +215,13 @@ def main():
         STATE["id"] = request["id"]
         cap = int(request["cap"])
         value = error = None
+        displays, holder = [], [None]
         try:
             STATE["running"] = True
-            value = run(request["code"], ns, cap)
+            try:
+                value = run(request["code"], ns, cap, holder)
+            finally:
+                displays = shown_figures(cap, holder[0])
             STATE["running"] = False
         except BaseException as exc:
             STATE["running"] = False
@@ -184,7 +239,8 @@ def main():
         except Exception:
             pass
         drain()
-        send({"t": "result", "id": request["id"], "value": value, "error": error})
+        send({"t": "result", "id": request["id"], "value": value, "error": error,
+              "displays": displays})
 
 
 main()

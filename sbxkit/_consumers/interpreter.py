@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,6 +33,7 @@ from sbxkit._consumers.interp_frames import (
     Out,
     Ready,
     Reply,
+    check_preload,
     encode_request,
     frame_bound,
     out_bytes,
@@ -46,9 +47,16 @@ from sbxkit._model.spec import SandboxSpec, check_limit
 from sbxkit._plan.plan import CheckedSpec
 from sbxkit._util.public import publish
 from sbxkit.engine.frames import STDOUT
-from sbxkit.errors import InterpreterDied, ProcessError, SandboxUnusable, SbxError, SpecError
+from sbxkit.errors import (
+    ImageError,
+    InterpreterDied,
+    ProcessError,
+    SandboxUnusable,
+    SbxError,
+    SpecError,
+)
 
-__all__ = ["Interpreter", "open_interpreter"]
+__all__ = ["Interpreter", "check_interpreter_options", "open_interpreter"]
 
 INTERRUPT_GRACE_S = 5.0
 """How long an interrupted call may take to stop before its interpreter is killed."""
@@ -137,9 +145,21 @@ class Interpreter:
     """A Python interpreter in a sandbox whose state lives between calls. Use it only inside
     its ``open_interpreter`` block, one call at a time (calls from several tasks queue)."""
 
-    def __init__(self, sandbox: Sandbox, python: str, max_frame_output: int) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        python: str,
+        max_frame_output: int,
+        preload: tuple[str, ...] = (),
+        timeout_s: float | None = None,
+    ) -> None:
         self.sandbox = sandbox
         self.python = python
+        self.preload = preload
+        """Modules each start of the interpreter imports before it is ready."""
+        self.warm = False
+        """True when it came parked from an ``InterpreterPool``, False when started cold."""
+        self._timeout_s = timeout_s  # a warm one's default call limit; its sandbox's is longer
         self._max_frame = frame_bound(max_frame_output)
         self._gen: _Generation | None = None
         self._dead: InterpreterDied | None = None
@@ -178,7 +198,8 @@ class Interpreter:
         if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
             raise SpecError("code", f"must be at most {MAX_CODE_BYTES} bytes")
         box = self.sandbox._box
-        timeout = box.timeout_s if timeout is None else timeout
+        if timeout is None:
+            timeout = box.timeout_s if self._timeout_s is None else self._timeout_s
         check_limit("timeout_s", timeout, "timeout")
         max_output = box.output_bytes if max_output is None else max_output
         check_limit("output_bytes", max_output, "max_output")
@@ -202,7 +223,7 @@ class Interpreter:
         box = self.sandbox._box
         gen.process = await self.sandbox.processes._start(
             self.sandbox,
-            [self.python, "-c", INTERPRETER_SOURCE],
+            [self.python, "-c", INTERPRETER_SOURCE, *self.preload],
             stdin=True,
             pty=False,
             env=None,
@@ -217,6 +238,11 @@ class Interpreter:
                 await _wait(gen, START_TIMEOUT_S)
         if gen.ready is None:
             await self._die(gen, f"it did not start within {START_TIMEOUT_S:g} s")
+        failed = None if gen.ready is None else gen.ready.preload_error
+        if failed is not None:
+            await self._stop()
+            self._dead = InterpreterDied("its preload failed: " + failed)
+            raise ImageError(box.spec.image, f"preload {failed}")
 
     async def _stop(self) -> None:
         gen = self._gen
@@ -403,6 +429,7 @@ def _result(call: _Call, status: CodeStatus | None, cap: int, run_s: float) -> C
     reply = call.reply
     assert reply is not None
     data = {mime: text[:cap] for mime, text in (reply.value or {}).items()}
+    displays = [{mime: text[:cap] for mime, text in shown.items()} for shown in reply.displays]
     error = reply.error
     if status is None:
         status = "error" if error is not None else "ok"
@@ -414,6 +441,7 @@ def _result(call: _Call, status: CodeStatus | None, cap: int, run_s: float) -> C
         data=data,
         error=error,
         run_s=run_s,
+        displays=displays,
     )
 
 
@@ -422,22 +450,34 @@ async def open_interpreter(
     spec: SandboxSpec | CheckedSpec,
     *,
     python: str = "python3",
+    preload: Sequence[str] = (),
     **options: Any,
 ) -> AsyncIterator[Interpreter]:
     """A Python interpreter in a fresh session sandbox, whose variables live between
     ``run_code`` calls. ``python`` names the image's interpreter (3.8 or later, standard
-    library only); ``options`` are ``open_sandbox``'s. The block's end removes the sandbox,
-    as ``open_sandbox``'s does."""
+    library only); ``preload`` names modules it imports before it is ready (one that does
+    not import: ``ImageError``); ``options`` are ``open_sandbox``'s. The block's end removes
+    the sandbox, as ``open_sandbox``'s does."""
+    modules, output_bytes = check_interpreter_options(spec, python, preload)
+    async with open_sandbox(spec, **options) as sandbox:
+        interpreter = Interpreter(sandbox, python, output_bytes, modules)
+        await interpreter._launch()
+        yield interpreter
+
+
+def check_interpreter_options(
+    spec: SandboxSpec | CheckedSpec, python: object, preload: object
+) -> tuple[tuple[str, ...], int]:
+    """``open_interpreter``'s own arguments, checked before any container exists: the
+    preloaded modules and the spec's output cap."""
     if not isinstance(python, str) or not python:
         raise SpecError("python", f"must be the interpreter's name or path, got {python!r}")
+    modules = check_preload(preload)
     checked = spec.spec if isinstance(spec, CheckedSpec) else spec
     output_bytes = checked.limits.output_bytes
     check_limit("output_bytes", output_bytes)
     assert output_bytes is not None
-    async with open_sandbox(spec, **options) as sandbox:
-        interpreter = Interpreter(sandbox, python, output_bytes)
-        await interpreter._launch()
-        yield interpreter
+    return modules, output_bytes
 
 
 publish(__name__, globals())  # public names show as sbxkit.NAME

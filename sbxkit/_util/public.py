@@ -39,6 +39,8 @@ WHERE: dict[str, str] = {
     "Process": "sbxkit._consumers.processes",
     "Interpreter": "sbxkit._consumers.interpreter",
     "open_interpreter": "sbxkit._consumers.interpreter",
+    "InterpreterPool": "sbxkit._consumers.interp_pool",
+    "open_interpreter_pool": "sbxkit._consumers.interp_pool",
     "CodeResult": "sbxkit._consumers.interp_frames",
     "CodeError": "sbxkit._consumers.interp_frames",
     "InterpreterDied": "sbxkit.errors",

@@ -25,7 +25,7 @@ from tests.engine.oneshot_paths import (  # noqa: F401 - a fixture: the one-shot
 )
 from tests.engine.runtimes import runtime_cells, spec_runtime
 from tests.supervision import private_state_dir
-from tests.witness import BUSYBOX, PYTHON, SOCKET, Witness
+from tests.witness import BUSYBOX, PYDATA, PYTHON, SOCKET, Witness
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -120,3 +120,12 @@ def busybox(witness: Witness) -> str:
 @pytest.fixture(scope="session")
 def python_image(witness: Witness) -> str:
     return PYTHON
+
+
+@pytest.fixture(scope="session")
+def pydata_image(witness: Witness) -> str:
+    """The python image with numpy, pandas and matplotlib; only the tests that need it ask for
+    it (the engine cells that never run them do not build it)."""
+    if not witness.image_exists(PYDATA):
+        pytest.fail(f"test image {PYDATA} is missing: run scripts/engine-up", pytrace=False)
+    return PYDATA

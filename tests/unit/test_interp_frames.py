@@ -15,9 +15,11 @@ from sbxkit._consumers.interp_frames import (
     Out,
     Ready,
     Reply,
+    check_preload,
     encode_request,
     frame_bound,
 )
+from sbxkit.errors import SpecError
 
 
 def frame(obj: object) -> bytes:
@@ -89,3 +91,41 @@ def test_requests_round_trip_and_the_bound_grows_with_the_cap() -> None:
     reply = {"t": "result", "id": 1, "value": dict.fromkeys("abcde", worst), "error": None}
     reply["error"] = {"name": worst, "value": worst, "traceback": worst}
     assert len(frame(reply)) <= frame_bound(100)
+
+
+@pytest.mark.parametrize(
+    ("preload", "rule"),
+    [
+        ("numpy", "must be a list of module names, got str"),
+        ({"numpy"}, "must be a list of module names, got set"),
+        (["numpy", "os; import x"], "'os; import x' is not a module name"),
+        (["-m"], "'-m' is not a module name"),
+        ([""], "'' is not a module name"),
+        (["a..b"], "'a..b' is not a module name"),
+        ([3], "3 is not a module name"),
+        (["m"] * 65, "must name at most 64 modules"),
+    ],
+)
+def test_preload_is_refused_naming_what_was_typed(preload: object, rule: str) -> None:
+    with pytest.raises(SpecError, match=r"^preload: ") as refused:
+        check_preload(preload)
+    assert rule in str(refused.value)
+
+
+def test_preload_takes_dotted_module_names() -> None:
+    assert check_preload(["numpy", "xml.etree.ElementTree"]) == ("numpy", "xml.etree.ElementTree")
+    assert check_preload(()) == ()
+
+
+def test_a_ready_frame_may_say_its_preload_failed_and_a_result_carries_displays() -> None:
+    failed = frame({"t": "ready", "python": "3.11.2", "preload_error": "nope: ImportError: x"})
+    (ready,) = FrameDecoder(1 << 20).feed(failed)
+    assert isinstance(ready, Ready)
+    assert ready.preload_error == "nope: ImportError: x"
+    shown = {"text/plain": "<Figure>", "image/png": base64.b64encode(b"png").decode()}
+    body = {"t": "result", "id": 1, "value": None, "error": None, "displays": [shown]}
+    (reply,) = FrameDecoder(1 << 20).feed(frame(body))
+    assert isinstance(reply, Reply)
+    assert reply.displays == [shown]
+    with pytest.raises(FrameRefused, match="malformed"):
+        FrameDecoder(1 << 20).feed(frame({**body, "displays": [{"image/png": 3}]}))
