@@ -8,10 +8,11 @@ never reaches a log: it goes to a tap that splits it into checked frames
 the rest. What sbxkit judges itself — a call's time limit, its output cap, a malformed or
 out-of-turn frame, the process's end with the daemon's evidence — no frame can change.
 
-A call past its time limit or output cap is interrupted (SIGINT to the interpreter's process
-group: ``KeyboardInterrupt`` in the code) and the interpreter lives on; one that does not stop
-within ``INTERRUPT_GRACE_S`` is killed. A killed, crashed or protocol-breaking interpreter
-raises ``InterpreterDied`` (now and on every later call) until ``restart()``.
+A call past its time limit or output cap, or cancelled, is interrupted (SIGINT to the
+interpreter's process group: ``KeyboardInterrupt`` in the code) and the interpreter lives on;
+one that does not stop within ``INTERRUPT_GRACE_S`` is killed. A killed, crashed or
+protocol-breaking interpreter raises ``InterpreterDied`` (now and on every later call) until
+``restart()``.
 """
 
 from __future__ import annotations
@@ -294,10 +295,12 @@ class Interpreter:
                     )
                 until = deadline if interrupted_at is None else interrupted_at + INTERRUPT_GRACE_S
                 await _wait(gen, until - now)
-        except BaseException:
+        except BaseException as exc:
             if call.reply is None and self._dead is None:
-                # Cancelled or failed mid-call: its state cannot be trusted to be idle.
                 with trio.CancelScope(shield=True):
+                    if _cancelled(exc) and await self._interrupted(gen, call):
+                        raise  # the code stopped at the interrupt: the interpreter lives on
+                    # Failed, or cancelled code that would not stop: its state is not idle.
                     await self._stop()
                 self._dead = InterpreterDied("a call was abandoned while it ran; it was killed")
             raise
@@ -309,6 +312,23 @@ class Interpreter:
                 if inspect.isawaitable(outcome):
                     await outcome
         return _result(call, status, max_output, trio.current_time() - t0)
+
+    async def _interrupted(self, gen: _Generation, call: _Call) -> bool:
+        """A cancelled call: interrupt its code and wait (at most ``INTERRUPT_GRACE_S``) for
+        its reply, so that the interpreter lives on with its state. False: it did not stop."""
+        process = gen.process
+        assert process is not None
+        with trio.move_on_after(INTERRUPT_GRACE_S):
+            try:
+                await process.signal("INT")
+            except SbxError:
+                return False
+            while call.reply is None:
+                ended = process.exit is not None or process._error is not None
+                if ended or gen.refused is not None:
+                    return False
+                await _wait(gen, INTERRUPT_GRACE_S)
+        return call.reply is not None
 
     async def _interrupt(self, gen: _Generation) -> None:
         assert gen.process is not None
@@ -402,6 +422,13 @@ class Interpreter:
         await self._stop()
         self._dead = InterpreterDied(reason + "; it was killed", status="killed", evidence=reason)
         raise self._dead
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation (``_wait``'s nursery raises it as a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
 
 
 async def _wait(gen: _Generation, seconds: float) -> None:

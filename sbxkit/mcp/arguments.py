@@ -123,6 +123,12 @@ class ProcessListArgs(SandboxArgs):
     pass
 
 
+class PythonArgs(Args):
+    code: str
+    timeout: float | None = None
+    restart: bool = False
+
+
 ARGS: dict[str, type[Args]] = {
     "run": RunArgs,
     "sandbox_open": OpenArgs,
@@ -137,6 +143,7 @@ ARGS: dict[str, type[Args]] = {
     "process_signal": ProcessSignalArgs,
     "process_kill": ProcessKillArgs,
     "process_list": ProcessListArgs,
+    "python": PythonArgs,
 }
 """Tool name → its arguments (``sbxkit.mcp.schemas`` describes the same fields)."""
 
@@ -232,6 +239,10 @@ def content_bytes(content: str, encoding: Encoding, limit: int, field: str = "co
     if len(data) > limit:
         raise SpecError(field, f"is {len(data)} bytes; at most {limit} (mcp.max_file_bytes)")
     return data
+
+
+def base64_text(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def file_path(path: str, field: str = "path") -> str:

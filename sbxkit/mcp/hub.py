@@ -16,7 +16,9 @@ nursery until its scope is cancelled (as the Inspect provider's ``_Holder`` does
 created or waits for admission. A ``run`` needs no holder: it is one ``sbxkit.run`` inside the tool
 call, cancelled with it.
 
-Quotas (``sbxkit.mcp.quotas``) count open sandboxes and runs under way alike. Nothing here
+The ``python`` tool's interpreter is one more holder per caller (``open_interpreter`` instead of
+``open_sandbox``), ended the same ways, never among the caller's own sandboxes. Quotas
+(``sbxkit.mcp.quotas``) count open sandboxes, interpreters and runs under way alike. Nothing here
 knows MCP: the server calls the method named as each tool with the ``Caller`` and the tool's
 decoded arguments. A caller's ``account`` is whose quota a call counts against (the stdio peer,
 an HTTP client's credential); its ``owner`` is whose sandboxes it may see and use (the account
@@ -25,7 +27,6 @@ itself, or one HTTP session of it).
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
 from collections import OrderedDict
@@ -36,11 +37,18 @@ from typing import Any
 
 import trio
 
+from sbxkit._consumers.interpreter import Interpreter, OutputCallback, open_interpreter
 from sbxkit._consumers.oneshot import run as sbxkit_run
-from sbxkit._consumers.processes import Process
 from sbxkit._consumers.session import Sandbox, SandboxExpired, open_sandbox
 from sbxkit._model.result import RunResult
-from sbxkit.errors import HubStopping, QuotaExhausted, SbxError, SpecError, UnknownSandbox
+from sbxkit.errors import (
+    HubStopping,
+    InterpreterDied,
+    QuotaExhausted,
+    SbxError,
+    SpecError,
+    UnknownSandbox,
+)
 from sbxkit.mcp.arguments import (
     FILES_ROOT,
     CloseArgs,
@@ -54,20 +62,25 @@ from sbxkit.mcp.arguments import (
     ProcessSignalArgs,
     ProcessStartArgs,
     ProcessWriteArgs,
+    PythonArgs,
     ReadFileArgs,
     RunArgs,
     WriteFileArgs,
+    base64_text,
     content_bytes,
     file_path,
 )
 from sbxkit.mcp.policy import McpPolicy, OpenRequest, exec_request, open_request, run_request
 from sbxkit.mcp.process_calls import (
-    process_fields,
+    ENDED_PROCESSES_KEPT,
+    HeldProcess,
+    forget_ended,
     read_fields,
     read_request,
     signal_number,
     start_request,
 )
+from sbxkit.mcp.python_calls import PythonAnswer, python_request, restart_hint
 from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.shapes import SandboxView, sandbox_list
 
@@ -80,9 +93,6 @@ LIFETIME_MARGIN_S = 1.0
 timeout of its own instead of under the sandbox's removal."""
 MAX_REAP_INTERVAL_S = 1.0
 CLOSE_BUDGET_S = 60.0
-ENDED_PROCESSES_KEPT = 16
-"""How many ended processes of a sandbox stay readable (their output and exit), newest kept:
-their output is held in memory, bounded by ``limits.max_output`` each."""
 """The longest the hub waits for a sandbox's removal; sbxkit's own removal is time-bounded,
 and past this the supervisor, which holds every lease, removes what is left."""
 
@@ -95,27 +105,6 @@ class Caller:
 
     account: str
     owner: str
-
-
-@dataclass
-class HeldProcess:
-    """A background process of an open sandbox, kept after it ends so its output stays
-    readable (the session's table forgets ended ones)."""
-
-    process: Process
-    command: list[str]
-    stdin_closed: bool = False
-
-    def fields(self, sandbox_id: str) -> dict[str, Any]:
-        process = self.process
-        return process_fields(
-            sandbox_id,
-            process.id,
-            self.command,
-            pty=process.pty,
-            output_bytes=process.output_bytes,
-            exit_=process.exit,
-        )
 
 
 def new_sandbox_id() -> str:
@@ -139,6 +128,9 @@ class OpenSandbox:
     last_used: float = 0.0
     busy: int = 0
     processes: dict[str, HeldProcess] = field(default_factory=dict)
+    python: bool = False
+    """A session's ``python`` interpreter: its sandbox is not among the client's own."""
+    interpreter: Interpreter | None = None
 
     def end(self, why: str) -> None:
         if self.ended is None:
@@ -158,8 +150,11 @@ class Hub:
         self.socket_path = socket_path
         options = policy.options
         self.quotas = Quotas(options.max_sandboxes_per_client, options.max_sandboxes)
+        self._python_request = open_request(policy, OpenArgs())
+        """The ``python`` tool's sandbox: the profile's image, limits and lifetime."""
         self.started = trio.Event()
         self._open: dict[str, OpenSandbox] = {}
+        self._python: dict[Caller, OpenSandbox] = {}
         self._ended: OrderedDict[str, tuple[Caller, str]] = OrderedDict()
         self._nursery: trio.Nursery | None = None
         self._closing = trio.Event()
@@ -237,15 +232,18 @@ class Hub:
     async def _hold(self, entry: OpenSandbox) -> None:
         """Open the sandbox and keep it until ended; never raises (a holder that did would end
         every other sandbox of the hub)."""
+        opening = open_interpreter if entry.python else open_sandbox
         try:
             with entry.scope:
-                async with open_sandbox(
+                async with opening(
                     entry.request.spec,
                     settings=self.policy.settings,
                     socket_path=self.socket_path,
                     max_processes=self.policy.options.max_processes,
-                ) as sandbox:
-                    entry.sandbox = sandbox
+                ) as opened:
+                    if isinstance(opened, Interpreter):
+                        entry.interpreter = opened
+                    entry.sandbox = opened if isinstance(opened, Sandbox) else opened.sandbox
                     entry.last_used = trio.current_time()
                     entry.opened.set()
                     await trio.sleep_forever()
@@ -258,6 +256,8 @@ class Hub:
                 logger.warning("sandbox %s: %s", entry.sandbox_id, exc)
         finally:
             self._open.pop(entry.sandbox_id, None)
+            if self._python.get(entry.client) is entry:
+                del self._python[entry.client]
             self._remember(entry)
             self.quotas.give(entry.client.account)
             entry.opened.set()
@@ -270,7 +270,7 @@ class Hub:
 
     def _find(self, client: Caller, sandbox_id: str) -> OpenSandbox:
         entry = self._open.get(sandbox_id)
-        if entry is not None and entry.client == client and entry.usable:
+        if entry is not None and entry.client == client and entry.usable and not entry.python:
             return entry
         ended = self._ended.get(sandbox_id)
         if ended is not None and ended[0] == client:
@@ -284,12 +284,8 @@ class Hub:
         """The client's open sandbox, marked busy (not idle) while a call uses it."""
         entry = self._find(client, sandbox_id)
         assert entry.sandbox is not None
-        entry.busy += 1
-        try:
+        with _busy(entry):
             yield entry.sandbox
-        finally:
-            entry.busy -= 1
-            entry.last_used = trio.current_time()
 
     def view(self, entry: OpenSandbox) -> SandboxView:
         assert entry.sandbox is not None
@@ -309,7 +305,11 @@ class Hub:
 
     # -- the tools ----------------------------------------------------------------------------
 
-    async def run(self, client: Caller, args: RunArgs) -> RunResult:
+    async def run(
+        self, client: Caller, args: RunArgs, on_output: OutputCallback | None = None
+    ) -> RunResult:
+        """``on_output`` gets the output as it arrives (not for a run with ``files``, which
+        is an exec in a short session: it gets the result only)."""
         request = run_request(self.policy, args)
         self._refuse_when_stopping()
         self.quotas.take(client.account)
@@ -318,6 +318,7 @@ class Hub:
                 request.spec,
                 request.stdin,
                 files=request.files,
+                on_output=None if request.files is not None else on_output,
                 settings=self.policy.settings,
                 socket_path=self.socket_path,
             )
@@ -330,13 +331,22 @@ class Hub:
         assert self._nursery is not None, "the hub is not serving"
         self.quotas.take(client.account)
         entry = OpenSandbox(sandbox_id=new_sandbox_id(), client=client, request=request)
+        self._start_holder(entry)
+        await self._opened(entry)
+        return self.view(entry)
+
+    def _start_holder(self, entry: OpenSandbox) -> None:
+        assert self._nursery is not None, "the hub is not serving"
         self._open[entry.sandbox_id] = entry
         try:
             self._nursery.start_soon(self._hold, entry)
         except BaseException:
             self._open.pop(entry.sandbox_id)
-            self.quotas.give(client.account)
+            self.quotas.give(entry.client.account)
             raise
+
+    async def _opened(self, entry: OpenSandbox) -> None:
+        """Wait for the holder to open the sandbox; raise what ended it instead."""
         try:
             await entry.opened.wait()
         except BaseException:  # cancelled while opening: remove it before the call ends
@@ -347,9 +357,10 @@ class Hub:
         if entry.sandbox is None:
             await self._wait_removed(entry)  # raises what ended it
             raise HubStopping(f"the sandbox ended while opening: {entry.ended}")
-        return self.view(entry)
 
-    async def sandbox_exec(self, client: Caller, args: ExecArgs) -> RunResult:
+    async def sandbox_exec(
+        self, client: Caller, args: ExecArgs, on_output: OutputCallback | None = None
+    ) -> RunResult:
         entry = self._find(client, args.sandbox_id)
         request = exec_request(self.policy, entry.request.command_limits, args)
         with self._using(client, args.sandbox_id) as sandbox:
@@ -363,6 +374,7 @@ class Hub:
                 max_output=request.max_output,
                 workdir=request.cwd,
                 env=request.env,
+                on_output=on_output,
             )
 
     async def sandbox_write_file(self, client: Caller, args: WriteFileArgs) -> dict[str, Any]:
@@ -411,7 +423,7 @@ class Hub:
         mine = [
             self.view(entry)
             for entry in self._open.values()
-            if entry.client == client and entry.usable
+            if entry.client == client and entry.usable and not entry.python
         ]
         quotas = self.quotas
         return sandbox_list(
@@ -449,7 +461,7 @@ class Hub:
                 timeout=min(request.timeout_s, left),
             )
         held = entry.processes[process.id] = HeldProcess(process, request.command)
-        _forget_ended(entry.processes)
+        forget_ended(entry.processes)
         return held.fields(args.sandbox_id)
 
     async def process_write(self, client: Caller, args: ProcessWriteArgs) -> dict[str, Any]:
@@ -521,17 +533,58 @@ class Hub:
             )
         return held
 
+    # -- the python tool (sbxkit.mcp.python_calls) -------------------------------------------
+
+    async def python(
+        self, client: Caller, args: PythonArgs, on_output: OutputCallback | None = None
+    ) -> PythonAnswer:
+        """Run code in the caller's interpreter, opening it on its first call (or after
+        ``restart``, which removes the old one first)."""
+        request = python_request(self.policy, self._python_request.command_limits, args)
+        entry = self._python.get(client)
+        if entry is not None and request.restart:
+            entry.end("restarted by a python call")  # its failure, if any, is of the past
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_BUDGET_S):
+                await entry.closed.wait()
+            entry = None
+        fresh = entry is None or entry.scope.cancel_called
+        if fresh:
+            self._refuse_when_stopping()
+            self.quotas.take(client.account)
+            entry = OpenSandbox(new_sandbox_id(), client, self._python_request, python=True)
+            self._python[client] = entry
+            self._start_holder(entry)
+        assert entry is not None
+        await self._opened(entry)
+        interpreter = entry.interpreter
+        assert interpreter is not None
+        with _busy(entry):
+            left = interpreter.sandbox.deadline - trio.current_time() - LIFETIME_MARGIN_S
+            if left <= 0:
+                entry.end("its lifetime passed")
+                raise UnknownSandbox("the interpreter's sandbox ends now: call python again")
+            try:
+                result = await interpreter.run_code(
+                    request.code,
+                    timeout=min(request.timeout_s, left),
+                    max_output=request.max_output,
+                    on_output=on_output,
+                )
+            except InterpreterDied as died:
+                raise restart_hint(died) from None
+        return PythonAnswer(result, fresh=fresh, timeout_s=request.timeout_s)
+
     def _refuse_when_stopping(self) -> None:
         if self._closing.is_set():
             raise HubStopping("the server is stopping; no sandbox is created any more")
 
 
-def _forget_ended(processes: dict[str, HeldProcess]) -> None:
-    """Keep every running process and the ``ENDED_PROCESSES_KEPT`` newest ended ones."""
-    ended = [key for key, held in processes.items() if held.process.exit is not None]
-    for key in ended[: max(0, len(ended) - ENDED_PROCESSES_KEPT)]:
-        del processes[key]
-
-
-def base64_text(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+@contextmanager
+def _busy(entry: OpenSandbox) -> Iterator[None]:
+    """A call uses the sandbox: it is not idle."""
+    entry.busy += 1
+    try:
+        yield
+    finally:
+        entry.busy -= 1
+        entry.last_used = trio.current_time()

@@ -18,11 +18,13 @@ become U+FFFD; ``base64`` returns them exactly.
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from sbxkit._consumers.process_log import DEFAULT_READ_BYTES, ProcessExit, check_signal
+from sbxkit._consumers.processes import Process
 from sbxkit._model.spec import Limits, check_limit, parse_size
 from sbxkit.errors import SpecError
 from sbxkit.mcp.arguments import (
@@ -34,6 +36,9 @@ from sbxkit.mcp.arguments import (
 )
 from sbxkit.mcp.policy import McpPolicy, at_most, lower_output, merged_env
 
+ENDED_PROCESSES_KEPT = 16
+"""How many ended processes of a sandbox stay readable (their output and exit), newest kept:
+their output is held in memory, bounded by ``limits.max_output`` each."""
 MIN_READ_BYTES = 4
 """The longest UTF-8 character: a read of at least this many bytes always makes progress."""
 
@@ -192,3 +197,31 @@ def read_fields(
         "running": exit_ is None,
         "exit": exit_fields(exit_),
     }
+
+
+@dataclass
+class HeldProcess:
+    """A background process of an open sandbox, kept after it ends so its output stays
+    readable (the session's table forgets ended ones)."""
+
+    process: Process
+    command: list[str]
+    stdin_closed: bool = False
+
+    def fields(self, sandbox_id: str) -> dict[str, Any]:
+        process = self.process
+        return process_fields(
+            sandbox_id,
+            process.id,
+            self.command,
+            pty=process.pty,
+            output_bytes=process.output_bytes,
+            exit_=process.exit,
+        )
+
+
+def forget_ended(processes: dict[str, HeldProcess]) -> None:
+    """Keep every running process and the ``ENDED_PROCESSES_KEPT`` newest ended ones."""
+    ended = [key for key, held in processes.items() if held.process.exit is not None]
+    for key in ended[: max(0, len(ended) - ENDED_PROCESSES_KEPT)]:
+        del processes[key]

@@ -26,6 +26,7 @@ from sbxkit._model.spec import Limits
 from sbxkit.mcp.arguments import ARGS, FILES_ROOT
 from sbxkit.mcp.policy import McpPolicy, show
 from sbxkit.mcp.process_schemas import process_annotations, process_tool_definitions
+from sbxkit.mcp.python_calls import python_annotations, python_tool_definition
 from sbxkit.mcp.schema_parts import (
     COMMAND,
     ENCODING,
@@ -413,11 +414,18 @@ def tool_definitions(policy: McpPolicy) -> list[dict[str, Any]]:
             "outputSchema": SANDBOX_LIST,
         },
         *process_tool_definitions(policy),
+        python_tool_definition(policy),
     ]
     assert [tool["name"] for tool in tools] == list(ARGS), "a tool without its arguments"
-    hinted = {**tool_annotations(policy), **process_annotations(open_world(policy))}
+    reaches_out = open_world(policy)
+    hinted = {
+        **tool_annotations(policy),
+        **process_annotations(reaches_out),
+        **python_annotations(reaches_out),
+    }
     for tool in tools:
-        tool["outputSchema"] = admitting_errors(tool["outputSchema"])
+        if "error" not in tool["outputSchema"]["properties"]:
+            tool["outputSchema"] = admitting_errors(tool["outputSchema"])
         tool["annotations"] = hinted[tool["name"]]
         tool["title"] = hinted[tool["name"]]["title"]
     return tools

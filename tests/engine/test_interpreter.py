@@ -132,12 +132,27 @@ async def test_code_that_swallows_the_interrupt_gets_its_interpreter_killed(
         assert (await interp.run_code("'fresh'")).text == "'fresh'"
 
 
-async def test_a_cancelled_call_kills_the_interpreter_and_says_so(
+async def test_a_cancelled_call_is_interrupted_and_the_interpreter_lives_on(
     runtime: str | None, python_image: str, engine: Engine
 ) -> None:
+    """Cancelling a call interrupts its code (as a notebook's stop button does): the state
+    stays. Code that swallows the interrupt gets its interpreter killed, and says so."""
     async with open_interpreter(spec(python_image, runtime), engine=engine) as interp:
+        await interp.run_code("x = 7")
+        t0 = trio.current_time()
         with trio.move_on_after(1):
             await interp.run_code("import time\ntime.sleep(60)")
+        assert trio.current_time() - t0 < 1 + INTERRUPT_GRACE_S
+        assert (await interp.run_code("x")).text == "7"
+        stubborn = (
+            "while True:\n"
+            "    try:\n"
+            "        time.sleep(0.1)\n"
+            "    except BaseException:\n"
+            "        pass\n"
+        )
+        with trio.move_on_after(1):
+            await interp.run_code(stubborn)
         with pytest.raises(InterpreterDied, match="abandoned"):
             await interp.run_code("1")
         await interp.restart()

@@ -64,6 +64,7 @@ TOOLS = [
     "process_signal",
     "process_kill",
     "process_list",
+    "python",
 ]
 
 
@@ -1092,6 +1093,7 @@ ERROR_CALLS: dict[str, dict[str, Any]] = {
     "process_signal": {"sandbox_id": GONE, "process_id": "p" + "0" * 16, "signal": "NOPE"},
     "process_kill": {"sandbox_id": GONE, "process_id": "p" + "0" * 16},
     "process_list": {"sandbox_id": GONE},
+    "python": {"code": "1", "timeout": -1},
 }
 """A refused call of every tool."""
 
@@ -1138,8 +1140,12 @@ async def test_every_result_conforms_to_its_tools_output_schema(
         results["process_list"] = await call(client, "process_list", sandbox_id=box)
         results["process_kill"] = await call(client, "process_kill", **ids)
         results["sandbox_close"] = await call(client, "sandbox_close", sandbox_id=box)
+        results["python"] = await call(client, "python", code="print('hi'); 6 * 7")
         for name, result in results.items():
             schema_validator(tools[name].output_schema).validate(structured(result))
+        raised = await call(client, "python", code="1 / 0")  # the code's error is a result too
+        assert raised.is_error
+        schema_validator(tools["python"].output_schema).validate(raised.structured_content)
 
 
 HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
@@ -1159,6 +1165,7 @@ EXPECTED_ANNOTATIONS = {
     "process_signal": (False, True, False, False),
     "process_kill": (False, True, True, False),
     "process_list": (True, False, True, False),
+    "python": (False, True, False, False),
 }
 
 

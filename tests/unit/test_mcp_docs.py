@@ -62,4 +62,4 @@ def test_the_documented_profile_starts_a_server() -> None:
 def test_only_the_server_commands_are_skipped() -> None:
     skipped = [block.lang for block in extract((ROOT / SOURCE).read_text(), SOURCE) if block.skip]
     assert skipped == ["sh"]
-    assert [block.skip for block in blocks("python")] == [None, None]  # they run as written
+    assert [block.skip for block in blocks("python")] == [None, None, None]  # run as written

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sbxkit._consumers.interp_frames import CodeError, CodeResult
 from sbxkit._grammar.mcp_options import parse_http_address
 from sbxkit._grammar.profile import LIMIT_FIELDS, decode_profile
 from sbxkit._model.spec import MiB
@@ -36,6 +37,7 @@ from sbxkit.mcp.policy import (
     policy_from_profile,
     run_request,
 )
+from sbxkit.mcp.python_calls import python_fields
 from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import error_fields
@@ -497,6 +499,17 @@ RESULTS["process_list"] = {
     "running": 0,
     "max_processes": 4,
 }
+RESULTS["python"] = python_fields(
+    CodeResult(
+        status="error",
+        stdout="hi\n",
+        text=None,
+        data={"image/png": "iVBORw0KGgo=", "text/html": "<b>1</b>"},
+        error=CodeError("ZeroDivisionError", "division by zero", "Traceback …"),
+        run_s=0.25,
+    ),
+    fresh=True,
+)
 
 
 def test_output_schemas_admit_each_result_and_each_error(policy: McpPolicy) -> None:
