@@ -25,7 +25,7 @@ import trio
 from mcp import Client
 
 from tests.engine.mcp_support import CELLS, HttpServer, connect, mcp_servers, write_profile
-from tests.witness import Witness
+from tests.witness import PYTHON, Witness
 
 HEARTBEAT = re.compile(r"running for \d+ s")
 TICKS = (
@@ -294,4 +294,30 @@ async def test_an_idle_interpreter_ends_and_the_next_call_starts_afresh(
             "False",
             True,
         )
+    assert await trio_wait(lambda: witness.sbxkit_containers() == [], 10)
+
+
+async def test_a_shown_figure_is_image_content_before_the_value_s_own(
+    tmp_path: Path, witness: Witness, pydata_image: str
+) -> None:
+    """A figure the code shows with ``plt.show()`` (an entry of ``CodeResult.displays``) comes
+    back as an ``ImageContent`` too, ahead of the value's own PNG."""
+    profile = write_profile(tmp_path, images=[pydata_image])
+    profile.write_text(
+        profile.read_text().replace(f'image = "{PYTHON}"', f'image = "{pydata_image}"', 1)
+    )
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3]); plt.show()\n"
+        "fig, ax = plt.subplots(figsize=(2, 1)); ax.bar([0], [1])\n"
+        "fig"
+    )
+    async with connect("stdio", profile, tmp_path) as client:
+        result = await client.call_tool("python", {"code": code})
+        assert not result.is_error, result.content
+        images = [part for part in result.content if isinstance(part, mcp_types.ImageContent)]
+        assert [image.mime_type for image in images] == ["image/png", "image/png"]
+        sizes = [struct.unpack(">II", base64.b64decode(i.data)[16:24]) for i in images]
+        assert sizes[0] != sizes[1]  # the shown figure, then the 2x1 inch value
+        assert result.structured_content["images"] == ["image/png", "image/png"]
     assert await trio_wait(lambda: witness.sbxkit_containers() == [], 10)
