@@ -190,7 +190,7 @@ def plan_inject(network: Network) -> list[InjectTerms]:
         raise SpecError(
             "network.inject",
             "credential injection needs the 'cryptography' package to make the sandbox's CA: "
-            "pip install 'sbxkit[broker]'",
+            "sbxkit's broker extra, pip install '.[broker]' in its clone",
         )
     terms: list[InjectTerms] = []
     for index, (rule, host, is_ip, (kind, source)) in enumerate(checked):

@@ -17,6 +17,8 @@ import json
 import os
 import secrets
 import ssl
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trustme
@@ -38,16 +41,27 @@ from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SbxError
 from tests.network.conftest import LAUNCHER_UMASK, supervised, supervisor_with_umask
-from tests.network.payloads import TUNNEL, command, output
-from tests.network.servers import ALLOWED, DENIED, OTHER_NAME, Servers
-from tests.supervision import SupervisorProcess, private_state_dir
+from tests.network.payloads import SBXKIT_RUN, TUNNEL, command, output
+from tests.network.servers import ALLOWED, DENIED, LITERAL, OTHER_NAME, Servers
+from tests.network.test_readoption import (
+    KILL_AFTER_S,
+    assert_egress,
+    kill_supervisors,
+    running_sandbox,
+    settled,
+    supervisor_log,
+)
+from tests.supervision import SupervisorProcess, auto_launched_supervisors, private_state_dir
 from tests.witness import PYTHON, Witness
 
 TOKEN_ENV = "SBXKIT_TEST_BROKER_TOKEN"
 MARKER = "sbxtok-"
 """Every token starts with it; the payload looks for it (built from two halves at run time)."""
 PORT = 8443
+PLAIN_PORT = 8080
 API = f"https://{OTHER_NAME}:{PORT}"
+PLAIN = f"http://{LITERAL}:{PLAIN_PORT}"
+LIMIT_S = 14
 WRONG = f"https://{DENIED}:{PORT}"
 
 PROBE = r"""
@@ -179,6 +193,9 @@ def api(tier: str) -> Iterator[Api]:
             server.socket = context.wrap_socket(server.socket, server_side=True)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             started.append(server)
+        plain = _Server((LITERAL, PLAIN_PORT), _api_handler(api))  # plain HTTP, by address
+        threading.Thread(target=plain.serve_forever, daemon=True).start()
+        started.append(plain)
         previous = os.environ.get(TOKEN_ENV)
         os.environ[TOKEN_ENV] = f"Bearer {token}"  # the caller's environment: env: reads it
         try:
@@ -200,7 +217,12 @@ def fresh(api: Api) -> None:
 
 def network(api: Api, value_from: str = f"env:{TOKEN_ENV}", **more: Any) -> Network:
     return Network(
-        allow=[f"{OTHER_NAME}:{PORT}", f"{DENIED}:{PORT}", f"{ALLOWED}:443"],
+        allow=[
+            f"{OTHER_NAME}:{PORT}",
+            f"{DENIED}:{PORT}",
+            f"{ALLOWED}:443",
+            f"{LITERAL}:{PLAIN_PORT}",
+        ],
         inject=[
             InjectRule(
                 host=OTHER_NAME,
@@ -208,6 +230,7 @@ def network(api: Api, value_from: str = f"env:{TOKEN_ENV}", **more: Any) -> Netw
                 value_from=value_from,
                 ca_file=str(api.ca_file),
             ),
+            InjectRule(host=LITERAL, header="Authorization", value_from=value_from),
             InjectRule(  # a rule whose upstream shows another CA's certificate
                 host=DENIED,
                 header="Authorization",
@@ -296,6 +319,20 @@ async def test_a_payloads_own_authorization_is_replaced_never_forwarded(
     assert api.seen() == [[f"Bearer {api.token}"]]  # one value, the rule's; not the payload's
 
 
+async def test_plain_http_gets_the_header_set_by_the_proxy(
+    owner: str, engine: Engine, supervisor: SupervisorProcess, api: Api, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    backend = backend_for(owner, engine, supervisor, audit)
+    argv = command(PROBE, f"{PLAIN}/plain", "Bearer payload-own")
+    got = output((await backend.run_once(spec_for(api, argv))).stdout)
+    assert got["reply"] == [200, "api /plain granted"]
+    assert api.seen() == [[f"Bearer {api.token}"]]
+    assert_clean(got)
+    (line,) = [line for line in audit_lines(audit) if line.get("injected")]
+    assert (line["kind"], line["injected"]) == ("http", f"{LITERAL} Authorization")
+
+
 async def test_an_upstream_with_a_wrong_certificate_is_refused(
     owner: str, engine: Engine, supervisor: SupervisorProcess, api: Api, tmp_path: Path
 ) -> None:
@@ -375,7 +412,84 @@ async def test_a_pooled_and_a_session_sandbox_with_a_file_secret(
         got = output(ran.stdout)
         assert got["reply"] == [200, "api /session granted"]
         assert_clean(got)
+        # an exec's env cannot point the trust variables elsewhere
+        hostile = {"SSL_CERT_FILE": "/tmp/mine.pem", "NODE_EXTRA_CA_CERTS": "/tmp/mine.pem"}
+        shown = await sandbox.exec(
+            ["sh", "-c", 'echo "$SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"'], env=hostile
+        )
+        assert shown.stdout == b"/run/sbxkit/broker/bundle.pem /run/sbxkit/broker/ca.pem\n"
     assert api.seen() == [[f"Bearer {api.token}"]] * 2
+
+
+def test_a_batch_takes_the_rules_from_its_profile(api: Api, tmp_path: Path) -> None:
+    """A profile's rules (so batch, Inspect and MCP get them), the value read from the
+    environment of the command that plans the sandboxes."""
+    audit = tmp_path / "audit.jsonl"
+    profile = tmp_path / "profile.toml"
+    rule_line = (
+        f'inject = [{{host = "{OTHER_NAME}", header = "Authorization", '
+        f'value_from = "env:{TOKEN_ENV}", ca_file = "{api.ca_file}"}}]'
+    )
+    profile.write_text(
+        f"""
+[sandbox.docker]
+image = "{PYTHON}"
+network_audit_log = "{audit}"
+
+[sandbox.docker.limits]
+cpus = 1
+memory = "256m"
+pids = 64
+max_output = "1m"
+timeout = 90
+
+[sandbox.docker.network]
+allow = ["{OTHER_NAME}:{PORT}"]
+{rule_line}
+"""
+    )
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"id": "agent", "command": command(PROBE, f"{API}/batch")}) + "\n")
+    out = tmp_path / "results.jsonl"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "sbxkit", "batch", str(jobs)),
+            *("--profile", str(profile), "--out", str(out)),
+        ],
+        capture_output=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = output(json.loads(out.read_text())["stdout"].encode())
+    assert got["reply"] == [200, "api /batch granted"]
+    assert_clean(got)
+    assert api.seen() == [[f"Bearer {api.token}"]]
+    assert api.token not in audit.read_text()
+
+
+def test_the_command_line_refuses_a_bad_secret_file_before_anything_exists(
+    api: Api, witness: Witness, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(f"Bearer {api.token}\n")
+    secret.chmod(0o644)
+    began = time.time()
+    proc = subprocess.run(
+        [
+            *(*SBXKIT_RUN, "--allow", f"{OTHER_NAME}:{PORT}"),
+            *("--inject", f"{OTHER_NAME}:Authorization=file:{secret}", PYTHON, "--", "true"),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["field"].endswith("inject[0].value_from"), error
+    assert "has mode 0644; a secret file must be 0600" in error["message"]
+    assert api.token not in proc.stdout.decode() + proc.stderr.decode()
+    assert witness.events(began, time.time() + 1, type=["container"], event=["create"]) == []
 
 
 HOLD = r"""
@@ -451,3 +565,68 @@ async def test_a_killed_supervisor_closes_the_injected_connections(
     assert refusals, lines[-5:]
     with supervisor_with_umask(state_dir, LAUNCHER_UMASK):
         assert witness.wait_until_no_sbxkit_containers(seconds=30) == []
+
+
+TICK = r"""
+import hashlib, time, urllib.request
+while True:
+    with open("/run/sbxkit/broker/ca.pem", "rb") as handle:
+        ca = hashlib.sha256(handle.read()).hexdigest()[:12]
+    try:
+        urllib.request.urlopen("https://other-name.sbxkit.test:8443/tick", timeout=2).read()
+        print("ok", time.time(), ca, flush=True)
+    except Exception as error:
+        print("refused", time.time(), ca, type(error).__name__, flush=True)
+    time.sleep(0.05)
+"""
+
+
+async def test_a_re_adopting_supervisor_brings_a_new_ca_and_injection_back(
+    engine: Engine, witness: Witness, api: Api
+) -> None:
+    """The CA key dies with the supervisor; the next one (launched by the live caller) makes
+    a new CA, rewrites the sandbox's ``broker/`` files and injects again."""
+    state_dir = private_state_dir()
+    backend = DockerBackend(
+        engine=engine,
+        settings=Settings(supervisor_state_dir=str(state_dir)),
+        recover_at_open=False,
+    )
+    spec = spec_for(api, ["python3", "-c", TICK])
+    spec = msgspec.structs.replace(
+        spec, limits=msgspec.structs.replace(spec.limits, timeout_s=LIMIT_S)
+    )
+    outcome: list[Any] = []
+    killed: list[float] = []
+    with auto_launched_supervisors(state_dir):
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                try:
+                    outcome.append(await backend.run_once(spec))
+                except SbxError as exc:
+                    outcome.append(exc)
+
+            nursery.start_soon(run)
+            lease = await running_sandbox(witness)
+            await trio.sleep(KILL_AFTER_S + 2)
+            killed.append(await trio.to_thread.run_sync(kill_supervisors, state_dir))
+        (result,) = outcome
+        assert isinstance(result, sbxkit.RunResult), repr(result)
+        await settled(witness)
+    log = supervisor_log(state_dir)
+    assert f"lease {lease}: re-adopted by its caller" in log, log
+    stdout = result.stdout.decode()
+    assert_egress(stdout, killed[0], back=True)
+    cas = [
+        (fields[0], fields[2])
+        for fields in (line.split() for line in stdout.splitlines())
+        if len(fields) >= 3 and fields[0] in ("ok", "refused")
+    ]
+    first_refused = [verdict for verdict, _ in cas].index("refused")
+    before = {ca for _, ca in cas[:first_refused]}
+    after = {ca for verdict, ca in cas[first_refused:] if verdict == "ok"}
+    assert len(before) == 1, cas
+    assert len(after) == 1, cas
+    assert after != before  # a new CA, trusted once written
+    assert all(seen == [f"Bearer {api.token}"] for seen in api.seen())
