@@ -73,6 +73,7 @@ __all__ = [
 ]
 
 RESOLVE_TIMEOUT_S = 10.0
+HTTPS_PORT = 443
 ACCEPT_BACKOFF_S = 0.1
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
@@ -210,6 +211,15 @@ async def _http(
     kind: Kind = "http",
     inject: InjectTerms | None = None,
 ) -> None:
+    if inject is not None and destination.port == HTTPS_PORT:
+        # A payload must not make the proxy send the secret in clear to the port a rule's
+        # host serves TLS on (where anyone on the path could read it).
+        raise _Denied(
+            403,
+            f"plain HTTP to port {HTTPS_PORT} of {destination.host}, which has an inject rule: "
+            "use https://",
+            destination,
+        )
     try:
         upstream, address = await _dial(addresses, destination.port)
     except OSError as exc:

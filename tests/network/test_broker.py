@@ -222,6 +222,7 @@ def network(api: Api, value_from: str = f"env:{TOKEN_ENV}", **more: Any) -> Netw
             f"{DENIED}:{PORT}",
             f"{ALLOWED}:443",
             f"{LITERAL}:{PLAIN_PORT}",
+            f"{OTHER_NAME}:443",
         ],
         inject=[
             InjectRule(
@@ -331,6 +332,12 @@ async def test_plain_http_gets_the_header_set_by_the_proxy(
     assert_clean(got)
     (line,) = [line for line in audit_lines(audit) if line.get("injected")]
     assert (line["kind"], line["injected"]) == ("http", f"{LITERAL} Authorization")
+    # a rule's host at 443 is HTTPS: the secret is never sent there in clear
+    clear = await backend.run_once(spec_for(api, command(PROBE, f"http://{OTHER_NAME}:443/x")))
+    got = output(clear.stdout)
+    assert got["reply"][0] == 403, got
+    assert "which has an inject rule: use https://" in got["reply"][1]
+    assert [d.destination for d in clear.denials] == [f"{OTHER_NAME}:443"]
 
 
 async def test_an_upstream_with_a_wrong_certificate_is_refused(
