@@ -20,6 +20,7 @@ from sbxkit._grammar.docker_habits import (
 )
 from sbxkit._grammar.profile import Profile, apply_profile
 from sbxkit._model.gpu import GpuRequest
+from sbxkit._model.network_inject import InjectRule, parse_inject_flag
 from sbxkit._model.network_terms import CallbackTls, Network
 from sbxkit._model.spec import Limits, SandboxSpec, Workspace, check_limit
 from sbxkit._model.units import parse_duration, parse_size
@@ -116,7 +117,8 @@ def _network(args: argparse.Namespace, base: str | Network) -> str | Network | N
     allow = getattr(args, "allow", None) or []
     callback = getattr(args, "callback", None)
     tls = {name: getattr(args, f"tls_{name}", None) for name in ("ca", "cert", "key")}
-    if not allow and callback is None and not any(tls.values()):
+    inject = _inject_flags(args)
+    if not allow and callback is None and not any(tls.values()) and not inject:
         return None
     mode = getattr(args, "network", None) or (base if isinstance(base, str) else base.mode)
     if mode not in ("none", "managed"):
@@ -131,7 +133,14 @@ def _network(args: argparse.Namespace, base: str | Network) -> str | Network | N
         if tls["ca"] is None:
             raise SpecError("--tls-ca", "the client TLS bundle starts with its CA (--tls-ca)")
         changes["tls"] = CallbackTls(ca=tls["ca"], cert=tls["cert"], key=tls["key"])
+    if inject:
+        changes["inject"] = inject
     return msgspec.structs.replace(network, **changes)
+
+
+def _inject_flags(args: argparse.Namespace) -> list[InjectRule]:
+    """``--inject HOST:HEADER=env:NAME`` rules (they replace the profile's list)."""
+    return [parse_inject_flag(text) for text in getattr(args, "inject", None) or []]
 
 
 def limit_value(text: str, flag: str, kind: str) -> int | float:
@@ -345,6 +354,14 @@ def add_sandbox_flags(
         metavar="URL",
         help="http(s)://HOST:PORT on the host, reached from inside as $SBXKIT_ENDPOINT",
     )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="HOST:HEADER=env:NAME|file:PATH",
+        help="the proxy sets HEADER on requests to HOST (an allowed host) from a host variable "
+        "or a 0600 file; the value never enters the sandbox (repeatable; docs/network.md)",
+    )
     parser.add_argument("--tls-ca", metavar="FILE", help="an https callback's CA (client bundle)")
     parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
@@ -388,6 +405,7 @@ SPEC_FLAGS: tuple[tuple[str, str], ...] = (
     *((f"limits.{field}", flag) for _, flag, field, _ in LIMIT_FLAGS),
     ("network.allow", "--allow"),
     ("network.callback", "--callback"),
+    ("network.inject", "--inject"),
     ("network.tls.ca", "--tls-ca"),
     ("network.tls.cert", "--tls-cert"),
     ("network.tls.key", "--tls-key"),

@@ -51,6 +51,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The address sbxkit connected to (resolved by sbxkit, never by the sandbox)."""
     bytes_up: int = 0
     bytes_down: int = 0
+    injected: str | None = None
+    """An inject rule that applied: its host and header name (``api.example.com
+    Authorization``), never the value."""
 
     def denial(self) -> Denial:
         return Denial(destination=self.destination, reason=self.reason or "", kind=self.kind)

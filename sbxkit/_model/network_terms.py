@@ -24,6 +24,13 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from sbxkit._model.network_allow import AllowEntry, entry_text, parse_allow_list
+from sbxkit._model.network_inject import (
+    BROKER_KEYS,
+    InjectRule,
+    InjectTerms,
+    check_inject,
+    inject_env,
+)
 from sbxkit._model.network_names import Destination, destination_text, parse_host, parse_port
 from sbxkit._model.predicates import has_control
 from sbxkit._model.units import parse_size
@@ -31,6 +38,7 @@ from sbxkit._util.public import publish
 from sbxkit.errors import SpecError
 
 __all__ = [
+    "BROKER_TMPFS",
     "CALLBACK_ALIAS",
     "MANAGED_ALIASES",
     "OWNED_KEYS",
@@ -62,6 +70,8 @@ TLS_MOUNT = "/run/sbxkit"
 TLS_TMPFS = {TLS_MOUNT: "rw,nosuid,nodev,noexec,size=65536,mode=755"}
 """A tiny tmpfs owned by root: sbxkit writes the client TLS bundle into it before the payload
 runs; the sandbox user reads it and cannot change what is in it."""
+BROKER_TMPFS = {TLS_MOUNT: "rw,nosuid,nodev,noexec,size=1048576,mode=755"}
+"""The same with inject rules: room for the trust bundle (the host's store and the broker CA)."""
 CALLBACK_ALIAS = "host.sbxkit.internal"
 MANAGED_ALIASES = ("host.docker.internal", CALLBACK_ALIAS)
 MAX_TLS_FILE_BYTES = 64 * 1024
@@ -102,6 +112,8 @@ class Network(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     max_connection_bytes: int | str = DEFAULT_MAX_CONNECTION_BYTES
     """Bytes one connection may carry (both directions together): a count or a size such as
     ``"4g"`` (sbxkit/_model/units.py)."""
+    inject: list[InjectRule] = msgspec.field(default_factory=list)
+    """Headers the proxy adds for one host each (sbxkit/_model/network_inject.py)."""
 
 
 class CallbackTerms(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -144,12 +156,21 @@ class NetworkTerms(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Managed mode: the bridge gateway the callback forwarder listens on (native Linux)."""
     network_name: str | None = None
     """Managed mode: the Docker network the sandbox joins."""
+    inject: list[InjectTerms] = msgspec.field(default_factory=list)
+    """Inject rules with their values (network_inject.py): held by the proxying owner only."""
 
     @property
     def needs_governor(self) -> bool:
         """The owner has listeners to open (and files to write) before the payload runs: the
         sandbox starts parked and is claimed once they are in place."""
         return bool(self.allow) or self.callback is not None
+
+    @property
+    def tmpfs(self) -> dict[str, str]:
+        """The root-owned tmpfs the owner writes into, or none."""
+        if self.inject:
+            return BROKER_TMPFS
+        return TLS_TMPFS if self.tls is not None else {}
 
 
 def network_mode(network: object) -> str:
@@ -315,6 +336,7 @@ def check_network_spec(network: Network) -> CheckedNetwork:
     callback = None if network.callback is None else parse_callback(network.callback)
     _check_tls(network, callback)
     _check_loopback(parsed, callback)
+    check_inject(network.inject, parsed, managed=network.mode == "managed")
     size = network.max_connection_bytes
     if isinstance(size, str):
         size = parse_size(size, "network.max_connection_bytes")
@@ -331,7 +353,8 @@ def check_network_spec(network: Network) -> CheckedNetwork:
 def owned_keys(terms: NetworkTerms | None) -> frozenset[str]:
     """Keys no spec or profile value may set: the callback's always, the proxy's whenever
     sbxkit governs the sandbox's network."""
-    return frozenset(OWNED_KEYS if terms is not None else CALLBACK_KEYS)
+    broker = BROKER_KEYS if terms is not None and terms.inject else ()
+    return frozenset((OWNED_KEYS if terms is not None else CALLBACK_KEYS) + broker)
 
 
 def spec_owned_keys(network: object) -> frozenset[str]:
@@ -341,7 +364,8 @@ def spec_owned_keys(network: object) -> frozenset[str]:
         isinstance(network, Network)
         and (bool(network.allow) or network.callback is not None or network.mode == "managed")
     )
-    return frozenset(OWNED_KEYS if governed else CALLBACK_KEYS)
+    broker = BROKER_KEYS if isinstance(network, Network) and network.inject else ()
+    return frozenset((OWNED_KEYS if governed else CALLBACK_KEYS) + broker)
 
 
 def network_env(terms: NetworkTerms | None) -> dict[str, str]:
@@ -368,6 +392,7 @@ def network_env(terms: NetworkTerms | None) -> dict[str, str]:
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
             env[name] = env[name.lower()] = proxy
         env["NO_PROXY"] = env["no_proxy"] = ",".join(no_proxy)
+    env.update(inject_env(terms.inject))
     return env
 
 

@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import platform
+import stat
 from functools import partial
 
 import trio
 
+from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_inject import (
+    MAX_VALUE_BYTES,
+    InjectTerms,
+    check_inject,
+    check_inject_value,
+)
 from sbxkit._model.network_terms import (
     MAX_TLS_FILE_BYTES,
     CallbackTls,
@@ -38,8 +47,10 @@ from sbxkit.network.refusals import desktop_kind, governed_refusal
 __all__ = [
     "MANAGED_LABEL",
     "MANAGED_NETWORK",
+    "broker_available",
     "managed_gateway_problem",
     "managed_network_problem",
+    "plan_inject",
     "plan_network",
 ]
 
@@ -126,6 +137,83 @@ async def read_tls_bundle(tls: CallbackTls) -> TlsBundle:
     return TlsBundle(ca=found["ca"], cert=found.get("cert"), key=found.get("key"))
 
 
+def _read_secret_file(path: str, field: str) -> str:
+    """A 0600 regular file of this process's user, read without following a link."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise SpecError(field, f"file:{path}: cannot open it ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(field, f"file:{path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode != 0o600:
+            raise SpecError(
+                field,
+                f"file:{path} has mode {mode:04o}; a secret file must be 0600 (read and "
+                "written by its owner alone)",
+            )
+        if info.st_uid != os.geteuid():
+            raise SpecError(
+                field, f"file:{path} belongs to uid {info.st_uid}, not this process's user"
+            )
+        data = os.read(fd, MAX_VALUE_BYTES + 2)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise SpecError(field, f"file:{path} holds non-ASCII bytes: not one header value") from None
+
+
+def broker_available() -> bool:
+    """Whether the optional ``cryptography`` package (``sbxkit[broker]``) is installed."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plan_inject(network: Network) -> list[InjectTerms]:
+    """The inject rules with their values, read on this host now (before any container
+    exists): ``env:`` from this process's environment, ``file:`` from a 0600 file, ``ca_file``
+    as PEM. Every refusal names ``network.inject[i]``."""
+    if not network.inject:
+        return []
+    checked = check_inject(
+        network.inject, parse_allow_list(network.allow), managed=network.mode == "managed"
+    )
+    if not broker_available():
+        raise SpecError(
+            "network.inject",
+            "credential injection needs the 'cryptography' package to make the sandbox's CA: "
+            "sbxkit's broker extra, pip install '.[broker]' in its clone",
+        )
+    terms: list[InjectTerms] = []
+    for index, (rule, host, is_ip, (kind, source)) in enumerate(checked):
+        field = f"network.inject[{index}].value_from"
+        if kind == "env":
+            raw = os.environ.get(source)
+            if raw is None:
+                raise SpecError(field, f"env:{source}: no such variable in this process")
+            where = f"env:{source}"
+        else:
+            raw = _read_secret_file(source, field)
+            where = f"file:{source}"
+        value = check_inject_value(raw, field, where)
+        ca = None
+        if rule.ca_file is not None:
+            ca_field = f"network.inject[{index}].ca_file"
+            ca = _read_pem(rule.ca_file, ca_field)
+            if b"-----BEGIN CERTIFICATE-----" not in ca:
+                raise SpecError(ca_field, f"{rule.ca_file} holds no PEM certificate")
+        terms.append(InjectTerms(host=host, is_ip=is_ip, header=rule.header, value=value, ca=ca))
+    return terms
+
+
 async def plan_network(
     engine: Engine, spec: SandboxSpec, settings: Settings
 ) -> NetworkTerms | None:
@@ -156,6 +244,7 @@ async def plan_network(
         )
         if refusal is not None:
             raise refusal
+    inject = await trio.to_thread.run_sync(plan_inject, network)
     tls = None if network.tls is None else await read_tls_bundle(network.tls)
     gateway = network_name = None
     if managed:
@@ -172,4 +261,5 @@ async def plan_network(
         audit_log=settings.network_audit_log,
         gateway=gateway,
         network_name=network_name,
+        inject=inject,
     )

@@ -18,7 +18,6 @@ from sbxkit._model.gpu import device_request
 from sbxkit._model.mounts import ResolvedMounts
 from sbxkit._model.network_terms import (
     MANAGED_ALIASES,
-    TLS_TMPFS,
     NetworkTerms,
     network_env,
     network_mode,
@@ -352,7 +351,7 @@ def hardened_body(
         tmpfs={
             SCRATCH_PATH: scratch_options(spec, podman=podman),
             **(PODMAN_SEALED_TMPFS if podman else {}),
-            **(TLS_TMPFS if network is not None and network.tls is not None else {}),
+            **(network.tmpfs if network is not None else {}),
             **resolved.tmpfs,
         },
         binds=list(resolved.binds) or None,

@@ -37,6 +37,7 @@ SOURCES = (
     "engine/models.py",
     "_model/network_terms.py",  # NetworkTerms and Denial travel in Register and Denials
     "_model/network_audit.py",
+    "_model/network_inject.py",  # InjectTerms travel in Register (network.inject)
     "handoff/client.py",  # the command line's side of Run, RunStarted, RunEnded ...
     "supervisor/handoff/serve.py",
     "supervisor/handoff/resume.py",  # RunResume: the supervisor's side

@@ -29,11 +29,13 @@ from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decisi
 from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms, loopback_forwards
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NetworkUnavailable
+from sbxkit.network.broker import Broker, trust_bundle
 from sbxkit.network.netns import (
     SandboxProcess,
     add_hosts_entries,
     bind_in_sandbox,
     open_sandbox_process,
+    write_broker_files,
     write_tls_bundle,
 )
 from sbxkit.network.proxy import (
@@ -112,7 +114,7 @@ class Governor:
         self._open_audit()
         process: SandboxProcess | None = None
         try:
-            if terms.mode == "none" or terms.tls is not None:
+            if terms.mode == "none" or terms.tls is not None or terms.inject:
                 process = await open_sandbox_process(engine, container_id)
             if terms.mode == "none":
                 assert process is not None
@@ -159,6 +161,15 @@ class Governor:
             if terms.tls is not None:
                 assert process is not None
                 await write_tls_bundle(process, terms.tls, *self.user)
+            if terms.inject:
+                assert process is not None
+                # The CA is made here, in the process that proxies, and its key stays here: the
+                # sandbox gets the certificate (and a bundle of it with the host's store).
+                broker = await trio.to_thread.run_sync(Broker, self.lease, terms.inject)
+                bundle = await trio.to_thread.run_sync(trust_bundle, broker.ca_pem)
+                files = [("ca.pem", broker.ca_pem), ("bundle.pem", bundle)]
+                await write_broker_files(process, files, *self.user)
+                self.context.broker = broker
         except BaseException:
             for sock, _ in served:
                 sock.close()

@@ -39,6 +39,7 @@ __all__ = [
     "bind_in_sandbox",
     "can_enter_namespaces",
     "open_sandbox_process",
+    "write_broker_files",
     "write_tls_bundle",
 ]
 
@@ -267,12 +268,30 @@ def _host_ids(process: SandboxProcess, uid: int, gid: int) -> tuple[int, int]:
 
 
 def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:
+    files = [
+        (name, data, mode)
+        for attribute, name, mode in _FILE_MODES
+        if (data := getattr(bundle, attribute)) is not None
+    ]
+    _write_files(process, "tls", files, uid, gid, replace=False)
+
+
+def _write_files(
+    process: SandboxProcess,
+    subdir: str,
+    files: list[tuple[str, bytes, int]],
+    uid: int,
+    gid: int,
+    *,
+    replace: bool,
+) -> None:
     """Into the sandbox's own ``TLS_MOUNT`` tmpfs, component by component without following a
     link (the image could hold one), checked to be a mount of its own; owned by the sandbox
     user as the host knows it (``_host_ids``). Run in a thread of its own: where the daemon
     remaps user namespaces, the tmpfs belongs to the sandbox's namespace, in which host root is
     no one (a create as host root fails, ``EOVERFLOW``), so this thread creates as the sandbox's
-    root (its filesystem ids, ``_creating_as``) and chowns as host root again."""
+    root (its filesystem ids, ``_creating_as``) and chowns as host root again. ``replace``: a
+    directory already there gets the files anew (each written beside, then renamed over)."""
     creator = _host_ids(process, 0, 0)
     uid, gid = _host_ids(process, uid, gid)
     nofollow = os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
@@ -287,32 +306,35 @@ def _write_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int
             opened.append(directory)
         if os.fstat(directory).st_dev == os.fstat(root).st_dev:
             raise NetworkUnavailable(f"{TLS_MOUNT} in the sandbox is not sbxkit's tmpfs")
-        files: list[tuple[int, int]] = []
+        written: list[tuple[int, int]] = []
         with _creating_as(*creator):
             try:
-                os.mkdir("tls", 0o700, dir_fd=directory)
+                os.mkdir(subdir, 0o700, dir_fd=directory)
             except FileExistsError:
                 # Only an owner of this lease makes it (the payload cannot write in root's
                 # tmpfs, unless it is that root: a workspace's, whose bundle it is anyway): a
-                # restarted owner re-adopting the sandbox leaves it as it is.
-                return
-            tls = os.open("tls", nofollow, dir_fd=directory)
-            opened.append(tls)
+                # restarted owner re-adopting the sandbox leaves it as it is, unless told.
+                if not replace:
+                    return
+            target = os.open(subdir, nofollow, dir_fd=directory)
+            opened.append(target)
             # Explicit, whatever the owner's umask: an auto-launched supervisor runs with 077,
             # which left the directory 0700 and the payload unable to read its own CA.
-            os.fchmod(tls, TLS_DIR_MODE)
-            for attribute, name, mode in _FILE_MODES:
-                data = getattr(bundle, attribute)
-                if data is None:
-                    continue
+            os.fchmod(target, TLS_DIR_MODE)
+            for name, data, mode in files:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(name, flags, 0o600, dir_fd=tls)
+                temporary = f".{name}.new"
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary, dir_fd=target)
+                fd = os.open(temporary, flags, 0o600, dir_fd=target)
                 opened.append(fd)
                 os.write(fd, data)
-                files.append((fd, mode))
-        for fd, mode in files:
+                written.append((fd, mode))
+        for fd, mode in written:
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
+        for name, _data, _mode in files:
+            os.replace(f".{name}.new", name, src_dir_fd=target, dst_dir_fd=target)
     finally:
         for fd in reversed(opened):
             os.close(fd)
@@ -336,6 +358,22 @@ def _creating_as(uid: int, gid: int) -> Iterator[None]:
     finally:
         libc.setfsuid(0)
         libc.setfsgid(0)
+
+
+async def write_broker_files(
+    process: SandboxProcess, files: list[tuple[str, bytes]], uid: int, gid: int
+) -> None:
+    """The broker CA's certificate and the trust bundle (never a key), readable by anyone in
+    the sandbox, in ``/run/sbxkit/broker``; written anew by a re-adopting owner, whose CA is a
+    new one."""
+    entries = [(name, data, 0o444) for name, data in files]
+    try:
+        await trio.to_thread.run_sync(
+            _in_fresh_thread,
+            functools.partial(_write_files, process, "broker", entries, uid, gid, replace=True),
+        )
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot put the broker CA in the sandbox: {exc}") from exc
 
 
 async def write_tls_bundle(process: SandboxProcess, bundle: TlsBundle, uid: int, gid: int) -> None:

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import h11
@@ -37,16 +38,29 @@ import trio
 
 from sbxkit._model.network_allow import AllowEntry, entry_text, matching_entry
 from sbxkit._model.network_audit import Decision, Kind
+from sbxkit._model.network_inject import InjectTerms
 from sbxkit._model.network_names import Destination, IPAddress, destination_text
 from sbxkit._model.network_terms import CallbackTerms, is_callback_destination
 from sbxkit.network.addresses import address_problem
-from sbxkit.network.clienthello import Hello, HelloProblem, read_client_hello
+from sbxkit.network.broker import Broker, inject_headers
+from sbxkit.network.relay import (
+    CONNECT_TIMEOUT_S,
+    HELLO_TIMEOUT_S,
+    MAX_HEAD_BYTES,
+)
+from sbxkit.network.relay import Denied as _Denied
+from sbxkit.network.relay import dial as _dial
+from sbxkit.network.relay import framing_reason as _framing
+from sbxkit.network.relay import read_head as _head
+from sbxkit.network.relay import read_hello as _hello
+from sbxkit.network.relay import refusal_response as _refusal_response
+from sbxkit.network.relay import relay_one as _relay
+from sbxkit.network.relay import splice as _splice
 from sbxkit.network.request import (
     ProxyRequest,
     Refusal,
     decide_request,
     forward_headers,
-    framing_problem,
 )
 
 __all__ = [
@@ -58,12 +72,8 @@ __all__ = [
     "system_resolver",
 ]
 
-HEAD_TIMEOUT_S = 10.0
-HELLO_TIMEOUT_S = 10.0
 RESOLVE_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 10.0
-MAX_HEAD_BYTES = 64 * 1024
-CHUNK = 64 * 1024
+HTTPS_PORT = 443
 ACCEPT_BACKOFF_S = 0.1
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
@@ -94,6 +104,8 @@ class ProxyContext:
     clock: Callable[[], float] = time.time
     callback: CallbackTerms | None = None
     """The callback a proxy request may name (``is_callback_destination``)."""
+    broker: Broker | None = None
+    """The sandbox's inject rules and CA (broker.py), when it has rules."""
     active: int = 0
 
     def decide(self, destination: str, kind: Kind, **fields: object) -> Decision:
@@ -115,6 +127,7 @@ class ProxyContext:
         counts: list[int],
         within: bool,
         rule: str | None = None,
+        injected: str | None = None,
     ) -> None:
         """The decision of a connection that went through, once it ended."""
         self.decide(
@@ -122,64 +135,12 @@ class ProxyContext:
             kind,
             verdict="allowed",
             rule=rule,
+            injected=injected,
             address=str(address),
             bytes_up=counts[0],
             bytes_down=counts[1],
             reason=None if within else "the connection's byte limit ended it",
         )
-
-
-_PHRASES = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
-
-
-def _refusal_response(status: int, reason: str) -> bytes:
-    body = f"sbxkit: {reason}\n".encode("utf-8", "replace")
-    head = (
-        f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n"
-        "X-Sbxkit-Denied: 1\r\n\r\n"
-    )
-    return head.encode("ascii") + body
-
-
-class _Denied(Exception):
-    def __init__(self, status: int, reason: str, destination: Destination | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.destination = destination
-
-
-async def _head(stream: trio.SocketStream, conn: h11.Connection) -> tuple[h11.Request, str | None]:
-    """The request head parsed by h11, and what is wrong with its framing, judged on the bytes
-    as they came (``framing_problem``: h11's normalised headers hide a fold or a repeated
-    length)."""
-    received = bytearray()  # bounded: h11 refuses a head over MAX_HEAD_BYTES
-    with trio.move_on_after(HEAD_TIMEOUT_S):
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                problem = framing_problem(bytes(received))
-                reason = f"malformed request: {exc}" if problem is None else _framing(problem)
-                raise _Denied(400, reason) from None
-            if isinstance(event, h11.Request):
-                return event, framing_problem(bytes(received))
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(CHUNK)
-                conn.receive_data(data)
-                received += data
-                if not data:
-                    raise _Denied(400, "the connection closed before a request")
-                continue
-            raise _Denied(400, f"unexpected {type(event).__name__}")
-    raise _Denied(400, f"no request head within {HEAD_TIMEOUT_S:g} s")
-
-
-def _framing(problem: str) -> str:
-    return f"ambiguous message framing, refused (RFC 9112 section 6.3): {problem}"
 
 
 async def _addresses(
@@ -203,61 +164,6 @@ async def _addresses(
             destination,
         )
     return usable
-
-
-async def _dial(addresses: Sequence[IPAddress], port: int) -> tuple[trio.SocketStream, IPAddress]:
-    last: Exception | None = None
-    for address in addresses:
-        try:
-            with trio.fail_after(CONNECT_TIMEOUT_S):
-                return await trio.open_tcp_stream(str(address), port), address
-        except (OSError, trio.TooSlowError) as exc:
-            last = exc
-    raise OSError(f"cannot connect: {last}")
-
-
-async def _splice(
-    left: trio.SocketStream, right: trio.SocketStream, limit: int, already: list[int]
-) -> bool:
-    """Copy both ways until both ends closed; False when ``limit`` bytes were exceeded.
-    ``already`` is ``[up, down]`` counted so far, updated in place."""
-    exceeded = False
-
-    async def pump(source: trio.SocketStream, sink: trio.SocketStream, index: int) -> None:
-        nonlocal exceeded
-        try:
-            while data := await source.receive_some(CHUNK):
-                already[index] += len(data)
-                if already[0] + already[1] > limit:
-                    exceeded = True
-                    nursery.cancel_scope.cancel()
-                    return
-                await sink.send_all(data)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                await sink.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(pump, left, right, 0)
-        nursery.start_soon(pump, right, left, 1)
-    return not exceeded
-
-
-async def _hello(stream: trio.SocketStream, start: bytes) -> tuple[bytes, str | None]:
-    buffer = start
-    with trio.move_on_after(HELLO_TIMEOUT_S):
-        while True:
-            outcome = read_client_hello(buffer)
-            if isinstance(outcome, Hello):
-                return buffer, outcome.sni
-            if isinstance(outcome, HelloProblem):
-                raise _Denied(0, outcome.reason)
-            data = await stream.receive_some(CHUNK)
-            if not data:
-                raise _Denied(0, "the tunnel closed before a TLS ClientHello")
-            buffer += data
-    raise _Denied(0, f"no TLS ClientHello within {HELLO_TIMEOUT_S:g} s")
 
 
 async def _connect(
@@ -303,51 +209,174 @@ async def _http(
     rule: str | None,
     addresses: list[IPAddress],
     kind: Kind = "http",
+    inject: InjectTerms | None = None,
 ) -> None:
+    if inject is not None and destination.port == HTTPS_PORT:
+        # A payload must not make the proxy send the secret in clear to the port a rule's
+        # host serves TLS on (where anyone on the path could read it).
+        raise _Denied(
+            403,
+            f"plain HTTP to port {HTTPS_PORT} of {destination.host}, which has an inject rule: "
+            "use https://",
+            destination,
+        )
     try:
         upstream, address = await _dial(addresses, destination.port)
     except OSError as exc:
         raise _Denied(502, str(exc), destination) from None
     counts = [0, 0]
-    within = True
+    headers = forward_headers(request.headers)
+    if inject is not None:
+        headers = inject_headers(headers, inject)
     async with upstream:
-        client = h11.Connection(h11.CLIENT)
-        head = h11.Request(
-            method=request.method, target=target, headers=forward_headers(request.headers)
+        within = await _relay(
+            ctx.max_connection_bytes,
+            stream,
+            conn,
+            request,
+            target,
+            headers,
+            upstream,
+            counts,
+            destination,
         )
-        data = client.send(head)
-        counts[0] += len(data)
-        await upstream.send_all(data)
-        while True:
-            if conn.client_is_waiting_for_100_continue:
-                await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                chunk = await stream.receive_some(CHUNK)
-                conn.receive_data(chunk)
-                if not chunk:
-                    raise _Denied(0, "the request ended early", destination)
-                continue
-            if isinstance(event, h11.Data):
-                out = client.send(h11.Data(data=event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                out = client.send(h11.EndOfMessage())
-            else:
-                raise _Denied(0, f"unexpected {type(event).__name__}", destination)
-            counts[0] += len(out or b"")
-            if counts[0] > ctx.max_connection_bytes:
-                within = False
-                break
-            await upstream.send_all(out or b"")
-            if isinstance(event, h11.EndOfMessage):
-                break
-        while within and (reply := await upstream.receive_some(CHUNK)):
-            counts[1] += len(reply)
-            if counts[0] + counts[1] > ctx.max_connection_bytes:
-                within = False
-                break
-            await stream.send_all(reply)
-    ctx.allowed(destination_text(destination), kind, address, counts, within, rule)
+    label = None if inject is None else inject.label
+    ctx.allowed(destination_text(destination), kind, address, counts, within, rule, label)
+
+
+class _Prefixed(trio.abc.Stream):
+    """``stream`` with ``first`` (bytes already read from it: the ClientHello) received first."""
+
+    def __init__(self, stream: trio.SocketStream, first: bytes) -> None:
+        self.stream = stream
+        self.first = first
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self.first:
+            data, self.first = self.first, b""
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _tls_reason(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__ or exc
+    return str(cause) or type(cause).__name__
+
+
+async def _intercept(
+    ctx: ProxyContext,
+    broker: Broker,
+    inject: InjectTerms,
+    stream: trio.SocketStream,
+    destination: Destination,
+    rule: str,
+    addresses: list[IPAddress],
+    pending: bytes,
+) -> None:
+    """A CONNECT to a rule's host: the payload's TLS ends here (a leaf from the sandbox's CA),
+    the upstream's is this process's own, verified; the one request goes across with the
+    rule's header set (the payload's own of that name dropped), then the response."""
+    try:
+        tcp, address = await _dial(addresses, destination.port)
+    except OSError as exc:
+        raise _Denied(502, str(exc), destination) from None
+    async with tcp:
+        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            hello, sni = await _hello(stream, pending)
+        except _Denied as denied:
+            raise _Denied(0, denied.reason, destination) from None
+        wanted = None if destination.is_ip else destination.host
+        if sni != wanted and not (destination.is_ip and sni is None):
+            raise _Denied(
+                0,
+                f"the TLS server name {sni!r} is not the CONNECT host {destination.host!r}",
+                destination,
+            )
+        inside = trio.SSLStream(
+            _Prefixed(stream, hello),
+            broker.server_context(destination.host),
+            server_side=True,
+            https_compatible=True,
+        )
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                await inside.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            raise _Denied(
+                0, f"the payload's TLS with the broker failed: {_tls_reason(exc)}", destination
+            ) from None
+        upstream = trio.SSLStream(
+            tcp,
+            broker.client_context(inject),
+            server_hostname=destination.host,
+            https_compatible=True,
+        )
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                await upstream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+            reason = f"the upstream's TLS was refused: {_tls_reason(exc)}"
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await inside.send_all(_refusal_response(502, reason))
+                await inside.aclose()
+            raise _Denied(0, reason, destination) from None
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        problem: str | None
+        try:
+            request, framing = await _head(inside, conn)
+            problem = None if framing is None else _framing(framing)
+        except _Denied as denied:
+            request, problem = None, denied.reason
+        if request is not None and problem is None:
+            problem = _origin_problem(request, destination)
+        if problem is not None or request is None:
+            reason = problem or "no request"
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await inside.send_all(_refusal_response(400, reason))
+            raise _Denied(0, reason, destination)
+        counts = [0, 0]
+        headers = inject_headers(forward_headers(request.headers), inject)
+        within = await _relay(
+            ctx.max_connection_bytes,
+            inside,
+            conn,
+            request,
+            request.target,
+            headers,
+            upstream,
+            counts,
+            destination,
+        )
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await inside.aclose()
+    ctx.allowed(
+        destination_text(destination), "connect", address, counts, within, rule, inject.label
+    )
+
+
+def _origin_problem(request: h11.Request, destination: Destination) -> str | None:
+    """Inside a broker's TLS the request must be origin-form and its ``Host`` the CONNECT
+    host: the rule's secret goes to that one service, never to another a shared front (a CDN)
+    would route to by ``Host``."""
+    if not request.target.startswith(b"/"):
+        return "inside the broker's TLS a request must be origin-form (/path)"
+    hosts = [value for name, value in request.headers if name == b"host"]
+    allowed = {destination.host, destination_text(destination)}
+    if destination.is_ip and ":" in destination.host:
+        allowed = {f"[{destination.host}]", destination_text(destination)}
+    if len(hosts) != 1 or hosts[0].decode("ascii", "replace").lower() not in allowed:
+        return f"the Host header must be the CONNECT host {destination_text(destination)}"
+    return None
 
 
 async def _callback(
@@ -415,12 +444,27 @@ async def proxy_connection(ctx: ProxyContext, stream: trio.SocketStream) -> None
                 raise _Denied(403, "not on the allow-list", destination)
             addresses = await _addresses(ctx, entry, destination)
             rule = entry_text(entry)
+            broker = ctx.broker
+            inject = None if broker is None else broker.rule_for(destination.host)
             if decided.kind == "connect":
                 pending = bytes(conn.trailing_data[0])
-                await _connect(ctx, stream, destination, rule, addresses, pending)
+                if broker is not None and inject is not None:
+                    await _intercept(
+                        ctx, broker, inject, stream, destination, rule, addresses, pending
+                    )
+                else:
+                    await _connect(ctx, stream, destination, rule, addresses, pending)
             else:
                 await _http(
-                    ctx, stream, conn, request, decided.target, destination, rule, addresses
+                    ctx,
+                    stream,
+                    conn,
+                    request,
+                    decided.target,
+                    destination,
+                    rule,
+                    addresses,
+                    inject=inject,
                 )
         except _Denied as denied:
             named = denied.destination or destination

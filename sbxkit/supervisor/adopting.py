@@ -35,6 +35,7 @@ from sbxkit._kernel.scripts import IO_TARGET
 from sbxkit._lifecycle.admission import Need
 from sbxkit._lifecycle.ownership import carries_lease, find_lease_container
 from sbxkit._model.network_allow import parse_allow_list
+from sbxkit._model.network_inject import inject_terms_problem
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.spec import body_ids
 from sbxkit._plan.network_planning import managed_gateway_problem
@@ -70,6 +71,9 @@ def terms_problem(terms: NetworkTerms | None, governed: bool) -> str | None:
         return "its network terms: a managed network takes no allow-list"
     if terms.mode == "none" and (terms.gateway or terms.network_name):
         return "its network terms: only the managed network has a gateway"
+    inject = inject_terms_problem(terms.inject, terms.allow, terms.mode)
+    if inject is not None:
+        return f"its network terms: network.inject{inject}"
     if terms.audit_log is not None and not terms.audit_log.startswith("/"):
         return "its network terms: the audit log must be an absolute path"
     return None

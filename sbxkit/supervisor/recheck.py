@@ -27,7 +27,8 @@ from sbxkit._kernel.scripts import IO_TARGET, io_bind, io_root
 from sbxkit._model.gpu import GpuRequest, validate_gpu_request
 from sbxkit._model.mounts import check_host_path, check_target
 from sbxkit._model.network_allow import parse_allow_list
-from sbxkit._model.network_terms import TLS_TMPFS, NetworkTerms, network_env, owned_keys
+from sbxkit._model.network_inject import inject_terms_problem
+from sbxkit._model.network_terms import NetworkTerms, network_env, owned_keys
 from sbxkit._model.rules import (
     HOST_GATEWAY_ALIAS,
     PODMAN_AUTO_USERNS,
@@ -159,7 +160,7 @@ def recheck_body(
         _check_owned_env(body, network)
         _check_tmpfs(
             host.tmpfs,
-            tls=network is not None and network.tls is not None,
+            owned=network.tmpfs if network is not None else {},
             exec_scratch=body.user == ROOT_USER or disk_bound(body) is not None,
         )
         binds = _check_io_bind(host.binds or [], body, lease, state_dir, io_dir_problem)
@@ -319,6 +320,9 @@ def _check_terms(network: NetworkTerms) -> None:
         raise _refuse("network.audit_log", "must be an absolute path")
     if network.mode == "none" and (network.gateway or network.network_name):
         raise _refuse("network.gateway", "only the managed network has a gateway")
+    problem = inject_terms_problem(network.inject, network.allow, network.mode)
+    if problem is not None:
+        raise _refuse("network.inject", problem)
 
 
 def _check_network(
@@ -378,7 +382,10 @@ _TMPFS_NUMBERS |= {"gid": _TMPFS_NUMBERS["uid"], "mode": re.compile(r"[0-7]{1,4}
 
 
 def _check_tmpfs(
-    tmpfs: dict[str, str] | None, *, tls: bool = False, exec_scratch: bool = False
+    tmpfs: dict[str, str] | None,
+    *,
+    owned: dict[str, str] | None = None,
+    exec_scratch: bool = False,
 ) -> None:
     """Bounded, nosuid, nodev tmpfs; the scratch also noexec, unless the body is a workspace's
     that may ask otherwise (``exec_scratch``: root inside or a writable image; exec_tmp)."""
@@ -387,9 +394,9 @@ def _check_tmpfs(
         raise _refuse("HostConfig.Tmpfs", f"must mount the bounded scratch at {SCRATCH_PATH}")
     for target, options in tmpfs.items():
         field = f"HostConfig.Tmpfs[{target}]"
-        if tls and target in TLS_TMPFS:
-            if options != TLS_TMPFS[target]:
-                raise _refuse(field, f"must be {TLS_TMPFS[target]!r} (the TLS bundle's)")
+        if owned and target in owned:
+            if options != owned[target]:
+                raise _refuse(field, f"must be {owned[target]!r} (the TLS bundle's)")
             continue
         if target in PODMAN_SEALED_TMPFS:
             if options != PODMAN_SEALED_TMPFS[target]:

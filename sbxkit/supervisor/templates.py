@@ -10,12 +10,15 @@ body in exactly the places policy puts a lease — the ``sbxkit.lease`` label an
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 
 import msgspec
 
 from sbxkit._kernel.scripts import IO_BIND_OPTIONS, IO_TARGET, io_bind
 from sbxkit._model.call_checks import MAX_POOL_SECONDS, MAX_POOL_SIZE
 from sbxkit._model.mounts import ExpectedMount
+from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.rules import LEASE_LABEL
 from sbxkit._model.spec import ROOT_USER
 from sbxkit._model.uids import body_with_uid, own_range, uid_for_lease
@@ -109,6 +112,23 @@ def terms_problem(terms: PoolTerms) -> str | None:
     return None
 
 
+_SHAPE_SALT = secrets.token_bytes(32)
+"""This process's own: an inject rule's value enters a shape key only as an HMAC under it, so
+a key (in logs and pool listings) is no offline guess-checker for the secret."""
+
+
+def _keyed_network(network: NetworkTerms | None) -> NetworkTerms | None:
+    if network is None or not network.inject:
+        return network
+    keyed = [
+        msgspec.structs.replace(
+            rule, value=hmac.new(_SHAPE_SALT, rule.value.encode(), "sha256").hexdigest()
+        )
+        for rule in network.inject
+    ]
+    return msgspec.structs.replace(network, inject=keyed)
+
+
 def shape_key(claim: Claim) -> str:
     """Equal for two claims whose parked containers would be the same but for their lease."""
     template = claim.template
@@ -119,7 +139,7 @@ def shape_key(claim: Claim) -> str:
         template.reservation,
         template.startup_deadline_s,
         template.lifetime_deadline_s,
-        template.network,  # the proxy's address is the same for every allow-list
+        _keyed_network(template.network),  # the proxy's address is the same for every list
         sorted(
             mounts_for_lease(claim.expected_mounts, template.lease, PLACEHOLDER_LEASE),
             key=lambda m: (m.type, m.source, m.destination, m.rw),
