@@ -318,7 +318,9 @@ class DockerBackend:
 def governed(spec: SandboxSpec) -> bool:
     """The spec asks for listeners its owner must put in place before the payload runs."""
     network = spec.network
-    return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
+    return isinstance(network, Network) and (
+        bool(network.allow) or network.callback is not None or bool(network.ports)
+    )
 
 
 def gated(spec: SandboxSpec) -> bool:

@@ -26,9 +26,11 @@ import trio
 
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms, loopback_forwards
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NetworkUnavailable
+from sbxkit.network.inbound import inbound_connection, listen_on_host
 from sbxkit.network.netns import (
     SandboxProcess,
     add_hosts_entries,
@@ -67,6 +69,9 @@ class Governor:
         self.errors: list[str] = []
         self._audit_fd: int | None = None
         self._scope = trio.CancelScope()
+        self._process: SandboxProcess | None = None
+        self.ports: list[PortForward] = []
+        """The inbound ports as bound (their host ports), once installed."""
         self.context = ProxyContext(
             lease=lease,
             entries=parse_allow_list(terms.allow),
@@ -159,6 +164,10 @@ class Governor:
             if terms.tls is not None:
                 assert process is not None
                 await write_tls_bundle(process, terms.tls, *self.user)
+            if terms.ports:
+                assert process is not None
+                served += self._inbound(process)
+                self._process, process = process, None  # held while the ports serve
         except BaseException:
             for sock, _ in served:
                 sock.close()
@@ -167,6 +176,34 @@ class Governor:
         finally:
             if process is not None:
                 process.close()
+        return served
+
+    def _inbound(self, process: SandboxProcess) -> list[tuple[socket.socket, Handler]]:
+        """The host's listeners for the inbound ports, each forwarding into the sandbox for
+        connections of the owner's own account (inbound.py)."""
+        served: list[tuple[socket.socket, Handler]] = []
+        bound: list[PortForward] = []
+        try:
+            for asked in self.terms.ports:
+                sock, port = listen_on_host(asked)
+                served.append(
+                    (
+                        sock,
+                        partial(
+                            inbound_connection,
+                            self.context,
+                            process=process,
+                            port=port,
+                            owner_uid=os.geteuid(),
+                        ),
+                    )
+                )
+                bound.append(port)
+        except BaseException:
+            for sock, _ in served:
+                sock.close()
+            raise
+        self.ports = bound
         return served
 
     def _close_audit(self) -> None:
@@ -196,6 +233,9 @@ class Governor:
             finally:
                 for sock, _ in served:
                     sock.close()
+                if self._process is not None:
+                    self._process.close()
+                    self._process = None
                 self._close_audit()
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "forward_connection",
     "proxy_connection",
     "serve_listener",
+    "splice",
     "system_resolver",
 ]
 
@@ -242,6 +243,10 @@ async def _splice(
         nursery.start_soon(pump, left, right, 0)
         nursery.start_soon(pump, right, left, 1)
     return not exceeded
+
+
+splice = _splice
+"""Both ways, bounded (inbound ports splice with it too)."""
 
 
 async def _hello(stream: trio.SocketStream, start: bytes) -> tuple[bytes, str | None]:
