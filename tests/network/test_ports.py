@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -38,6 +41,7 @@ from tests.supervision import (
     SupervisorProcess,
     auto_launched_supervisors,
     private_state_dir,
+    running_supervisor,
     signal_supervisors,
     wait_gone,
 )
@@ -237,6 +241,54 @@ def echoed(port: PortForward) -> socket.socket:
         held.close()
         assert time.monotonic() < deadline, "the echo server never answered"
         time.sleep(0.1)
+
+
+def test_the_command_line_opens_lists_and_closes_a_forwarded_port(witness: Witness) -> None:
+    """``sbxkit open --port 127.0.0.1::8000`` says the host port (``--json``, and on stderr),
+    ``sbxkit sessions`` lists it, the page comes through it, and ``sbxkit close`` closes it."""
+    state = private_state_dir()
+    sessions = Path(tempfile.mkdtemp(prefix="sbxports-", dir="/tmp"))
+    os.chmod(sessions, 0o700)
+    env = {**os.environ, "SBXKIT_STATE_DIR": str(state), "SBXKIT_SESSIONS_DIR": str(sessions)}
+
+    def sbxkit_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "sbxkit", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done
+
+    try:
+        with running_supervisor(state):
+            opened = sbxkit_cli(
+                "open", "--name", "web", "--json", "--port", "127.0.0.1::8000", PYTHON
+            )
+            (text,) = json.loads(opened.stdout)["ports"]
+            address, _, rest = text.rpartition(":")
+            host_port, _, inside = rest.partition("->")
+            port = PortForward(address=address, host_port=int(host_port), sandbox_port=int(inside))
+            assert (port.address, port.sandbox_port) == ("127.0.0.1", 8000)
+            assert f"127.0.0.1:{port.host_port}->8000" in sbxkit_cli("sessions").stdout
+            sbxkit_cli("exec", "-d", "web", "--", *SERVE)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    assert b"Directory listing" in fetch(port, "/")
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the server never answered"
+                    time.sleep(0.1)
+            sbxkit_cli("close", "web")
+            assert refused(port)
+    finally:
+        shutil.rmtree(sessions, ignore_errors=True)
+    assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
 
 
 def test_bad_ports_are_refused_before_anything_exists(witness: Witness) -> None:
