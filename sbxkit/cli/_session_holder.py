@@ -260,7 +260,8 @@ async def hold(plan: wire.OpenPlan, report: Callable[[dict[str, object]], None])
                         holder = Holder(sandbox, secret, held.cancel)
                         now = time.time()
                         left = max(0.0, sandbox.deadline - trio.current_time())
-                        ports = [port_text(port) for port in await sandbox.ports()]
+                        bound = await sandbox.ports()
+                        ports = [port_text(port) for port in bound]
                         _write_record(
                             directory,
                             wire.SessionRecord(
@@ -276,7 +277,8 @@ async def hold(plan: wire.OpenPlan, report: Callable[[dict[str, object]], None])
                             ),
                         )
                         connections.start_soon(_accept, listener_sock, holder, closing, accepting)
-                        report({"ok": True, "container_id": sandbox.container_id, "ports": ports})
+                        given = [msgspec.to_builtins(port) for port in bound]
+                        report({"ok": True, "container_id": sandbox.container_id, "ports": given})
                         say(f"sbxkit holder: {name} holds {sandbox.container_id[:12]}", sys.stderr)
                         await _until_signal()
                 say(f"sbxkit holder: {name} closed; its sandbox is removed", sys.stderr)

@@ -48,6 +48,7 @@ from sbxkit._grammar.flags import (
 )
 from sbxkit._grammar.profile import load_profile, profile_settings
 from sbxkit._grammar.run_grammar import RunBounds, print_result, stdin_carries_data
+from sbxkit._model.network_ports import PortForward, port_text
 from sbxkit._model.units import parse_duration
 from sbxkit._util.notice import say
 from sbxkit.errors import SessionError, SpecError
@@ -158,13 +159,13 @@ def cmd_open(args: argparse.Namespace) -> int:
             code=int(report.get("code") or EXIT_INTERNAL),
             field=report.get("field"),
         )
-    ports = [str(port) for port in report.get("ports") or []]
+    ports = report.get("ports") or []
     if args.json:
         print(json.dumps({"name": name, "container_id": report["container_id"], "ports": ports}))
     else:
         print(name)
-        for port in ports:  # the host side is a free port unless one was named
-            print(f"sbxkit: {name} forwards {port}", file=sys.stderr)
+    for port in ports:  # the host side is a free port unless one was named
+        print(f"sbxkit: {name} forwards {port_text(PortForward(**port))}", file=sys.stderr)
     return 0
 
 

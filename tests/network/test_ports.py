@@ -269,11 +269,10 @@ def test_the_command_line_opens_lists_and_closes_a_forwarded_port(witness: Witne
             opened = sbxkit_cli(
                 "open", "--name", "web", "--json", "--port", "127.0.0.1::8000", PYTHON
             )
-            (text,) = json.loads(opened.stdout)["ports"]
-            address, _, rest = text.rpartition(":")
-            host_port, _, inside = rest.partition("->")
-            port = PortForward(address=address, host_port=int(host_port), sandbox_port=int(inside))
+            (given,) = json.loads(opened.stdout)["ports"]
+            port = PortForward(**given)
             assert (port.address, port.sandbox_port) == ("127.0.0.1", 8000)
+            assert f"sbxkit: web forwards 127.0.0.1:{port.host_port}->8000" in opened.stderr
             assert f"127.0.0.1:{port.host_port}->8000" in sbxkit_cli("sessions").stdout
             sbxkit_cli("exec", "-d", "web", "--", *SERVE)
             deadline = time.monotonic() + 30
@@ -289,6 +288,45 @@ def test_the_command_line_opens_lists_and_closes_a_forwarded_port(witness: Witne
     finally:
         shutil.rmtree(sessions, ignore_errors=True)
     assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
+
+
+ONE_REQUEST = (
+    "import http.server as h; "
+    "h.HTTPServer(('127.0.0.1', 8000), h.SimpleHTTPRequestHandler).handle_request()"
+)
+
+
+def test_a_one_shot_run_serves_on_the_host_port_it_names(witness: Witness) -> None:
+    """``sbxkit run --port 18000:8000``: the payload serves one request, which the host sends
+    to the port it named while the run runs; the result lists the port."""
+    port = PortForward(host_port=18000, sandbox_port=8000)
+    flags = ["--port", "18000:8000", "--workdir", "/tmp"]
+    run = subprocess.Popen(
+        [*SBXKIT_RUN, *flags, PYTHON, "--", "python3", "-c", ONE_REQUEST],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert b"Directory listing" in fetch(port, "/")
+                break
+            except OSError:
+                assert run.poll() is None, run.communicate()
+                assert time.monotonic() < deadline, "the run's server never answered"
+                time.sleep(0.1)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    doc = json.loads(out)
+    assert doc["status"] == "exited", err
+    assert doc["ports"] == [{"address": "127.0.0.1", "host_port": 18000, "sandbox_port": 8000}]
+    assert witness.wait_until_no_sbxkit_containers(seconds=10.0) == []
+    assert refused(port)
 
 
 def test_bad_ports_are_refused_before_anything_exists(witness: Witness) -> None:
