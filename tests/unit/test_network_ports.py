@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from sbxkit._grammar.profile import apply_profile, decode_profile
 from sbxkit._model.network_ports import PortForward, check_ports, parse_port_text
 from sbxkit._model.network_terms import Network, NetworkTerms, check_network_spec
 from sbxkit._model.rules import check_network
@@ -152,3 +153,18 @@ def test_the_kernel_lists_a_live_peer_with_its_uid_and_a_closed_one_without() ->
             client.close()
             after = _read_peer(peer, ours)
             assert peer_problem(after, os.geteuid()) is not None
+
+
+def test_a_profile_names_ports_and_a_bad_one_is_refused_by_its_path() -> None:
+    text = (
+        b'[sandbox.docker]\nimage = "i"\n[sandbox.docker.network]\nports = [8000, "18001:8001"]\n'
+    )
+    spec, _, _ = apply_profile(decode_profile(text, source="p"), ["true"])
+    assert isinstance(spec.network, Network)
+    assert check_network_spec(spec.network).ports == [
+        PortForward(sandbox_port=8000),
+        PortForward(host_port=18001, sandbox_port=8001),
+    ]
+    with pytest.raises(SpecError, match="the sandbox port must be") as caught:
+        decode_profile(text.replace(b"8000,", b"0,"), source="p")  # checked as it is read
+    assert caught.value.field == "sandbox.docker.network.ports[0]"
