@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from sbxkit._model.gpu import GpuRequest
     from sbxkit._model.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit._model.network_audit import Denial
+    from sbxkit._model.network_ports import PortForward
     from sbxkit._model.network_terms import CallbackTls, Network
     from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
     from sbxkit._model.settings import Settings
@@ -188,6 +189,7 @@ __all__ = [
     "PoolPerShape",
     "PoolUnavailable",
     "PooledBackend",
+    "PortForward",
     "Process",
     "ProcessError",
     "ProcessExit",

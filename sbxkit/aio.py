@@ -46,6 +46,7 @@ from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
@@ -106,6 +107,10 @@ class AioSandbox(HeldSandbox):
     ) -> RunResult:
         """``Sandbox.exec``: the exec's process group dies on timeout, overflow or cancel."""
         return await self._call(self._sandbox.exec, argv, stdin, **options)
+
+    async def ports(self) -> tuple[PortForward, ...]:
+        """``Sandbox.ports``: its inbound ports as the host reaches them."""
+        return await self._call(self._sandbox.ports)
 
     async def put_files(
         self, files: Mapping[str, bytes], dest_dir: str = ".", **options: Any

@@ -36,6 +36,7 @@ from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
@@ -76,6 +77,10 @@ class BlockingSandbox(HeldSandbox):
     def exec(self, argv: Sequence[str], stdin: bytes | None = None, **options: Any) -> RunResult:
         """``Sandbox.exec``: the exec's process group dies on timeout, overflow or Ctrl-C."""
         return self._portal.call(functools.partial(self._sandbox.exec, argv, stdin, **options))
+
+    def ports(self) -> tuple[PortForward, ...]:
+        """``Sandbox.ports``: its inbound ports as the host reaches them."""
+        return self._portal.call(self._sandbox.ports)
 
     def put_files(self, files: Mapping[str, bytes], dest_dir: str = ".", **options: Any) -> None:
         """``Sandbox.put_files``: write files under the file root (``/tmp`` by default)."""

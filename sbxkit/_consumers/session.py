@@ -77,6 +77,7 @@ from sbxkit._lifecycle.usage import USAGE_SCRIPT, parse_usage
 from sbxkit._model.call_checks import check_argv as _check_argv
 from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import spec_owned_keys
 from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
 from sbxkit._model.rules import merge_env, runtime_env
@@ -165,6 +166,11 @@ class Sandbox(OwnedView, DirTransfer):
     async def denials(self) -> tuple[Denial, ...]:
         """What the sandbox's governed network refused so far (docs/network.md)."""
         return await self._box.denials()
+
+    async def ports(self) -> tuple[PortForward, ...]:
+        """Its inbound ports as the host reaches them (docs/network.md, "Inbound ports"):
+        ``127.0.0.1:HOST_PORT`` forwards to the sandbox's own ``127.0.0.1:PORT``."""
+        return await self._box.ports()
 
     # -- exec ---------------------------------------------------------------------------------
 

@@ -29,9 +29,9 @@ INSTEAD: dict[str, str] = {
     "--detach": "a sandbox that stays is sbxkit open IMAGE, then sbxkit exec NAME -- CMD",
     "-t": "sbxkit run has no terminal; sbxkit shell IMAGE [-- CMD] gives one",
     "--tty": "sbxkit run has no terminal; sbxkit shell IMAGE [-- CMD] gives one",
-    "-p": "a sandbox takes no inbound connections; --callback URL reaches a host service",
-    "--publish": "a sandbox takes no inbound connections; --callback URL reaches a host service",
-    "-P": "a sandbox takes no inbound connections; --callback URL reaches a host service",
+    "-p": "--port [ADDR:][HOST_PORT:]PORT forwards a host port into the sandbox's loopback",
+    "--publish": "--port [ADDR:][HOST_PORT:]PORT forwards a host port into the sandbox's loopback",
+    "-P": "name each port with --port PORT (the host side is a free port of 127.0.0.1)",
     "--privileged": "never: a sandbox runs without capabilities (docs/security.md); "
     "--workspace gives root inside where it is not root on the host",
     "--cap-add": "capabilities are fixed (none; five for --workspace: docs/workspace.md)",

@@ -111,20 +111,34 @@ def _gpus(text: str) -> GpuRequest:
     return GpuRequest(devices=[part.strip() for part in stripped.split(",")])
 
 
+def _port_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--port`` and ``--port-beyond-loopback`` change in the network table (each
+    replaces that part of a profile's), checked where the spec is (network_ports.py)."""
+    changes: dict[str, Any] = {}
+    ports = getattr(args, "port", None) or []
+    if ports:
+        changes["ports"] = list(ports)
+    if getattr(args, "port_beyond_loopback", False):
+        changes["ports_beyond_loopback"] = True
+    return changes
+
+
 def _network(args: argparse.Namespace, base: str | Network) -> str | Network | None:
-    """The governed network ``--allow``, ``--callback`` and ``--tls-*`` describe over the
-    profile's (each given flag replaces that part of it), or None when none was given."""
+    """The governed network ``--allow``, ``--callback``, ``--tls-*`` and ``--port`` describe
+    over the profile's (each given flag replaces that part of it), or None when none was
+    given."""
     allow = getattr(args, "allow", None) or []
     callback = getattr(args, "callback", None)
     tls = {name: getattr(args, f"tls_{name}", None) for name in ("ca", "cert", "key")}
     inject = _inject_flags(args)
-    if not allow and callback is None and not any(tls.values()) and not inject:
+    port_changes = _port_changes(args)
+    if not allow and callback is None and not any(tls.values()) and not inject and not port_changes:
         return None
     mode = getattr(args, "network", None) or (base if isinstance(base, str) else base.mode)
     if mode not in ("none", "managed"):
         raise SpecError("--allow", f"a governed network needs --network none, not {mode}")
     network = base if isinstance(base, Network) else Network(mode="none")
-    changes: dict[str, Any] = {"mode": mode}
+    changes: dict[str, Any] = {"mode": mode, **port_changes}
     if allow:
         changes["allow"] = list(allow)
     if callback is not None:
@@ -365,7 +379,25 @@ def add_sandbox_flags(
     parser.add_argument("--tls-ca", metavar="FILE", help="an https callback's CA (client bundle)")
     parser.add_argument("--tls-cert", metavar="FILE", help="an https callback's client certificate")
     parser.add_argument("--tls-key", metavar="FILE", help="an https callback's client key")
+    add_port_flags(parser)
     parser.add_argument("--socket", help="Docker socket path (default: discovered)")
+
+
+def add_port_flags(parser: argparse.ArgumentParser) -> None:
+    """Inbound ports (docs/network.md, "Inbound ports")."""
+    parser.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="[ADDR:][HOST_PORT:]PORT",
+        help="forward the host's 127.0.0.1:HOST_PORT (a free one if omitted) to the sandbox's "
+        "own 127.0.0.1:PORT, for the owner's account only (repeatable; docs/network.md)",
+    )
+    parser.add_argument(
+        "--port-beyond-loopback",
+        action="store_true",
+        help="let --port name a host address other than loopback (refused in production)",
+    )
 
 
 def add_kind_flags(parser: argparse.ArgumentParser) -> None:
@@ -410,6 +442,8 @@ SPEC_FLAGS: tuple[tuple[str, str], ...] = (
     ("network.tls.cert", "--tls-cert"),
     ("network.tls.key", "--tls-key"),
     ("network.tls", "--tls-ca/--tls-cert/--tls-key"),
+    ("network.ports_beyond_loopback", "--port-beyond-loopback"),
+    ("network.ports", "--port"),
     ("network", "--network"),
     ("workspace.exec_tmp", "--exec-tmp"),
     ("mounts", "-v/--mount"),

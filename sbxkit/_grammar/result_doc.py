@@ -64,6 +64,7 @@ class ResultDoc(msgspec.Struct, kw_only=True):
     pooled: bool = False
     evidence: str | None = None
     denials: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    ports: list[dict[str, Any]] = msgspec.field(default_factory=list)
     error: None = None
     node: str | msgspec.UnsetType | None = msgspec.UNSET
     """Cluster batches only (``--ray``): the node the attempt ran on, and which attempt it was."""

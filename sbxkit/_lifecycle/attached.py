@@ -18,6 +18,7 @@ from sbxkit._lifecycle.outcome import Verdict
 from sbxkit._lifecycle.output import OutputCapture, stream_name
 from sbxkit._lifecycle.owned import OwnedContainer, attached
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import (
     Evidence,
     PhaseTimings,
@@ -56,7 +57,12 @@ class Ran:
     run_s: float
     evidence: Evidence = "daemon"
 
-    def result(self, box: OwnedContainer, denials: tuple[Denial, ...] = ()) -> RunResult:
+    def result(
+        self,
+        box: OwnedContainer,
+        denials: tuple[Denial, ...] = (),
+        ports: tuple[PortForward, ...] = (),
+    ) -> RunResult:
         """The run's result, after the ``owned_container`` block ended (removal timed);
         ``denials`` are what its governed network refused."""
         timings = PhaseTimings(
@@ -79,6 +85,7 @@ class Ran:
             kill_evidence=self.verdict.kill_evidence,
             evidence=self.evidence,
             denials=denials,
+            ports=ports,
         )
 
 

@@ -29,6 +29,7 @@ from sbxkit._lifecycle.owner import (
     Owner,
 )
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import Status, Stream
 from sbxkit._model.spec import body_ids
 from sbxkit._plan.plan import Plan
@@ -219,6 +220,14 @@ class OwnedContainer:
         if not self.governed or not isinstance(self._owner, GoverningOwner):
             return ()
         return await self._owner.denials(self.lease)
+
+    async def ports(self) -> tuple[PortForward, ...]:
+        """The sandbox's inbound ports as bound on the host (empty when it has none)."""
+        if self.plan.network is None or not self.plan.network.ports:
+            return ()
+        if not isinstance(self._owner, GoverningOwner):
+            return ()
+        return await self._owner.ports(self.lease)
 
     @property
     def timeout_s(self) -> float:

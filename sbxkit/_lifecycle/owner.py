@@ -31,6 +31,7 @@ from sbxkit._lifecycle.admission import (
 from sbxkit._lifecycle.ownership import Removal, remove_until_gone
 from sbxkit._lifecycle.uid_holds import UidHold, hold_own_uid
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._plan.policy import watched_disk
 from sbxkit._protocol.journal import default_state_dir
@@ -171,6 +172,10 @@ class GoverningOwner(Protocol):
 
     async def denials(self, lease: str) -> tuple[Denial, ...]:
         """What the lease's governed network refused so far."""
+        ...
+
+    async def ports(self, lease: str) -> tuple[PortForward, ...]:
+        """The lease's inbound ports as bound on the host (empty before ``govern``)."""
         ...
 
 
@@ -325,6 +330,11 @@ class InProcessOwner:
         await trio.lowlevel.checkpoint()
         governor = self._governors.get(lease)
         return () if governor is None else governor.denied()[0]
+
+    async def ports(self, lease: str) -> tuple[PortForward, ...]:
+        await trio.lowlevel.checkpoint()
+        governor = self._governors.get(lease)
+        return () if governor is None else tuple(governor.ports)
 
     async def create(self, request: CreateRequest) -> str:
         # An in-process owner has no life of its own: lifetime_s is enforced by the runner's

@@ -33,6 +33,7 @@ from sbxkit._lifecycle.link import (
 )
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.journal import default_state_dir
 from sbxkit._protocol.proof import secret_hash
@@ -197,6 +198,14 @@ class SupervisedOwner:
         reply = await self._ask(lease, AskDenials(lease=lease), Denials)
         assert isinstance(reply, Denials)
         return tuple(reply.denials)
+
+    async def ports(self, lease: str) -> tuple[PortForward, ...]:
+        """Asked with the denials (one reply carries the governed network's state)."""
+        if lease not in self._links:
+            return ()
+        reply = await self._ask(lease, AskDenials(lease=lease), Denials)
+        assert isinstance(reply, Denials)
+        return tuple(reply.ports)
 
     async def claim(self, claim: Claim) -> Claimed | Unclaimed:
         """Take a parked container of the claim's shape from the supervisor's pool (starting

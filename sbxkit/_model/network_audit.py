@@ -20,7 +20,7 @@ __all__ = ["MAX_DENIALS", "Decision", "Denial", "Denials", "encode_decision"]
 MAX_DENIALS = 100
 
 Verdict = Literal["allowed", "denied"]
-Kind = Literal["connect", "http", "callback", "request"]
+Kind = Literal["connect", "http", "callback", "request", "inbound"]
 
 
 class Denial(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,7 +42,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     kind: Kind
     """``connect`` (a CONNECT tunnel, or a connection to a listener of an allow entry),
     ``http`` (a plain request the proxy forwarded), ``callback`` (to the operator's callback
-    endpoint) or ``request`` (refused before its destination was known)."""
+    endpoint), ``request`` (refused before its destination was known) or ``inbound`` (a host
+    connection to an inbound port; ``address`` is the host peer's)."""
     reason: str | None = None
     """Why it was denied (None when allowed)."""
     rule: str | None = None

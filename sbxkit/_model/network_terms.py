@@ -32,6 +32,7 @@ from sbxkit._model.network_inject import (
     inject_env,
 )
 from sbxkit._model.network_names import Destination, destination_text, parse_host, parse_port
+from sbxkit._model.network_ports import PortForward, check_ports
 from sbxkit._model.predicates import has_control
 from sbxkit._model.units import parse_size
 from sbxkit._util.public import publish
@@ -50,6 +51,7 @@ __all__ = [
     "CallbackTls",
     "Network",
     "NetworkTerms",
+    "PortForward",
     "TlsBundle",
     "check_network_spec",
     "is_callback_destination",
@@ -58,6 +60,7 @@ __all__ = [
     "network_mode",
     "owned_keys",
     "parse_callback",
+    "sbxkit_ports_inside",
     "spec_owned_keys",
     "unset_env",
 ]
@@ -114,6 +117,11 @@ class Network(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     ``"4g"`` (sbxkit/_model/units.py)."""
     inject: list[InjectRule] = msgspec.field(default_factory=list)
     """Headers the proxy adds for one host each (sbxkit/_model/network_inject.py)."""
+    ports: list[int | str] = msgspec.field(default_factory=list)
+    """Inbound ports (sbxkit/_model/network_ports.py): ``8000``, ``"18000:8000"``,
+    ``"127.0.0.1:18000:8000"``; the host reaches the sandbox's own ``127.0.0.1:PORT``."""
+    ports_beyond_loopback: bool = False
+    """Let a port's host address be other than loopback (refused in production)."""
 
 
 class CallbackTerms(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -158,12 +166,14 @@ class NetworkTerms(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """Managed mode: the Docker network the sandbox joins."""
     inject: list[InjectTerms] = msgspec.field(default_factory=list)
     """Inject rules with their values (network_inject.py): held by the proxying owner only."""
+    ports: list[PortForward] = msgspec.field(default_factory=list)
+    """Inbound ports as asked for (``host_port`` 0: a free one)."""
 
     @property
     def needs_governor(self) -> bool:
         """The owner has listeners to open (and files to write) before the payload runs: the
         sandbox starts parked and is claimed once they are in place."""
-        return bool(self.allow) or self.callback is not None
+        return bool(self.allow) or self.callback is not None or bool(self.ports)
 
     @property
     def tmpfs(self) -> dict[str, str]:
@@ -319,6 +329,43 @@ class CheckedNetwork(NamedTuple):
     allow: list[str]
     """Canonical allow entries."""
     max_connection_bytes: int
+    ports: list[PortForward] = []
+
+
+def sbxkit_ports_inside(entries: Sequence[AllowEntry], callback: CallbackTerms | None) -> list[int]:
+    """The ports of ``127.0.0.1`` inside the sandbox that sbxkit's own listeners take."""
+    taken = [PROXY_PORT] if entries else []
+    if callback is not None:
+        taken.append(callback.port)
+    taken += [
+        port for _, address, port in loopback_forwards(entries, callback) if address == "127.0.0.1"
+    ]
+    return taken
+
+
+def check_inbound_ports(
+    network: Network, entries: Sequence[AllowEntry], callback: CallbackTerms | None
+) -> list[PortForward]:
+    """The network's inbound ports, checked (only under the governed mode)."""
+    if not network.ports:
+        if network.ports_beyond_loopback:
+            raise SpecError(
+                "network.ports_beyond_loopback", "is only meaningful with network.ports"
+            )
+        return []
+    if network.mode != "none":
+        raise SpecError(
+            "network.ports",
+            "inbound ports are forwarded into a governed sandbox's own loopback (mode = "
+            "'none'); a managed network routes",
+        )
+    if not isinstance(network.ports, list):
+        raise SpecError("network.ports", "must be a list")
+    return check_ports(
+        network.ports,
+        beyond_loopback=network.ports_beyond_loopback is True,
+        reserved=sbxkit_ports_inside(entries, callback),
+    )
 
 
 def check_network_spec(network: Network) -> CheckedNetwork:
@@ -337,6 +384,7 @@ def check_network_spec(network: Network) -> CheckedNetwork:
     _check_tls(network, callback)
     _check_loopback(parsed, callback)
     check_inject(network.inject, parsed, managed=network.mode == "managed")
+    ports = check_inbound_ports(network, parsed, callback)
     size = network.max_connection_bytes
     if isinstance(size, str):
         size = parse_size(size, "network.max_connection_bytes")
@@ -347,7 +395,7 @@ def check_network_spec(network: Network) -> CheckedNetwork:
     for field, value, ceiling in limits:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
             raise SpecError(field, f"must be an integer from 1 to {ceiling}")
-    return CheckedNetwork(callback, entries, size)
+    return CheckedNetwork(callback, entries, size, ports)
 
 
 def owned_keys(terms: NetworkTerms | None) -> frozenset[str]:
@@ -362,7 +410,12 @@ def spec_owned_keys(network: object) -> frozenset[str]:
     pool's claim line must not export, as the create body does not carry it."""
     governed = network == "managed" or (
         isinstance(network, Network)
-        and (bool(network.allow) or network.callback is not None or network.mode == "managed")
+        and (
+            bool(network.allow)
+            or network.callback is not None
+            or bool(network.ports)
+            or network.mode == "managed"
+        )
     )
     broker = BROKER_KEYS if isinstance(network, Network) and network.inject else ()
     return frozenset((OWNED_KEYS if governed else CALLBACK_KEYS) + broker)

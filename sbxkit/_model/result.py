@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._util.public import publish
 
 Status = Literal["exited", "timed_out", "output_exceeded", "oom_killed", "killed", "disk_exceeded"]
@@ -72,6 +73,8 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     denials: tuple[Denial, ...] = ()
     """What a governed network refused during the run (docs/network.md): each destination and
     the rule; the first 100 (the operator's audit log has every decision)."""
+    ports: tuple[PortForward, ...] = ()
+    """The inbound ports the run's sandbox had, as bound on the host (docs/network.md)."""
 
     @property
     def ok(self) -> bool:
@@ -105,6 +108,7 @@ def json_fields(result: RunResult) -> dict[str, object]:
         "pooled": result.pooled,
         "evidence": result.evidence,
         "denials": [msgspec.structs.asdict(denial) for denial in result.denials],
+        "ports": [msgspec.structs.asdict(port) for port in result.ports],
     }
 
 

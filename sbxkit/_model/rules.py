@@ -227,6 +227,7 @@ def check_network(network: object, environment: bytes | str | None) -> None:
     """
     if isinstance(network, Network):
         check_network_spec(network)
+        _check_ports_beyond_loopback(network, environment)
     elif network not in NETWORKS:
         if not isinstance(network, str):
             raise SpecError("network", "must be 'none', 'bridge', 'managed' or a table")
@@ -252,6 +253,24 @@ def check_network(network: object, environment: bytes | str | None) -> None:
             "network",
             f"{mode} networking is refused in production (SBXKIT_ENV) for every worker kind: "
             "it routes out of the sandbox; use 'none' with network.allow for governed egress",
+        )
+
+
+def _check_ports_beyond_loopback(network: Network, environment: bytes | str | None) -> None:
+    """A forwarded port on an address other than loopback is refused in production."""
+    if not (network.ports and network.ports_beyond_loopback):
+        return
+    try:
+        kind: EnvKind = parse_environment(environment)
+    except SpecError as error:
+        raise SpecError(
+            error.field,
+            f"{error.rule} (it decides whether network.ports_beyond_loopback is allowed)",
+        ) from None
+    if kind == "production":
+        raise SpecError(
+            "network.ports_beyond_loopback",
+            "is refused in production (SBXKIT_ENV): a forwarded port stays on the host's loopback",
         )
 
 
@@ -415,7 +434,9 @@ def check_runtime_fit(runtime: str | None, network: object, pids: int | None) ->
             f"{mode} is refused under gVisor (runsc): the runtime is registered with "
             f"--network=none, so the sandbox would get no network; use runc or crun for {mode}",
         )
-    if isinstance(network, Network) and (network.allow or network.callback is not None):
+    if isinstance(network, Network) and (
+        network.allow or network.callback is not None or network.ports
+    ):
         raise SpecError(
             "network",
             "a governed network is refused under gVisor (runsc): its listeners are bound in the "

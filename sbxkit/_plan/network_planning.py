@@ -223,9 +223,9 @@ async def plan_network(
         if network != "managed":
             return None
         network = Network(mode="managed")
-    callback, allow, max_connection_bytes = check_network_spec(network)
+    callback, allow, max_connection_bytes, ports = check_network_spec(network)
     managed = network.mode == "managed"
-    if not managed and not allow and callback is None:
+    if not managed and not allow and callback is None and not ports:
         return None
     info = await engine.cached_info()
     desktop = desktop_kind(info.operating_system, info.name)
@@ -262,4 +262,5 @@ async def plan_network(
         gateway=gateway,
         network_name=network_name,
         inject=inject,
+        ports=ports,
     )

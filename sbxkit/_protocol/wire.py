@@ -35,7 +35,7 @@ before the payload runs, and asks for the denials before it closes:
     Govern                           ─►     (the governor enters the sandbox, binds, serves)
                                      ◄─     Governed(problem=None) | Governed(problem)
     AskDenials                       ─►
-                                     ◄─     Denials(denials, dropped)
+                                     ◄─     Denials(denials, dropped, ports)
 
 A connection may instead claim a parked container of a pool the supervisor holds (issue 13,
 docs/pool.md):
@@ -90,6 +90,7 @@ import msgspec
 
 from sbxkit._model.mounts import ExpectedMount
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.fingerprint import PROTOCOL_VERSION as PROTOCOL_VERSION
 from sbxkit._protocol.framing import MAX_FRAME as MAX_FRAME
@@ -334,6 +335,8 @@ class Denials(LeaseMessage, tag="denials"):
 
     denials: list[Denial]
     dropped: int = 0
+    ports: list[PortForward] = msgspec.field(default_factory=list)
+    """The lease's inbound ports as its governor bound them (their host ports)."""
 
 
 class Launched(LeaseMessage, tag="launched"):

@@ -64,6 +64,7 @@ WHERE: dict[str, str] = {
     "GpuRequest": "sbxkit._model.gpu",
     "Network": "sbxkit._model.network_terms",
     "CallbackTls": "sbxkit._model.network_terms",
+    "PortForward": "sbxkit._model.network_ports",
     "Denial": "sbxkit._model.network_audit",
     "NetworkUnavailable": "sbxkit.errors",
     "GrantError": "sbxkit.errors",

@@ -283,7 +283,7 @@ class DockerBackend:
                 ran = await run_attached(box, stdin, on_output)
             else:
                 ran = await run_on_fifos(box, stdin, on_output, self.kernel_supervise)
-            denials = await box.denials()
+            denials, ports = await box.denials(), await box.ports()
             # The payload exited: its PID namespace is gone, nothing of it runs. The owner
             # removes the container; we return now. A timeout or an overflow still has a
             # live payload until the removal's kill: that one is waited for. So is a container
@@ -294,7 +294,7 @@ class DockerBackend:
                 or any(mount.type == "volume" for mount in plan.expected_mounts)
             ):
                 await box.release()
-        return ran.result(box, denials)
+        return ran.result(box, denials, ports)
 
     async def reconcile_orphans(self) -> list[str]:
         """One supervisor recovery pass now (the report's lines); ``[]`` for an own owner, or
@@ -318,7 +318,9 @@ class DockerBackend:
 def governed(spec: SandboxSpec) -> bool:
     """The spec asks for listeners its owner must put in place before the payload runs."""
     network = spec.network
-    return isinstance(network, Network) and (bool(network.allow) or network.callback is not None)
+    return isinstance(network, Network) and (
+        bool(network.allow) or network.callback is not None or bool(network.ports)
+    )
 
 
 def gated(spec: SandboxSpec) -> bool:

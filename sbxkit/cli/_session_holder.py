@@ -40,6 +40,7 @@ from sbxkit._consumers.session import Sandbox, open_sandbox
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import exit_code_for_error
 from sbxkit._grammar.profile import load_profile, profile_settings
+from sbxkit._model.network_ports import port_text
 from sbxkit._protocol.framing import FrameReader
 from sbxkit._util.notice import say
 from sbxkit._util.unwrap import plain_async
@@ -259,6 +260,8 @@ async def hold(plan: wire.OpenPlan, report: Callable[[dict[str, object]], None])
                         holder = Holder(sandbox, secret, held.cancel)
                         now = time.time()
                         left = max(0.0, sandbox.deadline - trio.current_time())
+                        bound = await sandbox.ports()
+                        ports = [port_text(port) for port in bound]
                         _write_record(
                             directory,
                             wire.SessionRecord(
@@ -270,10 +273,12 @@ async def hold(plan: wire.OpenPlan, report: Callable[[dict[str, object]], None])
                                 image=sandbox.spec.image,
                                 started=now,
                                 expires=now + left,
+                                ports=ports,
                             ),
                         )
                         connections.start_soon(_accept, listener_sock, holder, closing, accepting)
-                        report({"ok": True, "container_id": sandbox.container_id})
+                        given = [msgspec.to_builtins(port) for port in bound]
+                        report({"ok": True, "container_id": sandbox.container_id, "ports": given})
                         say(f"sbxkit holder: {name} holds {sandbox.container_id[:12]}", sys.stderr)
                         await _until_signal()
                 say(f"sbxkit holder: {name} closed; its sandbox is removed", sys.stderr)

@@ -79,6 +79,8 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
     image: str
     started: float  # unix seconds
     expires: float  # unix seconds: the session's time limit
+    ports: list[str] = msgspec.field(default_factory=list)
+    """Its inbound ports as ``ADDRESS:HOST_PORT->PORT`` (docs/network.md, "Inbound ports")."""
 
 
 class OpenPlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -48,6 +48,7 @@ from sbxkit._grammar.flags import (
 )
 from sbxkit._grammar.profile import load_profile, profile_settings
 from sbxkit._grammar.run_grammar import RunBounds, print_result, stdin_carries_data
+from sbxkit._model.network_ports import PortForward, port_text
 from sbxkit._model.units import parse_duration
 from sbxkit._util.notice import say
 from sbxkit.errors import SessionError, SpecError
@@ -158,10 +159,13 @@ def cmd_open(args: argparse.Namespace) -> int:
             code=int(report.get("code") or EXIT_INTERNAL),
             field=report.get("field"),
         )
+    ports = report.get("ports") or []
     if args.json:
-        print(json.dumps({"name": name, "container_id": report["container_id"]}))
+        print(json.dumps({"name": name, "container_id": report["container_id"], "ports": ports}))
     else:
         print(name)
+    for port in ports:  # the host side is a free port unless one was named
+        print(f"sbxkit: {name} forwards {port_text(PortForward(**port))}", file=sys.stderr)
     return 0
 
 
@@ -367,11 +371,15 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         rows = [{k: v for k, v in msgspec.to_builtins(r).items() if k != "secret"} for r in listed]
         print(json.dumps(rows))
         return 0
-    print(f"{'NAME':<24} {'CONTAINER':<12} {'ENDS IN':>8}  IMAGE")
+    print(f"{'NAME':<24} {'CONTAINER':<12} {'ENDS IN':>8}  {'IMAGE':<32} PORTS")
     now = time.time()
     for record in listed:
         left = max(0, int(record.expires - now))
-        print(f"{record.name:<24} {record.container_id[:12]:<12} {left:>7}s  {record.image}")
+        ports = ",".join(record.ports)
+        print(
+            f"{record.name:<24} {record.container_id[:12]:<12} {left:>7}s  "
+            f"{record.image:<32} {ports}".rstrip()
+        )
     return 0
 
 

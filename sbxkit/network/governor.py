@@ -26,10 +26,12 @@ import trio
 
 from sbxkit._model.network_allow import parse_allow_list
 from sbxkit._model.network_audit import Decision, Denial, Denials, encode_decision
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import PROXY_PORT, NetworkTerms, loopback_forwards
 from sbxkit.engine.client import Engine
 from sbxkit.errors import NetworkUnavailable
 from sbxkit.network.broker import Broker, trust_bundle
+from sbxkit.network.inbound import inbound_connection, listen_on_host
 from sbxkit.network.netns import (
     SandboxProcess,
     add_hosts_entries,
@@ -69,6 +71,9 @@ class Governor:
         self.errors: list[str] = []
         self._audit_fd: int | None = None
         self._scope = trio.CancelScope()
+        self._process: SandboxProcess | None = None
+        self.ports: list[PortForward] = []
+        """The inbound ports as bound (their host ports), once installed."""
         self.context = ProxyContext(
             lease=lease,
             entries=parse_allow_list(terms.allow),
@@ -170,6 +175,10 @@ class Governor:
                 files = [("ca.pem", broker.ca_pem), ("bundle.pem", bundle)]
                 await write_broker_files(process, files, *self.user)
                 self.context.broker = broker
+            if terms.ports:
+                assert process is not None
+                served += self._inbound(process)
+                self._process, process = process, None  # held while the ports serve
         except BaseException:
             for sock, _ in served:
                 sock.close()
@@ -178,6 +187,34 @@ class Governor:
         finally:
             if process is not None:
                 process.close()
+        return served
+
+    def _inbound(self, process: SandboxProcess) -> list[tuple[socket.socket, Handler]]:
+        """The host's listeners for the inbound ports, each forwarding into the sandbox for
+        connections of the owner's own account (inbound.py)."""
+        served: list[tuple[socket.socket, Handler]] = []
+        bound: list[PortForward] = []
+        try:
+            for asked in self.terms.ports:
+                sock, port = listen_on_host(asked)
+                served.append(
+                    (
+                        sock,
+                        partial(
+                            inbound_connection,
+                            self.context,
+                            process=process,
+                            port=port,
+                            owner_uid=os.geteuid(),
+                        ),
+                    )
+                )
+                bound.append(port)
+        except BaseException:
+            for sock, _ in served:
+                sock.close()
+            raise
+        self.ports = bound
         return served
 
     def _close_audit(self) -> None:
@@ -207,6 +244,9 @@ class Governor:
             finally:
                 for sock, _ in served:
                     sock.close()
+                if self._process is not None:
+                    self._process.close()
+                    self._process = None
                 self._close_audit()
 
 

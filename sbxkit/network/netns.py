@@ -39,6 +39,7 @@ __all__ = [
     "bind_in_sandbox",
     "can_enter_namespaces",
     "open_sandbox_process",
+    "socket_in_sandbox",
     "write_broker_files",
     "write_tls_bundle",
 ]
@@ -212,6 +213,42 @@ async def bind_in_sandbox(
             listener.close()
         raise NetworkUnavailable("the sandbox's process ended while its listeners were bound")
     return sockets
+
+
+def _socket_in(pidfd: int, family: int) -> socket.socket:
+    setns = _libc_setns()
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if setns(pidfd, CLONE_NEWNET) != 0:
+            code = ctypes.get_errno()
+            raise NetworkUnavailable(
+                f"cannot enter the sandbox's network namespace: {os.strerror(code)}"
+            )
+        try:
+            made = socket.socket(family, socket.SOCK_STREAM)
+        finally:
+            setns(own, CLONE_NEWNET)  # this thread ends next either way
+    finally:
+        os.close(own)
+    made.setblocking(False)
+    return made
+
+
+async def socket_in_sandbox(process: SandboxProcess, family: int) -> socket.socket:
+    """An unconnected TCP socket of the sandbox's network namespace (a socket belongs to the
+    namespace it was made in, whoever connects it): an inbound port's way to the sandbox's own
+    loopback. The pidfd, not a held namespace file, names the namespace, so a sandbox whose
+    init ended is never entered (``setns`` fails) and nothing keeps its namespace alive."""
+    try:
+        made = await trio.to_thread.run_sync(
+            _in_fresh_thread, functools.partial(_socket_in, process.pidfd, family)
+        )
+    except OSError as exc:
+        raise NetworkUnavailable(f"cannot open a socket inside the sandbox: {exc}") from exc
+    if not process.alive():
+        made.close()
+        raise NetworkUnavailable("the sandbox's process ended")
+    return made
 
 
 async def add_hosts_entries(process: SandboxProcess, names: Sequence[str]) -> None:

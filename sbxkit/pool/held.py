@@ -365,6 +365,7 @@ async def _run_on_claimed(
             ran = await transport.run(feed, judge)
             run_s = clock() - t_claim
         denials = await owner.denials(lease) if governed(checked.spec) else ()
+        ports = await owner.ports(lease) if governed(checked.spec) else ()
     except BaseException:
         with trio.CancelScope(shield=True):
             await owner.remove(lease, claimed.name, container_id)  # leave after removal
@@ -396,6 +397,7 @@ async def _run_on_claimed(
         pooled=True,
         evidence=ran.evidence,
         denials=denials,
+        ports=ports,
     )
 
 

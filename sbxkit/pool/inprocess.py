@@ -316,6 +316,7 @@ async def _claim(
         ran = await slot.transport.run(feed, box.judge)
         run_s = clock() - t_claim
         denials = await box.denials()  # its governed network's, before the lease ends
+        ports = await box.ports()
     except BaseException:
         slot.done.set()
         with trio.CancelScope(shield=True):
@@ -331,7 +332,7 @@ async def _claim(
         start_s=0.0,
         run_s=run_s,
         evidence=ran.evidence,
-    ).result(box, denials)
+    ).result(box, denials, ports)
     return msgspec.structs.replace(
         result,
         pooled=True,

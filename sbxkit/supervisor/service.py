@@ -248,7 +248,10 @@ class Service(Detaching, Pooling, Recovery):
                     live = self.live.get(lease)
                     governor = live.governor if live is not None else None
                     kept, dropped = governor.denied() if governor is not None else ((), 0)
-                    await peer.send(Denials(lease=lease, denials=list(kept), dropped=dropped))
+                    ports = list(governor.ports) if governor is not None else []
+                    await peer.send(
+                        Denials(lease=lease, denials=list(kept), dropped=dropped, ports=ports)
+                    )
                 elif isinstance(message, Close) and message.lease == lease:
                     intent.request_stop("caller closed")
                     return

@@ -392,6 +392,7 @@ JSON_KEYS = {
     "pooled",
     "evidence",
     "denials",
+    "ports",
     "error",
 }
 

@@ -138,7 +138,7 @@ def test_i_is_stdin_and_t_is_refused_with_the_way_to_a_terminal() -> None:
     [
         (["--memmory", "5m"], "unrecognized arguments: --memmory 5m (did you mean --memory?)"),
         (["--privileged"], "--privileged: not a flag of sbxkit's: never"),
-        (["-p", "80:80"], "-p: not a flag of sbxkit's: a sandbox takes no inbound"),
+        (["-p", "80:80"], "-p: not a flag of sbxkit's: --port [ADDR:][HOST_PORT:]PORT forwards"),
         (["--pull=always"], "--pull: not a flag of sbxkit's: sbxkit never pulls"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],

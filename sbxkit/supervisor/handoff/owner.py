@@ -25,6 +25,7 @@ from sbxkit._lifecycle.link import with_secret
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._protocol.wire import (
     Claim,
@@ -180,6 +181,12 @@ class ServedOwner(SupervisedOwner):
         live = self.service.live.get(lease)
         governor = live.governor if live is not None else None
         return tuple(governor.denied()[0]) if governor is not None else ()
+
+    async def ports(self, lease: str) -> tuple[PortForward, ...]:
+        await trio.lowlevel.checkpoint()
+        live = self.service.live.get(lease)
+        governor = live.governor if live is not None else None
+        return tuple(governor.ports) if governor is not None else ()
 
     async def ended_by_owner(self, lease: str) -> Expiring | None:
         await trio.lowlevel.checkpoint()
