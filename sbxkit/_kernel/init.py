@@ -11,10 +11,14 @@ exited, and (``pidfd.exit_status``) its wait status once reaped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import select
+from collections.abc import Awaitable, Callable
 
 import trio
 
+from sbxkit._kernel.memevents import EventReads, hierarchical_events, kills_since, oom_kill_count
 from sbxkit._kernel.pidfd import (
     exit_status,
     open_pidfd,
@@ -23,6 +27,7 @@ from sbxkit._kernel.pidfd import (
     still_running,
     zombie_status,
 )
+from sbxkit._util.unwrap import plain_async
 
 __all__ = ["REAP_POLL_S", "ContainerInit", "InitUnverified"]
 
@@ -34,6 +39,9 @@ REMOVAL_SIGNAL_S = 0.25
 """The longest wait for a removed memory cgroup's last eventfd signal. If it came before the
 exit was read (the usual case when the cgroup is already gone) it never comes again, and the
 daemon, whose exit path has run by then, notes a child's OOM instead."""
+WATCH_BACKSTOP_S = 1.0
+"""The longest between two reads of a v2 ``memory.events`` while the payload runs: a change
+of it wakes the watch at once (``POLLPRI``); this only guards against a wake-up missed."""
 
 
 class InitUnverified(Exception):
@@ -75,24 +83,39 @@ class OomWatch:
     the end. On cgroup v1 an eventfd is registered for the cgroup's OOM notifications
     (``cgroup.event_control``) while it runs: every OOM signals it at once, and its removal
     signals it once more. Read at the exit: 0 proves no OOM happened; 1 is an OOM if the
-    cgroup was still there, else either; 2 or more, an OOM. Where that cannot decide (v2, or
-    the registration failed) the ``oom_kill`` count is read at the exit, if still there."""
+    cgroup was still there, else either; 2 or more, an OOM. Where that cannot decide (the
+    registration failed) the ``oom_kill`` count is read at the exit, if still there. On v2
+    (no eventfd) ``memory.events`` is watched while the init's exit is waited for
+    (``EventsWatch``)."""
 
     def __init__(self, cgroups: str) -> None:
         found = memory_cgroup_of(cgroups) if cgroups else None
         self.directory = found[0] if found else None
-        control = "memory.oom_control" if found and found[1] == "v1" else "memory.events"
-        self.counter = f"{self.directory}/{control}" if self.directory else None
+        v1 = found is not None and found[1] == "v1"
+        self.counter = f"{self.directory}/memory.oom_control" if v1 else None
         self.baseline = oom_kills(self.counter) if self.counter else None
         self.eventfd: int | None = None
-        if found is not None and found[1] == "v1":
+        self.events: EventsWatch | None = None
+        if found is not None and v1:
             self.eventfd = _register_oom_eventfd(found[0])
+        elif found is not None:
+            self.events = EventsWatch(found[0])
         self._events: int | None = None
         self._count: int | None = None
         self._alive = False
 
+    async def during(self, wait: Callable[[], Awaitable[object]]) -> None:
+        """``await wait()`` — on v2, with the cgroup's ``memory.events`` watched meanwhile."""
+        if self.events is None:
+            await wait()
+        else:
+            await self.events.during(wait)
+
     def at_exit(self) -> None:
         """Read what the kernel counted, the moment the init's exit was seen."""
+        if self.events is not None:
+            self.events.at_exit()
+            return
         if self.eventfd is not None:
             try:
                 self._events = os.eventfd_read(self.eventfd)
@@ -107,6 +130,9 @@ class OomWatch:
     async def kills(self) -> int | None:
         """OOM kills seen in the sandbox while it ran (≥ 1 means at least one), or None when
         the kernel's counts cannot tell: then the daemon must."""
+        if self.events is not None:
+            await trio.lowlevel.checkpoint()
+            return self.events.kills()
         if self._count is not None and self.baseline is not None:
             return self._count - self.baseline
         events = self._events
@@ -136,6 +162,119 @@ class OomWatch:
             with contextlib.suppress(OSError):
                 os.close(self.eventfd)
             self.eventfd = None
+        if self.events is not None:
+            self.events.close()
+
+
+class EventsWatch:
+    """A v2 memory cgroup's ``memory.events``, held open from the moment the init's cgroup is
+    known: its ``oom_kill`` count read then (the baseline, with its parent's), at each change
+    while the init's exit is waited for (a change wakes a poll for ``POLLPRI``), and after the
+    exit with its parent's again. ``kills`` decides on those reads (``memevents.kills_since``):
+    the cgroup is usually gone by the exit, and then the last count seen, or the parent's
+    unchanged count, tells."""
+
+    def __init__(self, directory: str) -> None:
+        self.parent = f"{os.path.dirname(directory)}/memory.events"
+        self.fd: int | None = None
+        self.poller: select.epoll | None = None
+        self.last: int | None = None
+        with contextlib.suppress(OSError):
+            self.fd = os.open(f"{directory}/memory.events", os.O_RDONLY | os.O_CLOEXEC)
+        self.baseline = self.read()
+        self.parent_before = _oom_kill_at(self.parent)
+        self.hierarchical = _hierarchical(os.path.exists(f"{directory}/memory.events.local"))
+        self.at_exit_count: int | None = None
+        self.parent_after: int | None = None
+        if self.fd is not None:
+            with contextlib.suppress(OSError):  # no poll (not a cgroup file): the backstop alone
+                self.poller = _priority_poller(self.fd)
+
+    def read(self) -> int | None:
+        """The count now through the open file (``last`` kept); None once the cgroup is gone."""
+        if self.fd is None:
+            return None
+        try:
+            text = os.pread(self.fd, 4096, 0).decode("ascii", "replace")
+        except OSError:
+            return None
+        count = oom_kill_count(text)
+        if count is not None:
+            self.last = count
+        return count
+
+    async def watch(self) -> None:
+        """Read the count at each change (or ``WATCH_BACKSTOP_S``) until the cgroup is gone."""
+        while self.read() is not None:
+            with trio.move_on_after(WATCH_BACKSTOP_S):
+                if self.poller is None:
+                    await trio.sleep_forever()
+                else:
+                    await trio.lowlevel.wait_readable(self.poller.fileno())
+                    with contextlib.suppress(OSError):
+                        self.poller.poll(0)
+
+    @plain_async  # the watch raises nothing: only ``wait``'s own errors leave
+    async def during(self, wait: Callable[[], Awaitable[object]]) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch)
+            await wait()
+            nursery.cancel_scope.cancel()
+
+    def at_exit(self) -> None:
+        self.at_exit_count = self.read()
+        self.parent_after = _oom_kill_at(self.parent)
+
+    def kills(self) -> int | None:
+        return kills_since(
+            EventReads(
+                baseline=self.baseline,
+                last=self.last,
+                at_exit=self.at_exit_count,
+                parent_before=self.parent_before,
+                parent_after=self.parent_after,
+                hierarchical=self.hierarchical,
+            )
+        )
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.close()
+            self.poller = None
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def _priority_poller(fd: int) -> select.epoll:
+    """An epoll that is readable once ``fd`` reports ``POLLPRI`` (a cgroup file changed)."""
+    poller = select.epoll()
+    try:
+        poller.register(fd, select.EPOLLPRI)
+    except BaseException:
+        poller.close()
+        raise
+    return poller
+
+
+def _oom_kill_at(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as file:
+            return oom_kill_count(file.read())
+    except OSError:
+        return None
+
+
+@functools.cache
+def _hierarchical(has_local_events: bool) -> bool:
+    """``memevents.hierarchical_events`` of this host, read once per process (a remount of the
+    cgroup2 hierarchy with ``memory_localevents`` needs a restart to be seen)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as file:
+            return hierarchical_events(file.read(), has_local_events)
+    except OSError:
+        return False
 
 
 def _register_oom_eventfd(directory: str) -> int | None:
@@ -188,11 +327,12 @@ class ContainerInit:
             if container_id not in groups:
                 raise InitUnverified(f"pid {pid} is not in the container's cgroup")
             init = cls(pidfd, pid, groups)
-            if not still_running(pidfd):
-                raise InitUnverified(f"pid {pid} exited")
         except BaseException:
             os.close(pidfd)
             raise
+        if not still_running(pidfd):
+            init.close()  # its OOM watch's files with the pidfd
+            raise InitUnverified(f"pid {pid} exited")
         return init
 
     @classmethod
@@ -216,7 +356,7 @@ class ContainerInit:
 
     async def exited(self) -> int:
         """Wait for the init to exit and be reaped; its status as Docker spells it."""
-        await trio.lowlevel.wait_readable(self.pidfd)
+        await self.oom.during(functools.partial(trio.lowlevel.wait_readable, self.pidfd))
         self.oom.at_exit()  # before anything else: the cgroup goes soon
         status = exit_status(self.pidfd)
         if status is None:  # exited, not reaped yet: its zombie's record, or the reap's

@@ -1,7 +1,8 @@
 """Results a hostile payload cannot falsify (issue 12, item 1), on the real engine.
 
 - A child OOM-killed while the payload's main process exits 5 by itself is an exit 5, with the
-  OOM noted as evidence — not the payload's ``oom_killed``.
+  OOM noted as evidence — not the payload's ``oom_killed``; on the kernel path the note is the
+  host's count of the sandbox's memory cgroup, with no daemon call.
 - In a session, an earlier exec's OOM does not make a later exec's own ``kill -9 $$`` an OOM:
   an exec is judged on the events of its own window, not on the container's sticky flag.
 - A process left behind by one exec, which reads later execs' tokens from ``/proc`` and plants
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -82,6 +84,39 @@ async def test_a_child_oom_the_host_could_not_count_is_the_daemons_note_on_the_k
     assert note is not None, result
     assert "exited 5 by itself" in note
     assert "memory cgroup counted" not in note  # the daemon's record, not the host's count
+
+
+async def test_a_child_oom_is_the_hosts_count_with_no_daemon_call(
+    engine: Engine, busybox: str, python_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the kernel path the child's OOM kill is counted on the host from the sandbox's memory
+    cgroup — v1: its OOM eventfd; v2: its ``memory.events``, watched while the payload runs
+    (the cgroup is usually gone by the exit) — so the verdict asks the daemon nothing: no
+    inspection, no wait. The first run learns the daemon's cgroup layout (``State.Pid``)."""
+    first = await sbxkit.run(spec(busybox, "exit 3"), engine=engine)
+    assert (first.evidence, first.exit_code) == ("kernel", 3), first
+    asked: list[str] = []
+    inspect, wait = engine.container_inspect, engine.container_wait
+
+    async def counted_inspect(container_id: str) -> Any:
+        asked.append(f"inspect {container_id}")
+        return await inspect(container_id)
+
+    async def counted_wait(container_id: str, condition: str = "next-exit") -> Any:
+        asked.append(f"wait {container_id} {condition}")
+        return await wait(container_id, condition)
+
+    monkeypatch.setattr(engine, "container_inspect", counted_inspect)
+    monkeypatch.setattr(engine, "container_wait", counted_wait)
+    result = await sbxkit.run(
+        spec(python_image, CHILD_OOM, memory_bytes=64 * sbxkit.MiB), engine=engine
+    )
+    assert result.stdout == b"child=137\n"  # the child really was OOM-killed
+    assert (result.status, result.exit_code, result.evidence) == ("exited", 5, "kernel"), result
+    assert result.oom_evidence is not None, result
+    assert "the sandbox's memory cgroup counted 1 OOM kill(s)" in result.oom_evidence, result
+    assert "exited 5 by itself" in result.oom_evidence
+    assert asked == [], (asked, result)
 
 
 def test_the_cli_exits_with_the_payloads_own_code_after_a_child_oom(

@@ -63,6 +63,7 @@ PURE = [
     "network/clienthello.py",
     "_model/network_audit.py",
     "network/refusals.py",
+    "_kernel/memevents.py",
 ]
 IO_MODULES = {"trio", "socket", "select", "subprocess", "os", "h11", "asyncio", "threading"}
 
