@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from sbxkit._model.mounts import BindMount, TmpfsMount, VolumeMount
     from sbxkit._model.network_audit import Denial
     from sbxkit._model.network_terms import CallbackTls, Network
-    from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
+    from sbxkit._model.result import Metrics, PhaseTimings, RunResult, Status, Usage
     from sbxkit._model.settings import Settings
     from sbxkit._model.spec import (
         Limits,
@@ -92,6 +92,7 @@ if TYPE_CHECKING:
         ImageChanged,
         ImageError,
         InterpreterDied,
+        MetricsUnavailable,
         NetworkUnavailable,
         NeverFits,
         NotFound,
@@ -173,6 +174,8 @@ __all__ = [
     "JobResult",
     "KiB",
     "Limits",
+    "Metrics",
+    "MetricsUnavailable",
     "MiB",
     "Network",
     "NetworkUnavailable",
