@@ -26,15 +26,16 @@ __all__ = ["DEFAULT_INTERVAL_S", "MetricsReader", "check_interval", "metric_stre
 DEFAULT_INTERVAL_S = 1.0
 
 
-def check_interval(interval_s: float) -> float:
-    """``interval_s`` if it is a positive number of seconds, else ``SpecError``."""
+def check_interval(interval_s: float, field: str = "interval_s") -> float:
+    """``interval_s`` if it is a positive number of seconds, else ``SpecError`` naming
+    ``field`` (as the caller typed it)."""
     if (
         isinstance(interval_s, bool)
         or not isinstance(interval_s, (int, float))
         or not math.isfinite(interval_s)
         or interval_s <= 0
     ):
-        raise SpecError("interval_s", f"must be a positive number of seconds, not {interval_s!r}")
+        raise SpecError(field, f"must be a positive number of seconds, not {interval_s!r}")
     return float(interval_s)
 
 

@@ -160,7 +160,7 @@ async def top(state_dir: Path, interval_s: float, stream: bool, as_json: bool) -
 def cmd_top(args: argparse.Namespace) -> int:
     from sbxkit._protocol.journal import default_state_dir
 
-    interval_s = check_interval(args.interval)
+    interval_s = check_interval(args.interval, "--interval")
     state_dir = args.state_dir or default_state_dir()
     try:
         return trio.run(top, state_dir, interval_s, not args.no_stream, args.format == "json")

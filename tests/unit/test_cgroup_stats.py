@@ -198,6 +198,8 @@ def test_the_cpu_rate() -> None:
 def test_an_interval_must_be_positive_seconds(bad: object) -> None:
     with pytest.raises(SpecError, match="interval_s"):
         check_interval(bad)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"--interval: must be a positive number of seconds, not"):
+        check_interval(0, "--interval")
 
 
 def test_proc_cgroup_is_read_only_for_the_containers_process() -> None:
