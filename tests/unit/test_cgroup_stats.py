@@ -4,9 +4,11 @@ top``'s layouts, on the files as kernels write them.
 The v1 samples were read on this project's v1 host from a sandbox's cgroup (a python payload
 holding 50 MiB); its kernel accounts no block I/O there (every ``blkio.throttle.*`` file reads
 ``Total 0``), so the device lines of ``V1_BLKIO`` follow the kernel's layout
-(``blkcg_print_stat``) instead. The v2 samples follow the kernel's cgroup v2 documentation
-(Documentation/admin-guide/cgroup-v2.rst): ``memory.current``, ``memory.peak``, the flat keyed
-``cpu.stat`` and the nested keyed ``io.stat``.
+(``blkcg_print_stat``) instead. The v2 samples were read in the cgroup v2 VM cell
+(scripts/cgroup2-cell: Debian's kernel 7.2, dockerd with the systemd driver) by
+tests/engine/test_metrics.py's ``print_raw_files``, while a payload held 100 MiB; its
+``io.stat`` was empty (no block device I/O), so ``V2_IO_STAT``'s lines follow the kernel's
+nested keyed layout (Documentation/admin-guide/cgroup-v2.rst).
 """
 
 from __future__ import annotations
@@ -71,15 +73,16 @@ Total 1171456
 """
 V2_PROC_CGROUP = f"0::/system.slice/docker-{CID}.scope\n"
 V2_FILES = {
-    "memory.current": "110661632\n",
-    "memory.peak": "110985216\n",
+    "memory.current": "108560384\n",
+    "memory.peak": "108560384\n",
     "cpu.stat": (
-        "usage_usec 163421\nuser_usec 97218\nsystem_usec 66203\nnr_periods 12\n"
-        "nr_throttled 0\nthrottled_usec 0\nnr_bursts 0\nburst_usec 0\n"
+        "usage_usec 5022322\nuser_usec 2765021\nsystem_usec 2257300\nnice_usec 0\n"
+        "nr_periods 64\nnr_throttled 23\nthrottled_usec 385778\nnr_bursts 0\nburst_usec 0\n"
     ),
     "pids.current": "4\n",
-    "io.stat": "254:0 rbytes=5369856 wbytes=0 rios=121 wios=0 dbytes=0 dios=0\n",
+    "io.stat": "",
 }
+V2_IO_STAT = "254:0 rbytes=5369856 wbytes=4096 rios=121 wios=1 dbytes=0 dios=0\n"
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -120,9 +123,11 @@ def test_the_parsers() -> None:
     assert parse_counter("108662784\n") == 108662784
     assert parse_counter("max\n") is None
     assert parse_counter("") is None
-    assert parse_keyed(V2_FILES["cpu.stat"])["usage_usec"] == 163421
+    assert parse_keyed(V2_FILES["cpu.stat"])["usage_usec"] == 5022322
+    assert parse_keyed(V2_FILES["cpu.stat"])["nr_throttled"] == 23
     assert parse_keyed("garbage\nusage_usec 5\nx y z\n") == {"usage_usec": 5}
-    assert parse_io_stat_v2(V2_FILES["io.stat"]) == (5369856, 0)
+    assert parse_io_stat_v2(V2_IO_STAT) == (5369856, 4096)
+    assert parse_io_stat_v2(V2_FILES["io.stat"]) == (0, 0)
     two = "8:0 rbytes=10 wbytes=20 rios=1 wios=2\n8:16 rbytes=5 wbytes=7 dbytes=9\n"
     assert parse_io_stat_v2(two) == (15, 27)
     assert parse_io_stat_v2("") == (0, 0)
@@ -154,16 +159,20 @@ def test_a_v2_reading_and_a_kernel_without_memory_peak(tmp_path: Path) -> None:
     sample = read_sample(places)
     assert sample is not None
     assert sample.cgroup == "v2"
-    assert sample.memory_bytes == 110661632
-    assert sample.memory_peak_bytes == 110985216
-    assert sample.cpu_time_s == pytest.approx(0.163421)
+    assert sample.memory_bytes == 108560384
+    assert sample.memory_peak_bytes == 108560384
+    assert sample.cpu_time_s == pytest.approx(5.022322)
     assert sample.pids == 4
-    assert (sample.io_read_bytes, sample.io_write_bytes) == (5369856, 0)
+    assert (sample.io_read_bytes, sample.io_write_bytes) == (0, 0)
+    Path(f"{places.memory}/io.stat").write_text(V2_IO_STAT)
+    with_io = read_sample(places)
+    assert with_io is not None
+    assert (with_io.io_read_bytes, with_io.io_write_bytes) == (5369856, 4096)
     os.unlink(f"{places.memory}/memory.peak")  # before 5.19 there is none
     older = read_sample(places)
     assert older is not None
     assert older.memory_peak_bytes is None
-    assert older.memory_bytes == 110661632
+    assert older.memory_bytes == 108560384
 
 
 def test_a_cgroup_gone_reads_as_none(tmp_path: Path) -> None:
