@@ -164,14 +164,21 @@ async def test_metrics_faces_asyncio_and_blocking(busybox: str, witness: Witness
             return [next(readings), next(readings)]
 
     results: dict[str, list[Metrics]] = {}
+    errors: list[BaseException] = []
 
     def both() -> None:
-        results["aio"] = asyncio.run(from_asyncio())
-        results["blocking"] = from_blocking()
+        try:
+            results["aio"] = asyncio.run(from_asyncio())
+            results["blocking"] = from_blocking()
+        except BaseException as exc:  # raised in the test below, not lost in the thread
+            errors.append(exc)
 
     thread = threading.Thread(target=both)
     thread.start()
     await trio.to_thread.run_sync(thread.join)
+    if errors:
+        raise errors[0]
+    assert set(results) == {"aio", "blocking"}
     for face, got in results.items():
         assert len(got) == 2, face
         assert got[0].cpu_rate is None, (face, got)
