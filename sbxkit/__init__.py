@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from sbxkit._model.network_audit import Denial
     from sbxkit._model.network_ports import PortForward
     from sbxkit._model.network_terms import CallbackTls, Network
-    from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
+    from sbxkit._model.result import Metrics, PhaseTimings, RunResult, Status, Usage
     from sbxkit._model.settings import Settings
     from sbxkit._model.spec import (
         Limits,
@@ -94,6 +94,7 @@ if TYPE_CHECKING:
         ImageChanged,
         ImageError,
         InterpreterDied,
+        MetricsUnavailable,
         NetworkUnavailable,
         NeverFits,
         NotFound,
@@ -176,6 +177,8 @@ __all__ = [
     "JobResult",
     "KiB",
     "Limits",
+    "Metrics",
+    "MetricsUnavailable",
     "MiB",
     "Network",
     "NetworkUnavailable",

@@ -46,8 +46,9 @@ from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._lifecycle.metrics import DEFAULT_INTERVAL_S, check_interval
 from sbxkit._model.network_ports import PortForward
-from sbxkit._model.result import RunResult
+from sbxkit._model.result import Metrics, RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
 from sbxkit._util.unwrap import plain_async
@@ -139,6 +140,15 @@ class AioSandbox(HeldSandbox):
         """``Sandbox.detach``: the supervisor keeps the sandbox past the block for at most
         ``keep_s`` seconds; ``attach_sandbox(handle)`` continues it, once."""
         return await self._call(self._sandbox.detach, keep_s)
+
+    async def metrics(self, interval_s: float = DEFAULT_INTERVAL_S) -> AsyncIterator[Metrics]:
+        """``Sandbox.metrics``: a reading from the sandbox's cgroup on the host every
+        ``interval_s`` seconds, until the sandbox is gone."""
+        interval_s = check_interval(interval_s)
+        reader = await self._call(self._sandbox.metrics_reader)
+        while (sample := reader.read()) is not None:
+            yield sample
+            await asyncio.sleep(interval_s)
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **options: Any) -> T:
         return await self._portal.acall(functools.partial(fn, *args, **options))

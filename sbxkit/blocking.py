@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, TypeVar
@@ -36,8 +37,9 @@ from sbxkit._consumers.harness import Job, JobResult
 from sbxkit._consumers.harness import run_many as _harness_run_many
 from sbxkit._consumers.interp_frames import CodeResult
 from sbxkit._consumers.process_log import ProcessExit
+from sbxkit._lifecycle.metrics import DEFAULT_INTERVAL_S, check_interval
 from sbxkit._model.network_ports import PortForward
-from sbxkit._model.result import RunResult
+from sbxkit._model.result import Metrics, RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._util.portal import Portal
 from sbxkit._util.unwrap import plain_async
@@ -107,6 +109,15 @@ class BlockingSandbox(HeldSandbox):
         """``Sandbox.start``: a background process, ended at the latest with the block."""
         process = self._portal.call(functools.partial(self._sandbox.start, argv, **options))
         return BlockingProcess(self._portal, process)
+
+    def metrics(self, interval_s: float = DEFAULT_INTERVAL_S) -> Iterator[Metrics]:
+        """``Sandbox.metrics``: a reading from the sandbox's cgroup on the host every
+        ``interval_s`` seconds, until the sandbox is gone."""
+        interval_s = check_interval(interval_s)
+        reader = self._portal.call(self._sandbox.metrics_reader)
+        while (sample := reader.read()) is not None:
+            yield sample
+            time.sleep(interval_s)
 
 
 class BlockingProcess(HeldProcess):

@@ -284,6 +284,11 @@ class SandboxUnusable(SbxError):
         self.reason = reason
 
 
+class MetricsUnavailable(SbxError):
+    """This host cannot read a sandbox's cgroup (``Sandbox.metrics``, ``sbxkit top``); the
+    message says why: a remote or VM-backed daemon, a stopped container, a file's mode."""
+
+
 class ProcessError(SbxError):
     """A background process (``Sandbox.start``) refused an operation: its stdin is closed or
     was never attached, it has ended, or it is not a terminal."""

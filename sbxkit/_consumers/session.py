@@ -70,6 +70,12 @@ from sbxkit._consumers.handle import detach_sandbox
 from sbxkit._consumers.process_log import DEFAULT_MAX_PROCESSES
 from sbxkit._consumers.processes import ProcessTable, running, start_process
 from sbxkit._lifecycle.attached import OutputCallback
+from sbxkit._lifecycle.metrics import (
+    DEFAULT_INTERVAL_S,
+    MetricsReader,
+    check_interval,
+    metric_stream,
+)
 from sbxkit._lifecycle.outcome import SIGNAL_EXIT_BASE, Verdict, judge_exit
 from sbxkit._lifecycle.output import OutputCapture
 from sbxkit._lifecycle.owned import KILL_BUDGET_S, OwnedContainer, SandboxExit
@@ -79,7 +85,7 @@ from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.network_audit import Denial
 from sbxkit._model.network_ports import PortForward
 from sbxkit._model.network_terms import spec_owned_keys
-from sbxkit._model.result import PhaseTimings, RunResult, Status, Usage
+from sbxkit._model.result import Metrics, PhaseTimings, RunResult, Status, Usage
 from sbxkit._model.rules import merge_env, runtime_env
 from sbxkit._model.spec import SandboxSpec, body_ids, check_limit, validate_workdir
 from sbxkit._plan.plan import CheckedSpec
@@ -404,6 +410,21 @@ class Sandbox(OwnedView, DirTransfer):
         if not result.ok:
             raise SbxError(f"reading the sandbox's cgroup failed: {result.stderr[:200]!r}")
         return parse_usage(result.stdout.decode("ascii", "replace"))
+
+    def metrics(self, interval_s: float = DEFAULT_INTERVAL_S) -> AsyncIterator[Metrics]:
+        """A reading of the sandbox's CPU, memory, pids and I/O every ``interval_s`` seconds,
+        taken from its cgroup on the host (sbxkit/_lifecycle/metrics.py): no exec, nothing the
+        payload can write. Ends when the sandbox is gone; ``MetricsUnavailable`` where this
+        host cannot read its cgroup (a remote daemon, a file this user may not read)."""
+        interval_s = check_interval(interval_s)
+        self._check_usable()
+        return metric_stream(self._box.engine, self.container_id, interval_s)
+
+    async def metrics_reader(self) -> MetricsReader:
+        """The sandbox's cgroup, found once: ``read()`` takes a reading (or None once the
+        sandbox is gone). What ``metrics`` polls; the ``aio`` and ``blocking`` faces too."""
+        self._check_usable()
+        return await MetricsReader.open(self._box.engine, self.container_id)
 
     # -- files --------------------------------------------------------------------------------
 

@@ -41,6 +41,32 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     cgroup: Literal["v1", "v2"]
 
 
+class Metrics(msgspec.Struct, frozen=True, kw_only=True):
+    """One reading of a running sandbox's cgroup on the host (``Sandbox.metrics``, ``sbxkit
+    top``); a counter the kernel lacks is None.
+
+    ``at``: unix seconds of the reading. ``cpu_time_s``: CPU time charged to everything the
+    sandbox ran (v1 ``cpuacct.usage``, v2 ``cpu.stat`` ``usage_usec``); ``cpu_rate``: CPUs in
+    use on average since the previous reading (1.0 is one core busy; None on the first).
+    ``memory_bytes``: memory charged now (v1 ``memory.usage_in_bytes``, v2 ``memory.current``,
+    page cache included); ``memory_peak_bytes``: its high-water mark since the sandbox started
+    (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``). ``pids``: tasks in it now
+    (``pids.current``). ``io_read_bytes``/``io_write_bytes``: block-device bytes since it
+    started (v1 ``blkio.throttle.io_service_bytes_recursive``, v2 ``io.stat``); writes to its
+    tmpfs scratch touch no device and are not among them.
+    """
+
+    at: float
+    cgroup: Literal["v1", "v2"]
+    cpu_time_s: float | None
+    cpu_rate: float | None
+    memory_bytes: int | None
+    memory_peak_bytes: int | None
+    pids: int | None
+    io_read_bytes: int | None
+    io_write_bytes: int | None
+
+
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     """What happened. ``exit_code`` is the payload's own when it exited, else None.
 

@@ -101,6 +101,8 @@ WHERE: dict[str, str] = {
     "SpecError": "sbxkit.errors",
     "Status": "sbxkit._model.result",
     "Usage": "sbxkit._model.result",
+    "Metrics": "sbxkit._model.result",
+    "MetricsUnavailable": "sbxkit.errors",
     "StdioWorker": "sbxkit._consumers.stdio",
     "SupervisedOwner": "sbxkit._lifecycle.supervised",
     "SupervisorError": "sbxkit.errors",

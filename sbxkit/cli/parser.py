@@ -17,6 +17,7 @@ from sbxkit.cli.cluster import add_cluster_parser
 from sbxkit.cli.mcp import add_mcp_parser
 from sbxkit.cli.sessions import add_session_parsers
 from sbxkit.cli.shell import add_shell_parser
+from sbxkit.cli.top import add_top_parser
 
 
 def version() -> str:
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_parsers(sub)
     add_cluster_parser(sub)
     add_mcp_parser(sub)
+    add_top_parser(sub)
     return parser
 
 
