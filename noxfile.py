@@ -239,8 +239,8 @@ def cgroup2_cell(session: nox.Session) -> None:
     logs = tempfile.mkdtemp(prefix="sbxkit-cgroup2-")
     started = time.monotonic()
     build = _timeboxed(["bash", CGROUP2_CELL, "build"], {}, f"{logs}/build.log", CGROUP2_BUILD_S)
+    _print_log("the cgroup v2 cell's image build", build, f"{logs}/build.log")
     if build != 0:
-        _print_log("the cgroup v2 cell's image build", build, f"{logs}/build.log")
         session.error(f"the cgroup v2 cell's image build failed ({build})")
     home = os.environ.get("SBXKIT_CGROUP2_HOME", "/var/lib/sbxkit-cgroup2")
     given = os.environ.get("SBXKIT_CGROUP2_TIMEOUT", "")
