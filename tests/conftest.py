@@ -10,6 +10,8 @@ import os
 import secrets
 import tempfile
 
+from tests import speed
+
 _STATE_ROOT = tempfile.mkdtemp(prefix="sbxkit-tests-")
 os.environ.setdefault("SBXKIT_STATE_DIR", os.path.join(_STATE_ROOT, "leases"))
 
@@ -18,3 +20,13 @@ os.environ.setdefault("SBXKIT_STATE_DIR", os.path.join(_STATE_ROOT, "leases"))
 # its own and never counts or removes them.
 RUN_LABEL = "sbxkit-test.run"
 os.environ.setdefault("SBXKIT_LABELS", f"{RUN_LABEL}={secrets.token_hex(8)}")
+
+
+def pytest_report_header() -> str:
+    """The machine's slowness, measured once per session before any test (tests/speed.py):
+    timing bounds that a slower machine exceeds are multiplied by it, each up to its ceiling."""
+    slowness, best = speed.measured()
+    return (
+        f"sbxkit: timing bounds x{slowness:.2f} (a CPU loop took {best * 1000:.0f} ms of CPU, "
+        f"the CI machine's {speed.REFERENCE_LOOP_S * 1000:.0f} ms)"
+    )

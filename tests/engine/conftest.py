@@ -24,6 +24,7 @@ from tests.engine.oneshot_paths import (  # noqa: F401 - a fixture: the one-shot
     oneshot_paths,
 )
 from tests.engine.runtimes import runtime_cells, spec_runtime
+from tests.speed import bound
 from tests.supervision import private_state_dir
 from tests.witness import BUSYBOX, PYDATA, PYTHON, SOCKET, Witness
 
@@ -93,7 +94,9 @@ def no_leftovers(witness: Witness) -> Iterator[None]:
     if before:
         pytest.fail(f"sbxkit containers exist before the test: {[c['Id'][:12] for c in before]}")
     yield
-    left = witness.wait_until_no_sbxkit_containers(seconds=5.0)
+    # A supervisor removes a held container after the test returns: seconds here, more on a
+    # slower machine; a leak never goes, so the scaled wait still fails it.
+    left = witness.wait_until_no_sbxkit_containers(seconds=bound(5.0, ceiling=60.0))
     if left:
         for c in left:
             witness.remove(c["Id"])  # keep the next test's slate clean, but still fail this one

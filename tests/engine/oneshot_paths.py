@@ -9,12 +9,15 @@ CI machine) and forced onto the daemon's (``-daemon``, ``SBXKIT_EVIDENCE=daemon`
 kernel's, an exit by itself of a test image must have been decided by the kernel — a silent
 fall-back to the daemon's path fails the test. gVisor has no kernel path (its init is its own
 kernel's); ``SBXKIT_TEST_EVIDENCE=daemon`` (the Podman cell) keeps the daemon's only,
-``SBXKIT_TEST_EVIDENCE=kernel`` (the Docker 26.1 cell) the product's default only."""
+``SBXKIT_TEST_EVIDENCE=kernel`` (the Docker 26.1 cell) the product's default only. On a kernel
+without ``PIDFD_GET_INFO`` (Linux < 6.15) the host allows only the daemon's: every result must
+say so."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -99,6 +102,19 @@ def _labelled(spec: SandboxSpec) -> SandboxSpec:
     return msgspec.structs.replace(spec, labels={**spec.labels, COMMAND_LABEL: text[:4000]})
 
 
+def _kernel_exit_info(release: str) -> bool:
+    """Linux >= 6.15 answers ``PIDFD_GET_INFO`` with exit information: read from the release
+    here, not from the product's own probe (sbxkit/_plan/kernel_host.py) that this checks."""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    assert found, release
+    return (int(found[1]), int(found[2])) >= (6, 15)
+
+
+KERNEL_EXIT_INFO = _kernel_exit_info(os.uname().release)
+"""False on Debian 12's 6.1 (the cgroup v2 cell's second boot): every run of the "auto" paths
+must then take the daemon's path by itself."""
+
+
 def _on_evidence(run: OneShot, evidence: str) -> OneShot:
     async def evidenced(
         spec: SandboxSpec, stdin: StdinSource | None = None, **options: Any
@@ -109,6 +125,12 @@ def _on_evidence(run: OneShot, evidence: str) -> OneShot:
             assert result.evidence == "daemon", result
             return result
         result = await run(spec, stdin, **options)
+        if not KERNEL_EXIT_INFO:
+            assert result.evidence == "daemon", (
+                f"Linux {os.uname().release} has no PIDFD_GET_INFO: the daemon's path",
+                result,
+            )
+            return result
         code = result.exit_code
         carried = all(shell_carries(key) for key in spec.env)  # else no shell can carry it
         kernels = spec.image in (BUSYBOX, PYTHON) and not is_gvisor(spec.runtime) and carried

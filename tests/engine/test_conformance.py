@@ -28,7 +28,7 @@ from tests.engine.oneshot_paths import OneShot
 from tests.engine.runtimes import is_gvisor
 from tests.witness import Witness
 
-CGROUP_V1 = Path("/sys/fs/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def container_cgroup(controller_root: Path, container_id: str) -> Path:
@@ -39,19 +39,25 @@ def container_cgroup(controller_root: Path, container_id: str) -> Path:
     return found[0]
 
 
-def host_cgroup_limits(container_id: str) -> dict[str, str]:
+def host_cgroup_limits(container_id: str, init_pid: int) -> dict[str, str]:
     """pids, memory and CPU quota of the container's cgroup as the host sees it (cgroup v1,
     as on the CI machine, or v2)."""
-    if (CGROUP_V1 / "pids").is_dir():
-        pids = container_cgroup(CGROUP_V1 / "pids", container_id)
-        memory = container_cgroup(CGROUP_V1 / "memory", container_id)
-        cpu = container_cgroup(CGROUP_V1 / "cpu", container_id)
+    if (CGROUP_ROOT / "pids").is_dir():
+        pids = container_cgroup(CGROUP_ROOT / "pids", container_id)
+        memory = container_cgroup(CGROUP_ROOT / "memory", container_id)
+        cpu = container_cgroup(CGROUP_ROOT / "cpu", container_id)
         return {
             "pids": (pids / "pids.max").read_text().strip(),
             "memory": (memory / "memory.limit_in_bytes").read_text().strip(),
             "cpu": (cpu / "cpu.cfs_quota_us").read_text().strip(),
         }
-    group = container_cgroup(CGROUP_V1, container_id)
+    # v2: the group the container's init is in, as the kernel says. Under the systemd driver
+    # crun puts it in a ``container`` child of the ``docker-ID.scope`` that systemd made: the
+    # limits are on the child, the scope keeps systemd's defaults.
+    line = Path(f"/proc/{init_pid}/cgroup").read_text().strip()
+    assert line.startswith("0::/"), line
+    group = CGROUP_ROOT / line.removeprefix("0::/")
+    assert container_id in str(group), (container_id, group)
     return {
         "pids": (group / "pids.max").read_text().strip(),
         "memory": (group / "memory.max").read_text().strip(),
@@ -99,7 +105,8 @@ async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_li
     async with open_sandbox(session, engine=engine) as sandbox:
         runtime_used = oci_runtime(witness, sandbox.container_id)
         kernel = await sandbox.exec(["cat", "/proc/version"])
-        limits = host_cgroup_limits(sandbox.container_id)
+        init_pid = witness.get(f"/containers/{sandbox.container_id}/json")["State"]["Pid"]
+        limits = host_cgroup_limits(sandbox.container_id, init_pid)
         host_side = host_process_facts(sandbox.container_id)
 
     assert runtime_used == (runtime or witness.get("/info")["DefaultRuntime"])
