@@ -1,8 +1,9 @@
 """Benchmark ``cpu``: where the CPU of one harness job goes, process by process.
 
-The HumanEval jobs of ``bench humaneval`` (the first ``--limit`` problems, 8 in parallel) run
-against a daemon this benchmark starts for itself (``scripts/engine-up`` with private paths),
-so that every process it involves can be told apart:
+The HumanEval jobs of ``bench humaneval`` (the first ``--limit`` problems, ``--parallel`` at
+once, 8 unless given) run against a daemon this benchmark starts for itself
+(``scripts/engine-up`` with private paths), so that every process it involves can be told
+apart:
 
 - the daemon is started inside a cgroup of its own in the cpuacct hierarchy (cgroup v1 here;
   the unified hierarchy where that is all there is), so ``dockerd``, ``containerd`` and every
@@ -79,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} run each")
     parser.add_argument(
         "--limit", type=int, default=DEFAULT_LIMIT, help="the first N HumanEval problems"
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=humaneval.PARALLEL,
+        help=f"jobs in flight for every contender (default {humaneval.PARALLEL})",
     )
     parser.add_argument("--image", default=default_python())
     parser.add_argument(
@@ -296,8 +303,8 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     engine_box = PrivateEngine()
     await trio.to_thread.run_sync(engine_box.start)
     leaks = LeakCheck(engine_box.socket, humaneval.NAME)
-    client = dockerpy_client(engine_box.socket, humaneval.PARALLEL)
-    pool = ThreadPoolExecutor(humaneval.PARALLEL, "sbxbench-cpu")
+    client = dockerpy_client(engine_box.socket, args.parallel)
+    pool = ThreadPoolExecutor(args.parallel, "sbxbench-cpu")
     found: list[dict[str, Any]] = []
     facts: dict[str, Any] = {}
     try:
@@ -308,13 +315,21 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                 runtime = "crun" if key.endswith("_crun") else None
                 if key.startswith("sbxkit"):
                     return await humaneval.sbxkit_all(
-                        engine, args.image, programs, pooled=key == "sbxkit_pooled", runtime=runtime
+                        engine,
+                        args.image,
+                        programs,
+                        pooled=key == "sbxkit_pooled",
+                        runtime=runtime,
+                        parallel=args.parallel,
                     )
                 return await trio.to_thread.run_sync(
                     humaneval.dockerpy_all, client, pool, args.image, programs, runtime
                 )
 
-            say(f"{NAME}: {rounds} runs × {contenders}, {len(programs)} jobs at 8, one warm-up")
+            say(
+                f"{NAME}: {rounds} runs × {contenders}, {len(programs)} jobs at "
+                f"{args.parallel}, one warm-up"
+            )
             for round_no in range(-1, rounds):
                 for key in contenders:
                     before = engine_box.snapshot()
@@ -399,7 +414,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         "config": {
             "rounds": m["rounds"],
             "jobs": m["n"],
-            "parallel": humaneval.PARALLEL,
+            "parallel": m["args"].parallel,
             "image": m["args"].image,
             "order": "alternating whole runs: " + " → ".join(order),
             "daemon": "private dockerd in its own cpuacct cgroup; containers under another",
@@ -407,7 +422,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         "contenders": contenders,
         "ratios": ratios,
         "plot": {
-            "title": f"CPU per job by process: {m['n']} HumanEval jobs at 8",
+            "title": f"CPU per job by process: {m['n']} HumanEval jobs at {m['args'].parallel}",
             "ylabel": "CPU ms per job (median, whiskers min–max)",
             "groups": [CATEGORY_LABELS[c] for c in CATEGORIES],
             "series": [

@@ -140,6 +140,7 @@ async def sbxkit_all(
     *,
     pooled: bool = False,
     runtime: str | None = None,
+    parallel: int = PARALLEL,
 ) -> dict[str, Any]:
     key = "sbxkit_pooled" if pooled else "sbxkit"
     jobs = [
@@ -149,10 +150,10 @@ async def sbxkit_all(
     if pooled:
         backend = DockerBackend(engine=engine)
         shape = sandbox_spec(image, "", key, runtime)  # every job's shape: only the program
-        async with open_pool(shape, size=PARALLEL, backend=backend) as pool:
-            results = await run_many(jobs, parallel=PARALLEL, backend=backend, pool=pool)
+        async with open_pool(shape, size=parallel, backend=backend) as pool:
+            results = await run_many(jobs, parallel=parallel, backend=backend, pool=pool)
     else:
-        results = await run_many(jobs, parallel=PARALLEL, engine=engine)
+        results = await run_many(jobs, parallel=parallel, engine=engine)
     verdicts: dict[str, Any] = {}
     for done in results:
         if done.result is None:

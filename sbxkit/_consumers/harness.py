@@ -11,7 +11,9 @@ run until its memory fits the host's budget (docs/operations.md, "Capacity and a
 refuses at once, as that job's error, one that never could. ``run_many`` itself only bounds its
 own share (``Admission``, pure):
 
-- at most ``parallel`` jobs are in flight;
+- at most ``parallel`` jobs are in flight; when the caller names none, ``default_parallel``:
+  ``PARALLEL_PER_CORE`` per core this process may run on (``os.sched_getaffinity``), at most
+  ``PARALLEL_CAP`` — a job spends much of its wall time waiting on the daemon, not on a core;
 - optionally, a budget of the caller's own (``host_memory_bytes``, ``host_cpus``): the summed
   ``limits.memory_bytes`` / ``limits.cpus`` of this batch's jobs in flight stay within it (a
   batch that must leave room for others). Off by default: the supervisor already admits;
@@ -32,6 +34,7 @@ never start.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -56,6 +59,8 @@ from sbxkit.pool.inprocess import Pool
 from sbxkit.pool.shapes import PoolPerShape, open_shape_pools
 
 __all__ = [
+    "PARALLEL_CAP",
+    "PARALLEL_PER_CORE",
     "Admission",
     "Budget",
     "Job",
@@ -63,6 +68,7 @@ __all__ = [
     "JobId",
     "JobResult",
     "Need",
+    "default_parallel",
     "need_of",
     "run_many",
 ]
@@ -336,11 +342,26 @@ async def _job_runner(
         yield claim_by_shape
 
 
+PARALLEL_PER_CORE = 4
+"""Jobs in flight per core when the caller names no ``parallel`` (README.md, harness mode,
+has the figures that chose it)."""
+PARALLEL_CAP = 64
+"""... and never more than this many: each one in flight holds a container and its memory."""
+
+
+def default_parallel(cores: int | None = None) -> int:
+    """``PARALLEL_PER_CORE`` per core (``cores``, else those this process may run on), at
+    least one core's worth and at most ``PARALLEL_CAP``."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(PARALLEL_PER_CORE, min(PARALLEL_CAP, PARALLEL_PER_CORE * (cores or 1)))
+
+
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
 async def run_many(
     jobs: Iterable[Job],
     *,
-    parallel: int,
+    parallel: int | None = None,
     host_memory_bytes: int | None = None,
     host_cpus: float | None = None,
     engine: Engine | None = None,
@@ -357,6 +378,8 @@ async def run_many(
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
+    ``parallel`` None: ``default_parallel()``, from the host's cores (required with
+    ``cluster``, whose nodes' cores are not this host's).
 
     Returns one ``JobResult`` per job, in input order; ``on_result`` (synchronous) is called
     with each as it completes, ``on_start`` with a job's id as the batch starts it.
@@ -411,6 +434,11 @@ async def run_many(
             host_memory_bytes=host_memory_bytes,
             host_cpus=host_cpus,
         )
+    if parallel is None:
+        if cluster is not None:
+            reason = "give it with cluster=: this host's cores say nothing of the cluster's"
+            raise SpecError("parallel", reason)
+        parallel = default_parallel()
     admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
     if isinstance(pool, PoolPerShape):
         pool.check()

@@ -72,7 +72,15 @@ from typing import Any, NoReturn
 import msgspec
 import trio
 
-from sbxkit._consumers.harness import Job, JobId, JobResult, run_many
+from sbxkit._consumers.harness import (
+    PARALLEL_CAP,
+    PARALLEL_PER_CORE,
+    Job,
+    JobId,
+    JobResult,
+    default_parallel,
+    run_many,
+)
 from sbxkit._grammar.backend_choice import cli_backend
 from sbxkit._grammar.common import Interrupted, cancel_on_signals, exit_with
 from sbxkit._grammar.profile import PoolOptions, Profile, load_profile, sandbox_options
@@ -130,7 +138,6 @@ EXIT_OK = 0
 EXIT_JOB_ERRORS = 1
 EXIT_REFUSED = 2
 EXIT_CLEANUP_FAILED = 74
-DEFAULT_PARALLEL = 4
 CLUSTER_PARALLEL = 1_000_000
 """``--ray`` without ``--parallel``: no cap of the batch's own (the nodes' resources bound it)."""
 MAX_JOBS_BYTES = 256 * 1024 * 1024
@@ -262,7 +269,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help=f"at most N sandboxes at once (default {DEFAULT_PARALLEL}; with --ray: as many "
+        help=f"at most N sandboxes at once (default {PARALLEL_PER_CORE} per core of this host, "
+        f"at most {PARALLEL_CAP}: {default_parallel()} here; with --ray: as many "
         "as the accepted nodes advertise)",
     )
     parser.add_argument(
@@ -468,7 +476,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     else:
         if profile is not None:
             check_host_files(profile)  # else every line would fail on it, one by one
-        args.parallel = args.parallel or DEFAULT_PARALLEL
+        args.parallel = args.parallel or default_parallel()
         # --parallel bounds the containers that exist, as run_many's own backend does; and a
         # batch that printed its summary has left nothing behind, not even for a moment.
         backend = cli_backend(

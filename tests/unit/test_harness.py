@@ -16,6 +16,8 @@ import trio.testing
 from hypothesis import given
 
 from sbxkit._consumers.harness import (
+    PARALLEL_CAP,
+    PARALLEL_PER_CORE,
     Admission,
     Budget,
     Job,
@@ -23,6 +25,7 @@ from sbxkit._consumers.harness import (
     JobId,
     JobResult,
     Need,
+    default_parallel,
     need_of,
     run_many,
 )
@@ -254,6 +257,35 @@ async def test_run_many_bounds_parallelism_and_keeps_input_order(
     assert sorted(r.id for r in seen) == sorted(r.id for r in results)
     assert all(r.ok for r in results)
     assert max(overlap(results)) == 3
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"), [(None, None), (0, 4), (1, 4), (2, 8), (8, 32), (16, 64), (64, 64)]
+)
+def test_the_default_parallelism_follows_the_cores(cores: int | None, expected: int | None) -> None:
+    """Per core of this process's affinity, at least one core's worth, at most the cap."""
+    if cores is None:
+        import os
+
+        expected = min(PARALLEL_CAP, PARALLEL_PER_CORE * len(os.sched_getaffinity(0)))
+    assert default_parallel(cores) == expected
+
+
+async def test_run_many_without_parallel_runs_the_cores_worth_at_once(
+    fake: FakeRunner, autojump_clock: trio.testing.MockClock
+) -> None:
+    results = await run_many(jobs_of(3 * default_parallel()), backend=backend_of(fake))
+    assert fake.peak == default_parallel()
+    assert all(r.ok for r in results)
+
+
+@pytest.mark.parametrize("parallel", [0, -3, True, 2.5, "8"])
+async def test_run_many_names_a_bad_parallel_before_anything_runs(
+    fake: FakeRunner, parallel: object
+) -> None:
+    with pytest.raises(SpecError, match=f"parallel: must be an integer >= 1, got {parallel!r}"):
+        await run_many(jobs_of(2), parallel=cast(int, parallel), backend=backend_of(fake))
+    assert fake.peak == 0
 
 
 def overlap(results: list[JobResult]) -> list[int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from sbxkit._protocol import records as rec
 from sbxkit._protocol.journal import LOCK_NAME, Journal, StateDir, check_state_dir
@@ -434,3 +435,125 @@ async def test_a_journal_operation_error_reaches_its_submitter(state: StateDir) 
             await journal.write(record())
         assert journal.writes == 0
         nursery.cancel_scope.cancel()
+
+
+class GroupSpy:
+    """Logs renames (by record file), directory fsyncs and submitter returns, in order; holds
+    the first file fsync until ``release`` is set, so that the others queue behind it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        self.events: list[str] = []
+        self.first_fsync = threading.Event()
+        self.release = threading.Event()
+        real_fsync = os.fsync
+        real_rename = os.rename
+
+        def fsync(fd: int) -> None:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.events.append("fsync:dir")
+            elif not self.first_fsync.is_set():
+                self.first_fsync.set()
+                self.release.wait(10)
+            real_fsync(fd)
+
+        def rename(src: str | Path, dst: str | Path) -> None:
+            real_rename(src, dst)
+            self.events.append(f"rename:{Path(dst).name}")
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "rename", rename)
+
+
+async def test_concurrent_writes_share_one_directory_fsync_and_wait_for_it(
+    state: StateDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: writes queued behind a slow one go to disk together with one directory
+    fsync, and no submitter returns before the directory fsync that follows its rename."""
+    spy = GroupSpy(monkeypatch)
+    journal = Journal(state)
+    leases = [f"{i:x}" * 32 for i in range(8)]
+
+    async def write(lease: str) -> None:
+        await journal.write(record(lease))
+        spy.events.append(f"return:{record_filename(lease)}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(journal.serve)
+        async with trio.open_nursery() as writers:
+            writers.start_soon(write, leases[0])
+            await trio.to_thread.run_sync(spy.first_fsync.wait, 10)
+            for lease in leases[1:]:
+                writers.start_soon(write, lease)
+            await trio.testing.wait_all_tasks_blocked()
+            spy.release.set()
+        nursery.cancel_scope.cancel()
+
+    assert spy.events.count("fsync:dir") == 2  # the slow first write, then the other seven
+    assert journal.groups == 2
+    assert journal.fsyncs == len(leases) + 2
+    for lease in leases:
+        name = record_filename(lease)
+        renamed = spy.events.index(f"rename:{name}")
+        durable = spy.events.index("fsync:dir", renamed)
+        assert spy.events.index(f"return:{name}") > durable
+    assert sorted(os.listdir(state.path)) == sorted(record_filename(x) for x in leases)
+
+
+async def test_a_failed_operation_in_a_group_reaches_only_its_submitter(
+    state: StateDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = GroupSpy(monkeypatch)
+    real_open = os.open
+
+    def open_(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        if f"-{LEASE_B}-" in str(path):
+            raise OSError(28, "No space left on device")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", open_)
+    journal = Journal(state)
+    outcomes: dict[str, BaseException | None] = {}
+    lease_c = "c" * 32
+
+    async def write(lease: str) -> None:
+        try:
+            await journal.write(record(lease))
+        except OSError as exc:
+            outcomes[lease] = exc
+        else:
+            outcomes[lease] = None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(journal.serve)
+        first = record("d" * 32)
+        async with trio.open_nursery() as writers:
+            writers.start_soon(journal.write, first)
+            await trio.to_thread.run_sync(spy.first_fsync.wait, 10)
+            for lease in (LEASE_A, LEASE_B, lease_c):
+                writers.start_soon(write, lease)
+            await trio.testing.wait_all_tasks_blocked()
+            spy.release.set()
+        nursery.cancel_scope.cancel()
+
+    assert journal.groups == 2
+    assert outcomes[LEASE_A] is None
+    assert outcomes[lease_c] is None
+    assert isinstance(outcomes[LEASE_B], OSError)
+    assert "No space" in str(outcomes[LEASE_B])
+    assert journal.writes == 3
+    assert sorted(os.listdir(state.path)) == sorted(
+        record_filename(x) for x in (LEASE_A, lease_c, "d" * 32)
+    )
+
+
+async def test_a_stopped_journal_refuses_instead_of_hanging(state: StateDir) -> None:
+    journal = Journal(state)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(journal.serve)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+        await journal.write(record())
+    assert os.listdir(state.path) == []
