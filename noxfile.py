@@ -115,7 +115,7 @@ def tests(session: nox.Session) -> None:
         session.run(
             "pytest",
             "-m",
-            "not podman and not userns",
+            "not podman and not userns and not rootless_docker",
             f"--ignore={NETWORK_TESTS}",
             f"--ignore={INTEGRATION_TESTS}",  # each framework's own session: integration_*
             "--durations=15",  # where CI's 30 minutes go, in every log

@@ -456,21 +456,94 @@ LIMIT_CONTROLLERS = ("cpu", "memory", "pids")
 """The cgroup controllers that enforce sbxkit's mandatory cpus, memory and pids limits."""
 
 
+ROOTLESS_WORKS = (
+    "use rootless Docker on cgroup v2 with the cpu, memory and pids controllers delegated to "
+    "its user and AppArmor hidden from it (docs/backends.md), a rootful Docker daemon, or "
+    "rootful Podman"
+)
+"""What works where a rootless engine is refused: nothing that is refused itself."""
+
+
 def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, version: str) -> None:
     """Refuse a Podman service that cannot enforce the mandatory limits, before any container.
 
     Rootless Podman on cgroup v1 gets no delegated controllers: it creates the container and
     silently drops the memory, CPU and pids limits (its compat ``/info`` still claims them).
+    On cgroup v2, with the controllers delegated, rootless Podman (4.3) drops
+    ``HostConfig.Ulimits`` instead: the payload would run with no file-size bound, message
+    queues and the user's own open-file limit (``check_created`` would catch it after the
+    create), so a rootless service is refused by name either way.
     """
     missing = [name for name in LIMIT_CONTROLLERS if name not in set(controllers)]
+    kind = "rootless" if rootless else "rootful"
     if missing:
-        kind = "rootless" if rootless else "rootful"
         raise SpecError(
             "limits",
             f"this Podman service ({kind}, cgroup {version or '?'}) has no "
             f"{'/'.join(missing)} cgroup controller, so it would run the sandbox without its "
-            "mandatory limits; use rootful Podman, Docker, or rootless Podman on cgroup v2 with "
-            "the controllers delegated",
+            f"mandatory limits; {ROOTLESS_WORKS}",
+        )
+    if rootless:
+        raise SpecError(
+            "limits",
+            f"this Podman service (rootless, cgroup {version or '?'}) drops HostConfig.Ulimits "
+            "through its Docker-compatible API, so the sandbox would run without its fsize, "
+            f"msgqueue and nofile limits; {ROOTLESS_WORKS}",
+        )
+
+
+def _security_names(security_options: Iterable[str]) -> set[str]:
+    """The ``name=`` of each of a Docker daemon's ``/info`` ``SecurityOptions``."""
+    return {option.split(",")[0].removeprefix("name=") for option in security_options}
+
+
+def check_rootless_docker(
+    security_options: Iterable[str],
+    *,
+    cgroup_version: str,
+    memory: bool,
+    pids: bool,
+    cpu: bool,
+) -> None:
+    """Refuse a rootless Docker daemon that cannot run a sandbox with its limits, before any
+    container (a rootful one passes untouched; pure: its ``/info`` in).
+
+    - cgroup v1 delegates no controllers to a user: a rootless daemon records the memory, CPU
+      and pids limits and enforces none of them (inspect still shows them).
+    - On cgroup v2 it enforces what its user's manager delegates (``MemoryLimit``,
+      ``PidsLimit``, ``CpuCfsQuota``); a limit whose controller is missing would be dropped.
+    - With AppArmor on, Docker (seen on 20.10) fails every start: it checks its profile in
+      ``/sys/kernel/security/apparmor/profiles``, which a rootless daemon cannot read (and it
+      applies no AppArmor rootless). A daemon started with securityfs hidden reports no
+      AppArmor and runs (docs/backends.md).
+    """
+    names = _security_names(security_options)
+    if "rootless" not in names:
+        return
+    if cgroup_version != "2":
+        raise SpecError(
+            "limits",
+            f"this Docker daemon is rootless on cgroup v{cgroup_version or '?'}, where a user "
+            "gets no cgroup controllers: it would run the sandbox without its memory, CPU and "
+            f"pids limits; {ROOTLESS_WORKS}",
+        )
+    held = {"cpu": cpu, "memory": memory, "pids": pids}
+    missing = [name for name in LIMIT_CONTROLLERS if not held[name]]
+    if missing:
+        raise SpecError(
+            "limits",
+            f"this rootless Docker daemon (cgroup v2) has no {'/'.join(missing)} controller "
+            "delegated, so it would run the sandbox without that limit; delegate them to its "
+            "user (systemd: Delegate=cpu memory pids for user@.service), or use a rootful "
+            "Docker daemon or rootful Podman",
+        )
+    if "apparmor" in names:
+        raise SpecError(
+            "limits",
+            "this rootless Docker daemon reports AppArmor, and then fails every container "
+            "start (it cannot read /sys/kernel/security/apparmor/profiles rootless; Docker "
+            "applies no AppArmor profile rootless anyway): start it with securityfs hidden "
+            "in its mount namespace, or on a kernel booted with apparmor=0 (docs/backends.md)",
         )
 
 

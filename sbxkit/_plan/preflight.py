@@ -37,6 +37,7 @@ from sbxkit._model.rules import (
     PODMAN_AUTO_WITNESS,
     check_podman_controllers,
     check_podman_runtime,
+    check_rootless_docker,
     check_runtime_registered,
     runtime_name,
 )
@@ -270,6 +271,34 @@ async def disk_quota_base(engine: Engine, image_size: int) -> int | None:
     return image_size if driver in QUOTA_DRIVERS else None
 
 
+_rootless_verdicts: dict[str, tuple[float, SpecError | None]] = {}
+
+
+async def check_rootless_limits(engine: Engine) -> None:
+    """Refuse a rootless Docker daemon that cannot hold the limits (``check_rootless_docker``),
+    before any container. Its ``/info`` is judged once a minute per socket, as the uid range
+    is (``UID_RANGE_MAX_AGE_S``): a one-shot run opens a fresh engine each time."""
+    now = time.monotonic()
+    kept = _rootless_verdicts.get(engine.socket_path)
+    if kept is None or now - kept[0] >= UID_RANGE_MAX_AGE_S:
+        info = await engine.cached_info()
+        verdict: SpecError | None = None
+        try:
+            check_rootless_docker(
+                info.security_options or [],
+                cgroup_version=info.cgroup_version,
+                memory=info.memory_limit,
+                pids=info.pids_limit,
+                cpu=info.cpu_cfs_quota,
+            )
+        except SpecError as refused:
+            verdict = refused
+        kept = (now, verdict)
+        _rootless_verdicts[engine.socket_path] = kept
+    if kept[1] is not None:
+        raise SpecError(kept[1].field, kept[1].rule)
+
+
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the daemon's ``/info`` decided: the runtime's daemon name and the CDI GPU ids."""
 
@@ -282,9 +311,13 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
 
     Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
     The GPU cursor advances only when devices were chosen by count. A Podman service that
-    cannot enforce the limits (rootless on cgroup v1) is refused (its answer is read once), and
-    so is a runtime other than its default, which its compat API would silently ignore.
+    cannot enforce the limits (rootless: no controllers on cgroup v1, no rlimits on v2) is
+    refused (its answer is read once), and so is a runtime other than its default, which its
+    compat API would silently ignore; so is a rootless Docker daemon that cannot hold the
+    limits (``check_rootless_limits``).
     """
+    if not engine.is_podman:
+        await check_rootless_limits(engine)
     if engine.is_podman:
         host = await engine.podman_host()
         check_podman_controllers(

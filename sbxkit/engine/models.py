@@ -278,6 +278,11 @@ class InfoReply(Reply):
     operating_system: str = ""
     kernel_version: str = ""
     security_options: list[str] | None = None
+    memory_limit: bool = False
+    pids_limit: bool = False
+    cpu_cfs_quota: bool = False
+    """Whether the daemon can enforce a memory, pids and CPU quota limit (a rootless daemon:
+    whether its user's cgroup has that controller delegated)."""
     driver: str = ""
     """The storage driver (``overlay2``, ``btrfs`` ...)."""
 

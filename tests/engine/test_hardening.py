@@ -105,6 +105,38 @@ async def test_a_write_past_fsize_fails(
     assert 0 < size <= MiB
 
 
+def proc_limits(text_: str) -> dict[str, tuple[str, str]]:
+    """``/proc/PID/limits`` as {name: (soft, hard)}: the name fills the first 26 columns."""
+    rows = text_.splitlines()[1:]
+    return {row[:26].strip(): (row[26:].split()[0], row[26:].split()[1]) for row in rows}
+
+
+async def test_the_rlimits_are_the_sandboxs_own_inside(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
+    """The payload's own ``/proc/self/limits`` hold policy's ``HostConfig.Ulimits``: the
+    spec's file-size bound and no message queues, on Podman its open-files and processes
+    bounds too. The engine applies them (rootless Podman 4.3 drops them, and is refused:
+    test_podman.py; rootless Docker on cgroup v2 applies them: the cgroup v2 cell)."""
+    fsize = 3 * MiB
+    result = await oneshot(
+        spec(busybox, "cat /proc/self/limits", fsize_bytes=fsize, runtime=runtime), engine=engine
+    )
+
+    if is_gvisor(runtime):
+        # gVisor's /proc has no limits file; its fsize bound shows in
+        # test_a_write_past_fsize_fails, and it has no message queues at all.
+        assert "No such file or directory" in text(result.stderr), result
+        return
+    assert result.ok, result
+    limits = proc_limits(text(result.stdout))
+    assert limits["Max file size"] == (str(fsize), str(fsize)), limits
+    assert limits["Max msgqueue size"] == ("0", "0"), limits
+    if engine.is_podman:
+        assert limits["Max open files"] == ("1024", "4096"), limits
+        assert limits["Max processes"] == ("32768", "32768"), limits
+
+
 async def test_host_environment_is_invisible_but_spec_env_is_passed(
     oneshot: OneShot,
     runtime: str | None,

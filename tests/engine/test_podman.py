@@ -1,8 +1,10 @@
 """The Podman cell's own checks (run by ``./dev test`` against its Podman services).
 
 The conformance subset proves the hardened contract on rootful Podman; these prove that the
-engine under test really is Podman, and that a rootless Podman service that cannot enforce the
-mandatory limits (cgroup v1: no delegated controllers) is refused before anything exists.
+engine under test really is Podman, and that a rootless Podman service, which cannot enforce
+the mandatory limits (cgroup v1: no delegated controllers; cgroup v2: it drops the rlimits), is
+refused before anything exists. On the host (v1) and in the cgroup v2 cell
+(``SBXKIT_CGROUP2_ENGINES=rootless-podman``, where only the rootless tests run).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import pytest
 
 from sbxkit._consumers.runner import run
 from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine, open_engine
+from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit
 from sbxkit.errors import SpecError
 from tests.engine.helpers import spec, unique
 from tests.engine.oneshot_paths import OneShot
@@ -79,4 +83,37 @@ async def test_rootless_podman_without_controllers_is_refused_before_any_contain
     assert "rootless" in refused.value.rule
     if host.cgroup_version == "v1":
         assert "cpu/memory/pids" in refused.value.rule
+    else:  # v2, controllers delegated: the rlimits it drops (next test)
+        assert {"cpu", "memory", "pids"} <= set(host.cgroup_controllers or [])
+        assert "drops HostConfig.Ulimits" in refused.value.rule
+    # What it recommends instead works: never rootless Podman itself.
+    assert "rootless Podman" not in refused.value.rule
     assert rootless.containers() == []  # nothing was created (Podman keeps no event log here)
+
+
+async def test_rootless_podman_drops_the_ulimits_it_is_asked_for(busybox: str) -> None:
+    """Why rootless Podman is refused on cgroup v2: a container created through its
+    Docker-compatible API with ``HostConfig.Ulimits`` has none (Podman 4.3). Should a Podman
+    keep them, this fails: then the refusal can be narrowed to the versions that drop them."""
+    socket_path = rootless_socket()
+    witness = Witness(socket_path)
+    label, _, value = os.environ["SBXKIT_LABELS"].partition("=")
+    asked = [Ulimit(name="fsize", soft=MiB, hard=MiB), Ulimit(name="msgqueue", soft=0, hard=0)]
+    body = ContainerCreate(
+        image=busybox,
+        cmd=["true"],
+        labels={label: value},
+        host_config=HostConfig(ulimits=asked, network_mode="none"),
+    )
+    async with open_engine(socket_path) as engine:
+        assert (await engine.podman_host()).security.rootless
+        container = await engine.container_create(body, name=unique("ulimits"))
+        try:
+            got = (await engine.container_inspect(container)).host_config.ulimits or []
+        finally:
+            await engine.container_remove(container)
+
+    assert {(u.name.removeprefix("RLIMIT_").lower(), u.soft, u.hard) for u in got} & {
+        (u.name, u.soft, u.hard) for u in asked
+    } == set(), got
+    assert witness.containers() == []

@@ -6,6 +6,7 @@ the daemon these tests are developed against (Docker 20.10) has no CDI support a
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -325,6 +326,7 @@ class StubEngine:
     def __init__(self, info: InfoReply) -> None:
         self.reply = info
         self.calls = 0
+        self.socket_path = f"/stub/{uuid.uuid4().hex}.sock"  # preflight keeps verdicts per socket
 
     async def info(self) -> InfoReply:
         self.calls += 1
@@ -334,10 +336,13 @@ class StubEngine:
         return await self.info()  # the stub does not cache: every call is counted
 
 
-async def test_default_runs_never_ask_the_daemon() -> None:
+async def test_default_runs_ask_the_daemon_once_a_minute_whether_it_is_rootless() -> None:
+    """Default runs judge /info (a rootless daemon that cannot hold the limits is refused)
+    once per socket a minute, as the uid range is: the one-shot path's hot loop stays free."""
     engine = StubEngine(cdi_info(GPUS))
-    assert await check_daemon(engine, make_spec(), GpuCursor()) == DaemonPlan()  # type: ignore[arg-type]
-    assert engine.calls == 0
+    for _ in range(3):
+        assert await check_daemon(engine, make_spec(), GpuCursor()) == DaemonPlan()  # type: ignore[arg-type]
+    assert engine.calls == 1
 
 
 async def test_the_shell_owns_the_cursor() -> None:
@@ -347,7 +352,7 @@ async def test_the_shell_owns_the_cursor() -> None:
     plans = [await check_daemon(engine, spec, cursor) for _ in range(3)]  # type: ignore[arg-type]
     assert [p.gpu_devices for p in plans] == [GPUS[0:2], [GPUS[2], GPUS[0]], GPUS[1:3]]
     assert cursor.position == 0
-    assert engine.calls == 3
+    assert engine.calls == 3 + 1  # each GPU choice, and the rootless check's one answer
 
 
 async def test_the_shell_refuses_a_gpu_request_on_a_daemon_without_cdi() -> None:
