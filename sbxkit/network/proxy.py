@@ -47,12 +47,12 @@ from sbxkit.network.relay import (
     CONNECT_TIMEOUT_S,
     HELLO_TIMEOUT_S,
     MAX_HEAD_BYTES,
+    tunnel_opened,
 )
 from sbxkit.network.relay import Denied as _Denied
 from sbxkit.network.relay import dial as _dial
 from sbxkit.network.relay import framing_reason as _framing
 from sbxkit.network.relay import read_head as _head
-from sbxkit.network.relay import read_hello as _hello
 from sbxkit.network.relay import refusal_response as _refusal_response
 from sbxkit.network.relay import relay_one as _relay
 from sbxkit.network.relay import splice as _splice
@@ -174,23 +174,7 @@ async def _connect(
     addresses: list[IPAddress],
     pending: bytes,
 ) -> None:
-    try:
-        upstream, address = await _dial(addresses, destination.port)
-    except OSError as exc:
-        raise _Denied(502, str(exc), destination) from None
-    async with upstream:
-        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        try:
-            hello, sni = await _hello(stream, pending)
-        except _Denied as denied:
-            raise _Denied(0, denied.reason, destination) from None
-        wanted = None if destination.is_ip else destination.host
-        if sni != wanted and not (destination.is_ip and sni is None):
-            raise _Denied(
-                0,
-                f"the TLS server name {sni!r} is not the CONNECT host {destination.host!r}",
-                destination,
-            )
+    async with tunnel_opened(stream, destination, addresses, pending) as (upstream, address, hello):
         counts = [len(hello), 0]
         if counts[0] > ctx.max_connection_bytes:
             raise _Denied(0, "the connection's byte limit", destination)
@@ -285,23 +269,7 @@ async def _intercept(
     """A CONNECT to a rule's host: the payload's TLS ends here (a leaf from the sandbox's CA),
     the upstream's is this process's own, verified; the one request goes across with the
     rule's header set (the payload's own of that name dropped), then the response."""
-    try:
-        tcp, address = await _dial(addresses, destination.port)
-    except OSError as exc:
-        raise _Denied(502, str(exc), destination) from None
-    async with tcp:
-        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        try:
-            hello, sni = await _hello(stream, pending)
-        except _Denied as denied:
-            raise _Denied(0, denied.reason, destination) from None
-        wanted = None if destination.is_ip else destination.host
-        if sni != wanted and not (destination.is_ip and sni is None):
-            raise _Denied(
-                0,
-                f"the TLS server name {sni!r} is not the CONNECT host {destination.host!r}",
-                destination,
-            )
+    async with tunnel_opened(stream, destination, addresses, pending) as (tcp, address, hello):
         inside = trio.SSLStream(
             _Prefixed(stream, hello),
             broker.server_context(destination.host),

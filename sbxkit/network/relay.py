@@ -6,7 +6,7 @@ checked addresses, a TLS ClientHello read, bytes spliced under a bound, one requ
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import h11
 import trio
@@ -29,6 +29,7 @@ __all__ = [
     "refusal_response",
     "relay_one",
     "splice",
+    "tunnel_opened",
 ]
 
 HEAD_TIMEOUT_S = 10.0
@@ -193,3 +194,34 @@ async def relay_one(
             return False
         await stream.send_all(reply)
     return True
+
+
+@contextlib.asynccontextmanager
+async def tunnel_opened(
+    stream: trio.SocketStream,
+    destination: Destination,
+    addresses: Sequence[IPAddress],
+    pending: bytes,
+) -> AsyncIterator[tuple[trio.SocketStream, IPAddress, bytes]]:
+    """A CONNECT's first steps, for a plain tunnel and the broker alike: the upstream dialled
+    (502 when it cannot be), the payload told the tunnel is up, its ClientHello read and its
+    server name checked against the CONNECT host. Yields the upstream (closed after the
+    block), the address it reached and the hello's bytes, which nobody has forwarded yet."""
+    try:
+        upstream, address = await dial(addresses, destination.port)
+    except OSError as exc:
+        raise Denied(502, str(exc), destination) from None
+    async with upstream:
+        await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            hello, sni = await read_hello(stream, pending)
+        except Denied as denied:
+            raise Denied(0, denied.reason, destination) from None
+        wanted = None if destination.is_ip else destination.host
+        if sni != wanted and not (destination.is_ip and sni is None):
+            raise Denied(
+                0,
+                f"the TLS server name {sni!r} is not the CONNECT host {destination.host!r}",
+                destination,
+            )
+        yield upstream, address, hello
