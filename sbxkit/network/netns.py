@@ -370,8 +370,9 @@ def _write_files(
         for fd, mode in written:
             os.fchown(fd, uid, gid)
             os.fchmod(fd, mode)
-        for name, _data, _mode in files:
-            os.replace(f".{name}.new", name, src_dir_fd=target, dst_dir_fd=target)
+        with _creating_as(*creator):  # a rename creates a name: host root is no one there too
+            for name, _data, _mode in files:
+                os.replace(f".{name}.new", name, src_dir_fd=target, dst_dir_fd=target)
     finally:
         for fd in reversed(opened):
             os.close(fd)
