@@ -428,6 +428,29 @@ async def test_a_pooled_and_a_session_sandbox_with_a_file_secret(
     assert api.seen() == [[f"Bearer {api.token}"]] * 2
 
 
+async def test_an_interpreter_session_calls_the_api_through_its_rule(
+    engine: Engine, supervisor: SupervisorProcess, api: Api, tmp_path: Path
+) -> None:
+    """Injection reaches an interpreter session too (issue 45: "and an interpreter session"):
+    code run in it calls the API with urllib, through the variables sbxkit set, and gets in;
+    the token is in none of its environment."""
+    backend = backend_for("supervised", engine, supervisor, tmp_path / "audit.jsonl")
+    async with sbxkit.open_interpreter(spec_for(api, ["sleep", "60"]), backend=backend) as interp:
+        got = await interp.run_code(
+            "import os, urllib.request\n"
+            f"reply = urllib.request.urlopen({API + '/interp'!r}, timeout=20)\n"
+            "marker = 'sbx' + 'tok-'\n"
+            "(reply.status, reply.read().decode(), any(marker in v for v in os.environ.values()))"
+        )
+        assert got.error is None, got.error
+        assert got.text == "(200, 'api /interp granted', False)"
+    assert api.seen() == [[f"Bearer {api.token}"]]
+    lines = audit_lines(tmp_path / "audit.jsonl")
+    assert [line["injected"] for line in lines if line.get("injected")] == [
+        f"{OTHER_NAME} Authorization"
+    ]
+
+
 def test_a_batch_takes_the_rules_from_its_profile(api: Api, tmp_path: Path) -> None:
     """A profile's rules (so batch, Inspect and MCP get them), the value read from the
     environment of the command that plans the sandboxes."""

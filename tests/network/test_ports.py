@@ -140,6 +140,47 @@ async def test_a_sessions_http_server_is_fetched_from_the_host(
     assert host_listeners(port.host_port) == []
 
 
+INTERPRETER_SERVES = f"""
+import http.server, threading
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, directory="/tmp", **kwargs)
+
+    def log_message(self, *args):  # no output between the interpreter's calls
+        pass
+
+open("/tmp/mark", "w").write({MARK!r})
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Quiet)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+"""
+
+
+async def test_an_interpreter_sessions_server_is_fetched_from_the_host(
+    backend: DockerBackend, servers: Servers
+) -> None:
+    """An interpreter session (issue 45: ports from an interpreter session too): code run in it
+    starts a server on the sandbox's 127.0.0.1:8000 that outlives the call; the host fetches
+    it through the port ``interp.sandbox.ports()`` reports, the interpreter goes on answering,
+    and the port refuses once the session ended."""
+    async with sbxkit.open_interpreter(spec(Network(ports=[8000])), backend=backend) as interp:
+        started = await interp.run_code(INTERPRETER_SERVES)
+        assert started.error is None, started.error
+        (port,) = await interp.sandbox.ports()
+        assert (port.address, port.sandbox_port) == ("127.0.0.1", 8000)
+        with trio.fail_after(30):
+            while True:
+                try:
+                    body = await trio.to_thread.run_sync(fetch, port)
+                    break
+                except OSError:
+                    await trio.sleep(0.1)
+        assert body == MARK.encode()
+        assert (await interp.run_code("server.server_address")).text == "('127.0.0.1', 8000)"
+    assert refused(port)
+    assert host_listeners(port.host_port) == []
+
+
 async def test_another_local_account_is_refused(backend: DockerBackend, servers: Servers) -> None:
     """A real second account connects to the forwarded port on the same loopback: the owner
     closes it before a byte reaches the sandbox, and says why (its uid, not the owner's);
