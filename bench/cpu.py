@@ -27,6 +27,7 @@ CPU milliseconds per job: the delta over a run divided by its jobs, median over 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -44,6 +45,7 @@ import trio
 from bench import common, humaneval
 from bench.harness import ContenderFailed, machine_facts, say
 from bench.suite import LeakCheck, default_python, dockerpy_client, fmt, summarise
+from sbxkit._kernel.cgroup_stats import parse_counter, parse_keyed
 from sbxkit.engine.client import open_engine
 
 NAME = "cpu"
@@ -111,12 +113,13 @@ def cgroup_cpu_s(path: Path) -> float:
     """CPU seconds charged to a cgroup and its descendants (those removed included)."""
     usage = path / "cpuacct.usage"
     if usage.exists():
-        return int(usage.read_text()) / 1e9
-    for line in (path / "cpu.stat").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "usage_usec":
-            return int(value) / 1e6
-    raise RuntimeError(f"{path}: no cpuacct.usage and no usage_usec in cpu.stat")
+        ns = parse_counter(usage.read_text())
+        if ns is not None:
+            return ns / 1e9
+    usec = parse_keyed((path / "cpu.stat").read_text()).get("usage_usec")
+    if usec is None:
+        raise RuntimeError(f"{path}: no cpuacct.usage and no usage_usec in cpu.stat")
+    return usec / 1e6
 
 
 def process_cpu_s(pid: int) -> float:
@@ -231,10 +234,10 @@ class PrivateEngine:
 
     def stop(self) -> None:
         for pid in self.supervisors():
-            with _gone():
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         if self.dockerd:
-            with _gone():
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.dockerd, signal.SIGTERM)
             deadline = time.monotonic() + 30
             while Path(f"/proc/{self.dockerd}").exists() and time.monotonic() < deadline:
@@ -242,14 +245,6 @@ class PrivateEngine:
         for group in (self.payload_group, self.engine_group, self.group):
             _remove_cgroup(group)
         shutil.rmtree(self.state_dir, ignore_errors=True)
-
-
-class _gone:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, value: object, tb: object) -> bool:
-        return isinstance(value, ProcessLookupError)
 
 
 def _remove_cgroup(path: Path) -> None:
