@@ -18,10 +18,8 @@ it, and leaves with the identity its calls will act as.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +34,7 @@ from starlette.authentication import AuthCredentials
 from sbxkit.mcp.hub import Caller
 from sbxkit.mcp.server import CALLER_SCOPE_KEY
 from sbxkit.mcp.tokens import Credentials
+from sbxkit.network.inbound import peer_socket
 
 logger = logging.getLogger("sbxkit.mcp")
 
@@ -90,50 +89,16 @@ class RateLimitedLog:
 
 def peer_uid(client: tuple[str, int] | None, server: tuple[str, int] | None) -> int | None:
     """The local account behind a loopback TCP peer: the owner of the socket whose local end is
-    ``client`` and remote end ``server``, as /proc/net/tcp{,6} lists it (None if not found)."""
+    ``client`` and remote end ``server``, as /proc/net/tcp{,6} lists it. None if not found, or
+    if that socket is closed: a closed or TIME_WAIT end is listed as uid 0, which is nobody's
+    account here (network/inbound.py reads the table for the forwarded ports the same way)."""
     if client is None or server is None:
         return None
     try:
-        wanted = (
-            ipaddress.ip_address(client[0]),
-            client[1],
-            ipaddress.ip_address(server[0]),
-            server[1],
-        )
+        found = peer_socket(client, server)
     except ValueError:
         return None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as rows:
-                next(rows, None)
-                for row in rows:
-                    fields = row.split()
-                    if len(fields) > 7 and _endpoints(fields[1], fields[2]) == wanted:
-                        return int(fields[7])
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def _endpoints(local: str, remote: str) -> tuple[Any, int, Any, int] | None:
-    try:
-        here, there = _address(local), _address(remote)
-    except ValueError:
-        return None
-    return (*here, *there)
-
-
-def _address(text: str) -> tuple[Any, int]:
-    """``0100007F:1F90`` (the kernel's words in host byte order, the port in hex)."""
-    address, _, port = text.partition(":")
-    words = [bytes.fromhex(address[i : i + 8]) for i in range(0, len(address), 8)]
-    if sys.byteorder == "little":
-        words = [word[::-1] for word in words]
-    packed = b"".join(words)
-    ip = ipaddress.ip_address(packed)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip, int(port, 16)
+    return found.uid if found is not None and found.inode != 0 else None
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> list[bytes]:

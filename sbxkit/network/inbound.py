@@ -39,6 +39,7 @@ __all__ = [
     "inbound_connection",
     "listen_on_host",
     "peer_problem",
+    "peer_socket",
 ]
 
 PROC_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -111,6 +112,12 @@ def _read_peer(peer: Endpoint, ours: Endpoint) -> PeerSocket | None:
         if found is not None:
             return found
     return None
+
+
+def peer_socket(peer: tuple[str, int], ours: tuple[str, int]) -> PeerSocket | None:
+    """The socket of this host whose local end is ``peer`` (host, port) and remote end ``ours``,
+    from ``/proc/net/tcp{,6}`` (None if neither lists it). Blocking: a file read."""
+    return _read_peer(_normal(*peer[:2]), _normal(*ours[:2]))
 
 
 def listen_on_host(port: PortForward) -> tuple[socket.socket, PortForward]:

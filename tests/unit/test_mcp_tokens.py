@@ -15,7 +15,7 @@ import pytest
 from sbxkit._grammar.mcp_options import request_body_limit
 from sbxkit.errors import SpecError
 from sbxkit.mcp.connections import accept_backlog, connection_limit
-from sbxkit.mcp.gate import RateLimitedLog, _address, modern_route, peer_uid
+from sbxkit.mcp.gate import RateLimitedLog, modern_route, peer_uid
 from sbxkit.mcp.tokens import (
     DEFAULT_NAME,
     MIN_TOKEN_CHARS,
@@ -25,6 +25,7 @@ from sbxkit.mcp.tokens import (
     new_token,
     parse_tokens,
 )
+from sbxkit.network.inbound import _endpoint as _address
 
 A = "a" * 20 + "Bcdefghijklmnopqrstu_-~+/"
 B = "z" * 40 + "=="
@@ -173,6 +174,24 @@ def test_a_loopback_peers_account_is_found() -> None:
     try:
         assert peer_uid(peer, server.getsockname()) == os.geteuid()
         assert peer_uid(("127.0.0.1", 1), server.getsockname()) is None
+    finally:
+        for sock in (client, accepted, server):
+            sock.close()
+
+
+def test_a_closed_peer_has_no_account() -> None:
+    """The client closes first, so its end lingers in TIME_WAIT, which the kernel lists as
+    uid 0 with no inode: that is nobody's account (it read as root's before)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    accepted, peer = server.accept()
+    try:
+        client.close()
+        accepted.recv(1)  # the client's FIN: its end leaves ESTABLISHED
+        accepted.close()
+        assert peer_uid(peer, server.getsockname()) is None
     finally:
         for sock in (client, accepted, server):
             sock.close()
