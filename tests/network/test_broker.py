@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,9 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-@pytest.fixture(scope="module")
-def api(tier: str) -> Iterator[Api]:
+@contextmanager
+def running_api() -> Iterator[Api]:
+    """The upstreams (see the module doc) and the token in this process's environment."""
     token = MARKER + secrets.token_hex(16)
     ours, theirs = trustme.CA(), trustme.CA()
     with tempfile.TemporaryDirectory(prefix="sbxbroker-") as directory:
@@ -207,6 +209,12 @@ def api(tier: str) -> Iterator[Api]:
             for server in started:
                 server.shutdown()
                 server.server_close()
+
+
+@pytest.fixture(scope="module")
+def api(tier: str) -> Iterator[Api]:
+    with running_api() as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
