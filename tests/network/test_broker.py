@@ -112,7 +112,7 @@ for top, dirs, files in os.walk("/"):
             continue
         if marker.encode() in data:
             found.append(path)
-        if path.startswith("/run/sbxkit") and b"PRIVATE KEY" in data:
+        if not path.startswith("/usr/") and b"PRIVATE KEY" in data:  # the image's: binaries
             keys.append(path)
 out["found"] = found
 out["scan_seconds"] = time.monotonic() - began
@@ -124,8 +124,9 @@ except OSError as error:
 print(json.dumps(out))
 """
 """``python3 -c PROBE URL [OWN_AUTHORIZATION]``: the request through the proxy variables, then
-where the token's marker can be found and whether a private key is anywhere under
-``/run/sbxkit``; prints one JSON document."""
+where the token's marker can be found and whether a private key is in any file outside the
+image's ``/usr`` (where only ``openssl`` and an engine library hold the words); prints one
+JSON document."""
 
 
 @dataclass
