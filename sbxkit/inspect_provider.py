@@ -37,6 +37,7 @@ from inspect_ai.util import (
 from sbxkit import aio
 from sbxkit._consumers.session import Sandbox, SandboxExpired, SandboxUnusable, open_sandbox
 from sbxkit._grammar.profile import apply_profile, load_profile
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import body_ids
 from sbxkit._plan.plan import CheckedSpec, check_spec
@@ -289,6 +290,16 @@ class SbxkitSandboxEnvironment(SandboxEnvironment):
         return ExecResult(
             success=code == 0, returncode=code, stdout=_text(result.stdout), stderr=stderr
         )
+
+    # -- inbound ports ------------------------------------------------------------------------
+
+    async def ports(self) -> tuple[PortForward, ...]:
+        """The sample's inbound ports (the profile's ``network.ports``) as the host reaches
+        them: a connection to ``address:host_port`` on the host reaches the sandbox's own
+        ``127.0.0.1:sandbox_port``. A solver or scorer on the host gets them with
+        ``await sandbox().as_type(SbxkitSandboxEnvironment).ports()`` (docs/inspect.md)."""
+        sandbox = self._sandbox
+        return await self._loop.call(sandbox.ports)
 
     # -- files --------------------------------------------------------------------------------
 

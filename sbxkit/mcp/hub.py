@@ -287,8 +287,11 @@ class Hub:
         with _busy(entry):
             yield entry.sandbox
 
-    def view(self, entry: OpenSandbox) -> SandboxView:
+    async def view(self, entry: OpenSandbox) -> SandboxView:
+        """What the tools say of an open sandbox, its forwarded ports asked of its owner now
+        (a re-adopting supervisor binds them anew)."""
         assert entry.sandbox is not None
+        ports = await entry.sandbox.ports()
         now = trio.current_time()
         return SandboxView(
             sandbox_id=entry.sandbox_id,
@@ -301,6 +304,7 @@ class Hub:
             idle_timeout_s=self.policy.options.idle_timeout,
             idle_s=0.0 if entry.busy else now - entry.last_used,
             busy=entry.busy > 0,
+            ports=ports,
         )
 
     # -- the tools ----------------------------------------------------------------------------
@@ -333,7 +337,7 @@ class Hub:
         entry = OpenSandbox(sandbox_id=new_sandbox_id(), client=client, request=request)
         self._start_holder(entry)
         await self._opened(entry)
-        return self.view(entry)
+        return await self.view(entry)
 
     def _start_holder(self, entry: OpenSandbox) -> None:
         assert self._nursery is not None, "the hub is not serving"
@@ -421,8 +425,8 @@ class Hub:
 
     async def sandbox_list(self, client: Caller, args: ListArgs) -> dict[str, Any]:
         mine = [
-            self.view(entry)
-            for entry in self._open.values()
+            await self.view(entry)
+            for entry in list(self._open.values())
             if entry.client == client and entry.usable and not entry.python
         ]
         quotas = self.quotas
@@ -572,7 +576,8 @@ class Hub:
                 )
             except InterpreterDied as died:
                 raise restart_hint(died) from None
-        return PythonAnswer(result, fresh=fresh, timeout_s=request.timeout_s)
+            ports = await interpreter.sandbox.ports()
+        return PythonAnswer(result, fresh=fresh, timeout_s=request.timeout_s, ports=ports)
 
     def _refuse_when_stopping(self) -> None:
         if self._closing.is_set():

@@ -16,11 +16,13 @@ from typing import Any, Literal
 import msgspec
 
 from sbxkit._consumers.interp_frames import CodeResult
+from sbxkit._model.network_ports import PortForward, port_text
 from sbxkit._model.spec import Limits, check_limit
 from sbxkit.errors import InterpreterDied
 from sbxkit.mcp.arguments import PythonArgs, text_bytes
 from sbxkit.mcp.policy import McpPolicy, at_most
-from sbxkit.mcp.schema_parts import NUMBER, STRING, TOOL_ERROR, hints, obj
+from sbxkit.mcp.schema_parts import NUMBER, PORTS, STRING, TOOL_ERROR, hints, obj
+from sbxkit.mcp.shapes import port_fields
 
 IMAGE_TYPES = ("image/png",)
 """Representations sent as MCP image content (base64), not as JSON."""
@@ -59,6 +61,8 @@ class PythonAnswer:
     fresh: bool
     """This call started the interpreter: nothing from earlier calls is defined."""
     timeout_s: float
+    ports: tuple[PortForward, ...] = ()
+    """The interpreter's sandbox's inbound ports as the host reaches them."""
 
 
 def restart_hint(died: InterpreterDied) -> InterpreterDied:
@@ -75,10 +79,13 @@ Part = tuple[Literal["text"], str] | tuple[Literal["image"], str, str]
 """One content block: ``("text", text)`` or ``("image", base64, mime type)``."""
 
 
-def python_fields(result: CodeResult, *, fresh: bool) -> dict[str, Any]:
+def python_fields(
+    result: CodeResult, *, fresh: bool, ports: tuple[PortForward, ...] = ()
+) -> dict[str, Any]:
     """The call as JSON: sbxkit's status, the output, the value's text and representations
-    (images go as image content only), the code's error, and whether this call started a new
-    interpreter (``fresh``: nothing from earlier calls is defined)."""
+    (images go as image content only), the code's error, whether this call started a new
+    interpreter (``fresh``: nothing from earlier calls is defined), and the interpreter's
+    forwarded ports (a server its code starts on one is reached there from the host)."""
     error = result.error
     return {
         "status": result.status,
@@ -92,12 +99,16 @@ def python_fields(result: CodeResult, *, fresh: bool) -> dict[str, Any]:
         else {"name": error.name, "value": error.value, "traceback": error.traceback},
         "duration_s": round(result.run_s, 3),
         "fresh": fresh,
+        "ports": port_fields(ports),
     }
 
 
-def python_parts(result: CodeResult, *, timeout_s: float) -> list[Part]:
+def python_parts(
+    result: CodeResult, *, timeout_s: float, ports: tuple[PortForward, ...] = ()
+) -> list[Part]:
     """What a model reads: stdout, stderr (labelled), the value's text, what sbxkit did to the
-    call (a timeout, an overflow), the error's traceback, and each image."""
+    call (a timeout, an overflow), the error's traceback, each image, and the forwarded ports
+    (when the profile has any)."""
     parts: list[Part] = []
     if result.stdout:
         parts.append(("text", result.stdout))
@@ -113,6 +124,9 @@ def python_parts(result: CodeResult, *, timeout_s: float) -> list[Part]:
     if error is not None:
         parts.append(("text", error.traceback or f"{error.name}: {error.value}"))
     parts += [("image", image, mime) for mime, image in _images(result)]
+    if ports:
+        shown = ", ".join(port_text(port) for port in ports)
+        parts.append(("text", f"forwarded ports (host->sandbox 127.0.0.1): {shown}"))
     return parts
 
 
@@ -183,6 +197,7 @@ def python_tool_definition(policy: McpPolicy) -> dict[str, Any]:
                 "error": {"anyOf": [{"type": "null"}, CODE_ERROR, TOOL_ERROR]},
                 "duration_s": NUMBER,
                 "fresh": {"type": "boolean"},
+                "ports": PORTS,
             },
             "anyOf": [
                 {

@@ -28,6 +28,24 @@ TOOL_ERROR = {
 }
 
 
+PORTS = {
+    "type": "array",
+    "description": "The sandbox's inbound ports (the operator's network.ports): each "
+    "connection to address:host_port on the host reaches the sandbox's own "
+    "127.0.0.1:sandbox_port. A server inside must listen on 127.0.0.1 there. Empty when the "
+    "profile forwards none.",
+    "items": {
+        "type": "object",
+        "properties": {
+            "address": {"type": "string"},
+            "host_port": {"type": "integer"},
+            "sandbox_port": {"type": "integer"},
+        },
+        "required": ["address", "host_port", "sandbox_port"],
+    },
+}
+
+
 SANDBOX_ID = {
     "type": "string",
     "description": "The id sandbox_open returned (sbx-…).",

@@ -33,6 +33,7 @@ from sbxkit.mcp.schema_parts import (
     INTEGER,
     NULLABLE_STRING,
     NUMBER,
+    PORTS,
     SANDBOX_ID,
     SIZE,
     STDIN,
@@ -117,8 +118,17 @@ SANDBOX = {
         "idle_timeout_s": NUMBER,
         "idle_s": NUMBER,
         "busy": {"type": "boolean"},
+        "ports": PORTS,
     },
-    "required": ["sandbox_id", "image", "workdir", "files_root", "limits", "expires_in_s"],
+    "required": [
+        "sandbox_id",
+        "image",
+        "workdir",
+        "files_root",
+        "limits",
+        "expires_in_s",
+        "ports",
+    ],
 }
 
 SANDBOX_LIST = {
@@ -252,6 +262,15 @@ def network_phrase(network: str | Network) -> str:
         reach += " except, through sbxkit's proxy, " + ", ".join(network.allow)
     if network.callback is not None:
         reach += f"; a host endpoint {network.callback} as $SBXKIT_ENDPOINT"
+    if network.inject:
+        hosts = ", ".join(sorted({rule.host for rule in network.inject}))
+        reach += f"; the proxy adds the credentials for {hosts}: call them without a key"
+    if network.ports:
+        shown = ", ".join(str(port) for port in network.ports)
+        reach += (
+            f"; inbound ports {shown} forwarded from the host to the sandbox's 127.0.0.1 "
+            "(the result's ports name the host's side)"
+        )
     return reach
 
 

@@ -253,14 +253,14 @@ def python_result(answer: PythonAnswer) -> types.CallToolResult:
     traceback."""
     result = answer.result
     content: list[types.TextContent | types.ImageContent] = []
-    for part in python_parts(result, timeout_s=answer.timeout_s):
+    for part in python_parts(result, timeout_s=answer.timeout_s, ports=answer.ports):
         if part[0] == "text":
             content.append(types.TextContent(type="text", text=part[1]))
         else:
             content.append(types.ImageContent(type="image", data=part[1], mime_type=part[2]))
     return types.CallToolResult(
         content=list(content),
-        structured_content=python_fields(result, fresh=answer.fresh),
+        structured_content=python_fields(result, fresh=answer.fresh, ports=answer.ports),
         is_error=result.error is not None,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from sbxkit._grammar.profile import LIMIT_FIELDS
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.result import RunResult, json_fields
 from sbxkit._model.spec import Limits
 from sbxkit.errors import SbxError
@@ -31,6 +32,13 @@ class SandboxView(msgspec.Struct, frozen=True, kw_only=True):
     idle_timeout_s: float
     idle_s: float
     busy: bool
+    ports: tuple[PortForward, ...] = ()
+    """Its inbound ports as the host reaches them (empty when the profile forwards none)."""
+
+
+def port_fields(ports: tuple[PortForward, ...]) -> list[dict[str, Any]]:
+    """Forwarded ports as ``sbxkit run --json`` lists them: address, host_port, sandbox_port."""
+    return [msgspec.structs.asdict(port) for port in ports]
 
 
 def evidence(result: RunResult) -> dict[str, Any]:
@@ -80,6 +88,7 @@ def limits_fields(limits: Limits) -> dict[str, Any]:
 def sandbox_fields(view: SandboxView) -> dict[str, Any]:
     fields = msgspec.structs.asdict(view)
     fields["limits"] = limits_fields(view.limits)
+    fields["ports"] = port_fields(view.ports)
     for name in ("lifetime_s", "expires_in_s", "idle_timeout_s", "idle_s"):
         fields[name] = round(fields[name], 1)
     return fields

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ for top, dirs, files in os.walk("/"):
             continue
         if marker.encode() in data:
             found.append(path)
-        if path.startswith("/run/sbxkit") and b"PRIVATE KEY" in data:
+        if not path.startswith("/usr/") and b"PRIVATE KEY" in data:  # the image's: binaries
             keys.append(path)
 out["found"] = found
 out["scan_seconds"] = time.monotonic() - began
@@ -123,8 +124,9 @@ except OSError as error:
 print(json.dumps(out))
 """
 """``python3 -c PROBE URL [OWN_AUTHORIZATION]``: the request through the proxy variables, then
-where the token's marker can be found and whether a private key is anywhere under
-``/run/sbxkit``; prints one JSON document."""
+where the token's marker can be found and whether a private key is in any file outside the
+image's ``/usr`` (where only ``openssl`` and an engine library hold the words); prints one
+JSON document."""
 
 
 @dataclass
@@ -174,8 +176,9 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-@pytest.fixture(scope="module")
-def api(tier: str) -> Iterator[Api]:
+@contextmanager
+def running_api() -> Iterator[Api]:
+    """The upstreams (see the module doc) and the token in this process's environment."""
     token = MARKER + secrets.token_hex(16)
     ours, theirs = trustme.CA(), trustme.CA()
     with tempfile.TemporaryDirectory(prefix="sbxbroker-") as directory:
@@ -207,6 +210,12 @@ def api(tier: str) -> Iterator[Api]:
             for server in started:
                 server.shutdown()
                 server.server_close()
+
+
+@pytest.fixture(scope="module")
+def api(tier: str) -> Iterator[Api]:
+    with running_api() as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sbxkit._consumers.interp_frames import CodeError, CodeResult
 from sbxkit._grammar.mcp_options import parse_http_address
 from sbxkit._grammar.profile import LIMIT_FIELDS, decode_profile
+from sbxkit._model.network_ports import PortForward
 from sbxkit._model.spec import MiB
 from sbxkit.errors import QuotaExhausted, SbxError, SpecError
 from sbxkit.mcp.arguments import (
@@ -37,7 +38,7 @@ from sbxkit.mcp.policy import (
     policy_from_profile,
     run_request,
 )
-from sbxkit.mcp.python_calls import python_fields
+from sbxkit.mcp.python_calls import python_fields, python_parts
 from sbxkit.mcp.quotas import Quotas
 from sbxkit.mcp.schemas import tool_definitions
 from sbxkit.mcp.shapes import error_fields
@@ -443,6 +444,7 @@ RESULTS: dict[str, dict[str, Any]] = {
         "idle_timeout_s": 60.0,
         "idle_s": 0.0,
         "busy": False,
+        "ports": [{"address": "127.0.0.1", "host_port": 40123, "sandbox_port": 8000}],
     },
     "sandbox_write_file": {"sandbox_id": SANDBOX_ID, "path": "/tmp/x", "bytes": 1},
     "sandbox_read_file": {
@@ -509,6 +511,7 @@ RESULTS["python"] = python_fields(
         run_s=0.25,
     ),
     fresh=True,
+    ports=(PortForward(host_port=40123, sandbox_port=8000),),
 )
 
 
@@ -645,3 +648,36 @@ def test_a_governed_network_is_described_in_words_not_a_repr() -> None:
     )
     assert "Network(" not in said
     assert network_phrase("none") == "no network"
+
+
+def test_a_profiles_inject_rules_and_ports_are_said_to_the_model() -> None:
+    from sbxkit._model.network_inject import InjectRule
+    from sbxkit._model.network_terms import Network
+    from sbxkit.mcp.schemas import network_phrase
+
+    said = network_phrase(
+        Network(
+            allow=["api.example.com:443"],
+            inject=[InjectRule(host="api.example.com", header="Authorization", value_from="env:T")],
+            ports=[8000, "18001:8001"],
+        )
+    )
+    assert said == (
+        "no network except, through sbxkit's proxy, api.example.com:443; the proxy adds the "
+        "credentials for api.example.com: call them without a key; inbound ports 8000, "
+        "18001:8001 forwarded from the host to the sandbox's 127.0.0.1 (the result's ports name "
+        "the host's side)"
+    )
+    assert "env:T" not in said
+
+
+def test_a_python_answer_says_its_forwarded_ports_in_text_and_json() -> None:
+    result = CodeResult(status="ok", stdout="", text="1", run_s=0.1)
+    port = PortForward(host_port=40123, sandbox_port=8000)
+    assert python_parts(result, timeout_s=5, ports=(port,)) == [
+        ("text", "1"),
+        ("text", "forwarded ports (host->sandbox 127.0.0.1): 127.0.0.1:40123->8000"),
+    ]
+    assert python_parts(result, timeout_s=5) == [("text", "1")]
+    fields = python_fields(result, fresh=False, ports=(port,))
+    assert fields["ports"] == [{"address": "127.0.0.1", "host_port": 40123, "sandbox_port": 8000}]
