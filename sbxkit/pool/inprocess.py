@@ -26,11 +26,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import msgspec
 import trio
 
 from sbxkit._kernel.scripts import GO_LINE
-from sbxkit._lifecycle.attached import OutputCallback, Ran
+from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._lifecycle.kernel_run import started_on_fifos
 from sbxkit._lifecycle.kernel_watch import Feed
 from sbxkit._lifecycle.owned import OwnedContainer, attached
@@ -271,18 +270,14 @@ async def _claim(
     slot.done.set()
     if wait_for_removal:
         await slot.removed.wait()  # the owned container's own shielded, bounded removal
-    result = Ran(
-        verdict=ran.verdict,
-        exit_code=ran.exit_code,
-        capture=ran.outcome.capture,
+    return ran.result(
+        box.container_id,
+        box.lease,
         start_s=0.0,
         run_s=run_s,
-        evidence=ran.evidence,
-    ).result(box, denials, ports)
-    return msgspec.structs.replace(
-        result,
-        pooled=True,
-        timings=msgspec.structs.replace(result.timings, queued_s=0.0, create_s=0.0),
+        remove_s=box.remove_s or 0.0,
+        denials=denials,
+        ports=ports,
     )
 
 
