@@ -56,17 +56,24 @@ class _Parked:
 
     box: OwnedContainer
     transport: ClaimTransport
+    taken: trio.Event = field(default_factory=trio.Event)
+    """Claimed or dropped: parked no more."""
     done: trio.Event = field(default_factory=trio.Event)
+    """Its claim is done with it (or nobody claimed it): remove it."""
     removed: trio.Event = field(default_factory=trio.Event)
     claimed: bool = False
 
     async def wait_claim(self) -> None:
-        await self.done.wait()
+        await self.taken.wait()
 
     async def let_go(self) -> None:
+        if self.claimed:  # its run's own time limit bounds it; its lease's end at the latest
+            with trio.move_on_at(self.box.deadline):
+                await self.done.wait()
         self.done.set()
 
     def drop(self) -> None:
+        self.taken.set()
         self.done.set()
 
 
@@ -138,6 +145,7 @@ class Pool(KeptPool[_Parked]):
 
     def _claimed(self, slot: _Parked) -> _Parked:
         slot.claimed = True
+        slot.taken.set()  # its idle limit ends here: the run has the time after the claim
         if self.budget is not None:
             self.budget.give_back()  # the container is its run's now
         return super()._claimed(slot)
