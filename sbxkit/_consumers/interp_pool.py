@@ -4,11 +4,12 @@ hands one to exactly one session (docs/interpreter.md, "Warm interpreters").
 
 Each parked interpreter is an ordinary ``open_interpreter`` block run in the pool's own task:
 its sandbox is created, verified and owned like any session (the supervisor removes it if this
-process dies), and its interpreter has imported ``preload`` and said it is ready. A claim takes
-the oldest parked one (``Parking``, the mechanism the container pools share): nothing parked,
-it waits only for a park under way that no other claim waits for, and starts cold otherwise —
-never refused. A claimed interpreter is never parked again: the claim's block ends, its sandbox
-is removed. Refills run in the pool's tasks, off the claim's path.
+process dies), and its interpreter has imported ``preload`` and said it is ready. The loop that
+keeps the pool full is the in-process container pool's (``sbxkit.pool.keeping``). A claim takes
+the oldest parked one: nothing parked, it waits only for a park under way that no other claim
+waits for, and starts cold otherwise — never refused. A claimed interpreter is never parked
+again: the claim's block ends, its sandbox is removed. Refills run in the pool's tasks, off the
+claim's path.
 
 Time. A parked sandbox is planned with ``idle_ttl_s`` more than the spec's time limit (its
 lease's backstop), and a claim's session gets the spec's own limit from the claim on: its
@@ -18,7 +19,6 @@ spec's ``timeout_s``, as for a cold interpreter.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,27 +34,35 @@ from sbxkit._consumers.interpreter import (
 )
 from sbxkit._model.call_checks import check_pool_options
 from sbxkit._model.spec import SandboxSpec, check_limit
-from sbxkit._util.parking import Parking
 from sbxkit._util.public import publish
-from sbxkit._util.unwrap import plain_errors
 from sbxkit.errors import SandboxExpired, SbxError, SpecError
+from sbxkit.pool.keeping import KeptPool
 
 __all__ = ["InterpreterPool", "open_interpreter_pool"]
-
-REFILL_BACKOFF_S = 1.0
 
 
 @dataclass(eq=False)
 class _Warm:
-    """One parked interpreter, waiting for its one claim."""
+    """One parked interpreter, waiting for its one claim (a ``keeping.Slot``)."""
 
     interpreter: Interpreter
     claimed: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
     removed: trio.Event = field(default_factory=trio.Event)
 
+    async def wait_claim(self) -> None:
+        await self.claimed.wait()
 
-class InterpreterPool:
+    async def let_go(self) -> None:
+        if self.claimed.is_set():
+            await self.done.wait()  # the claim's block, bounded by its own deadline
+
+    def drop(self) -> None:
+        self.done.set()
+        self.claimed.set()
+
+
+class InterpreterPool(KeptPool[_Warm]):
     """Up to ``size`` warm interpreters of one spec and ``preload`` (``open_interpreter_pool``)."""
 
     def __init__(
@@ -67,11 +75,10 @@ class InterpreterPool:
         idle_ttl_s: float,
         options: dict[str, Any],
     ) -> None:
+        super().__init__(size=size, idle_ttl_s=idle_ttl_s)
         self.spec = spec
-        self.size = size
         self.preload = preload
         self.python = python
-        self.idle_ttl_s = idle_ttl_s
         timeout_s = spec.limits.timeout_s
         assert timeout_s is not None  # checked
         self.timeout_s: float = timeout_s
@@ -80,85 +87,30 @@ class InterpreterPool:
             limits=msgspec.structs.replace(spec.limits, timeout_s=idle_ttl_s + timeout_s),
         )
         self._options = options
-        self.parking: Parking[_Warm] = Parking()
-        self._wanted = trio.Event()
-        self._nursery: trio.Nursery | None = None
-        self._closing = False
-        self.last_error: SbxError | None = None
-        """Why the last interpreter could not be parked (None once one was)."""
         self.claims = {"warm": 0, "cold": 0}
 
-    def start(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
-        self._fill()
-        nursery.start_soon(self._keep_full)
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[_Warm]:
+        """An interpreter started, ``preload`` imported; its sandbox removed when this ends."""
+        async with open_interpreter(
+            self._parked_spec, python=self.python, preload=self.preload, **self._options
+        ) as interp:
+            interp._timeout_s = self.timeout_s
+            yield _Warm(interp)
 
-    def _fill(self) -> None:
-        assert self._nursery is not None
-        parking = self.parking
-        while len(parking.ready) + parking.starting < self.size and not self._closing:
-            parking.starting += 1
-            self._nursery.start_soon(self._park_one)
+    def _failed(self, exc: SbxError) -> None:
+        if not isinstance(exc, SandboxExpired):  # a claimed session's deadline: the claim says so
+            super()._failed(exc)
 
-    async def _keep_full(self) -> None:
-        while not self._closing:
-            self._fill()
-            self._wanted = trio.Event()
-            await self._wanted.wait()
-            if self.last_error is not None:
-                await trio.sleep(REFILL_BACKOFF_S)  # a missing module, a full host: go cold
-
-    async def _park_one(self) -> None:
-        """Open an interpreter, park it, and hold its block open until its claim's block ends,
-        it idles out or the pool closes; its sandbox is removed when this returns."""
-        parking, slot = self.parking, None
-        try:
-            async with open_interpreter(
-                self._parked_spec, python=self.python, preload=self.preload, **self._options
-            ) as interp:
-                interp._timeout_s = self.timeout_s
-                slot = _Warm(interp)
-                parking.starting -= 1
-                if not self._closing and len(parking.ready) < self.size:
-                    self.last_error = None
-                    parking.park(slot)
-                    with trio.move_on_after(self.idle_ttl_s):
-                        await slot.claimed.wait()
-                with contextlib.suppress(ValueError):
-                    parking.ready.remove(slot)  # idled out or closing: nobody may claim it now
-                if slot.claimed.is_set():
-                    await slot.done.wait()  # the claim's block, bounded by its own deadline
-        except SandboxExpired:
-            pass  # a claimed session's deadline passed: the claim says so
-        except SbxError as exc:
-            self.last_error = exc
-        finally:
-            if slot is None:
-                parking.starting -= 1
-            else:
-                slot.removed.set()
-            self._wanted.set()
-            parking.changed()
-
-    async def wait_ready(self, count: int | None = None) -> None:
-        """Wait until ``count`` (default: all ``size``) interpreters are parked; raise the
-        error that stops parking (a module that does not import, say) instead."""
-        wanted = self.size if count is None else min(count, self.size)
-        while len(self.parking.ready) < wanted:
-            if self.last_error is not None and not self.parking.ready:
-                raise self.last_error
-            await self.parking.wait_changed()
-
-    def _hopeless(self) -> bool:
-        return self._closing or self.last_error is not None
+    def _claimed(self, slot: _Warm) -> _Warm:
+        slot.claimed.set()
+        return super()._claimed(slot)
 
     async def _take(self) -> _Warm | None:
         while True:
-            slot = await self.parking.take_or_wait(self._hopeless)
+            slot = await self._take_or_wait()
             if slot is None:
                 return None
-            slot.claimed.set()
-            self._wanted.set()  # refill off this claim's path
             interp = slot.interpreter
             gen = interp._gen
             alive = gen is not None and gen.process is not None and gen.process.exit is None
@@ -194,16 +146,6 @@ class InterpreterPool:
         if scope.cancelled_caught:
             raise SandboxExpired(box.lease, box.container_id, self.timeout_s) from None
 
-    def close(self) -> None:
-        """Remove every parked interpreter (claimed ones end with their claims' blocks)."""
-        self._closing = True
-        for slot in list(self.parking.ready):
-            slot.done.set()
-            slot.claimed.set()
-        self.parking.ready.clear()
-        self.parking.changed()
-        self._wanted.set()
-
 
 @asynccontextmanager
 async def open_interpreter_pool(
@@ -232,13 +174,8 @@ async def open_interpreter_pool(
         idle_ttl_s=float(idle_ttl_s),
         options=options,
     )
-    with plain_errors():  # the caller's own error leaves as itself, not in a group
-        async with trio.open_nursery() as nursery:
-            pool.start(nursery)
-            try:
-                yield pool
-            finally:
-                pool.close()
+    async with pool.running():
+        yield pool
 
 
 publish(__name__, globals())  # public names show as sbxkit.NAME

@@ -65,12 +65,35 @@ class Ran:
     ) -> RunResult:
         """The run's result, after the ``owned_container`` block ended (removal timed);
         ``denials`` are what its governed network refused."""
+        return self.result_of(
+            box.container_id,
+            box.lease,
+            box.queued_s,
+            box.create_s,
+            box.remove_s or 0.0,
+            denials,
+            ports,
+        )
+
+    def result_of(
+        self,
+        container_id: str,
+        lease: str,
+        queued_s: float,
+        create_s: float,
+        remove_s: float,
+        denials: tuple[Denial, ...] = (),
+        ports: tuple[PortForward, ...] = (),
+        *,
+        pooled: bool = False,
+    ) -> RunResult:
+        """``result`` for a container known by its id and lease alone (a claimed one)."""
         timings = PhaseTimings(
-            queued_s=box.queued_s,
-            create_s=box.create_s,
+            queued_s=queued_s,
+            create_s=create_s,
             start_s=self.start_s,
             run_s=self.run_s,
-            remove_s=box.remove_s or 0.0,
+            remove_s=remove_s,
         )
         return RunResult(
             status=self.verdict.status,
@@ -78,11 +101,12 @@ class Ran:
             stdout=self.capture.stdout,
             stderr=self.capture.stderr,
             overflowed=self.capture.overflowed,
-            container_id=box.container_id,
-            lease=box.lease,
+            container_id=container_id,
+            lease=lease,
             timings=timings,
             oom_evidence=self.verdict.oom_evidence,
             kill_evidence=self.verdict.kill_evidence,
+            pooled=pooled,
             evidence=self.evidence,
             denials=denials,
             ports=ports,

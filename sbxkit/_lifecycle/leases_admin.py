@@ -21,6 +21,7 @@ from sbxkit._protocol.wire import (
     Report,
     Retire,
 )
+from sbxkit._util.table import Table
 from sbxkit.errors import StorageError, SupervisorError
 
 
@@ -38,13 +39,27 @@ def read_journal(state_dir: Path) -> tuple[list[LeaseRecord], list[str]]:
     return records, problems
 
 
+_RECORDS = Table(
+    ("LEASE", "<32"), ("STATE", "<9"), ("CONTAINER", "<12"), ("AGE", ">6"), ("REASON", "")
+)
+_POOLS = Table(
+    ("SHAPE", "<12"),
+    ("SIZE", ">4"),
+    ("PARKED", ">6"),
+    ("STARTING", ">8"),
+    ("CLAIMED", ">7"),
+    ("IDLE", ">11"),
+    ("IMAGE", ""),
+)
+
+
 def format_records(records: list[LeaseRecord]) -> list[str]:
     now = time.time()
-    lines = [f"{'LEASE':<32}  {'STATE':<9}  {'CONTAINER':<12}  {'AGE':>6}  REASON"]
+    lines = [_RECORDS.header]
     for r in records:
+        age = f"{now - r.registered_at:.0f}s"
         lines.append(
-            f"{r.lease:<32}  {r.state:<9}  {(r.container_id or '-')[:12]:<12}  "
-            f"{now - r.registered_at:>5.0f}s  {r.reason or ''}"
+            _RECORDS.line(r.lease, r.state, (r.container_id or "-")[:12], age, r.reason or "")
         )
     return lines
 
@@ -90,15 +105,12 @@ def end_pools(state_dir: Path, shape: str | None) -> Pools:
 
 def format_pools(pools: list[HeldPoolState]) -> list[str]:
     """A table: one line per pool, its shape key shortened as ``end`` accepts it."""
-    lines = [
-        f"{'SHAPE':<12}  {'SIZE':>4}  {'PARKED':>6}  {'STARTING':>8}  {'CLAIMED':>7}  "
-        f"{'IDLE':>11}  IMAGE"
-    ]
+    lines = [_POOLS.header]
     for p in pools:
         idle = f"{p.idle_s:.0f}/{p.idle_ttl_s:g}s"
+        image = p.image + (f"  (last park failed: {p.problem})" if p.problem else "")
         lines.append(
-            f"{p.shape[:12]:<12}  {p.size:>4}  {p.parked:>6}  {p.starting:>8}  {p.claimed:>7}  "
-            f"{idle:>11}  {p.image}" + (f"  (last park failed: {p.problem})" if p.problem else "")
+            _POOLS.line(p.shape[:12], p.size, p.parked, p.starting, p.claimed, idle, image)
         )
     return lines
 

@@ -23,6 +23,7 @@ import trio
 from sbxkit._lifecycle.metrics import DEFAULT_INTERVAL_S, MetricsReader, check_interval
 from sbxkit._model.result import Metrics
 from sbxkit._protocol.records import LeaseRecord
+from sbxkit._util.table import Table
 from sbxkit.engine.client import Engine, connect
 from sbxkit.errors import MetricsUnavailable, SbxError
 
@@ -48,25 +49,44 @@ def _size(value: int | None) -> str:
     return f"{value}B"
 
 
+_TOP = Table(
+    ("CONTAINER", "<12"),
+    ("LEASE", "<12"),
+    ("CPU %", ">7"),
+    ("CPU TIME", ">9"),
+    ("MEM", ">9"),
+    ("PEAK", ">9"),
+    ("PIDS", ">5"),
+    ("READ", ">9"),
+    ("WRITE", ">9"),
+    ("NAME", ""),
+)
+
+
 def format_table(rows: Sequence[Row]) -> list[str]:
     """The rows as ``docker stats`` lays them out (pure); CPU % is of one core."""
-    lines = [
-        f"{'CONTAINER':<12}  {'LEASE':<12}  {'CPU %':>7}  {'CPU TIME':>9}  {'MEM':>9}  "
-        f"{'PEAK':>9}  {'PIDS':>5}  {'READ':>9}  {'WRITE':>9}  NAME"
-    ]
+    lines = [_TOP.header]
     for row in rows:
-        head = f"{row.container_id[:12]:<12}  {row.lease[:12]:<12}  "
+        ids = (row.container_id[:12], row.lease[:12])
         m = row.metrics
         if m is None:
-            lines.append(f"{head}{row.error or 'no reading'}  {row.name}")
+            lines.append(f"{_TOP.line(*ids)}  {row.error or 'no reading'}  {row.name}")
             continue
         cpu = "-" if m.cpu_rate is None else f"{m.cpu_rate * 100:.1f}%"
         used = "-" if m.cpu_time_s is None else f"{m.cpu_time_s:.2f}s"
         pids = "-" if m.pids is None else str(m.pids)
         lines.append(
-            f"{head}{cpu:>7}  {used:>9}  {_size(m.memory_bytes):>9}  "
-            f"{_size(m.memory_peak_bytes):>9}  {pids:>5}  {_size(m.io_read_bytes):>9}  "
-            f"{_size(m.io_write_bytes):>9}  {row.name}"
+            _TOP.line(
+                *ids,
+                cpu,
+                used,
+                _size(m.memory_bytes),
+                _size(m.memory_peak_bytes),
+                pids,
+                _size(m.io_read_bytes),
+                _size(m.io_write_bytes),
+                row.name,
+            )
         )
     return lines
 

@@ -37,7 +37,7 @@ from sbxkit._lifecycle.owned import OwnedContainer
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
 from sbxkit._model.call_checks import check_pool_options
-from sbxkit._model.result import PhaseTimings, RunResult, own_exit_code
+from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.kernel_host import kernel_path_reason
 from sbxkit._plan.plan import (
@@ -375,27 +375,12 @@ async def _run_on_claimed(
         await owner.remove(lease, claimed.name, container_id)
     else:
         await owner.release(lease)
-    timings = PhaseTimings(
-        queued_s=0.0,
-        create_s=0.0,
+    return ran.result(
+        container_id,
+        lease,
         start_s=t_claim - t_asked,
         run_s=run_s,
         remove_s=clock() - removing if pool.wait_for_removal else 0.0,
-    )
-    capture = ran.outcome.capture
-    return RunResult(
-        status=ran.verdict.status,
-        exit_code=own_exit_code(ran.verdict.status, ran.exit_code),
-        stdout=capture.stdout,
-        stderr=capture.stderr,
-        overflowed=capture.overflowed,
-        container_id=container_id,
-        lease=lease,
-        timings=timings,
-        oom_evidence=ran.verdict.oom_evidence,
-        kill_evidence=ran.verdict.kill_evidence,
-        pooled=True,
-        evidence=ran.evidence,
         denials=denials,
         ports=ports,
     )

@@ -10,8 +10,9 @@ Each pooled container is an ordinary sandbox of the backend: planned once, creat
 owner (the supervisor by default: journaled, admitted against the host's budget, removed if this
 process dies), verified before it is parked, removed when claimed-and-done, when it has idled
 ``idle_ttl_s``, or when the pool closes. Refills run in the pool's own tasks, off the claim's
-path; a claim that finds nothing parked waits only for a park already under way for it
-(``parking.py``, the mechanism the supervisor's pools share), and runs cold otherwise.
+path (``keeping.py``, the loop the warm interpreter pool shares); a claim that finds nothing
+parked waits only for a park already under way for it (``parking.py``, the mechanism the
+supervisor's pools share), and runs cold otherwise.
 
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
 command the claim line cannot carry, a time limit above the pool's ``max_timeout_s``, or an
@@ -21,16 +22,14 @@ share a ``ParkingBudget`` and are ``resize``d as its queue moves. See docs/pool.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import msgspec
 import trio
 
 from sbxkit._kernel.scripts import GO_LINE
-from sbxkit._lifecycle.attached import OutputCallback, Ran
+from sbxkit._lifecycle.attached import OutputCallback
 from sbxkit._lifecycle.kernel_run import started_on_fifos
 from sbxkit._lifecycle.kernel_watch import Feed
 from sbxkit._lifecycle.owned import OwnedContainer, attached
@@ -38,33 +37,47 @@ from sbxkit._model.call_checks import check_pool_options
 from sbxkit._model.result import RunResult
 from sbxkit._model.spec import SandboxSpec
 from sbxkit._plan.plan import CheckedSpec
-from sbxkit._util.parking import Parking, ParkingBudget
+from sbxkit._util.parking import ParkingBudget
 from sbxkit._util.public import publish
 from sbxkit._util.stdin import StdinSource
-from sbxkit._util.unwrap import plain_errors
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.errors import CleanupError, SbxError
+from sbxkit.pool.keeping import KeptPool
 from sbxkit.pool.line import claim_line_within
 from sbxkit.pool.shape import parked_spec, shape_of
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 
 __all__ = ["Claim", "Pool", "open_pool", "parked_transport"]
 
-REFILL_BACKOFF_S = 1.0
-
 
 @dataclass(eq=False)
 class _Parked:
-    """One started container waiting for its one claim."""
+    """One started container waiting for its one claim (a ``keeping.Slot``)."""
 
     box: OwnedContainer
     transport: ClaimTransport
+    taken: trio.Event = field(default_factory=trio.Event)
+    """Claimed or dropped: parked no more."""
     done: trio.Event = field(default_factory=trio.Event)
+    """Its claim is done with it (or nobody claimed it): remove it."""
     removed: trio.Event = field(default_factory=trio.Event)
     claimed: bool = False
 
+    async def wait_claim(self) -> None:
+        await self.taken.wait()
 
-class Pool:
+    async def let_go(self) -> None:
+        if self.claimed:  # its run's own time limit bounds it; its lease's end at the latest
+            with trio.move_on_at(self.box.deadline):
+                await self.done.wait()
+        self.done.set()
+
+    def drop(self) -> None:
+        self.taken.set()
+        self.done.set()
+
+
+class Pool(KeptPool[_Parked]):
     """Up to ``size`` parked containers of ``spec``'s shape (``open_pool``)."""
 
     def __init__(
@@ -78,101 +91,49 @@ class Pool:
         refill: bool = True,
         budget: ParkingBudget | None = None,
     ) -> None:
+        super().__init__(size=size, idle_ttl_s=idle_ttl_s)
         self.backend = backend
         self.budget = budget
         self.refill = refill
-        self.size = size
-        self.idle_ttl_s = idle_ttl_s
         self.max_timeout_s = max_timeout_s
         self.shape = shape_of(spec)
         parked = parked_spec(spec, idle_ttl_s, max_timeout_s)
         self._checked: CheckedSpec = backend.check(parked, "run")
-        self.parking: Parking[_Parked] = Parking()
         self._filled_once = False
-        self._wanted = trio.Event()
-        self._nursery: trio.Nursery | None = None
-        self._closing = False
-        self.last_error: SbxError | None = None
-        """Why the last container could not be parked (None once one was)."""
         self.cleanup_errors: list[CleanupError] = []
         if budget is not None:
             budget.listen(lambda: self._wanted.set())
 
-    # -- keeping it full ------------------------------------------------------------------------
+    # -- keeping it full (keeping.py) -------------------------------------------------------------
 
-    def start(self, nursery: trio.Nursery) -> None:
-        """Run the pool's tasks in ``nursery``; its first parks start before this returns (a
-        claim right after may wait for one of them)."""
-        self._nursery = nursery
-        self._fill()
-        nursery.start_soon(self._keep_full)
+    @asynccontextmanager
+    async def _open(self) -> AsyncIterator[_Parked]:
+        """Create, verify, attach, start: the owned container is removed when this ends."""
+        async with (
+            self.backend.own(self._checked, "run", kernel=True) as box,
+            parked_transport(box) as transport,
+        ):
+            yield _Parked(box, transport)
+
+    def _may_park(self) -> bool:
+        return (self.refill or not self._filled_once) and (
+            self.budget is None or self.budget.take()
+        )
 
     def _fill(self) -> None:
         """Start parks until ``size`` are parked or under way (once only without refill)."""
-        assert self._nursery is not None
-        parking = self.parking
-        while (
-            len(parking.ready) + parking.starting < self.size
-            and not self._closing
-            and (self.refill or not self._filled_once)
-            and (self.budget is None or self.budget.take())
-        ):
-            parking.starting += 1
-            self._nursery.start_soon(self._park_one)
+        super()._fill()
         self._filled_once = True
 
-    async def _keep_full(self) -> None:
-        while not self._closing:
-            self._fill()
-            self._wanted = trio.Event()
-            await self._wanted.wait()
-            if self.last_error is not None:
-                await trio.sleep(REFILL_BACKOFF_S)  # e.g. a full host: claims run cold meanwhile
+    def _failed(self, exc: SbxError) -> None:
+        """Kept; a removal that failed is raised when the pool closes."""
+        super()._failed(exc)
+        if isinstance(exc, CleanupError):
+            self.cleanup_errors.append(exc)
 
-    async def _park_one(self) -> None:
-        """Create, verify, attach, start; wait for a claim, the idle limit or the close; the
-        owned container is removed when this returns, whatever happened. A failure is kept
-        (``last_error``; a removal that failed is raised when the pool closes), never raised
-        into the caller's block."""
-        parking, slot = self.parking, None
-        try:
-            async with (
-                self.backend.own(self._checked, "run", kernel=True) as box,
-                parked_transport(box) as transport,
-            ):
-                slot = _Parked(box, transport)
-                parking.starting -= 1
-                if not self._closing and len(parking.ready) < self.size:  # not shrunk meanwhile
-                    self.last_error = None
-                    parking.park(slot)
-                    with trio.move_on_after(self.idle_ttl_s):
-                        await slot.done.wait()
-                with contextlib.suppress(ValueError):
-                    parking.ready.remove(slot)  # idled out or closing: nobody may claim it now
-                slot.done.set()
-        except SbxError as exc:
-            self.last_error = exc
-            if isinstance(exc, CleanupError):
-                self.cleanup_errors.append(exc)
-            parking.changed()
-        finally:
-            if slot is None:
-                parking.starting -= 1
-            else:
-                slot.removed.set()
-            if self.budget is not None and (slot is None or not slot.claimed):
-                self.budget.give_back()
-            self._wanted.set()
-            parking.changed()  # a run waiting for this park looks again (wait_for_park)
-
-    async def wait_ready(self, count: int | None = None) -> None:
-        """Wait until ``count`` (default: all ``size``) containers are parked; raise the error
-        that stops parking (a missing image, say) instead of waiting for ever."""
-        wanted = self.size if count is None else min(count, self.size)
-        while len(self.parking.ready) < wanted:
-            if self.last_error is not None and not self.parking.ready:
-                raise self.last_error
-            await self.parking.wait_changed()
+    def _ended(self, slot: _Parked | None) -> None:
+        if self.budget is not None and (slot is None or not slot.claimed):
+            self.budget.give_back()
 
     # -- claims -----------------------------------------------------------------------------------
 
@@ -184,17 +145,17 @@ class Pool:
 
     def _claimed(self, slot: _Parked) -> _Parked:
         slot.claimed = True
+        slot.taken.set()  # its idle limit ends here: the run has the time after the claim
         if self.budget is not None:
             self.budget.give_back()  # the container is its run's now
-        self._wanted.set()  # refill in the background, off this claim's path
-        return slot
+        return super()._claimed(slot)
 
     def resize(self, size: int) -> None:
         """Keep ``size`` containers parked from now on (0: none). More are parked in the pool's
         own tasks; the excess is removed at once, the longest parked first."""
         self.size = size
         while len(self.parking.ready) > size:
-            self.parking.ready.pop(0).done.set()
+            self.parking.ready.pop(0).drop()
         self._wanted.set()
 
     def take(self, spec: SandboxSpec | CheckedSpec) -> Claim:
@@ -243,23 +204,15 @@ class Pool:
         if shape_of(cold.checked.spec) != self.shape:
             await trio.lowlevel.checkpoint()
             return cold
-        slot = await self.parking.take_or_wait(lambda: self._closing or self.last_error is not None)
+        slot = await self._take_or_wait()
         if slot is None:
             return cold
-        return self._claim(cold.checked, self._claimed(slot), cold.line)
+        return self._claim(cold.checked, slot, cold.line)
 
     async def aclose(self) -> None:
-        """Remove every parked container (their tasks end, and the pool's nursery with them)."""
+        """Remove every parked container (their tasks end, and the pool's nursery with them);
+        ``close`` does it without waiting."""
         self.close()
-
-    def close(self) -> None:
-        """``aclose`` without waiting: the removals go on in the pool's tasks."""
-        self._closing = True
-        for slot in list(self.parking.ready):
-            slot.done.set()
-        self.parking.ready.clear()
-        self.parking.changed()
-        self._wanted.set()
 
 
 @dataclass(eq=False)
@@ -325,18 +278,14 @@ async def _claim(
     slot.done.set()
     if wait_for_removal:
         await slot.removed.wait()  # the owned container's own shielded, bounded removal
-    result = Ran(
-        verdict=ran.verdict,
-        exit_code=ran.exit_code,
-        capture=ran.outcome.capture,
+    return ran.result(
+        box.container_id,
+        box.lease,
         start_s=0.0,
         run_s=run_s,
-        evidence=ran.evidence,
-    ).result(box, denials, ports)
-    return msgspec.structs.replace(
-        result,
-        pooled=True,
-        timings=msgspec.structs.replace(result.timings, queued_s=0.0, create_s=0.0),
+        remove_s=box.remove_s or 0.0,
+        denials=denials,
+        ports=ports,
     )
 
 
@@ -377,14 +326,8 @@ async def open_pool(
         max_timeout_s=float(max_timeout_s),
         refill=refill,
     )
-    with plain_errors():  # the caller's own error leaves as itself, not in a group
-        async with trio.open_nursery() as nursery:
-            pool.start(nursery)
-            try:
-                yield pool
-            finally:
-                with trio.CancelScope(shield=True):
-                    await pool.aclose()
+    async with pool.running():
+        yield pool
     if pool.cleanup_errors:
         raise pool.cleanup_errors[0]
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sbxkit._lifecycle.attached import Outcome, supervise
+from sbxkit._lifecycle.attached import Outcome, Ran, supervise
 from sbxkit._lifecycle.kernel_run import Judge, kernel_verdict
 from sbxkit._lifecycle.kernel_watch import Exited, Feed, KernelIO, KernelSupervise, supervise_kernel
 from sbxkit._lifecycle.outcome import Verdict
-from sbxkit._model.result import Evidence
+from sbxkit._model.network_audit import Denial
+from sbxkit._model.network_ports import PortForward
+from sbxkit._model.result import Evidence, RunResult
 from sbxkit._util.stdin import Prefixed
 from sbxkit.engine.client import Engine, Waiter
 from sbxkit.engine.transport import HijackedStream
@@ -37,6 +39,29 @@ class Claimed:
     verdict: Verdict
     exit_code: int | None
     evidence: Evidence
+
+    def result(
+        self,
+        container_id: str,
+        lease: str,
+        *,
+        start_s: float,
+        run_s: float,
+        remove_s: float,
+        denials: tuple[Denial, ...],
+        ports: tuple[PortForward, ...],
+    ) -> RunResult:
+        """The run's ``RunResult``, ``pooled``: no queue and no create of its own (the
+        container was parked before the claim); ``start_s`` is the claim's own wait."""
+        ran = Ran(
+            verdict=self.verdict,
+            exit_code=self.exit_code,
+            capture=self.outcome.capture,
+            start_s=start_s,
+            run_s=run_s,
+            evidence=self.evidence,
+        )
+        return ran.result_of(container_id, lease, 0.0, 0.0, remove_s, denials, ports, pooled=True)
 
 
 class ClaimTransport(Protocol):

@@ -203,6 +203,17 @@ async def test_an_idle_container_is_removed_at_its_ttl_and_replaced(
                 await trio.sleep(0.05)
 
 
+async def test_a_claimed_run_may_outlast_the_idle_ttl(engine: Engine, busybox: str) -> None:
+    """The idle limit ends at the claim: a run that goes on past it keeps its container (the
+    parked time limit covers the idle wait plus the longest claimed run)."""
+    job = spec(busybox, "sleep 4; echo finished")
+    async with open_pool(job, size=1, backend=backend_of(engine), idle_ttl_s=2.0) as pool:
+        await wait_ready(pool, 1)
+        result = await pool.run(job)
+    assert result.pooled
+    assert (result.status, result.stdout) == ("exited", b"finished\n"), result
+
+
 async def test_a_cancelled_claim_removes_its_container_before_it_returns(
     engine: Engine, busybox: str, witness: Witness
 ) -> None:
