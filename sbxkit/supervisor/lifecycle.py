@@ -185,21 +185,23 @@ class Leases(ServiceCore):
         self.nursery.start_soon(send_create)
         with trio.move_on_after(REGISTERED_HELD_S):
             await created.wait()
+        startup_missed = False
+        # The usual create is answered within REGISTERED_HELD_S: it waits no further (each
+        # wait on a set event is still a trip through the scheduler).
         if not created.is_set():  # a slow create: the caller hears Registered now
             await live.peer.flush()
-        startup_missed = False
-        with trio.move_on_at(live.startup_deadline):
-            await created.wait()
-        if not created.is_set():
-            startup_missed = True
-            await live.peer.send(
-                Failed(
-                    lease=lease,
-                    reason="startup deadline passed before the container was "
-                    "created; it will be removed without starting",
+            with trio.move_on_at(live.startup_deadline):
+                await created.wait()
+            if not created.is_set():
+                startup_missed = True
+                await live.peer.send(
+                    Failed(
+                        lease=lease,
+                        reason="startup deadline passed before the container was "
+                        "created; it will be removed without starting",
+                    )
                 )
-            )
-        await created.wait()
+                await created.wait()
         result = outcome[0]
         if isinstance(result, SbxError):
             await self._create_failed(live, result)
@@ -321,7 +323,8 @@ class Leases(ServiceCore):
 
     async def _remove_live(self, live: LiveLease, engine: Engine, container_id: str) -> None:
         lease = live.record.lease
-        if live.launching is not None:  # a start this supervisor sent is answered first
+        # A start this supervisor sent is answered first (usually it was already).
+        if live.launching is not None and not live.launching.is_set():
             with trio.move_on_after(engine.deadlines.start):
                 await live.launching.wait()
         error = await self._remove_container(engine, lease, container_id)
