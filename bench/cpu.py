@@ -32,6 +32,7 @@ import os
 import resource
 import shutil
 import signal
+import socket as sock
 import subprocess
 import tempfile
 import time
@@ -95,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(CONTENDERS),
         help=f"comma-separated, in round order, of {', '.join(LABELS)}",
     )
+    parser.add_argument(
+        "--name",
+        default=PRIVATE,
+        help=f"the private daemon's name: /run/NAME, /var/lib/NAME, containerd namespace NAME "
+        f"(default {PRIVATE}; give each concurrent run its own)",
+    )
     parser.add_argument("--out", default=None, help="results directory ('-' for none)")
 
 
@@ -144,6 +151,16 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def answers(socket: str) -> bool:
+    """Whether something accepts connections on the Unix socket ``socket``."""
+    with contextlib.closing(sock.socket(sock.AF_UNIX, sock.SOCK_STREAM)) as probe:
+        try:
+            probe.connect(socket)
+        except OSError:
+            return False
+    return True
+
+
 def pids_with(words: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -174,12 +191,17 @@ class PrivateEngine:
     """A dockerd of the benchmark's own, in a cpuacct cgroup of its own, its containers under
     another; gone (daemon stopped, cgroups removed) when the benchmark ends."""
 
-    def __init__(self) -> None:
-        self.group = cpuacct_root() / f"{PRIVATE}-{os.getpid()}"
+    def __init__(self, name: str = PRIVATE) -> None:
+        if not name.startswith(PRIVATE) or not name.replace("-", "").isalnum():
+            raise SystemExit(
+                f"bench cpu: --name {name!r}: letters, digits and '-', starting with {PRIVATE!r}"
+            )
+        self.name = name
+        self.group = cpuacct_root() / f"{name}-{os.getpid()}"
         self.engine_group = self.group / "engine"
         self.payload_group = self.group / "payload"
-        self.run = Path(f"/run/{PRIVATE}")
-        self.data = Path(f"/var/lib/{PRIVATE}")
+        self.run = Path(f"/run/{name}")
+        self.data = Path(f"/var/lib/{name}")
         self.socket = str(self.run / "docker.sock")
         self.pidfile = self.run / "docker.pid"
         self.state_dir = Path(tempfile.mkdtemp(prefix="sbxkit-bench-cpu-"))
@@ -189,6 +211,12 @@ class PrivateEngine:
     def start(self) -> None:
         if os.geteuid() != 0:
             raise SystemExit("bench cpu: needs root (a daemon of its own, cgroups)")
+        if answers(self.socket):
+            # engine-up would adopt it: a daemon outside our cgroup, stopped by us at the end.
+            raise SystemExit(
+                f"bench cpu: a daemon already answers on {self.socket} (another run's?): "
+                "give this run its own --name"
+            )
         self.engine_group.mkdir(parents=True)
         self.payload_group.mkdir()
         self.run.mkdir(parents=True, exist_ok=True)
@@ -201,8 +229,10 @@ class PrivateEngine:
             "SBXKIT_ENGINE_EXEC_ROOT": str(self.run / "exec"),
             "SBXKIT_ENGINE_CONFIG": str(self.data / "daemon.json"),
             "SBXKIT_ENGINE_LOG": str(self.data / "dockerd.log"),
+            "SBXKIT_ENGINE_PYDATA": "0",  # the python image is all the jobs need
             "SBXKIT_DOCKERD_ARGS": f"--cgroup-parent=/{self.group.name}/payload "
-            f"--containerd-namespace {PRIVATE} --containerd-plugins-namespace {PRIVATE}-plugins",
+            f"--containerd-namespace {self.name} "
+            f"--containerd-plugins-namespace {self.name}-plugins",
         }
         # The shell joins the engine's cgroup before it execs engine-up: dockerd, containerd
         # and all they start later are charged there.
@@ -295,7 +325,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     contenders = chosen(args.contenders)
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in contenders}
     errors: list[str] = []
-    engine_box = PrivateEngine()
+    engine_box = PrivateEngine(args.name)
     await trio.to_thread.run_sync(engine_box.start)
     leaks = LeakCheck(engine_box.socket, humaneval.NAME)
     client = dockerpy_client(engine_box.socket, args.parallel)

@@ -295,21 +295,35 @@ class Journal:
                     operation.error = exc
         return fsyncs
 
-    async def _submit(self, operation: _Operation) -> None:
+    def _queue_operation(self, operation: _Operation) -> _Operation:
         if not self._serving:
             raise trio.BrokenResourceError("the journal has stopped")
         self._queue.append(operation)
         self._queued.set()
-        # The operation now runs to completion whatever happens to the submitter: a record
-        # write that was started must not be abandoned halfway (its result is still durable).
+        return operation
+
+    async def finish(self, operation: _Operation) -> None:
+        """Wait until a queued operation is durable (or raise its error). It runs to
+        completion whatever happens to the waiter: a record write that was started must not
+        be abandoned halfway (its result is still durable)."""
         with trio.CancelScope(shield=True):
             await operation.done.wait()
         if operation.error is not None:
             raise operation.error
 
+    async def _submit(self, operation: _Operation) -> None:
+        await self.finish(self._queue_operation(operation))
+
     async def write(self, record: LeaseRecord) -> None:
         await self._submit(_Operation(record, record.lease))
         self.writes += 1
+
+    def start_write(self, record: LeaseRecord) -> _Operation:
+        """Queue a record write and return at once: the caller overlaps other work with its
+        commit and awaits ``finish`` before anyone may rely on the record (no task spawned)."""
+        operation = self._queue_operation(_Operation(record, record.lease))
+        self.writes += 1
+        return operation
 
     async def delete(self, lease: str) -> None:
         await self._submit(_Operation(None, lease))

@@ -37,7 +37,6 @@ from sbxkit.supervisor.lease import (
     LaunchSlot,
     LiveLease,
     Replies,
-    first_of,
     log,
 )
 from sbxkit.supervisor.lifecycle import Leases
@@ -403,10 +402,12 @@ class Admitting(Leases):
         """Wait for a slot in line, telling the caller its place every second, until it is
         held, the caller leaves, or the admission deadline passes."""
         acquired = trio.Event()
+        beat = trio.CancelScope()
 
         async def acquire() -> None:
-            await slot.acquire()
+            await slot.acquire()  # in its own task: a heartbeat never loses its place in line
             acquired.set()
+            beat.cancel()  # the waiter wakes now, with no task of its own per event
 
         self.slot_waiters.append(lease)
         try:
@@ -414,8 +415,12 @@ class Admitting(Leases):
                 nursery.start_soon(acquire)
                 with trio.move_on_after(self.config.capacity.admission_timeout_s):
                     while True:
-                        with trio.move_on_after(QUEUED_HEARTBEAT_S):
-                            await first_of(acquired, intent.stop)
+                        # ``acquire`` cancels the scope in place now: nothing runs between
+                        # this check and the wait.
+                        beat = trio.move_on_after(QUEUED_HEARTBEAT_S)
+                        with beat:
+                            if not acquired.is_set():
+                                await intent.stop.wait()
                         if acquired.is_set() or intent.stop.is_set():
                             break
                         ahead = self.slot_waiters.index(lease)

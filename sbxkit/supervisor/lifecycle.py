@@ -55,11 +55,13 @@ class Leases(ServiceCore):
                     await live.on_created(container_id)  # parked until claimed, idle or stopped
             bound = await self._disk_to_watch(live, engine, container_id)
             with trio.move_on_at(live.lifetime_deadline):
-                async with trio.open_nursery() as watching:
-                    if bound is not None:
-                        watching.start_soon(self._watch_disk, live, engine, container_id, bound)
+                if bound is None:  # no watch to run beside the wait: no nursery to pay for
                     await live.stop.wait()
-                    watching.cancel_scope.cancel()
+                else:
+                    async with trio.open_nursery() as watching:
+                        watching.start_soon(self._watch_disk, live, engine, container_id, bound)
+                        await live.stop.wait()
+                        watching.cancel_scope.cancel()
             if not live.stop.is_set():
                 live.request_stop("lifetime deadline")
                 log(f"lease {lease}: lifetime deadline reached; removing its container")
@@ -156,7 +158,10 @@ class Leases(ServiceCore):
         caller that never says so holds its slot at most until the startup deadline."""
         with trio.move_on_at(live.startup_deadline):
             if live.launching is not None:
-                await first_of(live.launching, live.finished)
+                # Set by ``_launch`` whatever becomes of the start (its ``finally``; the
+                # engine's start deadline bounds it), and the lease's removal waits for it:
+                # ``finished`` needs no task of its own watching it too.
+                await live.launching.wait()
             else:
                 await first_of(live.intent.started, live.stop, live.finished)
         slot.release()
@@ -180,21 +185,23 @@ class Leases(ServiceCore):
         self.nursery.start_soon(send_create)
         with trio.move_on_after(REGISTERED_HELD_S):
             await created.wait()
+        startup_missed = False
+        # The usual create is answered within REGISTERED_HELD_S: it waits no further (each
+        # wait on a set event is still a trip through the scheduler).
         if not created.is_set():  # a slow create: the caller hears Registered now
             await live.peer.flush()
-        startup_missed = False
-        with trio.move_on_at(live.startup_deadline):
-            await created.wait()
-        if not created.is_set():
-            startup_missed = True
-            await live.peer.send(
-                Failed(
-                    lease=lease,
-                    reason="startup deadline passed before the container was "
-                    "created; it will be removed without starting",
+            with trio.move_on_at(live.startup_deadline):
+                await created.wait()
+            if not created.is_set():
+                startup_missed = True
+                await live.peer.send(
+                    Failed(
+                        lease=lease,
+                        reason="startup deadline passed before the container was "
+                        "created; it will be removed without starting",
+                    )
                 )
-            )
-        await created.wait()
+                await created.wait()
         result = outcome[0]
         if isinstance(result, SbxError):
             await self._create_failed(live, result)
@@ -207,11 +214,13 @@ class Leases(ServiceCore):
         # which recovery resolves by the container's name as before. A ``launch`` lease's
         # container starts as soon as the inspection verified it: the start overlaps the
         # record's fsync and the caller's wake (its payload waits for the caller's go line).
-        async with trio.open_nursery() as both:
-            both.start_soon(self.journal.write, live.record)
+        written = self.journal.start_write(live.record)
+        try:
             problem, inspected = await self._check_reservation(engine, live, container_id)
             if not (problem or startup_missed or live.stop.is_set()):
                 self._launch_if_verified(live, engine, container_id, inspected)
+        finally:
+            await self.journal.finish(written)
         if startup_missed or live.stop.is_set():
             live.request_stop("startup deadline" if startup_missed else live.stop_reason)
             await self._remove_live(live, engine, container_id)
@@ -314,7 +323,8 @@ class Leases(ServiceCore):
 
     async def _remove_live(self, live: LiveLease, engine: Engine, container_id: str) -> None:
         lease = live.record.lease
-        if live.launching is not None:  # a start this supervisor sent is answered first
+        # A start this supervisor sent is answered first (usually it was already).
+        if live.launching is not None and not live.launching.is_set():
             with trio.move_on_after(engine.deadlines.start):
                 await live.launching.wait()
         error = await self._remove_container(engine, lease, container_id)

@@ -73,7 +73,6 @@ from sbxkit.supervisor.lease import (
     LiveLease,
     Peer,
     describe,
-    first_of,
     log,
 )
 from sbxkit.supervisor.pooling import Pooling
@@ -218,19 +217,26 @@ class Service(Detaching, Pooling, Recovery):
         first, a claimed lease is live already; the caller's Close or EOF ends it — unless
         it detached the lease (detaching.py): then the connection ends and the lease lives on."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_intent, peer, lease, intent)
+            # Cancelled by ``_read_intent`` once the lease is detached (``intent.detached``):
+            # the wait below then ends as a wait for either event would, with no task of its
+            # own for each event.
+            holding = trio.CancelScope()
+            nursery.start_soon(self._read_intent, peer, lease, intent, holding)
             try:
                 live: Register | LiveLease | None = source
                 if isinstance(source, Register):
                     live = await self.admit_lease(peer, source, intent)
-                if isinstance(live, LiveLease):
-                    await first_of(live.finished, intent.detached)
+                if isinstance(live, LiveLease) and not intent.detached.is_set():
+                    with holding:
+                        await live.finished.wait()
             finally:
                 if not intent.detached.is_set():
                     intent.request_stop("connection ended")
                 nursery.cancel_scope.cancel()
 
-    async def _read_intent(self, peer: Peer, lease: str, intent: Intent) -> None:
+    async def _read_intent(
+        self, peer: Peer, lease: str, intent: Intent, holding: trio.CancelScope
+    ) -> None:
         """Relay the caller's messages after Register: Started (and, for a governed network,
         Govern and AskDenials, answered here), then Close (or EOF), or Detach."""
         try:
@@ -260,6 +266,7 @@ class Service(Detaching, Pooling, Recovery):
                     await peer.send(answer)
                     if answer.problem is None:
                         intent.detached.set()  # the lease is the supervisor's to keep now
+                        holding.cancel()
                         return
                 else:
                     raise WireError(f"unexpected {type(message).__name__} after registration")
