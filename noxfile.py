@@ -29,11 +29,21 @@ CGROUP2_BUILD_S = 900
 """The v2 cell's image and wheelhouse, from nothing (debootstrap from Debian's archive: ~3 min
 with the rootful packages; the rootless phases' podman, rootlesskit and the rest made one build
 here take 951 s at load 18, so 15 minutes; a cached image takes seconds)."""
-CGROUP2_BOOTS = {"unstable": 720, "bookworm": 480}
-"""The v2 cell's two boots, at once (one vCPU each), with each VM's time box in seconds: the
-newer kernel (the kernel path) runs DEFAULT_TESTS (~6 min), Debian 12's 6.1 (the daemon's
-path) BOOKWORM_TESTS (~4 min); both ran in 370 s on a quiet machine. ``SBXKIT_CGROUP2_TIMEOUT``
-replaces both (a machine known to be loaded)."""
+CGROUP2_ROOTLESS_PODMAN = False
+"""The one switch of the rootless Podman phase (``ROOTLESS_PODMAN_TESTS`` in
+scripts/cgroup2-cell): on, the 7.2 boot runs it after its rootful tests. Off until rootless
+Podman runs the conformance subset there."""
+CGROUP2_BOOTS = {
+    "unstable": ("rootful", 720),
+    "bookworm": ("rootful,rootless-docker", 900),
+}
+"""The v2 cell's two boots, at once (one vCPU each): each kernel's engines, in order
+(``SBXKIT_CGROUP2_ENGINES``), and its VM's time box in seconds. The newer kernel (the kernel
+path) runs DEFAULT_TESTS (624 s at load 4-10); Debian 12's 6.1 (the daemon's path) runs
+BOOKWORM_TESTS (391 s), then rootless Docker's phase, ROOTLESS_DOCKER_TESTS (331 s more: 732 s,
+past 12 minutes, so 15): a rootless daemon takes the daemon's path on any kernel, and this boot
+had the time to spare.
+``SBXKIT_CGROUP2_TIMEOUT`` replaces both boxes (a machine known to be loaded)."""
 CGROUP2_SLACK_S = 120
 """Beyond a VM's time box: packing the share before the boot, reading the results after."""
 NETWORK_TESTS = "tests/network"
@@ -229,8 +239,9 @@ def cgroup2_cell(session: nox.Session) -> None:
     fails when a test fails, nothing ran or the VM does not come up in its time box). With no
     posargs (``./dev test`` notifies it): the image is built, then two boots at once, the newer
     kernel's (the kernel path, DEFAULT_TESTS) and Debian 12's 6.1 (no PIDFD_GET_INFO: the
-    daemon's path, BOOKWORM_TESTS). Posargs replace the subset of one boot (the newer kernel,
-    or ``SBXKIT_CGROUP2_KERNEL``'s).
+    daemon's path, BOOKWORM_TESTS, then rootless Docker's phase); ``CGROUP2_ROOTLESS_PODMAN``
+    adds rootless Podman's phase to the first. Posargs replace the subset of one boot (the
+    newer kernel, or ``SBXKIT_CGROUP2_KERNEL``'s).
 
     It runs after the main suite, not beside it: a TCG VM keeps a core busy for its whole
     run, and the suite already fills both with its own engine cells; one after the other, CI
@@ -246,27 +257,28 @@ def cgroup2_cell(session: nox.Session) -> None:
         session.error(f"the cgroup v2 cell's image build failed ({build})")
     home = os.environ.get("SBXKIT_CGROUP2_HOME", "/var/lib/sbxkit-cgroup2")
     given = os.environ.get("SBXKIT_CGROUP2_TIMEOUT", "")
-    boots = {
-        kernel: _Boot(
-            ["bash", CGROUP2_CELL],
-            {
-                "SBXKIT_CGROUP2_KERNEL": kernel,
-                "SBXKIT_CGROUP2_RUN": f"{home}/run-{kernel}",
-                "SBXKIT_CGROUP2_TIMEOUT": str(box),
-            },
-            f"{logs}/{kernel}.log",
-            box + CGROUP2_SLACK_S,
-        )
-        for kernel, box in ((k, int(given or b)) for k, b in CGROUP2_BOOTS.items())
-    }
+    boots = {}
+    for kernel, (engines, box) in cgroup2_boots(CGROUP2_ROOTLESS_PODMAN).items():
+        box = int(given or box)
+        env = {
+            "SBXKIT_CGROUP2_KERNEL": kernel,
+            "SBXKIT_CGROUP2_ENGINES": engines,
+            "SBXKIT_CGROUP2_RUN": f"{home}/run-{kernel}",
+            "SBXKIT_CGROUP2_TIMEOUT": str(box),
+        }
+        log = f"{logs}/{kernel}.log"
+        boots[kernel] = _Boot(["bash", CGROUP2_CELL], env, log, box + CGROUP2_SLACK_S)
     failed = []
     try:
         for kernel, boot in boots.items():
             code = boot.wait()
             _print_log(f"the cgroup v2 cell, kernel {kernel}", code, boot.log)
             if code != 0:
-                pytest_log = f"{home}/run-{kernel}/pytest.log"
-                _print_log(f"pytest in the VM, kernel {kernel}", code, pytest_log)
+                run = f"{home}/run-{kernel}"
+                # Each phase's pytest log: pytest.log (rootful), pytest-rootless-*.log.
+                for pytest_log in sorted(glob.glob(f"{run}/pytest*.log")):
+                    name = os.path.basename(pytest_log)
+                    _print_log(f"pytest in the VM, kernel {kernel}: {name}", code, pytest_log)
                 failed.append(f"{kernel}: {code}")
     finally:  # interrupted: no VM outlives the session
         for boot in boots.values():
@@ -274,6 +286,16 @@ def cgroup2_cell(session: nox.Session) -> None:
     print(f"cgroup2_cell: {time.monotonic() - started:.0f} s in all", flush=True)
     if failed:
         session.error(f"the cgroup v2 cell failed: {', '.join(failed)}")
+
+
+def cgroup2_boots(rootless_podman: bool) -> dict[str, tuple[str, int]]:
+    """``CGROUP2_BOOTS`` with the rootless Podman phase after the 7.2 boot's rootful tests
+    when ``rootless_podman`` is on."""
+    boots = dict(CGROUP2_BOOTS)
+    if rootless_podman:
+        engines, box = boots["unstable"]
+        boots["unstable"] = (f"{engines},rootless-podman", box)
+    return boots
 
 
 class _Boot:

@@ -23,6 +23,7 @@ from sbxkit._lifecycle.launch import (
     launch_lock,
     supervisor_argv,
 )
+from sbxkit._model.bounds import LAUNCH_TIMEOUT_S, REPLY_TIMEOUT_S, SLOWNESS_ENV, scaled
 from sbxkit._protocol.channel import FrameChannel
 from sbxkit._protocol.fingerprint import implementation_fingerprint
 from sbxkit._protocol.journal import check_state_dir
@@ -54,16 +55,24 @@ from sbxkit.errors import (
     UidTaken,
 )
 
-LAUNCH_TIMEOUT_S = 15.0
 RELAUNCH_AFTER_S = 2.0
-REPLY_TIMEOUT_S = 30.0
 HANDSHAKE_ATTEMPTS = 4
+
+
+def launch_timeout_s() -> float:
+    """``LAUNCH_TIMEOUT_S`` stretched by ``SBXKIT_HOST_SLOWNESS`` (a bad value: SpecError)."""
+    return scaled(LAUNCH_TIMEOUT_S, os.environ.get(SLOWNESS_ENV))
+
+
+def reply_timeout_s() -> float:
+    """``REPLY_TIMEOUT_S`` stretched by ``SBXKIT_HOST_SLOWNESS`` (a bad value: SpecError)."""
+    return scaled(REPLY_TIMEOUT_S, os.environ.get(SLOWNESS_ENV))
 
 
 def check_before_launch(state_dir: Path) -> None:
     """The supervisor's own startup checks, run by the client before it launches one: the path
     and every entry (a state directory it would refuse is reported at once, not after
-    ``LAUNCH_TIMEOUT_S``)."""
+    ``launch_timeout_s()``)."""
     check_state_dir(state_dir, create=True)
     problems, _stale = scan_entries(state_dir)
     if problems:
@@ -148,6 +157,7 @@ async def _connect_and_greet(
     command: str | None,
     engine_sockets: Sequence[str] | None = None,
 ) -> SupervisorSession:
+    reply_timeout = reply_timeout_s()  # a bad SBXKIT_HOST_SLOWNESS: refused before anything
     stream = await _connect_once(state_dir / SOCKET_NAME)
     if stream is None:
         async with launch_lock(state_dir):
@@ -160,7 +170,7 @@ async def _connect_and_greet(
             # Shielded: once ``first`` (a Register) is on its way, the supervisor may create
             # for it. Cancelled here, the caller would leave without the session its removal
             # needs; the cancellation lands at the caller's next checkpoint instead.
-            with trio.CancelScope(shield=True), trio.fail_after(REPLY_TIMEOUT_S):
+            with trio.CancelScope(shield=True), trio.fail_after(reply_timeout):
                 await session.send(hello, first)
                 reply = await session.receive()
         except (
@@ -172,7 +182,7 @@ async def _connect_and_greet(
             raise _HandshakeLost() from None
         except trio.TooSlowError:
             raise SupervisorError(
-                f"the supervisor did not answer the handshake within {REPLY_TIMEOUT_S:g} s"
+                f"the supervisor did not answer the handshake within {reply_timeout:g} s"
             ) from None
         if reply is None:
             raise _HandshakeLost()
@@ -202,7 +212,8 @@ async def _launched(
     log_path = state_dir / LOG_NAME
     log_offset = log_size(log_path)
     relaunch_after = RELAUNCH_AFTER_S
-    with trio.move_on_after(LAUNCH_TIMEOUT_S):
+    launch_timeout = launch_timeout_s()
+    with trio.move_on_after(launch_timeout):
         while stream is None:
             # Again after a while without an answer: the one that started may have been
             # killed before it listened (an extra one exits at once, on the lock).
@@ -221,7 +232,8 @@ async def _launched(
     if stream is None:
         raise SupervisorError(
             f"{shlex.join(argv)} did not open {socket_path} "
-            f"within {LAUNCH_TIMEOUT_S:g} s; see {log_path}"
+            f"within {launch_timeout:g} s (SBXKIT_HOST_SLOWNESS stretches it on a slow host); "
+            f"see {log_path}"
         )
     return stream
 
@@ -242,8 +254,11 @@ def refusal_error(
 
 
 async def receive_reply(
-    session: SupervisorSession, what: str, timeout: float = REPLY_TIMEOUT_S
+    session: SupervisorSession, what: str, timeout: float | None = None
 ) -> ServerMessage:
+    """The next message; ``timeout`` defaults to ``reply_timeout_s()``."""
+    if timeout is None:
+        timeout = reply_timeout_s()
     with trio.move_on_after(timeout):
         try:
             message = await session.receive()

@@ -9,6 +9,8 @@ must not carry that caller's environment (an API key in it stayed readable in
   isolated and is told on its command line where the caller's sbxkit is: the handshake
   compares a fingerprint of the supervision sources);
 - ``SBXKIT_ENV``: the environment kind its re-check judges ``network = "bridge"`` by;
+- ``SBXKIT_HOST_SLOWNESS``: how much its removal attempts are stretched on a slow host
+  (sbxkit/_model/bounds.py);
 - ``LANG``, ``LC_ALL``, ``LC_CTYPE``: the locale its log messages and paths are decoded in.
 
 Everything else it needs travels on its command line: ``--state-dir`` and ``--engine-socket``
@@ -19,7 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-SUPERVISOR_ENVIRONMENT = ("PATH", "PYTHONPATH", "SBXKIT_ENV", "LANG", "LC_ALL", "LC_CTYPE")
+SUPERVISOR_ENVIRONMENT = (
+    "PATH",
+    "PYTHONPATH",
+    "SBXKIT_ENV",
+    "SBXKIT_HOST_SLOWNESS",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+)
 
 
 def supervisor_environment(caller: Mapping[bytes, bytes]) -> dict[bytes, bytes]:

@@ -18,11 +18,11 @@ import trio
 
 from sbxkit._kernel.scripts import io_root
 from sbxkit._lifecycle.connect import (
-    REPLY_TIMEOUT_S,
     SupervisorSession,
     connect_supervisor,
     receive_reply,
     refusal_error,
+    reply_timeout_s,
 )
 from sbxkit._lifecycle.link import (
     ADOPT_WITHIN_S,
@@ -173,13 +173,14 @@ class SupervisedOwner:
         link = self._links.get(lease)
         if link is None:
             raise NetworkUnavailable("the lease has no connection to its supervisor")
+        timeout = reply_timeout_s()
         try:
             await link.send(message)
-            reply = await link.take(kind, timeout=REPLY_TIMEOUT_S)
+            reply = await link.take(kind, timeout=timeout)
         except LinkLost as exc:
             raise NetworkUnavailable(f"the lease is over or lost: {exc.reason}") from None
         if reply is None:
-            raise SupervisorError(f"{kind.__name__}: no answer within {REPLY_TIMEOUT_S:g} s")
+            raise SupervisorError(f"{kind.__name__}: no answer within {timeout:g} s")
         return reply
 
     async def govern(
@@ -254,7 +255,7 @@ class SupervisedOwner:
         # From Registered on the supervisor owns the container: cancelling us only closes the
         # lease. A re-adoption after its death may answer with the container (Adopted), or
         # register afresh (Queued, Registered again).
-        timeout = REPLY_TIMEOUT_S
+        reply_timeout = timeout = reply_timeout_s()
         while True:
             try:
                 reply = await link.take(*_CREATE_ANSWERS, timeout=timeout)
@@ -266,12 +267,12 @@ class SupervisedOwner:
                 raise SupervisorError(f"create: no answer within {timeout:g} s", lease=lease)
             if isinstance(reply, Queued):
                 # The supervisor speaks at least every few seconds while we wait: silence for
-                # REPLY_TIMEOUT_S means it is stuck, a deadline of its own ends the wait.
+                # reply_timeout_s() means it is stuck, a deadline of its own ends the wait.
                 if self.on_queued is not None:
                     self.on_queued(reply.ahead, trio.current_time() - asked)
             elif isinstance(reply, Registered):
                 self._queued[lease] = reply.waited_s
-                timeout = self.startup_deadline_s + REPLY_TIMEOUT_S
+                timeout = self.startup_deadline_s + reply_timeout
             elif isinstance(reply, Created | Adopted):
                 self._queued.setdefault(lease, trio.current_time() - asked)  # re-adopted
                 self._inspected[lease] = reply.inspected if isinstance(reply, Created) else None
@@ -338,7 +339,7 @@ class SupervisedOwner:
         link = self._links.get(lease)
         if link is None:
             raise SupervisorError("the lease has no connection to its supervisor", lease=lease)
-        deadline = self._engine.deadlines.start + REPLY_TIMEOUT_S
+        deadline = self._engine.deadlines.start + reply_timeout_s()
         try:
             with trio.fail_after(deadline):
                 answer = await link.launched(self._launching.get(lease, link.adoptions))
@@ -362,13 +363,14 @@ class SupervisedOwner:
         if link is None:
             raise SupervisorError("the lease has no connection to its supervisor", lease=lease)
         secret = new_secret()
+        timeout = reply_timeout_s()
         try:
             await link.send(Detach(lease=lease, keep_s=keep_s, secret_hash=secret_hash(secret)))
-            reply = await link.take(Detached, timeout=REPLY_TIMEOUT_S)
+            reply = await link.take(Detached, timeout=timeout)
         except LinkLost as exc:
             raise SupervisorError(f"detach: {exc.reason}", lease=lease) from None
         if reply is None:
-            raise SupervisorError(f"detach: no answer within {REPLY_TIMEOUT_S:g} s", lease=lease)
+            raise SupervisorError(f"detach: no answer within {timeout:g} s", lease=lease)
         if reply.problem is not None:
             raise SupervisorError(f"detach refused: {reply.problem}", code="detach", lease=lease)
         self._forget(lease)
@@ -430,7 +432,7 @@ class SupervisedOwner:
         sends that before the removal's kill, so after the kill it is already here to read."""
         await trio.lowlevel.checkpoint()
         link = self._links.get(lease)
-        return None if link is None else await link.expiring(REPLY_TIMEOUT_S)
+        return None if link is None else await link.expiring(reply_timeout_s())
 
     async def release(self, lease: str) -> bool:
         """Hand the lease back without waiting for the verdict: the supervisor removes the

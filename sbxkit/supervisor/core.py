@@ -23,6 +23,7 @@ from sbxkit._kernel.scripts import io_root
 from sbxkit._lifecycle.admission import AdmissionQueue, Budget
 from sbxkit._lifecycle.ownership import Removal, remove_until_gone
 from sbxkit._lifecycle.uid_holds import UidHold, hold_uid
+from sbxkit._model.bounds import REMOVE_ATTEMPT_BUDGET_S, SLOWNESS_ENV, scaled
 from sbxkit._model.uids import reserved_range_of
 from sbxkit._plan.policy import container_name
 from sbxkit._protocol.fingerprint import implementation_fingerprint
@@ -39,7 +40,6 @@ from sbxkit.supervisor.lease import (
 )
 from sbxkit.supervisor.recheck import allowed_engine_sockets
 
-REMOVE_ATTEMPT_BUDGET_S = 5.0
 REMOVE_RETRY_CEILING_S = 0.5
 HISTORY_LINES = 64
 """Re-adoption outcomes kept for ``sbxkit leases recover`` (the log has every one)."""
@@ -76,6 +76,8 @@ class ServiceCore:
         # Read once at start (docs/operations.md, "The supervisor's environment").
         self.environment = os.environb.get(b"SBXKIT_ENV")
         self.allowed_sockets = allowed_engine_sockets(config, os.environ)
+        # A bad SBXKIT_HOST_SLOWNESS stops the start, named (its launcher checked it too).
+        self.remove_budget_s = scaled(REMOVE_ATTEMPT_BUDGET_S, os.environ.get(SLOWNESS_ENV))
         # Re-adoption (adopting.py): records held for their callers, and who works on which.
         self.held: dict[str, float] = {}  # lease → trio time its hold for re-adoption ends
         self.held_told: set[str] = set()  # leases whose hold was logged
@@ -113,7 +115,7 @@ class ServiceCore:
         """Remove with retries for a short budget; None once the daemon confirmed it gone,
         else the last error (the record stays and the reaper retries)."""
         removal = Removal()
-        with trio.move_on_after(REMOVE_ATTEMPT_BUDGET_S) as budget:
+        with trio.move_on_after(self.remove_budget_s) as budget:
             await remove_until_gone(
                 engine,
                 lease,

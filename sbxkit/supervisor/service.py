@@ -66,7 +66,6 @@ from sbxkit._protocol.wire import (
 )
 from sbxkit.errors import StorageError
 from sbxkit.supervisor.config import Capacity, Config, build_parser, config_from_args
-from sbxkit.supervisor.core import REMOVE_ATTEMPT_BUDGET_S
 from sbxkit.supervisor.detaching import Detaching
 from sbxkit.supervisor.lease import (
     Intent,
@@ -313,14 +312,14 @@ class Service(Detaching, Pooling, Recovery):
 
     async def _finish_removals_under_way(self) -> None:
         """A lease whose caller is done (a run that returned at its payload's exit, a closed
-        sandbox) is removed before the process ends, within ``REMOVE_ATTEMPT_BUDGET_S``: nobody
+        sandbox) is removed before the process ends, within ``self.remove_budget_s``: nobody
         will re-adopt it, so leaving it to the next start would strand its container until
         then. Leases still running keep their records for their callers to re-adopt."""
         ending = [live for live in self.live.values() if live.stop.is_set()]
         if not ending:
             return
         log(f"finishing {len(ending)} removal(s) under way")
-        with trio.move_on_after(REMOVE_ATTEMPT_BUDGET_S):
+        with trio.move_on_after(self.remove_budget_s):
             for live in ending:
                 await live.finished.wait()
 

@@ -363,6 +363,64 @@ async def test_cgroup_shows_the_cpu_pids_and_memory_limits(
     assert values["memory"] == [str(96 * MiB)]
 
 
+# The sandbox's own CPU counters around a one-second busy loop (v2: cpu.stat has usage_usec;
+# v1: cpu.stat and cpuacct.usage), each line prefixed with when it was read.
+CPU_BURN = """
+stat=/sys/fs/cgroup/cpu.stat
+[ -f /sys/fs/cgroup/cpu.max ] || stat=/sys/fs/cgroup/cpu/cpu.stat
+probe() {
+  echo "$1 uptime $(cut -d' ' -f1 /proc/uptime)"
+  sed "s/^/$1 /" "$stat" || exit 9
+  if [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then
+    echo "$1 usage_ns $(cat /sys/fs/cgroup/cpuacct/cpuacct.usage)"
+  fi
+}
+probe before
+timeout 1 sh -c 'while :; do :; done'
+probe after
+"""
+
+
+def cpu_counters(stdout: bytes) -> dict[str, dict[str, float]]:
+    """{"before": ..., "after": ...}: uptime and CPU seconds used, and the throttled periods."""
+    read: dict[str, dict[str, float]] = {"before": {}, "after": {}}
+    for line in text(stdout).splitlines():
+        when, key, value = line.split()
+        read[when][key] = float(value)
+    for counters in read.values():
+        if "usage_usec" in counters:
+            counters["used_s"] = counters["usage_usec"] / 1e6
+        else:
+            counters["used_s"] = counters["usage_ns"] / 1e9
+    return read
+
+
+async def test_a_busy_loop_is_throttled_to_its_cpu_quota(
+    oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
+) -> None:
+    """The CPU limit enforced, not only written down: a busy loop in a sandbox of 0.05 CPU is
+    throttled by the kernel (``nr_throttled`` grows) and its cgroup's CPU time over the loop
+    stays near 5 % of the wall time it took."""
+    cpus = 0.05
+    result = await oneshot(spec(busybox, CPU_BURN, cpus=cpus, runtime=runtime), engine=engine)
+
+    if is_gvisor(runtime):
+        # No cgroupfs inside gVisor: the host-side cgroup holds the quota (test_conformance.py,
+        # test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_limits).
+        assert (result.status, result.exit_code) == ("exited", 9), result
+        return
+    assert result.ok, result
+    read = cpu_counters(result.stdout)
+    wall = read["after"]["uptime"] - read["before"]["uptime"]
+    used = read["after"]["used_s"] - read["before"]["used_s"]
+    throttled = read["after"]["nr_throttled"] - read["before"]["nr_throttled"]
+    assert wall >= 0.9, read
+    assert used > 0, read  # the loop did run ...
+    assert throttled > 0, read  # ... and the kernel stopped it at the quota ...
+    # ... so it used at most its share (twice it, plus a tick per period of overrun).
+    assert used <= 2 * cpus * wall + 0.05, (used, wall, read)
+
+
 async def test_payload_has_no_capabilities_and_no_new_privileges(
     oneshot: OneShot, runtime: str | None, engine: Engine, busybox: str
 ) -> None:

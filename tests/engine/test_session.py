@@ -20,12 +20,16 @@ from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit.engine.client import Engine
 from sbxkit.engine.execapi import archive_get, archive_put
 from sbxkit.errors import ArchiveError, EngineError, NotFound
-from tests.engine.helpers import container_exists, runtime_limits, text
+from tests.engine.helpers import BASE_LIMITS, container_exists, runtime_limits, text
 from tests.speed import bound
 from tests.witness import Witness
 
 
 def session_spec(image: str, runtime: str | None = None, **overrides: object) -> SandboxSpec:
+    # A session's whole life is its time limit: BASE_LIMITS' 20 s on the CI machine, stretched
+    # on a slower one (tests/speed.py; the cgroup v2 cell's VM under load ran out of 20 s
+    # mid-test) up to 10 minutes, past which a session that hangs still fails.
+    overrides.setdefault("timeout_s", bound(BASE_LIMITS["timeout_s"], ceiling=600.0))
     # command is replaced by the session's keep-alive; any valid value will do.
     return SandboxSpec(
         image=image,

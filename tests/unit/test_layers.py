@@ -22,6 +22,7 @@ PURE = [
     "errors.py",
     "_model/mounts.py",
     "_model/rules.py",
+    "_model/bounds.py",
     "_model/gpu.py",
     "_model/settings.py",
     "_lifecycle/usage.py",

@@ -139,6 +139,7 @@ def test_the_launch_environment_keeps_only_the_documented_names() -> None:
         "PATH",
         "PYTHONPATH",
         "SBXKIT_ENV",
+        "SBXKIT_HOST_SLOWNESS",
         "LANG",
         "LC_ALL",
         "LC_CTYPE",

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from sbxkit._kernel.scripts import io_dir_of
-from sbxkit._lifecycle.connect import REPLY_TIMEOUT_S, refusal_error
+from sbxkit._lifecycle.connect import refusal_error, reply_timeout_s
 from sbxkit._lifecycle.link import with_secret
 from sbxkit._lifecycle.owner import CreateRequest
 from sbxkit._lifecycle.supervised import SupervisedOwner
@@ -150,7 +150,7 @@ class ServedOwner(SupervisedOwner):
                 raise refusal_error(refused, lease)
             raise SupervisorError("the run left before it was admitted", lease=lease)
         self._queued[lease] = trio.current_time() - asked
-        with trio.move_on_after(self.startup_deadline_s + REPLY_TIMEOUT_S):
+        with trio.move_on_after(self.startup_deadline_s + reply_timeout_s()):
             while True:
                 reply = await replies.receive()
                 if isinstance(reply, Created):
