@@ -13,6 +13,11 @@ process dies), verified before it is parked, removed when claimed-and-done, when
 path; a claim that finds nothing parked waits only for a park already under way for it
 (``parking.py``, the mechanism the supervisor's pools share), and runs cold otherwise.
 
+A batch that drives the pool (``Pool.batch``: ``run_many(jobs, pool=pool)``) caps its refills at
+the batch's demand: parked and under way never exceed the batch's jobs still to claim (plus
+claims waiting for a park), so no container is parked for a job that does not exist and the
+pool is not refilled when the batch ends — it refills again at its next claim outside a batch.
+
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
 command the claim line cannot carry, a time limit above the pool's ``max_timeout_s``, or an
 empty pool with nothing under way for it. A batch's pools, one per shape (``shapes.py``),
@@ -22,7 +27,7 @@ share a ``ParkingBudget`` and are ``resize``d as its queue moves. See docs/pool.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -48,7 +53,7 @@ from sbxkit.pool.line import claim_line_within
 from sbxkit.pool.shape import parked_spec, shape_of
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 
-__all__ = ["Claim", "Pool", "open_pool", "parked_transport"]
+__all__ = ["Claim", "Pool", "PoolBatch", "open_pool", "parked_transport"]
 
 REFILL_BACKOFF_S = 1.0
 
@@ -95,6 +100,10 @@ class Pool:
         self.last_error: SbxError | None = None
         """Why the last container could not be parked (None once one was)."""
         self.cleanup_errors: list[CleanupError] = []
+        self._batch_demand: int | None = None
+        """The jobs still to claim of the batches driving the pool (``batch``); None when
+        none has since its last claim outside a batch: then ``size`` is the only target."""
+        self._batches = 0
         if budget is not None:
             budget.listen(lambda: self._wanted.set())
 
@@ -107,12 +116,20 @@ class Pool:
         self._fill()
         nursery.start_soon(self._keep_full)
 
+    def target(self) -> int:
+        """How many to keep parked or under way: ``size``, or, while a batch drives the pool,
+        no more than its jobs still to claim and the claims waiting for a park under way."""
+        if self._batch_demand is None:
+            return self.size
+        return min(self.size, self._batch_demand + self.parking.waiting)
+
     def _fill(self) -> None:
-        """Start parks until ``size`` are parked or under way (once only without refill)."""
+        """Start parks until ``target()`` are parked or under way (once only without
+        refill)."""
         assert self._nursery is not None
         parking = self.parking
         while (
-            len(parking.ready) + parking.starting < self.size
+            len(parking.ready) + parking.starting < self.target()
             and not self._closing
             and (self.refill or not self._filled_once)
             and (self.budget is None or self.budget.take())
@@ -176,6 +193,40 @@ class Pool:
 
     # -- claims -----------------------------------------------------------------------------------
 
+    def _serves(self, spec: SandboxSpec | CheckedSpec) -> CheckedSpec | None:
+        """``spec`` checked, when a claim of it can take a parked container (else None: it
+        runs cold, or meets its own error)."""
+        try:
+            checked = self.backend.check(spec, "run")
+        except SbxError:
+            return None
+        if claim_line_within(checked.spec, self.max_timeout_s) is None:
+            return None
+        return checked if shape_of(checked.spec) == self.shape else None
+
+    @contextlib.contextmanager
+    def batch(self, specs: Sequence[SandboxSpec | CheckedSpec]) -> Iterator[PoolBatch]:
+        """A batch of ``specs`` claims through the pool for the block (``PoolBatch.run``):
+        meanwhile the pool parks no more than the batch's jobs still to claim. After the
+        last batch the pool stays as the batches left it until a claim outside one."""
+        served = {i: self._serves(spec) for i, spec in enumerate(specs)}
+        batch = PoolBatch(self, {i: c for i, c in served.items() if c is not None})
+        self._batches += 1
+        self._batch_demand = (self._batch_demand or 0) + len(batch.unclaimed)
+        try:
+            yield batch
+        finally:
+            self._batches -= 1
+            assert self._batch_demand is not None  # set above; only a claim outside clears it
+            self._batch_demand -= len(batch.unclaimed)
+            batch.unclaimed.clear()
+
+    def _unbatched_claim(self) -> None:
+        """A claim outside any batch: the pool keeps ``size`` again."""
+        if self._batches == 0 and self._batch_demand is not None:
+            self._batch_demand = None
+            self._wanted.set()
+
     def _take(self, spec: SandboxSpec) -> _Parked | None:
         if self._closing or shape_of(spec) != self.shape:
             return None
@@ -201,6 +252,10 @@ class Pool:
         """Decide, at once and without waiting, which path ``spec`` runs on: a parked container
         taken for it alone (``Claim.pooled``), or cold. ``Claim.run`` runs it."""
         checked = self.backend.check(spec, "run")
+        self._unbatched_claim()
+        return self._take_checked(checked)
+
+    def _take_checked(self, checked: CheckedSpec) -> Claim:
         line = claim_line_within(checked.spec, self.max_timeout_s)
         slot = None if line is None else self._take(checked.spec)
         return self._claim(checked, slot, line)
@@ -231,7 +286,15 @@ class Pool:
         removal goes on in the pool, under the owner (``timings.remove_s`` is then 0); a
         removal that fails is raised when the pool closes. ``wait_for_removal`` returns only
         after the daemon confirmed removal, as a cold run does."""
-        claim = self.take(spec)
+        return await self._run(self.take(spec), stdin, on_output, wait_for_removal)
+
+    async def _run(
+        self,
+        claim: Claim,
+        stdin: StdinSource | None,
+        on_output: OutputCallback | None,
+        wait_for_removal: bool,
+    ) -> RunResult:
         if not claim.pooled and claim.line is not None:
             claim = await self.wait_for_park(claim)
         return await claim.run(stdin, on_output=on_output, wait_for_removal=wait_for_removal)
@@ -260,6 +323,28 @@ class Pool:
         self.parking.ready.clear()
         self.parking.changed()
         self._wanted.set()
+
+
+@dataclass(eq=False)
+class PoolBatch:
+    """A batch's claims through a pool (``Pool.batch``): each job it can serve counts down
+    the batch's demand as it claims, before it takes, so no refill is started for it."""
+
+    pool: Pool
+    unclaimed: dict[int, CheckedSpec]
+    """The batch's jobs the pool can serve that have not claimed yet, checked, by index."""
+
+    async def run(
+        self, index: int, spec: SandboxSpec | CheckedSpec, stdin: StdinSource | None = None
+    ) -> RunResult:
+        """Job ``index`` of the batch (``spec``), as ``Pool.run``."""
+        pool = self.pool
+        checked = self.unclaimed.pop(index, None)
+        if checked is None:
+            checked = pool.backend.check(spec, "run")  # cold: its own error, if any
+        elif pool._batch_demand is not None:
+            pool._batch_demand -= 1
+        return await pool._run(pool._take_checked(checked), stdin, None, False)
 
 
 @dataclass(eq=False)
