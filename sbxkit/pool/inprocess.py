@@ -27,7 +27,7 @@ share a ``ParkingBudget`` and are ``resize``d as its queue moves. See docs/pool.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -67,6 +67,16 @@ class _Parked:
     done: trio.Event = field(default_factory=trio.Event)
     removed: trio.Event = field(default_factory=trio.Event)
     claimed: bool = False
+    on_finish: Callable[[], None] | None = None
+    """Called once, when a claimed run ends (the pool's refill for it, in a batch)."""
+
+    def finish(self) -> None:
+        """The claim is over (its run ended, failed or was given up): remove the container."""
+        if self.done.is_set():
+            return
+        self.done.set()
+        if self.on_finish is not None:
+            self.on_finish()
 
 
 class Pool:
@@ -104,6 +114,8 @@ class Pool:
         """The jobs still to claim of the batches driving the pool (``batch``); None when
         none has since its last claim outside a batch: then ``size`` is the only target."""
         self._batches = 0
+        self._running = 0
+        """Claimed containers whose run has not ended."""
         if budget is not None:
             budget.listen(lambda: self._wanted.set())
 
@@ -116,12 +128,18 @@ class Pool:
         self._fill()
         nursery.start_soon(self._keep_full)
 
+    def _batched(self) -> bool:
+        return self._batch_demand is not None
+
     def target(self) -> int:
-        """How many to keep parked or under way: ``size``, or, while a batch drives the pool,
-        no more than its jobs still to claim and the claims waiting for a park under way."""
+        """How many to keep parked or under way: ``size``; while a batch drives the pool, no
+        more than its jobs still to claim and the claims waiting for a park under way, and
+        ``size`` with the claimed runs not ended counted in (a refill yields to the claims:
+        a claimed container is replaced when its run has ended, not while it runs)."""
         if self._batch_demand is None:
             return self.size
-        return min(self.size, self._batch_demand + self.parking.waiting)
+        wanted = self._batch_demand + self.parking.waiting
+        return max(0, min(self.size - self._running, wanted))
 
     def _fill(self) -> None:
         """Start parks until ``target()`` are parked or under way (once only without
@@ -237,8 +255,19 @@ class Pool:
         slot.claimed = True
         if self.budget is not None:
             self.budget.give_back()  # the container is its run's now
-        self._wanted.set()  # refill in the background, off this claim's path
+        if self._batched():
+            self._running += 1
+            slot.on_finish = self._run_ended
+        else:
+            self._wanted.set()  # refill in the background, off this claim's path
         return slot
+
+    def _run_ended(self) -> None:
+        """A batch's claimed run ended: its replacement starts now, before the batch admits
+        its next job (which may then wait for it rather than go cold)."""
+        self._running -= 1
+        if self._nursery is not None:
+            self._fill()
 
     def resize(self, size: int) -> None:
         """Keep ``size`` containers parked from now on (0: none). More are parked in the pool's
@@ -267,7 +296,7 @@ class Pool:
             image_env = slot.box.plan.image_env
             line = claim_line_within(checked.spec, self.max_timeout_s, image_env=image_env)
             if line is None:
-                slot.done.set()  # removed unused; the run goes cold
+                slot.finish()  # removed unused; the run goes cold
                 slot = None
         return Claim(self, checked, slot, line)
 
@@ -364,7 +393,7 @@ class Claim:
     def abandon(self) -> None:
         """Give up a claim that will not run: its container is removed."""
         if self.slot is not None:
-            self.slot.done.set()
+            self.slot.finish()
 
     async def run(
         self,
@@ -403,11 +432,11 @@ async def _claim(
         denials = await box.denials()  # its governed network's, before the lease ends
         ports = await box.ports()
     except BaseException:
-        slot.done.set()
+        slot.finish()
         with trio.CancelScope(shield=True):
             await slot.removed.wait()  # an error or a cancellation leaves after removal
         raise
-    slot.done.set()
+    slot.finish()
     if wait_for_removal:
         await slot.removed.wait()  # the owned container's own shielded, bounded removal
     result = Ran(

@@ -331,3 +331,40 @@ async def test_a_pooled_batch_creates_one_container_per_job_and_no_more(
     assert any(r.result is not None and r.result.pooled for r in results)
     assert witness.wait_until_no_sbxkit_containers(10) == []
     assert created_and_destroyed(witness, since) == (jobs_n, jobs_n)
+
+
+async def test_a_batchs_refill_waits_for_the_claimed_run_to_end(
+    witness: Witness, engine: Engine, busybox: str
+) -> None:
+    """A batch's refill yields to its claims: a claimed container is replaced when its run has
+    ended, not while it runs. One job at a time through a pool of one, each sleeping 4 s: in
+    the middle of each run the daemon holds that run's container and no other (the pool
+    parked a replacement beside every running claim before)."""
+    job_spec = spec(busybox, "sleep 4; echo done", timeout_s=30)
+    jobs = [Job(id=n, spec=job_spec) for n in range(2)]
+    backend = backend_of(engine)
+    started: list[trio.Event] = [trio.Event() for _ in jobs]
+    alive_mid_run: list[int] = []
+    label = f"{RUN_LABEL}={THIS_RUN}"
+
+    async def look_mid_run() -> None:
+        for event in started:
+            await event.wait()
+            await trio.sleep(2.5)
+            alive = await trio.to_thread.run_sync(witness.containers, label)
+            alive_mid_run.append(len(alive))
+
+    async with open_pool(job_spec, size=1, backend=backend) as pool:
+        await pool.wait_ready()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look_mid_run)
+            results = await run_many(
+                jobs,
+                parallel=1,
+                backend=backend,
+                pool=pool,
+                on_start=lambda job_id: started[int(job_id)].set(),
+            )
+    assert [r.result.stdout if r.result else r.error for r in results] == [b"done\n"] * 2
+    assert [r.result is not None and r.result.pooled for r in results] == [True, True]
+    assert alive_mid_run == [1, 1]
