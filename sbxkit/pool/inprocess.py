@@ -16,7 +16,8 @@ path; a claim that finds nothing parked waits only for a park already under way 
 A batch that drives the pool (``Pool.batch``: ``run_many(jobs, pool=pool)``) caps its refills at
 the batch's demand: parked and under way never exceed the batch's jobs still to claim (plus
 claims waiting for a park), so no container is parked for a job that does not exist and the
-pool is not refilled when the batch ends — it refills again at its next claim outside a batch.
+pool is not refilled when the batch ends — it refills again at its next claim (or
+``wait_ready``) outside a batch.
 
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
 command the claim line cannot carry, a time limit above the pool's ``max_timeout_s``, or an
@@ -201,10 +202,12 @@ class Pool:
             parking.changed()  # a run waiting for this park looks again (wait_for_park)
 
     async def wait_ready(self, count: int | None = None) -> None:
-        """Wait until ``count`` (default: all ``size``) containers are parked; raise the error
-        that stops parking (a missing image, say) instead of waiting for ever."""
+        """Wait until ``count`` (default: all ``size``) containers are parked — while a batch
+        drives the pool, no more than it parks for the batch; raise the error that stops
+        parking (a missing image, say) instead of waiting for ever."""
         wanted = self.size if count is None else min(count, self.size)
-        while len(self.parking.ready) < wanted:
+        self._unbatched_claim()  # no batch drives the pool: it keeps its size again
+        while len(self.parking.ready) < min(wanted, self.target()):
             if self.last_error is not None and not self.parking.ready:
                 raise self.last_error
             await self.parking.wait_changed()
@@ -240,7 +243,7 @@ class Pool:
             batch.unclaimed.clear()
 
     def _unbatched_claim(self) -> None:
-        """A claim outside any batch: the pool keeps ``size`` again."""
+        """A claim (or ``wait_ready``) outside any batch: the pool keeps ``size`` again."""
         if self._batches == 0 and self._batch_demand is not None:
             self._batch_demand = None
             self._wanted.set()

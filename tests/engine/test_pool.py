@@ -247,6 +247,8 @@ async def test_run_many_claims_from_a_pool(engine: Engine, busybox: str) -> None
     async with open_pool(job_spec, size=2, backend=backend) as pool:
         await pool.wait_ready()
         results = await run_many(jobs, parallel=2, backend=backend, pool=pool)
+        with trio.fail_after(30):
+            await pool.wait_ready()  # the batch parked only for itself; the pool refills now
     assert [r.result.stdout if r.result else r.error for r in results] == [
         f"job {n}\n".encode() for n in range(6)
     ]
