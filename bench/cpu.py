@@ -166,7 +166,9 @@ def pids_with(words: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                # Another user's process may have any bytes in its argv.
+                raw = (entry / "cmdline").read_bytes()
+                cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
             if words in cmdline:

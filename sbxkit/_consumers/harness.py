@@ -324,12 +324,13 @@ async def _job_runner(
         yield _cold
         return
     if isinstance(pool, Pool):
-        one_pool = pool
+        # The pool parks no more than this batch's jobs still to claim (Pool.batch).
+        with pool.batch([job.spec for job in jobs]) as batch:
 
-        async def claim(index: int, job: Job, backend: Backend) -> RunResult:
-            return await one_pool.run(job.spec, job.stdin)
+            async def claim(index: int, job: Job, backend: Backend) -> RunResult:
+                return await batch.run(index, job.spec, job.stdin)
 
-        yield claim
+            yield claim
         return
     backend = pool_backend()
     assert isinstance(backend, DockerBackend)  # run_many refused any other
@@ -391,7 +392,8 @@ async def run_many(
     otherwise (``RunResult.pooled`` says which): a ``PoolPerShape`` opens a pool per shape of
     the batch for the batch, sized for the jobs still to start, never more than ``parallel``
     parked in all (docs/pool.md); a ``Pool`` you opened (``sbxkit.open_pool``) serves its one
-    shape. A removal of a parked container that failed is raised when the batch ends.
+    shape, parking no more than the batch's jobs still to claim (``Pool.batch``). A removal
+    of a parked container that failed is raised when the batch ends.
     ``cluster`` (``sbxkit.RayCluster``) runs the batch on a Ray cluster instead, each job on a
     node whose own supervisor admits and removes it (docs/cluster.md); ``parallel`` then bounds
     the jobs in flight across the cluster, and the local engine options do not apply.

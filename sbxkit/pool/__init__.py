@@ -3,7 +3,8 @@
 - ``line``: the claim line — how a run's command and env reach a parked shell (pure);
 - ``shape``: a pooled container's shape and the spec it is parked from (pure);
 - ``sizing``: how many a batch parks per shape (pure);
-- ``inprocess``: ``open_pool`` / ``Pool`` / ``Claim``, a pool held by this process;
+- ``inprocess``: ``open_pool`` / ``Pool`` / ``Claim`` / ``PoolBatch``, a pool held by this
+  process;
 - ``held``: ``PooledBackend`` / ``HeldPool``, claims from the pools the supervisor holds;
 - ``shapes``: ``PoolPerShape``, a batch's pool per shape.
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from sbxkit._util.parking import ParkingBudget
     from sbxkit.errors import PoolUnavailable
     from sbxkit.pool.held import HeldPool, PooledBackend
-    from sbxkit.pool.inprocess import Claim, Pool, open_pool
+    from sbxkit.pool.inprocess import Claim, Pool, PoolBatch, open_pool
     from sbxkit.pool.line import PARK_SCRIPT, claim_line, claim_line_within
     from sbxkit.pool.shape import parked_spec, shape_of
     from sbxkit.pool.shapes import PoolPerShape
@@ -32,6 +33,7 @@ _WHERE = {
     "PoolUnavailable": "sbxkit.errors",
     "Claim": "sbxkit.pool.inprocess",
     "Pool": "sbxkit.pool.inprocess",
+    "PoolBatch": "sbxkit.pool.inprocess",
     "open_pool": "sbxkit.pool.inprocess",
     "PARK_SCRIPT": "sbxkit.pool.line",
     "claim_line": "sbxkit.pool.line",
@@ -48,6 +50,7 @@ __all__ = [
     "HeldPool",
     "ParkingBudget",
     "Pool",
+    "PoolBatch",
     "PoolPerShape",
     "PoolUnavailable",
     "PooledBackend",

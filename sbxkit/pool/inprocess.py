@@ -14,6 +14,12 @@ path (``keeping.py``, the loop the warm interpreter pool shares); a claim that f
 parked waits only for a park already under way for it (``parking.py``, the mechanism the
 supervisor's pools share), and runs cold otherwise.
 
+A batch that drives the pool (``Pool.batch``: ``run_many(jobs, pool=pool)``) caps its refills at
+the batch's demand: parked and under way never exceed the batch's jobs still to claim (plus
+claims waiting for a park), so no container is parked for a job that does not exist and the
+pool is not refilled when the batch ends — it refills again at its next claim (or
+``wait_ready``) outside a batch.
+
 Served cold (``RunResult.pooled`` is False), never refused: a spec of another shape, a
 command the claim line cannot carry, a time limit above the pool's ``max_timeout_s``, or an
 empty pool with nothing under way for it. A batch's pools, one per shape (``shapes.py``),
@@ -22,7 +28,8 @@ share a ``ParkingBudget`` and are ``resize``d as its queue moves. See docs/pool.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -47,7 +54,7 @@ from sbxkit.pool.line import claim_line_within
 from sbxkit.pool.shape import parked_spec, shape_of
 from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 
-__all__ = ["Claim", "Pool", "open_pool", "parked_transport"]
+__all__ = ["Claim", "Pool", "PoolBatch", "open_pool", "parked_transport"]
 
 
 @dataclass(eq=False)
@@ -62,6 +69,16 @@ class _Parked:
     """Its claim is done with it (or nobody claimed it): remove it."""
     removed: trio.Event = field(default_factory=trio.Event)
     claimed: bool = False
+    on_finish: Callable[[], None] | None = None
+    """Called once, when a claimed run ends (the pool's refill for it, in a batch)."""
+
+    def finish(self) -> None:
+        """The claim is over (its run ended, failed or was given up): remove the container."""
+        if self.done.is_set():
+            return
+        self.done.set()
+        if self.on_finish is not None:
+            self.on_finish()
 
     async def wait_claim(self) -> None:
         await self.taken.wait()
@@ -70,11 +87,11 @@ class _Parked:
         if self.claimed:  # its run's own time limit bounds it; its lease's end at the latest
             with trio.move_on_at(self.box.deadline):
                 await self.done.wait()
-        self.done.set()
+        self.finish()
 
     def drop(self) -> None:
         self.taken.set()
-        self.done.set()
+        self.finish()
 
 
 class Pool(KeptPool[_Parked]):
@@ -101,6 +118,12 @@ class Pool(KeptPool[_Parked]):
         self._checked: CheckedSpec = backend.check(parked, "run")
         self._filled_once = False
         self.cleanup_errors: list[CleanupError] = []
+        self._batch_demand: int | None = None
+        """The jobs still to claim of the batches driving the pool (``batch``); None when
+        none has since its last claim outside a batch: then ``size`` is the only target."""
+        self._batches = 0
+        self._running = 0
+        """Claimed containers whose run has not ended."""
         if budget is not None:
             budget.listen(lambda: self._wanted.set())
 
@@ -120,8 +143,22 @@ class Pool(KeptPool[_Parked]):
             self.budget is None or self.budget.take()
         )
 
+    def _batched(self) -> bool:
+        return self._batch_demand is not None
+
+    def target(self) -> int:
+        """How many to keep parked or under way: ``size``; while a batch drives the pool, no
+        more than its jobs still to claim and the claims waiting for a park under way, and
+        ``size`` with the claimed runs not ended counted in (a refill yields to the claims:
+        a claimed container is replaced when its run has ended, not while it runs)."""
+        if self._batch_demand is None:
+            return self.size
+        wanted = self._batch_demand + self.parking.waiting
+        return max(0, min(self.size - self._running, wanted))
+
     def _fill(self) -> None:
-        """Start parks until ``size`` are parked or under way (once only without refill)."""
+        """Start parks until ``target()`` are parked or under way (once only without
+        refill)."""
         super()._fill()
         self._filled_once = True
 
@@ -135,7 +172,48 @@ class Pool(KeptPool[_Parked]):
         if self.budget is not None and (slot is None or not slot.claimed):
             self.budget.give_back()
 
+    async def wait_ready(self, count: int | None = None) -> None:
+        """Wait until ``count`` (default: all ``size``) containers are parked — while a batch
+        drives the pool, no more than it parks for the batch; raise the error that stops
+        parking (a missing image, say) instead of waiting for ever."""
+        self._unbatched_claim()  # no batch drives the pool: it keeps its size again
+        await super().wait_ready(count)
+
     # -- claims -----------------------------------------------------------------------------------
+
+    def _serves(self, spec: SandboxSpec | CheckedSpec) -> CheckedSpec | None:
+        """``spec`` checked, when a claim of it can take a parked container (else None: it
+        runs cold, or meets its own error)."""
+        try:
+            checked = self.backend.check(spec, "run")
+        except SbxError:
+            return None
+        if claim_line_within(checked.spec, self.max_timeout_s) is None:
+            return None
+        return checked if shape_of(checked.spec) == self.shape else None
+
+    @contextlib.contextmanager
+    def batch(self, specs: Sequence[SandboxSpec | CheckedSpec]) -> Iterator[PoolBatch]:
+        """A batch of ``specs`` claims through the pool for the block (``PoolBatch.run``):
+        meanwhile the pool parks no more than the batch's jobs still to claim. After the
+        last batch the pool stays as the batches left it until a claim outside one."""
+        served = {i: self._serves(spec) for i, spec in enumerate(specs)}
+        batch = PoolBatch(self, {i: c for i, c in served.items() if c is not None})
+        self._batches += 1
+        self._batch_demand = (self._batch_demand or 0) + len(batch.unclaimed)
+        try:
+            yield batch
+        finally:
+            self._batches -= 1
+            assert self._batch_demand is not None  # set above; only a claim outside clears it
+            self._batch_demand -= len(batch.unclaimed)
+            batch.unclaimed.clear()
+
+    def _unbatched_claim(self) -> None:
+        """A claim (or ``wait_ready``) outside any batch: the pool keeps ``size`` again."""
+        if self._batches == 0 and self._batch_demand is not None:
+            self._batch_demand = None
+            self._wanted.set()
 
     def _take(self, spec: SandboxSpec) -> _Parked | None:
         if self._closing or shape_of(spec) != self.shape:
@@ -148,7 +226,18 @@ class Pool(KeptPool[_Parked]):
         slot.taken.set()  # its idle limit ends here: the run has the time after the claim
         if self.budget is not None:
             self.budget.give_back()  # the container is its run's now
-        return super()._claimed(slot)
+        if not self._batched():
+            return super()._claimed(slot)  # refill in the background, off this claim's path
+        self._running += 1
+        slot.on_finish = self._run_ended
+        return slot
+
+    def _run_ended(self) -> None:
+        """A batch's claimed run ended: its replacement starts now, before the batch admits
+        its next job (which may then wait for it rather than go cold)."""
+        self._running -= 1
+        if self._nursery is not None:
+            self._fill()
 
     def resize(self, size: int) -> None:
         """Keep ``size`` containers parked from now on (0: none). More are parked in the pool's
@@ -162,6 +251,10 @@ class Pool(KeptPool[_Parked]):
         """Decide, at once and without waiting, which path ``spec`` runs on: a parked container
         taken for it alone (``Claim.pooled``), or cold. ``Claim.run`` runs it."""
         checked = self.backend.check(spec, "run")
+        self._unbatched_claim()
+        return self._take_checked(checked)
+
+    def _take_checked(self, checked: CheckedSpec) -> Claim:
         line = claim_line_within(checked.spec, self.max_timeout_s)
         slot = None if line is None else self._take(checked.spec)
         return self._claim(checked, slot, line)
@@ -173,7 +266,7 @@ class Pool(KeptPool[_Parked]):
             image_env = slot.box.plan.image_env
             line = claim_line_within(checked.spec, self.max_timeout_s, image_env=image_env)
             if line is None:
-                slot.done.set()  # removed unused; the run goes cold
+                slot.finish()  # removed unused; the run goes cold
                 slot = None
         return Claim(self, checked, slot, line)
 
@@ -192,7 +285,15 @@ class Pool(KeptPool[_Parked]):
         removal goes on in the pool, under the owner (``timings.remove_s`` is then 0); a
         removal that fails is raised when the pool closes. ``wait_for_removal`` returns only
         after the daemon confirmed removal, as a cold run does."""
-        claim = self.take(spec)
+        return await self._run(self.take(spec), stdin, on_output, wait_for_removal)
+
+    async def _run(
+        self,
+        claim: Claim,
+        stdin: StdinSource | None,
+        on_output: OutputCallback | None,
+        wait_for_removal: bool,
+    ) -> RunResult:
         if not claim.pooled and claim.line is not None:
             claim = await self.wait_for_park(claim)
         return await claim.run(stdin, on_output=on_output, wait_for_removal=wait_for_removal)
@@ -216,6 +317,28 @@ class Pool(KeptPool[_Parked]):
 
 
 @dataclass(eq=False)
+class PoolBatch:
+    """A batch's claims through a pool (``Pool.batch``): each job it can serve counts down
+    the batch's demand as it claims, before it takes, so no refill is started for it."""
+
+    pool: Pool
+    unclaimed: dict[int, CheckedSpec]
+    """The batch's jobs the pool can serve that have not claimed yet, checked, by index."""
+
+    async def run(
+        self, index: int, spec: SandboxSpec | CheckedSpec, stdin: StdinSource | None = None
+    ) -> RunResult:
+        """Job ``index`` of the batch (``spec``), as ``Pool.run``."""
+        pool = self.pool
+        checked = self.unclaimed.pop(index, None)
+        if checked is None:
+            checked = pool.backend.check(spec, "run")  # cold: its own error, if any
+        elif pool._batch_demand is not None:
+            pool._batch_demand -= 1
+        return await pool._run(pool._take_checked(checked), stdin, None, False)
+
+
+@dataclass(eq=False)
 class Claim:
     """One run's path, decided by ``Pool.take``: a parked container taken for it alone
     (``pooled``), or cold through the pool's backend. Run it once (``run``), or ``abandon`` it."""
@@ -232,7 +355,7 @@ class Claim:
     def abandon(self) -> None:
         """Give up a claim that will not run: its container is removed."""
         if self.slot is not None:
-            self.slot.done.set()
+            self.slot.finish()
 
     async def run(
         self,
@@ -271,11 +394,11 @@ async def _claim(
         denials = await box.denials()  # its governed network's, before the lease ends
         ports = await box.ports()
     except BaseException:
-        slot.done.set()
+        slot.finish()
         with trio.CancelScope(shield=True):
             await slot.removed.wait()  # an error or a cancellation leaves after removal
         raise
-    slot.done.set()
+    slot.finish()
     if wait_for_removal:
         await slot.removed.wait()  # the owned container's own shielded, bounded removal
     return ran.result(

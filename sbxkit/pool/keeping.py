@@ -100,12 +100,16 @@ class KeptPool(Generic[S]):
         self._fill()
         nursery.start_soon(self._keep_full)
 
+    def target(self) -> int:
+        """How many to keep parked or under way: ``size``."""
+        return self.size
+
     def _fill(self) -> None:
-        """Start parks until ``size`` are parked or under way."""
+        """Start parks until ``target()`` are parked or under way."""
         assert self._nursery is not None
         parking = self.parking
         while (
-            len(parking.ready) + parking.starting < self.size
+            len(parking.ready) + parking.starting < self.target()
             and not self._closing
             and self._may_park()
         ):
@@ -150,7 +154,7 @@ class KeptPool(Generic[S]):
         """Wait until ``count`` (default: all ``size``) are parked; raise the error that stops
         parking (a missing image, a module that does not import) instead of waiting for ever."""
         wanted = self.size if count is None else min(count, self.size)
-        while len(self.parking.ready) < wanted:
+        while len(self.parking.ready) < min(wanted, self.target()):
             if self.last_error is not None and not self.parking.ready:
                 raise self.last_error
             await self.parking.wait_changed()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -27,7 +28,7 @@ from sbxkit.errors import SpecError
 from sbxkit.pool import Pool, claim_line, open_pool
 from tests.engine.helpers import spec
 from tests.speed import bound
-from tests.witness import Witness
+from tests.witness import RUN_LABEL, THIS_RUN, Witness
 
 SIZES = [0, 1, 4095, 4096, 4097, 65535, 65536, 65537, 200_000]
 
@@ -257,6 +258,8 @@ async def test_run_many_claims_from_a_pool(engine: Engine, busybox: str) -> None
     async with open_pool(job_spec, size=2, backend=backend) as pool:
         await pool.wait_ready()
         results = await run_many(jobs, parallel=2, backend=backend, pool=pool)
+        with trio.fail_after(30):
+            await pool.wait_ready()  # the batch parked only for itself; the pool refills now
     assert [r.result.stdout if r.result else r.error for r in results] == [
         f"job {n}\n".encode() for n in range(6)
     ]
@@ -300,3 +303,81 @@ def test_sbxkit_batch_pool_claims_pre_started_sandboxes_of_every_shape(
     assert sorted((r["id"], r["stdout"]) for r in results) == [(n, f"{n}\n") for n in range(6)]
     assert any(r["pooled"] for r in results if r["id"] % 2 == 0), results  # the first shape
     assert any(r["pooled"] for r in results if r["id"] % 2 == 1), results  # and the second
+
+
+def created_and_destroyed(witness: Witness, since: float) -> tuple[int, int]:
+    """This session's container create and destroy events since ``since``, from the daemon."""
+    events = witness.events(
+        since,
+        time.time(),
+        type=["container"],
+        event=["create", "destroy"],
+        label=[f"{RUN_LABEL}={THIS_RUN}"],
+    )
+    actions = [e.get("Action") or e.get("status") for e in events]
+    return actions.count("create"), actions.count("destroy")
+
+
+@pytest.mark.parametrize("how", ["open_pool", "PoolPerShape"])
+async def test_a_pooled_batch_creates_one_container_per_job_and_no_more(
+    witness: Witness, engine: Engine, busybox: str, how: str
+) -> None:
+    """A batch through a pool parks only for jobs still to claim: N jobs through a pool of P
+    create exactly N containers, counted in the daemon's events (a pool kept full to the end
+    created and removed P more, unused, when the batch ended)."""
+    jobs_n, size = 12, 4
+    job_spec = spec(busybox, 'echo "job $N"')
+    jobs = [
+        Job(id=n, spec=msgspec.structs.replace(job_spec, env={"N": str(n)})) for n in range(jobs_n)
+    ]
+    backend = backend_of(engine)
+    since = time.time()
+    if how == "open_pool":
+        async with open_pool(job_spec, size=size, backend=backend) as pool:
+            results = await run_many(jobs, parallel=size, backend=backend, pool=pool)
+    else:
+        per_shape = sbxkit.PoolPerShape(size=size)
+        results = await run_many(jobs, parallel=size, backend=backend, pool=per_shape)
+    assert [r.result.stdout if r.result else r.error for r in results] == [
+        f"job {n}\n".encode() for n in range(jobs_n)
+    ]
+    assert any(r.result is not None and r.result.pooled for r in results)
+    assert witness.wait_until_no_sbxkit_containers(10) == []
+    assert created_and_destroyed(witness, since) == (jobs_n, jobs_n)
+
+
+async def test_a_batchs_refill_waits_for_the_claimed_run_to_end(
+    witness: Witness, engine: Engine, busybox: str
+) -> None:
+    """A batch's refill yields to its claims: a claimed container is replaced when its run has
+    ended, not while it runs. One job at a time through a pool of one, each sleeping 4 s: in
+    the middle of each run the daemon holds that run's container and no other (the pool
+    parked a replacement beside every running claim before)."""
+    job_spec = spec(busybox, "sleep 4; echo done", timeout_s=30)
+    jobs = [Job(id=n, spec=job_spec) for n in range(2)]
+    backend = backend_of(engine)
+    started: list[trio.Event] = [trio.Event() for _ in jobs]
+    alive_mid_run: list[int] = []
+    label = f"{RUN_LABEL}={THIS_RUN}"
+
+    async def look_mid_run() -> None:
+        for event in started:
+            await event.wait()
+            await trio.sleep(2.5)
+            alive = await trio.to_thread.run_sync(witness.containers, label)
+            alive_mid_run.append(len(alive))
+
+    async with open_pool(job_spec, size=1, backend=backend) as pool:
+        await pool.wait_ready()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look_mid_run)
+            results = await run_many(
+                jobs,
+                parallel=1,
+                backend=backend,
+                pool=pool,
+                on_start=lambda job_id: started[int(job_id)].set(),
+            )
+    assert [r.result.stdout if r.result else r.error for r in results] == [b"done\n"] * 2
+    assert [r.result is not None and r.result.pooled for r in results] == [True, True]
+    assert alive_mid_run == [1, 1]
