@@ -279,7 +279,10 @@ class DockerBackend:
         # The kernel path waits for its go line; the daemon's behind a gate, for the listeners,
         # the root's proof, or the rlimits the host sets (``OwnedContainer.start``).
         if (gated(checked.spec) or facts.host_rlimits) and not fifo_io:
-            command = gate_command(list(checked.spec.command))
+            command = gate_command(
+                list(checked.spec.command),
+                *(() if gated(checked.spec) else (HOST_RLIMITS_GATED,)),
+            )
             checked = check_spec(checked, self.settings, command=command)
             stdin = Prefixed(GATE_LINE, stdin)
         plan = build_plan(checked, facts, lease=new_lease_id(), fifo_root=fifo_root)
@@ -326,6 +329,12 @@ def governed(spec: SandboxSpec) -> bool:
     return isinstance(network, Network) and (
         bool(network.allow) or network.callback is not None or bool(network.ports)
     )
+
+
+HOST_RLIMITS_GATED = (
+    "on rootless Podman the command starts once the host has set its rlimits (the engine "
+    "drops HostConfig.Ulimits)"
+)
 
 
 def gated(spec: SandboxSpec) -> bool:

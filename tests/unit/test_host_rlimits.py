@@ -7,6 +7,7 @@ cell (``tests/engine/test_podman.py``, ``SBXKIT_CGROUP2_ENGINES=rootless-podman`
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,9 @@ from sbxkit._kernel.rlimits import (
     parse_limits,
 )
 from sbxkit._plan.verify import ulimits_problem
+from sbxkit.backends.docker import HOST_RLIMITS_GATED
+from sbxkit.errors import SpecError
+from sbxkit.network.gate import gate_command
 
 LIMITS = """\
 Limit                     Soft Limit           Hard Limit           Units
@@ -48,8 +52,6 @@ def test_proc_limits_parse_by_label_with_unlimited() -> None:
 
 def test_this_hosts_own_proc_limits_parse() -> None:
     """The kernel's text (padded columns, trailing blanks) against ``resource``'s word."""
-    import resource
-
     with open("/proc/self/limits", encoding="ascii") as file:
         parsed = parse_limits(file.read())
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -168,3 +170,12 @@ def test_enforce_refuses_a_gone_init() -> None:
 def test_enforce_names_a_ulimit_it_cannot_set() -> None:
     with pytest.raises(RlimitsUnenforced, match="rttime"):
         enforce_rlimits(os.getpid(), "x", [("rttime", 1, 1)])
+
+
+def test_a_command_the_gate_cannot_exec_is_refused_saying_why_it_is_gated() -> None:
+    with pytest.raises(SpecError) as refused:
+        gate_command(["-x"], HOST_RLIMITS_GATED)
+    assert refused.value.field == "command[0]"
+    assert refused.value.rule.startswith("on rootless Podman the command starts once the host")
+    assert "leading '-'" in refused.value.rule
+    assert gate_command(["echo", "hi"], HOST_RLIMITS_GATED)[:2] == ["sh", "-c"]
