@@ -18,6 +18,7 @@ import trio
 from sbxkit._consumers.runner import run
 from sbxkit._consumers.session import open_sandbox
 from sbxkit._kernel.rlimits import parse_limits
+from sbxkit._lifecycle.owner import InProcessOwner
 from sbxkit._model.result import RunResult, Stream
 from sbxkit._model.rules import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB, SandboxSpec
@@ -187,7 +188,11 @@ async def test_rootless_podman_holds_the_rlimits_against_a_hostile_payload(
         result: list[RunResult] = []
 
         async def hostile() -> None:
-            result.append(await run(sandbox, engine=engine, on_output=on_output))
+            # Its own owner: the supervisor's 5 s removal budget is short for rootless Podman
+            # under TCG (test_a_large_python_allocation_is_oom_killed there), not what this
+            # test is about; the rlimits are set in the start whoever owns the container.
+            owner = InProcessOwner(engine)
+            result.append(await run(sandbox, engine=engine, owner=owner, on_output=on_output))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hostile)
