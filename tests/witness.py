@@ -53,7 +53,9 @@ class Witness:
 
     def maps_uids(self) -> bool:
         """The daemon maps container uids to subordinate host ids (``userns-remap``, rootless),
-        as its own ``/info`` says."""
+        as its own ``/info`` says (Podman's ``/libpod/info``)."""
+        if self.is_podman():  # its compat /info does not say rootless: /libpod/info does
+            return bool(self.get("/v4.0.0/libpod/info")["host"]["security"]["rootless"])
         options = self.get("/info").get("SecurityOptions") or []
         return any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
 

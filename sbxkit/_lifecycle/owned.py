@@ -18,6 +18,7 @@ import msgspec
 import trio
 
 from sbxkit._kernel.fifos import make_io_dir, remove_io_dir, sandbox_ids
+from sbxkit._kernel.rlimits import RlimitsUnenforced, enforce_rlimits
 from sbxkit._kernel.userns import host_root_problem, read_uid_map, recorded_maps_problem
 from sbxkit._lifecycle.outcome import Verdict, judge_exit
 from sbxkit._lifecycle.owner import (
@@ -37,7 +38,7 @@ from sbxkit._plan.verify import check_created
 from sbxkit._protocol.wire import Expiring, Launch
 from sbxkit._util.public import publish
 from sbxkit.engine.client import Engine, Waiter
-from sbxkit.engine.models import ContainerInspect, ContainerWaitReply
+from sbxkit.engine.models import ContainerCreate, ContainerInspect, ContainerWaitReply
 from sbxkit.engine.transport import HijackedStream
 from sbxkit.errors import (
     Conflict,
@@ -123,10 +124,20 @@ class OwnedContainer:
         parked payload (sbxkit/network/gate.py, sbxkit/pool/). ``launched=False``: the caller
         says so itself later (``launched``) — a kernel path run, right after its go line."""
         await self.engine.container_start(self.container_id)
+        await self.set_rlimits()
         await self.prove_root()
         if launched:
             await self.launched()
         await self.govern()
+
+    async def set_rlimits(self) -> None:
+        """An engine that dropped the body's ulimits (rootless Podman), once started and before
+        its payload runs (a gated shell, a parked one): the host sets them on every process of
+        the container and reads them back (``sbxkit._kernel.rlimits``); ``ContainerMismatch``
+        if it cannot (the block's end removes the container)."""
+        if not self.plan.host_rlimits:
+            return
+        await set_host_rlimits(self.engine, self.container_id, self.body)
 
     async def prove_root(self) -> None:
         """A workspace with root inside, once started and before its payload runs: the host's
@@ -273,6 +284,25 @@ async def attached(box: OwnedContainer) -> AsyncIterator[tuple[HijackedStream, W
         await attach.aclose()
 
 
+async def set_host_rlimits(engine: Engine, container_id: str, body: ContainerCreate) -> None:
+    """Set ``body``'s ulimits on the started container's processes from the host, proven by
+    ``/proc/PID/limits`` (``enforce_rlimits``); ``ContainerMismatch`` naming what failed."""
+    host = body.host_config
+    wanted = [(u.name, u.soft, u.hard) for u in (host.ulimits if host else None) or []]
+    info = await engine.container_inspect(container_id)
+    pid = info.state.pid or 0
+    if pid <= 0 or not info.state.running:
+        raise ContainerMismatch(container_id, "its init is not running: no rlimits were set")
+    try:
+        await trio.to_thread.run_sync(enforce_rlimits, pid, container_id, wanted)
+    except RlimitsUnenforced as exc:
+        raise ContainerMismatch(
+            container_id,
+            f"the engine dropped HostConfig.Ulimits and the host could not set "
+            f"them before the payload: {exc}",
+        ) from None
+
+
 async def _check_own_userns(engine: Engine, plan: Plan, container_id: str) -> None:
     """A body that asked rootful Podman for a user namespace of its own (a workspace's root):
     before the start, the maps Podman recorded at the create must be one that keeps root
@@ -338,6 +368,7 @@ async def owned_container(
             podman=engine.is_podman,
             image_id=plan.image_id,
             launched=launching is not None,
+            rlimits_by_host=plan.host_rlimits,
         )
         await _check_own_userns(engine, plan, container_id)
         box = OwnedContainer(

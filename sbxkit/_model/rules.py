@@ -458,21 +458,21 @@ LIMIT_CONTROLLERS = ("cpu", "memory", "pids")
 
 ROOTLESS_WORKS = (
     "use rootless Docker on cgroup v2 with the cpu, memory and pids controllers delegated to "
-    "its user and AppArmor hidden from it (docs/backends.md), a rootful Docker daemon, or "
-    "rootful Podman"
+    "its user and AppArmor hidden from it, rootless Podman on cgroup v2 with them delegated "
+    "(one-shot runs and pools: docs/backends.md), a rootful Docker daemon, or rootful Podman"
 )
 """What works where a rootless engine is refused: nothing that is refused itself."""
 
 
-def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, version: str) -> None:
-    """Refuse a Podman service that cannot enforce the mandatory limits, before any container.
+def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, version: str) -> bool:
+    """Refuse a Podman service that cannot enforce the mandatory limits, before any container;
+    True when the host must set the sandbox's rlimits itself (``sbxkit._kernel.rlimits``).
 
     Rootless Podman on cgroup v1 gets no delegated controllers: it creates the container and
-    silently drops the memory, CPU and pids limits (its compat ``/info`` still claims them).
-    On cgroup v2, with the controllers delegated, rootless Podman (4.3) drops
-    ``HostConfig.Ulimits`` instead: the payload would run with no file-size bound, message
-    queues and the user's own open-file limit (``check_created`` would catch it after the
-    create), so a rootless service is refused by name either way.
+    silently drops the memory, CPU and pids limits (its compat ``/info`` still claims them),
+    so it is refused. On cgroup v2, with the controllers delegated, rootless Podman (4.3)
+    holds those but drops ``HostConfig.Ulimits``: the host sets them on the sandbox's processes
+    before its payload runs, and proves them (``/proc/PID/limits``).
     """
     missing = [name for name in LIMIT_CONTROLLERS if name not in set(controllers)]
     kind = "rootless" if rootless else "rootful"
@@ -483,13 +483,7 @@ def check_podman_controllers(controllers: Iterable[str], *, rootless: bool, vers
             f"{'/'.join(missing)} cgroup controller, so it would run the sandbox without its "
             f"mandatory limits; {ROOTLESS_WORKS}",
         )
-    if rootless:
-        raise SpecError(
-            "limits",
-            f"this Podman service (rootless, cgroup {version or '?'}) drops HostConfig.Ulimits "
-            "through its Docker-compatible API, so the sandbox would run without its fsize, "
-            f"msgqueue and nofile limits; {ROOTLESS_WORKS}",
-        )
+    return rootless
 
 
 def _security_names(security_options: Iterable[str]) -> set[str]:

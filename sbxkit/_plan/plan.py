@@ -105,6 +105,9 @@ class _Carried(msgspec.Struct, frozen=True, kw_only=True):
     (``ROOT_INSIDE_WITNESSES``: the daemon's user namespace remapping or rootlessness, gVisor,
     or on rootful Podman the body's own user namespace, ``planned_userns_mode``); the kernel
     is asked again once the container runs (``sbxkit._kernel.userns``)."""
+    host_rlimits: bool = False
+    """The engine drops the body's ulimits (rootless Podman): the host sets them on the
+    sandbox's processes once it runs, before its payload does (``sbxkit._kernel.rlimits``)."""
 
 
 _CARRIED = _Carried.__struct_fields__
@@ -299,6 +302,7 @@ async def learn_daemon(
         network=network,
         sandbox_uids=uids,
         root_witness=witness,
+        host_rlimits=daemon.host_rlimits,
     )
 
 

@@ -304,6 +304,9 @@ class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     runtime: str | None = None
     gpu_devices: list[str] | None = None
+    host_rlimits: bool = False
+    """The engine drops ``HostConfig.Ulimits`` (rootless Podman): the host sets them on the
+    sandbox's processes before its payload runs (``sbxkit._kernel.rlimits``)."""
 
 
 async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor) -> DaemonPlan:
@@ -311,16 +314,18 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
 
     Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
     The GPU cursor advances only when devices were chosen by count. A Podman service that
-    cannot enforce the limits (rootless: no controllers on cgroup v1, no rlimits on v2) is
-    refused (its answer is read once), and so is a runtime other than its default, which its
-    compat API would silently ignore; so is a rootless Docker daemon that cannot hold the
-    limits (``check_rootless_limits``).
+    cannot enforce the limits (rootless on cgroup v1: no controllers) is refused (its answer
+    is read once), and so is a runtime other than its default, which its compat API would
+    silently ignore; so is a rootless Docker daemon that cannot hold the limits
+    (``check_rootless_limits``). Rootless Podman on v2 drops the rlimits: the host sets them
+    (``DaemonPlan.host_rlimits``).
     """
     if not engine.is_podman:
         await check_rootless_limits(engine)
+    host_rlimits = False
     if engine.is_podman:
         host = await engine.podman_host()
-        check_podman_controllers(
+        host_rlimits = check_podman_controllers(
             host.cgroup_controllers or [],
             rootless=host.security.rootless,
             version=host.cgroup_version,
@@ -328,10 +333,10 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
         if spec.runtime is not None:
             check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
     if spec.runtime is None and spec.gpus is None:
-        return DaemonPlan()
+        return DaemonPlan(host_rlimits=host_rlimits)
     info = await engine.cached_info()
     runtime = check_runtime_registered(spec.runtime, (info.runtimes or {}).keys())
     gpu_devices: list[str] | None = None
     if spec.gpus is not None:
         gpu_devices, gpu_cursor.position = resolve_gpus(spec.gpus, info, gpu_cursor.position)
-    return DaemonPlan(runtime=runtime, gpu_devices=gpu_devices)
+    return DaemonPlan(runtime=runtime, gpu_devices=gpu_devices, host_rlimits=host_rlimits)

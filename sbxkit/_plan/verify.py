@@ -34,11 +34,13 @@ def check_created(
     podman: bool = False,
     image_id: str = "",
     launched: bool = False,
+    rlimits_by_host: bool = False,
 ) -> None:
     """Raise ContainerMismatch naming the first field that differs from the request
     (``ImageChanged`` when the container's image is not ``image_id``, the one planned on).
     ``launched``: its owner may have started it already (``Register.launch``: a kernel path
-    container, whose shell waits for its caller's go line), so ``running`` is its state too."""
+    container, whose shell waits for its caller's go line), so ``running`` is its state too.
+    ``rlimits_by_host``: see ``ulimits_problem``."""
     labels = info.config.labels or {}
 
     def mismatch(what: str) -> ContainerMismatch:
@@ -133,15 +135,35 @@ def check_created(
     for field, want, have in config_pairs:
         if want is not None and want != have:
             raise mismatch(f"{field} is {have!r}, expected {want!r}")
-    asked_ulimits = {(u.name, u.soft, u.hard) for u in asked.ulimits or []}
-    got_ulimits = {
-        (u.name.removeprefix("RLIMIT_").lower() if podman else u.name, u.soft, u.hard)
-        for u in got.ulimits or []
+    problem = ulimits_problem(
+        [(u.name, u.soft, u.hard) for u in asked.ulimits or []],
+        [(u.name, u.soft, u.hard) for u in got.ulimits or []],
+        podman=podman,
+        rlimits_by_host=rlimits_by_host,
+    )
+    if problem is not None:
+        raise mismatch(problem)
+
+
+def ulimits_problem(
+    asked: Sequence[tuple[str, int, int]],
+    got: Sequence[tuple[str, int, int]],
+    *,
+    podman: bool,
+    rlimits_by_host: bool,
+) -> str | None:
+    """Why the container's ulimits are not the body's, or None. Podman spells them
+    ``RLIMIT_NOFILE``. ``rlimits_by_host``: the host sets them on the sandbox's processes
+    before its payload runs (``sbxkit._kernel.rlimits``, rootless Podman, which drops them):
+    then a Podman container with none at all is accepted — never one with other values."""
+    asked_set = set(asked)
+    got_set = {
+        (name.removeprefix("RLIMIT_").lower() if podman else name, soft, hard)
+        for name, soft, hard in got
     }
-    if asked_ulimits != got_ulimits:
-        raise mismatch(
-            f"HostConfig.Ulimits are {sorted(got_ulimits)}, expected {sorted(asked_ulimits)}"
-        )
+    if asked_set == got_set or (podman and rlimits_by_host and not got_set):
+        return None
+    return f"HostConfig.Ulimits are {sorted(got_set)}, expected {sorted(asked_set)}"
 
 
 PODMAN_LOCAL = "localhost/"

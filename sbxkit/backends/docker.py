@@ -23,6 +23,7 @@ from typing import Any, TypedDict, Unpack
 
 import msgspec
 
+from sbxkit._kernel.rlimits import check_host_rlimits_consumer
 from sbxkit._lifecycle import leases_admin as admin
 from sbxkit._lifecycle.attached import OutputCallback, run_attached
 from sbxkit._lifecycle.kernel_run import NotAlive, run_on_fifos
@@ -183,6 +184,8 @@ class DockerBackend:
         subclass may serve it otherwise, ``PooledBackend``)."""
         async with engine_or_open(self.engine, self.socket_path) as engine:
             facts = await learn_daemon(engine, checked, self.gpu_cursor)
+            if facts.host_rlimits:
+                check_host_rlimits_consumer(consumer)
             owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
             fifo_io = kernel and await kernel_path_reason(engine, checked, facts) is None
             async with contextlib.AsyncExitStack() as stack:
@@ -273,8 +276,13 @@ class DockerBackend:
     ) -> RunResult:
         owner = self.owner or default_owner(engine, checked.settings, self.on_queued)
         fifo_root = owner.fifo_root if fifo_io else None
-        if gated(checked.spec) and not fifo_io:  # the kernel path waits for its go line
-            command = gate_command(list(checked.spec.command))
+        # The kernel path waits for its go line; the daemon's behind a gate, for the listeners,
+        # the root's proof, or the rlimits the host sets (``OwnedContainer.start``).
+        if (gated(checked.spec) or facts.host_rlimits) and not fifo_io:
+            command = gate_command(
+                list(checked.spec.command),
+                *(() if gated(checked.spec) else (HOST_RLIMITS_GATED,)),
+            )
             checked = check_spec(checked, self.settings, command=command)
             stdin = Prefixed(GATE_LINE, stdin)
         plan = build_plan(checked, facts, lease=new_lease_id(), fifo_root=fifo_root)
@@ -321,6 +329,12 @@ def governed(spec: SandboxSpec) -> bool:
     return isinstance(network, Network) and (
         bool(network.allow) or network.callback is not None or bool(network.ports)
     )
+
+
+HOST_RLIMITS_GATED = (
+    "on rootless Podman the command starts once the host has set its rlimits (the engine "
+    "drops HostConfig.Ulimits)"
+)
 
 
 def gated(spec: SandboxSpec) -> bool:

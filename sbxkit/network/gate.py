@@ -11,7 +11,9 @@ own stdin (``Prefixed``): ``read`` consumes exactly that line from the pipe (a s
 ``read`` does not read ahead on a pipe; ``sh -s`` would) and the command replaces the shell,
 byte-exact stdin and all. The command travels as argv in the create body, never quoted into a
 line, so nothing here depends on how a pool's claim is carried; it is the pool's parked shell
-reduced to a gate. The image needs ``/bin/sh``, as a pool's does.
+reduced to a gate. The image needs ``/bin/sh``, as a pool's does. The same gate holds a
+payload while a workspace's root is proven not the host's, and on rootless Podman while the
+host sets the rlimits the engine dropped (``sbxkit._kernel.rlimits``).
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ GATE_SCRIPT = 'IFS= read -r _ && exec "$0" "$@"'
 GATE_LINE = b"\n"
 
 
-def gate_command(command: list[str]) -> list[str]:
+GOVERNED = "under a governed network the command starts after the network is in place"
+
+
+def gate_command(command: list[str], why: str = GOVERNED) -> list[str]:
     """The gated form of ``command`` (refused when the shell's ``exec`` would read its first
-    word as an option)."""
+    word as an option; ``why`` it is gated)."""
     if not command or command[0].startswith("-"):
         raise SpecError(
             "command[0]",
-            "under a governed network the command starts after the network is in place, "
-            "through the shell's exec, which would take a leading '-' for an option",
+            f"{why}, through the shell's exec, which would take a leading '-' for an option",
         )
     return ["sh", "-c", GATE_SCRIPT, *command]

@@ -218,6 +218,7 @@ class LiveLease:
         expected_mounts: Sequence[ExpectedMount],
         podman: bool,
         image_id: str = "",
+        rlimits_by_host: bool = False,
     ) -> None:
         """Raise ContainerMismatch unless ``info`` shows the container this lease's body asked
         for (``verify.check_created``): before a park or a launch starts it."""
@@ -231,6 +232,7 @@ class LiveLease:
             expected_mounts=expected_mounts,
             podman=podman,
             image_id=image_id,
+            rlimits_by_host=rlimits_by_host,
         )
 
     def request_stop(self, reason: str) -> None:

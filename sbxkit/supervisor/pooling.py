@@ -33,6 +33,7 @@ from sbxkit._kernel.scripts import GO_LINE, io_dir_of, io_root
 from sbxkit._lifecycle.admission import Need, never_fits
 from sbxkit._lifecycle.kernel_run import start_on_fifos
 from sbxkit._lifecycle.kernel_watch import NotAlive
+from sbxkit._lifecycle.owned import set_host_rlimits
 from sbxkit._protocol.proof import SECRET_BYTES, secret_hash
 from sbxkit._protocol.records import LeaseRecord
 from sbxkit._protocol.wire import (
@@ -387,6 +388,8 @@ class Pooling(Admitting):
         io_dir = io_dir_of(live.body)
         try:
             info = await engine.container_inspect(container_id)
+            # Rootless Podman drops the ulimits: set from the host before the claim.
+            host_rlimits = engine.is_podman and (await engine.podman_host()).security.rootless
             live.check_created(
                 info,
                 container_id,
@@ -394,10 +397,14 @@ class Pooling(Admitting):
                     pool.claim.expected_mounts, template.lease, live.record.lease
                 ),
                 podman=engine.is_podman,
+                rlimits_by_host=host_rlimits,
             )
 
             async def start() -> None:
                 await engine.container_start(container_id)
+                if host_rlimits:
+                    assert live.body is not None
+                    await set_host_rlimits(engine, container_id, live.body)
                 # A governed network's listeners are in place before the container is parked:
                 # a claim hands over a sandbox whose payload finds them there.
                 governed = live.network is not None and live.network.needs_governor

@@ -116,8 +116,9 @@ async def test_the_rlimits_are_the_sandboxs_own_inside(
 ) -> None:
     """The payload's own ``/proc/self/limits`` hold policy's ``HostConfig.Ulimits``: the
     spec's file-size bound and no message queues, on Podman its open-files and processes
-    bounds too. The engine applies them (rootless Podman 4.3 drops them, and is refused:
-    test_podman.py; rootless Docker on cgroup v2 applies them: the cgroup v2 cell)."""
+    bounds too. The engine applies them (rootless Docker on cgroup v2 too: the cgroup v2 cell);
+    rootless Podman 4.3 drops them and the host sets them before the payload runs
+    (test_podman.py, the cgroup v2 cell)."""
     fsize = 3 * MiB
     result = await oneshot(
         spec(busybox, "cat /proc/self/limits", fsize_bytes=fsize, runtime=runtime), engine=engine

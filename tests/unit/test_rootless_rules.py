@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from sbxkit._kernel.rlimits import check_host_rlimits_consumer
 from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.rules import ROOTLESS_WORKS, check_podman_controllers, check_rootless_docker
 from sbxkit._model.spec import Limits, SandboxSpec
@@ -25,8 +26,10 @@ HELD = {"memory": True, "pids": True, "cpu": True}
 
 
 def test_what_works_recommends_no_engine_that_is_refused() -> None:
-    assert "rootless Podman" not in ROOTLESS_WORKS
     assert "rootless Docker on cgroup v2" in ROOTLESS_WORKS
+    # Rootless Podman only where it is served: v2, and only what waits for the host's rlimits.
+    assert "rootless Podman on cgroup v2" in ROOTLESS_WORKS
+    assert "one-shot runs and pools" in ROOTLESS_WORKS
 
 
 @pytest.mark.parametrize("version", ["1", "2"])
@@ -41,7 +44,7 @@ def test_rootless_docker_on_cgroup_v1_is_refused_by_name() -> None:
         check_rootless_docker(ROOTLESS, cgroup_version="1", **HELD)  # v1 reports them all
     assert refused.value.field == "limits"
     assert "rootless on cgroup v1" in refused.value.rule
-    assert "rootless Podman" not in refused.value.rule
+    assert "rootless Podman on cgroup v1" not in refused.value.rule
 
 
 @pytest.mark.parametrize("missing", ["memory", "pids", "cpu"])
@@ -69,21 +72,45 @@ def test_rootless_podman_on_v1_names_the_missing_controllers() -> None:
     with pytest.raises(SpecError) as refused:
         check_podman_controllers([], rootless=True, version="v1")
     assert "cpu/memory/pids" in refused.value.rule
-    assert "rootless Podman" not in refused.value.rule
+    assert "rootless Podman on cgroup v1" not in refused.value.rule
 
 
-def test_rootless_podman_on_v2_is_refused_for_the_ulimits_it_drops() -> None:
-    with pytest.raises(SpecError) as refused:
+def test_rootless_podman_on_v2_is_served_with_the_rlimits_set_from_the_host() -> None:
+    """It drops HostConfig.Ulimits: accepted only with the host setting them (True)."""
+    assert (
         check_podman_controllers(
             ["cpuset", "cpu", "io", "memory", "pids"], rootless=True, version="v2"
         )
-    assert refused.value.field == "limits"
-    assert "drops HostConfig.Ulimits" in refused.value.rule
-    assert "rootless Podman" not in refused.value.rule.split(";", 1)[1]
+        is True
+    )
+
+
+@pytest.mark.parametrize("missing", ["cpu", "memory", "pids"])
+def test_rootless_podman_on_v2_without_a_controller_is_refused(missing: str) -> None:
+    held = [name for name in ("cpu", "io", "memory", "pids") if name != missing]
+    with pytest.raises(SpecError) as refused:
+        check_podman_controllers(held, rootless=True, version="v2")
+    assert f"no {missing} cgroup controller" in refused.value.rule
 
 
 def test_rootful_podman_with_the_controllers_passes() -> None:
-    check_podman_controllers(["cpu", "memory", "pids"], rootless=False, version="v2")
+    assert (
+        check_podman_controllers(["cpu", "memory", "pids"], rootless=False, version="v2") is False
+    )
+
+
+@pytest.mark.parametrize("consumer", ["session", "pty", "stdio", "grants", "harness"])
+def test_what_does_not_wait_for_the_hosts_rlimits_is_refused_by_name(consumer: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        check_host_rlimits_consumer(consumer)
+    assert refused.value.field == "limits"
+    assert f"a {consumer} sandbox" in refused.value.rule
+    assert "drops HostConfig.Ulimits" in refused.value.rule
+    assert "use one-shot runs or a pool on it" in refused.value.rule
+
+
+def test_a_one_shot_run_waits_for_the_hosts_rlimits() -> None:
+    check_host_rlimits_consumer("run")
 
 
 class StubEngine:
