@@ -26,7 +26,8 @@ REFUSED_BY_DESIGN = {
 }
 
 
-def write_profile(path: Path, image: str) -> Path:
+def write_profile(path: Path, image: str, tables: str = "") -> Path:
+    """An Inspect profile for ``image`` with the suite's limits, and ``tables`` after them."""
     path.write_text(
         f"""
 [sandbox.docker]
@@ -39,7 +40,7 @@ pids = 128
 max_output = "1m"
 timeout = 600
 scratch = "256m"
-"""
+{tables}"""
     )
     return path
 

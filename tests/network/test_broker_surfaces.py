@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +30,8 @@ from sbxkit._model.settings import Settings
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine
 from tests.engine.mcp_support import CELLS, LIMITS, connect, structured
+from tests.engine.test_inspect_eval import eval_env, inspect_argv
+from tests.engine.test_inspect_provider import write_profile
 from tests.network.payloads import SBXKIT_RUN, command, output
 from tests.network.servers import OTHER_NAME
 from tests.network.test_broker import (
@@ -71,17 +72,6 @@ threading.Thread(target=server.serve_forever, daemon=True).start()
 """
 
 
-@pytest.fixture(scope="module")
-def api(tier: str) -> Iterator[Api]:
-    with running_api() as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def fresh(api: Api) -> None:
-    api.clear()
-
-
 def fetch_until_served(host_port: int, path: str = "/mark", seconds: float = 30.0) -> bytes:
     """The page at the host's ``127.0.0.1:host_port``, once the sandbox's server answers."""
     deadline = time.monotonic() + seconds
@@ -92,6 +82,17 @@ def fetch_until_served(host_port: int, path: str = "/mark", seconds: float = 30.
         except OSError:
             assert time.monotonic() < deadline, f"nothing answered on {host_port}"
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def api(tier: str) -> Iterator[Api]:
+    with running_api() as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def fresh(api: Api) -> None:
+    api.clear()
 
 
 def refused(host_port: int) -> bool:
@@ -226,31 +227,12 @@ def test_an_inspect_sample_gets_injection_and_a_port_from_its_profile(
     without the token, and the solver (on the host) fetches the sample's ``http.server``
     through the port ``sandbox().as_type(SbxkitSandboxEnvironment).ports()`` reports; the port
     refuses once the eval ended."""
-    (tmp_path / "profile.toml").write_text(
-        f"""
-[sandbox.docker]
-image = "{PYTHON}"
-
-[sandbox.docker.limits]
-cpus = 1
-memory = "512m"
-pids = 128
-max_output = "1m"
-timeout = 600
-scratch = "256m"
-{network_table(api)}"""
-    )
+    write_profile(tmp_path / "profile.toml", PYTHON, network_table(api))
     (tmp_path / "task.py").write_text(TASK.format(probe=PROBE, url=f"{API}/inspect", mark=MARK))
     proc = subprocess.run(
-        [sys.executable, "-m", "inspect_ai", "eval", "task.py", "--log-format", "json"],
+        inspect_argv("eval", "task.py", "--log-format", "json", "--display", "plain"),
         cwd=tmp_path,
-        env={
-            **os.environ,
-            "INSPECT_ASYNC_BACKEND": backend,
-            "TIKTOKEN_CACHE_DIR": str(tmp_path / "no-tiktoken"),
-            "INSPECT_LOG_DIR": str(tmp_path / "logs"),
-            "INSPECT_DISPLAY": "plain",
-        },
+        env={**eval_env(tmp_path), "INSPECT_ASYNC_BACKEND": backend},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=300,

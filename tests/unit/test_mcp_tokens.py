@@ -5,10 +5,13 @@ from another account.)"""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
 import stat
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -164,37 +167,37 @@ def test_the_kernels_socket_table_is_read_as_the_kernel_writes_it() -> None:
     assert _address(mapped) == _ip_port("127.0.0.1", 80)
 
 
-def test_a_loopback_peers_account_is_found() -> None:
-    """A real connection on this machine: its client end is ours (this process's uid)."""
+@contextlib.contextmanager
+def loopback_pair() -> Iterator[tuple[socket.socket, socket.socket, socket.socket, Any]]:
+    """A real connection on this machine: the listener, the client, the accepted end and the
+    client's address as the listener sees it."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     client = socket.create_connection(server.getsockname())
     accepted, peer = server.accept()
     try:
-        assert peer_uid(peer, server.getsockname()) == os.geteuid()
-        assert peer_uid(("127.0.0.1", 1), server.getsockname()) is None
+        yield server, client, accepted, peer
     finally:
         for sock in (client, accepted, server):
             sock.close()
+
+
+def test_a_loopback_peers_account_is_found() -> None:
+    """Its client end is ours (this process's uid)."""
+    with loopback_pair() as (server, _client, _accepted, peer):
+        assert peer_uid(peer, server.getsockname()) == os.geteuid()
+        assert peer_uid(("127.0.0.1", 1), server.getsockname()) is None
 
 
 def test_a_closed_peer_has_no_account() -> None:
     """The client closes first, so its end lingers in TIME_WAIT, which the kernel lists as
     uid 0 with no inode: that is nobody's account (it read as root's before)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    client = socket.create_connection(server.getsockname())
-    accepted, peer = server.accept()
-    try:
+    with loopback_pair() as (server, client, accepted, peer):
         client.close()
         accepted.recv(1)  # the client's FIN: its end leaves ESTABLISHED
         accepted.close()
         assert peer_uid(peer, server.getsockname()) is None
-    finally:
-        for sock in (client, accepted, server):
-            sock.close()
 
 
 def _ip_port(ip: str, port: int) -> tuple[object, int]:
