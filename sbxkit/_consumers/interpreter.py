@@ -233,17 +233,35 @@ class Interpreter:
             timeout=max(box.deadline - trio.current_time(), 0.001),
             tap=gen.tap,
         )
-        with trio.move_on_after(START_TIMEOUT_S):
-            while gen.ready is None:
-                await self._check_alive(gen)
-                await _wait(gen, START_TIMEOUT_S)
-        if gen.ready is None:
-            await self._die(gen, f"it did not start within {START_TIMEOUT_S:g} s")
+        try:
+            with trio.move_on_after(START_TIMEOUT_S):
+                while gen.ready is None:
+                    await self._check_alive(gen)
+                    await _wait(gen, START_TIMEOUT_S)
+            if gen.ready is None:
+                await self._die(gen, f"it did not start within {START_TIMEOUT_S:g} s")
+        except InterpreterDied as died:
+            await self._unusable_if_stopped(died)
+            raise
         failed = None if gen.ready is None else gen.ready.preload_error
         if failed is not None:
             await self._stop()
             self._dead = InterpreterDied("its preload failed: " + failed)
             raise ImageError(box.spec.image, f"preload {failed}")
+
+    async def _unusable_if_stopped(self, died: InterpreterDied) -> None:
+        """A launch that failed because the container stopped under it (gVisor ends the
+        sandbox on an OOM, and an exec created just before reads the runtime's complaint
+        as its output) leaves a sandbox nothing can start in: say that, as an exec into a
+        stopped container does, not what the dying exec's stream looked like."""
+        box = self.sandbox._box
+        try:
+            state = (await box.engine.container_inspect(box.container_id)).state
+        except SbxError:
+            return  # no word from the daemon: the launch's own failure stands
+        if not state.running:
+            self.sandbox._unusable = f"its container is not running ({state.status})"
+            raise SandboxUnusable(box.container_id, self.sandbox._unusable) from died
 
     async def _stop(self) -> None:
         gen = self._gen
