@@ -94,15 +94,18 @@ async def serving(sandbox: sbxkit.Sandbox) -> PortForward:
     (port,) = await sandbox.ports()
     assert (port.address, port.sandbox_port) == ("127.0.0.1", 8000)
     assert port.host_port > 0
+    assert await fetched(port) == MARK.encode()
+    return port
+
+
+async def fetched(port: PortForward) -> bytes:
+    """The page through ``port``, once the sandbox's server listens (within 30 s)."""
     with trio.fail_after(30):
         while True:
             try:
-                body = await trio.to_thread.run_sync(fetch, port)
-                break
+                return await trio.to_thread.run_sync(fetch, port)
             except OSError:
                 await trio.sleep(0.1)
-    assert body == MARK.encode()
-    return port
 
 
 def refused(port: PortForward) -> bool:
@@ -168,14 +171,7 @@ async def test_an_interpreter_sessions_server_is_fetched_from_the_host(
         assert started.error is None, started.error
         (port,) = await interp.sandbox.ports()
         assert (port.address, port.sandbox_port) == ("127.0.0.1", 8000)
-        with trio.fail_after(30):
-            while True:
-                try:
-                    body = await trio.to_thread.run_sync(fetch, port)
-                    break
-                except OSError:
-                    await trio.sleep(0.1)
-        assert body == MARK.encode()
+        assert await fetched(port) == MARK.encode()
         assert (await interp.run_code("server.server_address")).text == "('127.0.0.1', 8000)"
     assert refused(port)
     assert host_listeners(port.host_port) == []
