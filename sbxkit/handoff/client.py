@@ -35,6 +35,7 @@ from sbxkit._protocol.address import SOCKET_NAME, state_dir_text
 from sbxkit._protocol.fingerprint import PROTOCOL_VERSION, implementation_fingerprint
 from sbxkit._util.notice import WaitingNotice, say
 from sbxkit._util.readiness import readable
+from sbxkit._util.slowness import MAX_SLOWNESS, SLOWNESS_ENV, slowness_factor
 from sbxkit.handoff.fifos import Ends, Watched, watch
 from sbxkit.handoff.scan import PLANNING_ENV, Scan, scan_run
 
@@ -60,6 +61,7 @@ RECEIVE_CHUNK = 64 * 1024
 _FD = struct.Struct("i")
 MAX_FDS = 4
 HANDSHAKE_S = 10.0
+"""How long the supervisor has to welcome a hand-off, stretched by ``SBXKIT_HOST_SLOWNESS``."""
 OFF = ("0", "off", "no", "false")
 
 
@@ -301,9 +303,13 @@ def _converse(
     env = {key: os.environ[key] for key in (*PLANNING_ENV, *scan.env_names) if key in os.environ}
     if any("\udc80" <= char <= "\udcff" for value in env.values() for char in value):
         raise Declined("a variable the run reads is not UTF-8 (the full path names it)")
+    factor = slowness_factor(os.environ.get(SLOWNESS_ENV))
+    if factor is None:
+        rule = f"is not a number from 1 to {MAX_SLOWNESS:g}"
+        raise Declined(f"{SLOWNESS_ENV} {rule} (the full path names it)")
     try:
         channel.send(hello_message(), run_message(argv, state_dir, env, scan))
-        welcome = channel.receive(None, HANDSHAKE_S)
+        welcome = channel.receive(None, HANDSHAKE_S * factor)
     except (Lost, TimeoutError) as exc:
         raise Declined(f"the supervisor did not take the hand-off ({exc})") from None
     if welcome.get("type") != "welcome":

@@ -161,6 +161,7 @@ def test_the_output_passes_through_the_command_line_not_the_supervisor(
         ("fifo", "neither a regular file nor a device"),
         ("daemon", "the run takes the daemon's path"),
         ("typo", "unrecognized arguments: --memroy"),
+        ("slowness", "SBXKIT_HOST_SLOWNESS is not a number from 1 to 100"),
     ],
 )
 def test_each_fall_back_is_named_and_the_full_path_runs_it(
@@ -183,6 +184,10 @@ def test_each_fall_back_is_named_and_the_full_path_runs_it(
     elif case == "daemon":
         extra["SBXKIT_EVIDENCE"] = "daemon"
         flags += ["--json", busybox, "--", "echo", "ran"]
+    elif case == "slowness":  # the full path refuses it, named, before anything is created
+        extra["SBXKIT_HOST_SLOWNESS"] = "fast"
+        flags += [busybox, "--", "echo", "ran"]
+        expect = 2
     else:
         flags += ["--memroy", "64m", busybox, "--", "echo", "ran"]
         expect = 2
@@ -193,8 +198,22 @@ def test_each_fall_back_is_named_and_the_full_path_runs_it(
     assert reason in handed.last_path()
     if expect == 0:
         assert b"ran" in done.stdout
+    elif case == "slowness":
+        assert b"SBXKIT_HOST_SLOWNESS" in done.stderr
+        assert b"got 'fast'" in done.stderr
+        assert b"ran" not in done.stdout
     else:
         assert b"unrecognized arguments: --memroy" in done.stderr  # the full path's usage error
+
+
+def test_a_slow_host_setting_keeps_the_hand_off(handed: Handed, busybox: str) -> None:
+    # The handshake's bound is stretched, not the run refused or sent down the full path.
+    marker = unique("slow-host")
+    flags = ("--socket", handed.witness.socket_path, busybox, "--", "echo", marker)
+    done = handed.run(*flags, SBXKIT_HOST_SLOWNESS="3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.decode().split() == [marker]
+    assert handed.last_path() == "handed off"
 
 
 def test_no_supervisor_running_is_a_named_fall_back(witness: Witness, busybox: str) -> None:

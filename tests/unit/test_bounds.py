@@ -13,6 +13,7 @@ from sbxkit._model.bounds import (
     parse_slowness,
     scaled,
 )
+from sbxkit._util.slowness import slowness_factor
 from sbxkit.errors import SpecError
 
 
@@ -22,6 +23,7 @@ from sbxkit.errors import SpecError
 )
 def test_a_slowness_from_1_to_100_is_taken_and_unset_is_1(raw: str | None, factor: float) -> None:
     assert parse_slowness(raw) == factor
+    assert slowness_factor(raw) == factor  # what the hand-off client reads without sbxkit.errors
 
 
 @pytest.mark.parametrize("raw", ["fast", "0.99", "0", "-2", "100.5", "1e9", "inf", "nan", "2x"])
@@ -32,6 +34,7 @@ def test_anything_else_is_refused_naming_what_was_typed_and_the_rule(raw: str) -
     assert refused.value.rule.startswith("must be a number from 1 to 100")
     assert refused.value.rule.endswith(f"got {raw!r}")
     assert str(refused.value).startswith("SBXKIT_HOST_SLOWNESS: ")
+    assert slowness_factor(raw) is None  # the hand-off declines it and the full path names it
 
 
 def test_the_caller_s_bounds_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
