@@ -23,7 +23,7 @@ import contextlib
 import os
 import secrets
 import stat
-from collections.abc import Container
+from collections.abc import Callable, Container
 from pathlib import Path
 
 import trio
@@ -215,11 +215,15 @@ class StateDir:
 
 
 class _Operation:
-    """One queued record write (``record``) or delete (``lease``), its completion and outcome."""
+    """One queued record write (``record``) or delete (``lease``), its completion and outcome.
+    ``first``: blocking work a delete does in the worker thread before the unlink."""
 
-    def __init__(self, record: LeaseRecord | None, lease: str) -> None:
+    def __init__(
+        self, record: LeaseRecord | None, lease: str, first: Callable[[], None] | None = None
+    ) -> None:
         self.record = record
         self.lease = lease
+        self.first = first
         self.done = trio.Event()
         self.error: BaseException | None = None
 
@@ -281,6 +285,8 @@ class Journal:
                     self.state.stage_record(operation.record)
                     fsyncs += 1
                 else:
+                    if operation.first is not None:
+                        operation.first()  # its failure keeps the record, as before it
                     self.state.unlink_record(operation.lease)
             except Exception as exc:  # handed back to its submitter; the others go on
                 operation.error = exc
@@ -325,8 +331,11 @@ class Journal:
         self.writes += 1
         return operation
 
-    async def delete(self, lease: str) -> None:
-        await self._submit(_Operation(None, lease))
+    async def delete(self, lease: str, first: Callable[[], None] | None = None) -> None:
+        """Delete a lease's record; ``first`` (blocking: a lease's FIFO directory removed, say)
+        runs in the worker thread just before the unlink, never on the event loop, where a
+        directory operation waits behind the journal's fsyncs on the same filesystem."""
+        await self._submit(_Operation(None, lease, first))
         self.deletes += 1
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from functools import partial
 
 import trio
 
@@ -148,8 +149,11 @@ class ServiceCore:
     async def _forget(self, lease: str) -> None:
         # The container is confirmed gone: its kernel path FIFOs (sbxkit/kernel) go too,
         # whoever made them — a killed caller leaves none behind. So does the hold on its uid.
-        remove_io_dir(io_root(self.state.path), lease)
-        await self.journal.delete(lease)
+        # Removed in the journal's worker thread, just before the record's unlink: off the
+        # event loop, where it waited behind the journal's fsyncs on the same filesystem.
+        await self.journal.delete(
+            lease, first=partial(remove_io_dir, io_root(self.state.path), lease)
+        )
         self.let_uid_go(lease)
         self.records.pop(lease, None)
         self.held.pop(lease, None)

@@ -437,6 +437,38 @@ async def test_a_journal_operation_error_reaches_its_submitter(state: StateDir) 
         nursery.cancel_scope.cancel()
 
 
+async def test_a_deletes_first_work_runs_off_the_event_loop_before_the_unlink(
+    state: StateDir,
+) -> None:
+    """A lease's FIFO directory goes in the journal's worker thread, just before its record's
+    unlink (``Journal.delete(first=...)``): never on the event loop, and a failure keeps the
+    record and reaches the submitter, as the removal did on the event loop."""
+    import threading
+
+    journal = Journal(state)
+    seen: list[tuple[int, bool]] = []
+    path = state.path / record_filename(LEASE_A)
+
+    def first() -> None:
+        seen.append((threading.get_ident(), path.exists()))
+
+    def broken() -> None:
+        raise PermissionError(13, "Permission denied")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(journal.serve)
+        await journal.write(record())
+        await journal.delete(LEASE_A, first=first)
+        assert seen == [(seen[0][0], True)]  # ran while the record still existed
+        assert seen[0][0] != threading.get_ident()  # in the worker thread
+        assert not path.exists()
+        await journal.write(record())
+        with pytest.raises(PermissionError):
+            await journal.delete(LEASE_A, first=broken)
+        assert path.exists()  # kept: the reaper retries, as before
+        nursery.cancel_scope.cancel()
+
+
 class GroupSpy:
     """Logs renames (by record file), directory fsyncs and submitter returns, in order; holds
     the first file fsync until ``release`` is set, so that the others queue behind it."""
