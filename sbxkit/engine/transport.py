@@ -38,6 +38,7 @@ from sbxkit.errors import (
     EngineTimeout,
     EngineUnavailable,
     NotFound,
+    SbxError,
 )
 
 READ_CHUNK = 64 * 1024
@@ -337,11 +338,13 @@ class Transport:
         timeout: float,
     ) -> Response:
         """A short call on a pooled connection; raises the mapped error for status >= 400."""
-        async with self._deadline(method, target, timeout):
+        # ``_deadline``'s bound and ``mapped_errors``, with no generator-based context manager
+        # around them: every daemon call of a lease comes through here.
+        with trio.CancelScope(deadline=trio.current_time() + timeout) as bound:
             conn = await self._checkout()
             clean_exit = False
             try:
-                with mapped_errors(method, target):
+                try:  # ``mapped_errors``, inline
                     await conn.send(*self._request_events(method, target, body, headers))
                     head = await self._read_head(conn)
                     if not isinstance(head, h11.Response):
@@ -362,12 +365,16 @@ class Transport:
                                 f"{method} {target}: body over {MAX_SHORT_BODY} bytes"
                             )
                         parts.append(bytes(event.data))
+                except TRANSPORT_FAILURES as exc:
+                    raise mapped_error(exc, method, target) from exc
                 clean_exit = True
             finally:
                 if clean_exit:
                     await self._checkin(conn)
                 else:
                     await conn.aclose()
+        if bound.cancelled_caught:
+            raise EngineTimeout(method, target, timeout)
         response = Response(head.status_code, self._headers(head), b"".join(parts))
         if response.status >= 400:
             raise error_for(method, target, response.status, response.body)
@@ -441,17 +448,31 @@ class Transport:
             await conn.aclose()
 
 
+TRANSPORT_FAILURES = (
+    h11.ProtocolError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    OSError,
+)
+"""What ``mapped_error`` maps: a call's transport-level failures."""
+
+
+def mapped_error(exc: BaseException, method: str, path: str) -> SbxError:
+    """The sbxkit error for a transport-level failure (one of ``TRANSPORT_FAILURES``)."""
+    if isinstance(exc, h11.RemoteProtocolError):
+        return EngineProtocolError(f"{method} {path}: {exc}")
+    if isinstance(exc, h11.LocalProtocolError):
+        return EngineProtocolError(f"{method} {path}: local: {exc}")
+    return EngineConnectionError(method, path, str(exc) or type(exc).__name__)
+
+
 @contextmanager
 def mapped_errors(method: str, path: str) -> Iterator[None]:
     """Map transport-level failures inside a call to sbxkit errors."""
     try:
         yield
-    except h11.RemoteProtocolError as exc:
-        raise EngineProtocolError(f"{method} {path}: {exc}") from exc
-    except h11.LocalProtocolError as exc:
-        raise EngineProtocolError(f"{method} {path}: local: {exc}") from exc
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        raise EngineConnectionError(method, path, str(exc) or type(exc).__name__) from exc
+    except TRANSPORT_FAILURES as exc:
+        raise mapped_error(exc, method, path) from exc
 
 
 def api_path(template: str, *params: str, query: Iterable[tuple[str, str]] = ()) -> str:
