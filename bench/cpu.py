@@ -47,6 +47,7 @@ from bench import common, humaneval
 from bench.harness import ContenderFailed, machine_facts, say
 from bench.suite import LeakCheck, default_python, dockerpy_client, fmt, summarise
 from sbxkit._kernel.cgroup_stats import parse_counter, parse_keyed
+from sbxkit._kernel.scripts import io_root
 from sbxkit.engine.client import open_engine
 
 NAME = "cpu"
@@ -277,6 +278,7 @@ class PrivateEngine:
         for group in (self.payload_group, self.engine_group, self.group):
             _remove_cgroup(group)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(io_root(self.state_dir), ignore_errors=True)  # its FIFOs' sibling
 
 
 def _remove_cgroup(path: Path) -> None:
