@@ -49,7 +49,7 @@ from bench.oneshot import raw_contender, sbxkit_contender
 from bench.plot import plot_report
 from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch, LeakCheck, default_busybox, label_of, peer_body
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan.policy import PODMAN_ULIMITS
 from sbxkit.engine.client import open_engine
