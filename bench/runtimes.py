@@ -8,8 +8,9 @@ standard-library client, one keep-alive connection) with ``HostConfig.Runtime = 
 ``sbxkit._consumers.runner.run(spec, engine=engine)`` with ``spec.runtime = R`` (the default owner,
 the supervisor).
 
-The daemon's default runtime (runc on Docker, crun on Podman) is asked for by no name, as a
-default run does. Every cell uses the same bounds, with **gVisor's floor of pids** (so all
+The raw floor asks for the daemon's default runtime (runc on Docker, crun on Podman) by no name;
+sbxkit's cell names each runtime (without a name sbxkit plans crun on a runc-default Docker daemon
+that registers it). Every cell uses the same bounds, with **gVisor's floor of pids** (so all
 cells are alike); on Podman the floor also sets sbxkit's ``nofile``/``nproc`` ulimits, without
 which nothing starts there. Ratios:
 ``sbxkit_R/raw_R`` (sbxkit's price under each runtime) and ``raw_R/raw_runc``,
@@ -49,7 +50,7 @@ from bench.oneshot import raw_contender, sbxkit_contender
 from bench.plot import plot_report
 from bench.rawapi import RawEngine
 from bench.suite import ActivityWatch, LeakCheck, default_busybox, label_of, peer_body
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._plan.policy import PODMAN_ULIMITS
 from sbxkit.engine.client import open_engine
@@ -92,7 +93,10 @@ def cell_runtime(runtime: str, default: str = DAEMON_DEFAULT) -> str | None:
     return None if runtime == default else runtime
 
 
-def spec_for(image: str, runtime: str, default: str = DAEMON_DEFAULT) -> SandboxSpec:
+def spec_for(image: str, runtime: str) -> SandboxSpec:
+    """sbxkit's cell names its runtime even where it is the daemon's default: a spec that
+    names none runs under crun on a runc-default Docker daemon that registers it
+    (``sbxkit._model.runtimes.plan_runtime``), so the runc cell would measure crun."""
     return SandboxSpec(
         image=image,
         command=["true"],
@@ -100,7 +104,7 @@ def spec_for(image: str, runtime: str, default: str = DAEMON_DEFAULT) -> Sandbox
             cpus=CPUS, memory_bytes=MEMORY_BYTES, pids=PIDS, output_bytes=MiB, timeout_s=30
         ),
         labels=label_of(NAME, f"sbxkit_{runtime}"),
-        runtime=cell_runtime(runtime, default),
+        runtime=runtime,
     )
 
 
@@ -165,7 +169,7 @@ async def measure(args: argparse.Namespace, rounds: int, warmup: int) -> dict[st
                 ),
                 sbxkit_contender(
                     engine,
-                    spec_for(args.image, runtime, default),
+                    spec_for(args.image, runtime),
                     leases,
                     key=f"sbxkit_{runtime}",
                     label=f"sbxkit, {runtime}",

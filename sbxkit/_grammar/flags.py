@@ -404,7 +404,8 @@ def add_kind_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that choose what kind of sandbox a command gets (``run`` and ``open``)."""
     parser.add_argument(
         "--runtime",
-        help="OCI runtime registered in the daemon; gvisor means runsc (default: runc)",
+        help="OCI runtime registered in the daemon; gvisor means runsc (default: crun where "
+        "a runc-default Docker daemon registers it, else the daemon's default)",
     )
     parser.add_argument(
         "-l", "--label", action="append", default=[], metavar="K=V", help="add a container label"

@@ -1,4 +1,4 @@
-"""Policy rules that judge single values: extra flags, networking, environment, runtimes.
+"""Policy rules that judge single values: extra flags, networking, environment, engines.
 
 Pure: strings and mappings in, values or ``SpecError`` out; no trio, no I/O, no ``os.environ``. The
 I/O shell (``sbxkit._consumers.runner``) reads ``SBXKIT_ENV`` and the daemon's ``/info`` and hands
@@ -381,77 +381,6 @@ def merge_env(
     return merged
 
 
-# --- runtimes -----------------------------------------------------------------------------------
-
-RUNTIME_ALIASES = {"gvisor": "runsc"}
-"""Friendly names for OCI runtimes whose daemon name differs."""
-
-
-def runtime_name(runtime: str | None) -> str | None:
-    """The daemon's name for a requested runtime; None keeps the daemon default (runc)."""
-    if runtime is None:
-        return None
-    return RUNTIME_ALIASES.get(runtime, runtime)
-
-
-def check_runtime_registered(runtime: str | None, registered: Iterable[str]) -> str | None:
-    """Refuse a runtime the daemon's ``/info`` does not list; return the daemon's name for it."""
-    name = runtime_name(runtime)
-    if name is None:
-        return None
-    known = sorted(set(registered))
-    if name in known:
-        return name
-    asked = f"{runtime!r} (daemon name {name!r})" if name != runtime else repr(name)
-    listing = ", ".join(known) if known else "(none)"
-    raise SpecError("runtime", f"{asked} is not registered in the daemon; registered: {listing}")
-
-
-GVISOR_RUNTIME = "runsc"
-GVISOR_MIN_PIDS = 256
-"""gVisor's own Sentry and gofer threads (about 45 on an idle sandbox, more per payload task and
-more again while the host's CPUs are contended: the Go runtime adds threads for blocked
-syscalls) live in the container's pids cgroup. Over the ceiling the whole sandbox dies (exit 2,
-no message): with 16 it cannot start, with 64 a shell with five background children kills it,
-and with 128 an idle-looking session died under CPU load; 256 held in the same load."""
-
-
-def check_runtime_fit(runtime: str | None, network: object, pids: int | None) -> None:
-    """Refuse what a runtime cannot honour as asked, by name, before any container exists.
-
-    runsc is registered with ``--network=none`` (without it a ``none`` container cannot start
-    under Docker 20.10), so a routed container under it would silently get no network, and a
-    governed network's listeners — bound in the sandbox's namespace on the host — are not on
-    the loopback of gVisor's own network stack; and its pids ceiling counts gVisor's own
-    threads, so a small ceiling means a sandbox that dies.
-    """
-    if runtime_name(runtime) != GVISOR_RUNTIME:
-        return
-    mode = network_mode(network)
-    if mode in ("bridge", "managed"):
-        raise SpecError(
-            "network",
-            f"{mode} is refused under gVisor (runsc): the runtime is registered with "
-            f"--network=none, so the sandbox would get no network; use runc or crun for {mode}",
-        )
-    if isinstance(network, Network) and (
-        network.allow or network.callback is not None or network.ports
-    ):
-        raise SpecError(
-            "network",
-            "a governed network is refused under gVisor (runsc): its listeners are bound in the "
-            "sandbox's namespace on the host, which gVisor's own network stack does not use; "
-            "use runc or crun",
-        )
-    if pids is not None and pids < GVISOR_MIN_PIDS:
-        raise SpecError(
-            "limits.pids",
-            f"must be at least {GVISOR_MIN_PIDS} under gVisor (runsc): its pids ceiling also "
-            "counts the sandbox kernel's own threads, and below that the sandbox dies on its "
-            "first few children or under CPU load",
-        )
-
-
 LIMIT_CONTROLLERS = ("cpu", "memory", "pids")
 """The cgroup controllers that enforce sbxkit's mandatory cpus, memory and pids limits."""
 
@@ -539,23 +468,6 @@ def check_rootless_docker(
             "applies no AppArmor profile rootless anyway): start it with securityfs hidden "
             "in its mount namespace, or on a kernel booted with apparmor=0 (docs/backends.md)",
         )
-
-
-def check_podman_runtime(runtime: str | None, default_runtime: str) -> None:
-    """Refuse a runtime a Podman service would not use, before any container exists.
-
-    Podman 4.3's Docker-compatible create ignores ``HostConfig.Runtime``: asking for gVisor
-    would silently run the service's default (crun), and its inspect says ``oci`` either way.
-    """
-    name = runtime_name(runtime)
-    if name is None or name == default_runtime:
-        return
-    raise SpecError(
-        "runtime",
-        f"{name!r} cannot be selected through Podman's Docker-compatible API, which ignores "
-        f"HostConfig.Runtime and would run {default_runtime or 'its default runtime'!r}; "
-        "configure the Podman service's default runtime, or use Docker for this runtime",
-    )
 
 
 ROOT_INSIDE_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID")

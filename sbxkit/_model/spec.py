@@ -26,11 +26,11 @@ from sbxkit._model.rules import (
     check_env,
     check_env_size,
     check_network,
-    check_runtime_fit,
     merge_labels,
     parse_extra_flags,
     string_items,
 )
+from sbxkit._model.runtimes import check_runtime_fit
 from sbxkit._model.settings import Settings
 from sbxkit._model.textcheck import check_utf8
 from sbxkit._model.uids import ranges_shown, reserved_range_of
@@ -192,7 +192,9 @@ class SandboxSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     egress, not destination authorisation; bridge and managed are refused when ``SBXKIT_ENV``
     says production."""
     runtime: str | None = None
-    """An OCI runtime registered in the daemon (``gvisor`` means ``runsc``); None is runc."""
+    """An OCI runtime registered in the daemon (``gvisor`` means ``runsc``); None is crun where
+    a Docker daemon's default is runc and it registers crun, else the daemon's default
+    (``sbxkit._model.runtimes.plan_runtime``); ``runc`` keeps runc."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     mounts: list[Mount] = msgspec.field(default_factory=list)
     extra_flags: list[str] = msgspec.field(default_factory=list)
@@ -517,7 +519,7 @@ def validate_spec(spec: SandboxSpec, settings: Settings | None = None) -> None:
     validate_workdir(spec.workdir)
     check_network(spec.network, settings.environment)
     validate_runtime_name(spec.runtime)
-    check_runtime_fit(spec.runtime, spec.network, spec.limits.pids)
+    check_runtime_fit(spec.runtime, spec.network, spec.limits.pids, spec.limits.fsize_bytes)
     validate_labels(spec.labels)
     validate_labels(spec_labels(spec), "extra_flags")
     if spec.gpus is not None:

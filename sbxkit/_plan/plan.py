@@ -27,6 +27,7 @@ from sbxkit._model.gpu import GpuCursor
 from sbxkit._model.mounts import ExpectedMount, ResolvedMounts
 from sbxkit._model.network_terms import NetworkTerms
 from sbxkit._model.rules import ROOT_INSIDE_REFUSED
+from sbxkit._model.runtimes import runtime_name
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import (
     SandboxSpec,
@@ -321,6 +322,8 @@ def build_plan(
     ``fifo_root`` (its owner's) puts the sandbox on the kernel path (``kernel_io``).
     """
     spec = with_own_user(checked.spec, lease, facts.sandbox_uids)
+    if facts.daemon.runtime != runtime_name(spec.runtime):  # the runtime the daemon plan chose
+        spec = msgspec.structs.replace(spec, runtime=facts.daemon.runtime)
     if checked.spec.user is None:  # a uid of its own: no image's passwd gives it a home
         spec = with_scratch_home(spec, facts.image_env)
     body = hardened_body(

@@ -33,8 +33,8 @@ from sbxkit._model.rules import (
     SCRATCH_HOME,
     merge_env,
     runtime_env,
-    runtime_name,
 )
+from sbxkit._model.runtimes import runtime_name
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import (
     LEASE_LABEL,

@@ -32,15 +32,12 @@ from sbxkit._model.mounts import (
     check_host_path,
 )
 from sbxkit._model.rules import (
-    GVISOR_RUNTIME,
     PODMAN_AUTO_USERNS,
     PODMAN_AUTO_WITNESS,
     check_podman_controllers,
-    check_podman_runtime,
     check_rootless_docker,
-    check_runtime_registered,
-    runtime_name,
 )
+from sbxkit._model.runtimes import GVISOR_RUNTIME, check_podman_runtime, plan_runtime, runtime_name
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import SandboxSpec, parse_user
 from sbxkit._model.uids import HOST_UIDS, MAPPED_UIDS, UidRange, remapping
@@ -271,32 +268,47 @@ async def disk_quota_base(engine: Engine, image_size: int) -> int | None:
     return image_size if driver in QUOTA_DRIVERS else None
 
 
-_rootless_verdicts: dict[str, tuple[float, SpecError | None]] = {}
+_daemon_verdicts: dict[str, tuple[float, SpecError | None, str, tuple[str, ...]]] = {}
+"""Per socket: when ``/info`` was read, the rootless verdict (Docker), the default runtime and
+the registered runtimes."""
+
+
+async def _judged_info(engine: Engine) -> tuple[float, SpecError | None, str, tuple[str, ...]]:
+    """What planning needs of the daemon's ``/info``, read once a minute per socket, as the uid
+    range is (``UID_RANGE_MAX_AGE_S``): a one-shot run opens a fresh engine each time."""
+    now = time.monotonic()
+    kept = _daemon_verdicts.get(engine.socket_path)
+    if kept is None or now - kept[0] >= UID_RANGE_MAX_AGE_S:
+        info = await engine.cached_info()
+        verdict: SpecError | None = None
+        if not engine.is_podman:
+            try:
+                check_rootless_docker(
+                    info.security_options or [],
+                    cgroup_version=info.cgroup_version,
+                    memory=info.memory_limit,
+                    pids=info.pids_limit,
+                    cpu=info.cpu_cfs_quota,
+                )
+            except SpecError as refused:
+                verdict = refused
+        kept = (now, verdict, info.default_runtime, tuple(info.runtimes or {}))
+        _daemon_verdicts[engine.socket_path] = kept
+    return kept
 
 
 async def check_rootless_limits(engine: Engine) -> None:
     """Refuse a rootless Docker daemon that cannot hold the limits (``check_rootless_docker``),
-    before any container. Its ``/info`` is judged once a minute per socket, as the uid range
-    is (``UID_RANGE_MAX_AGE_S``): a one-shot run opens a fresh engine each time."""
-    now = time.monotonic()
-    kept = _rootless_verdicts.get(engine.socket_path)
-    if kept is None or now - kept[0] >= UID_RANGE_MAX_AGE_S:
-        info = await engine.cached_info()
-        verdict: SpecError | None = None
-        try:
-            check_rootless_docker(
-                info.security_options or [],
-                cgroup_version=info.cgroup_version,
-                memory=info.memory_limit,
-                pids=info.pids_limit,
-                cpu=info.cpu_cfs_quota,
-            )
-        except SpecError as refused:
-            verdict = refused
-        kept = (now, verdict)
-        _rootless_verdicts[engine.socket_path] = kept
-    if kept[1] is not None:
-        raise SpecError(kept[1].field, kept[1].rule)
+    before any container (its ``/info`` judged once a minute per socket: ``_judged_info``)."""
+    refused = (await _judged_info(engine))[1]
+    if refused is not None:
+        raise SpecError(refused.field, refused.rule)
+
+
+async def runtime_facts(engine: Engine) -> tuple[str, tuple[str, ...]]:
+    """The daemon's default runtime and the runtimes it registers (``_judged_info``)."""
+    _, _, default_runtime, registered = await _judged_info(engine)
+    return default_runtime, registered
 
 
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -312,13 +324,14 @@ class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
 async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor) -> DaemonPlan:
     """Refuse a runtime the daemon lacks and resolve GPUs, before any container exists.
 
-    Default runs (runc, no GPUs) skip ``/info`` entirely: it is the one-shot path's hot loop.
-    The GPU cursor advances only when devices were chosen by count. A Podman service that
-    cannot enforce the limits (rootless on cgroup v1: no controllers) is refused (its answer
-    is read once), and so is a runtime other than its default, which its compat API would
-    silently ignore; so is a rootless Docker daemon that cannot hold the limits
-    (``check_rootless_limits``). Rootless Podman on v2 drops the rlimits: the host sets them
-    (``DaemonPlan.host_rlimits``).
+    The runtime is ``plan_runtime``'s (crun by default where a runc-default Docker daemon
+    registers it); its ``/info`` facts are kept per socket a minute (``runtime_facts``), as
+    the one-shot path's hot loop would otherwise ask for them on every run. The GPU cursor
+    advances only when devices were chosen by count. A Podman service that cannot enforce the
+    limits (rootless on cgroup v1: no controllers) is refused (its answer is read once), and
+    so is a runtime other than its default, which its compat API would silently ignore; so is
+    a rootless Docker daemon that cannot hold the limits (``check_rootless_limits``).
+    Rootless Podman on v2 drops the rlimits: the host sets them (``DaemonPlan.host_rlimits``).
     """
     if not engine.is_podman:
         await check_rootless_limits(engine)
@@ -332,11 +345,19 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
         )
         if spec.runtime is not None:
             check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
-    if spec.runtime is None and spec.gpus is None:
+    if engine.is_podman and spec.runtime is None and spec.gpus is None:
         return DaemonPlan(host_rlimits=host_rlimits)
-    info = await engine.cached_info()
-    runtime = check_runtime_registered(spec.runtime, (info.runtimes or {}).keys())
-    gpu_devices: list[str] | None = None
-    if spec.gpus is not None:
-        gpu_devices, gpu_cursor.position = resolve_gpus(spec.gpus, info, gpu_cursor.position)
+    default_runtime, registered = await runtime_facts(engine)
+    runtime = plan_runtime(
+        spec.runtime,
+        podman=engine.is_podman,
+        default_runtime=default_runtime,
+        registered=registered,
+        fsize_bytes=spec.limits.fsize_bytes,
+        gpus=spec.gpus is not None,
+    )
+    if spec.gpus is None:
+        return DaemonPlan(runtime=runtime, host_rlimits=host_rlimits)
+    info = await engine.cached_info()  # CDI devices, read fresh for each choice by count
+    gpu_devices, gpu_cursor.position = resolve_gpus(spec.gpus, info, gpu_cursor.position)
     return DaemonPlan(runtime=runtime, gpu_devices=gpu_devices, host_rlimits=host_rlimits)

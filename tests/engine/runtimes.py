@@ -2,8 +2,10 @@
 
 A test joins the conformance subset by taking the ``runtime`` fixture: it then runs once per
 runtime in ``SBXKIT_TEST_RUNTIMES`` (default ``runc,crun,runsc``) and is marked ``conformance``
-(``pytest -m conformance`` runs the subset alone, e.g. against another engine). ``runc`` is the
-daemon's default runtime, so its cell passes no runtime at all, as a default run does.
+(``pytest -m conformance`` runs the subset alone, e.g. against another engine). Each named cell
+asks for its runtime by name: a spec that names none runs under crun where the daemon's default is
+runc and it registers crun (``sbxkit._model.runtimes.plan_runtime``), so only ``runtime="runc"``
+runs runc there. The ``default`` cell passes no runtime at all, as a default run does.
 
 Every expectation that differs by runtime lives here, so the list of differences is one table
 (docs/security.md explains each, naming the test that shows it).
@@ -12,11 +14,15 @@ Every expectation that differs by runtime lives here, so the list of differences
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from sbxkit._model.rules import GVISOR_MIN_PIDS, GVISOR_RUNTIME
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS, GVISOR_RUNTIME
+
+if TYPE_CHECKING:
+    from tests.witness import Witness
 
 DEFAULT_RUNTIMES = "runc,crun,runsc"
-DAEMON_DEFAULT = ("runc", "default")
+DAEMON_DEFAULT = ("default",)
 """Cell names that mean "ask for no runtime": the daemon's own default."""
 
 
@@ -28,6 +34,17 @@ def runtime_cells() -> list[str]:
 def spec_runtime(cell: str) -> str | None:
     """What a spec asks for in this cell: None for the daemon default."""
     return None if cell in DAEMON_DEFAULT else cell
+
+
+def planned_default_runtime(witness: Witness) -> str:
+    """The runtime a spec that names none runs under on the witness's daemon, from its own
+    ``/info``: crun where a Docker daemon's default is runc and it registers crun (its
+    compat API aside, Podman runs its service's default), else the daemon's default."""
+    info = witness.get("/info")
+    default = str(info.get("DefaultRuntime") or "runc")
+    if not witness.is_podman() and default == "runc" and "crun" in (info.get("Runtimes") or {}):
+        return "crun"
+    return default
 
 
 def is_gvisor(runtime: str | None) -> bool:

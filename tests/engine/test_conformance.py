@@ -19,13 +19,13 @@ import msgspec
 import pytest
 
 from sbxkit._consumers.session import open_sandbox
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
 from tests.engine.helpers import containers_with_marker, host_processes_of, spec, text, unique
 from tests.engine.oneshot_paths import OneShot
-from tests.engine.runtimes import is_gvisor
+from tests.engine.runtimes import is_gvisor, planned_default_runtime
 from tests.witness import Witness
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -109,7 +109,7 @@ async def test_each_cell_runs_under_its_runtime_and_the_host_cgroup_holds_the_li
         limits = host_cgroup_limits(sandbox.container_id, init_pid)
         host_side = host_process_facts(sandbox.container_id)
 
-    assert runtime_used == (runtime or witness.get("/info")["DefaultRuntime"])
+    assert runtime_used == (runtime or planned_default_runtime(witness))
     assert kernel.ok, kernel
     host_kernel = host_file("/proc/version")
     if is_gvisor(runtime):

@@ -17,7 +17,7 @@ import pytest
 
 from sbxkit._consumers.processes import Process
 from sbxkit._consumers.session import open_sandbox
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB, SandboxSpec, Workspace
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import delete_image, image_with_files, runtime_limits

@@ -20,7 +20,7 @@ from sbxkit._consumers.session import open_sandbox
 from sbxkit._kernel.rlimits import parse_limits
 from sbxkit._lifecycle.owner import InProcessOwner
 from sbxkit._model.result import RunResult, Stream
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB, SandboxSpec
 from sbxkit.engine.client import Engine, open_engine
 from sbxkit.engine.models import ContainerCreate, HostConfig, Ulimit

@@ -38,6 +38,7 @@ from sbxkit.engine.client import Engine
 from sbxkit.errors import SpecError
 from tests.engine.helpers import ForwardingOwner, spec, text, unique, wait_until
 from tests.engine.oneshot_paths import OneShot
+from tests.engine.runtimes import planned_default_runtime
 from tests.witness import LEASE_LABEL, Witness
 
 MARKER = "sbxkit-test.policy"
@@ -133,16 +134,18 @@ IN_PROCESS_PATHS = ["cold", "pooled", "cold-daemon", "pooled-daemon"]
 
 # An in-process owner witnesses the create; a held pool lives in the supervisor.
 @pytest.mark.parametrize("oneshot", IN_PROCESS_PATHS, indirect=True)
-async def test_default_runs_name_no_runtime_and_get_the_daemons_default(
+async def test_default_runs_name_no_runtime_and_get_the_planned_default(
     oneshot: OneShot, engine: Engine, witness: Witness, busybox: str
 ) -> None:
+    """A spec that names no runtime runs under crun on this daemon (runc its default, crun
+    registered: ``plan_runtime``), as the daemon's inspect of the created container says."""
     owner = WitnessingOwner(engine, witness)
     result = await oneshot(marked(spec(busybox, "echo ok"), unique()), engine=engine, owner=owner)
     assert result.ok, result
     assert text(result.stdout) == "ok\n"
     [info] = owner.inspected
-    default = witness.get("/info")["DefaultRuntime"]
-    assert info["HostConfig"]["Runtime"] == default == "runc"
+    assert witness.get("/info")["DefaultRuntime"] == "runc"
+    assert info["HostConfig"]["Runtime"] == planned_default_runtime(witness) == "crun"
 
 
 # An in-process owner witnesses the create; a held pool lives in the supervisor.

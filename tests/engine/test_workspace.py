@@ -15,7 +15,8 @@ import pytest
 from sbxkit._consumers.oneshot import run
 from sbxkit._consumers.session import open_sandbox
 from sbxkit._lifecycle.owner import InProcessOwner
-from sbxkit._model.rules import GVISOR_MIN_PIDS, ROOT_INSIDE_CAPS
+from sbxkit._model.rules import ROOT_INSIDE_CAPS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import SandboxSpec, Workspace
 from sbxkit._plan.policy import build_create_body, container_name
 from sbxkit._protocol.wire import Refused, Register, Reservation

@@ -15,7 +15,7 @@ import pytest
 from sbxkit._consumers.oneshot import run
 from sbxkit._consumers.session import open_sandbox
 from sbxkit._lifecycle.owner import InProcessOwner
-from sbxkit._model.rules import GVISOR_MIN_PIDS
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS
 from sbxkit._model.spec import MiB, SandboxSpec, Workspace
 from sbxkit.engine.client import Engine
 from sbxkit.errors import SandboxUnusable, SpecError

@@ -28,7 +28,8 @@ from sbxkit._model.network_terms import (
     parse_callback,
     unset_env,
 )
-from sbxkit._model.rules import check_network, check_runtime_fit
+from sbxkit._model.rules import check_network
+from sbxkit._model.runtimes import check_runtime_fit
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, spec_from_dict, validate_spec
 from sbxkit._plan.policy import hardened_body
 from sbxkit._protocol.wire import Claim, PoolTerms, Register, Reservation

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sbxkit._model.rules import PODMAN_AUTO_USERNS, check_podman_runtime
+from sbxkit._model.rules import PODMAN_AUTO_USERNS
+from sbxkit._model.runtimes import check_podman_runtime
 from sbxkit._model.spec import Workspace
 from sbxkit._plan.policy import PODMAN_SEALED_TMPFS, build_create_body, scratch_options
 from sbxkit._plan.verify import check_created

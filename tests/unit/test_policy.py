@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sbxkit._model.rules import SCRATCH_HOME, env_size
+from sbxkit._model.runtimes import CRUN_MIN_FSIZE
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit._model.uids import HOST_UIDS, uid_for_lease
 from sbxkit._plan.policy import (
@@ -140,7 +141,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
                 pids=1,
                 output_bytes=1,
                 timeout_s=0.5,
-                fsize_bytes=4096,
+                fsize_bytes=CRUN_MIN_FSIZE,  # crun cannot start under less
                 scratch_bytes=8 * MiB,
                 shm_bytes=2 * MiB,
             ),
@@ -157,7 +158,7 @@ def test_optional_fields_only_add_what_was_asked() -> None:
     assert host["Memory"] == host["MemorySwap"] == 6 * MiB
     assert host["PidsLimit"] == 1
     assert host["Ulimits"] == [
-        {"Name": "fsize", "Soft": 4096, "Hard": 4096},
+        {"Name": "fsize", "Soft": CRUN_MIN_FSIZE, "Hard": CRUN_MIN_FSIZE},
         {"Name": "msgqueue", "Soft": 0, "Hard": 0},
     ]
     assert host["ShmSize"] == 2 * MiB

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from sbxkit._consumers.runner import run
 from sbxkit._model.rules import (
     ENV_SIZE_LIMIT,
-    GVISOR_MIN_PIDS,
     HOST_GATEWAY_ALIAS,
     LEASE_LABEL,
     ONLY_LABELS,
@@ -25,15 +24,14 @@ from sbxkit._model.rules import (
     RUNTIME_ENV_RESERVE,
     check_env,
     check_network,
-    check_runtime_registered,
     env_size,
     extra_flag_refusal,
     merge_env,
     merge_labels,
     parse_extra_flags,
     runtime_env,
-    runtime_name,
 )
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS, check_runtime_registered, runtime_name
 from sbxkit._model.settings import Settings
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_spec
 from sbxkit._plan.plan import effective_settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sbxkit._model.rules import GVISOR_MIN_PIDS, check_runtime_fit
+from sbxkit._model.runtimes import GVISOR_MIN_PIDS, check_runtime_fit
 from sbxkit._model.spec import Limits, MiB, SandboxSpec, validate_spec
 from sbxkit._plan.policy import build_create_body
 from sbxkit.errors import SpecError
