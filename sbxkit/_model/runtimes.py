@@ -77,6 +77,7 @@ def plan_runtime(
     registered: Iterable[str],
     fsize_bytes: int,
     gpus: bool = False,
+    remapped: bool = False,
 ) -> str | None:
     """The daemon's name of the runtime a sandbox runs under; None keeps the daemon's default.
 
@@ -84,15 +85,17 @@ def plan_runtime(
     One it does not name is crun where that is cheaper and changes no guarantee: a Docker
     daemon (Podman's compat API ignores ``HostConfig.Runtime``) whose default is runc (an
     operator's other default, say runsc, is kept: isolation is never weakened silently) and
-    which registers crun; no GPUs (crun under the NVIDIA hook is untested here); an fsize at
-    or over ``CRUN_MIN_FSIZE``, else runc, named so the post-create check verifies it.
+    which registers crun; no GPUs (crun under the NVIDIA hook is untested here); a daemon that
+    maps container uids to subordinate ids (``remapped``: userns-remap or rootless) keeps its
+    default, as crun failed execs right after a start on a userns-remap daemon under load; an
+    fsize at or over ``CRUN_MIN_FSIZE``, else runc, named so the post-create check verifies it.
     """
     known = set(registered)
     if runtime is not None:
         name = check_runtime_registered(runtime, known)
         check_crun_fsize(name, fsize_bytes)
         return name
-    if podman or gpus or default_runtime != RUNC_RUNTIME or CRUN_RUNTIME not in known:
+    if podman or gpus or remapped or default_runtime != RUNC_RUNTIME or CRUN_RUNTIME not in known:
         return None
     if fsize_bytes < CRUN_MIN_FSIZE:
         return RUNC_RUNTIME

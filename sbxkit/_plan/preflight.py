@@ -268,17 +268,27 @@ async def disk_quota_base(engine: Engine, image_size: int) -> int | None:
     return image_size if driver in QUOTA_DRIVERS else None
 
 
-_daemon_verdicts: dict[str, tuple[float, SpecError | None, str, tuple[str, ...]]] = {}
-"""Per socket: when ``/info`` was read, the rootless verdict (Docker), the default runtime and
-the registered runtimes."""
+class InfoFacts(msgspec.Struct, frozen=True):
+    """What planning needs of a daemon's ``/info``, judged once a minute per socket."""
+
+    read_at: float
+    rootless_refusal: SpecError | None
+    """Why a rootless Docker daemon cannot hold the limits (``check_rootless_docker``)."""
+    default_runtime: str
+    registered: tuple[str, ...]
+    remapped: bool
+    """Its container uids are subordinate host ids (userns-remap or rootless: ``remapping``)."""
 
 
-async def _judged_info(engine: Engine) -> tuple[float, SpecError | None, str, tuple[str, ...]]:
-    """What planning needs of the daemon's ``/info``, read once a minute per socket, as the uid
-    range is (``UID_RANGE_MAX_AGE_S``): a one-shot run opens a fresh engine each time."""
+_daemon_facts: dict[str, InfoFacts] = {}
+
+
+async def info_facts(engine: Engine) -> InfoFacts:
+    """The daemon's ``InfoFacts``, read once a minute per socket, as the uid range is
+    (``UID_RANGE_MAX_AGE_S``): a one-shot run opens a fresh engine each time."""
     now = time.monotonic()
-    kept = _daemon_verdicts.get(engine.socket_path)
-    if kept is None or now - kept[0] >= UID_RANGE_MAX_AGE_S:
+    kept = _daemon_facts.get(engine.socket_path)
+    if kept is None or now - kept.read_at >= UID_RANGE_MAX_AGE_S:
         info = await engine.cached_info()
         verdict: SpecError | None = None
         if not engine.is_podman:
@@ -292,23 +302,23 @@ async def _judged_info(engine: Engine) -> tuple[float, SpecError | None, str, tu
                 )
             except SpecError as refused:
                 verdict = refused
-        kept = (now, verdict, info.default_runtime, tuple(info.runtimes or {}))
-        _daemon_verdicts[engine.socket_path] = kept
+        kept = InfoFacts(
+            now,
+            verdict,
+            info.default_runtime,
+            tuple(info.runtimes or {}),
+            remapping(info.security_options or []) is not None,
+        )
+        _daemon_facts[engine.socket_path] = kept
     return kept
 
 
 async def check_rootless_limits(engine: Engine) -> None:
     """Refuse a rootless Docker daemon that cannot hold the limits (``check_rootless_docker``),
-    before any container (its ``/info`` judged once a minute per socket: ``_judged_info``)."""
-    refused = (await _judged_info(engine))[1]
+    before any container (its ``/info`` judged once a minute per socket: ``info_facts``)."""
+    refused = (await info_facts(engine)).rootless_refusal
     if refused is not None:
         raise SpecError(refused.field, refused.rule)
-
-
-async def runtime_facts(engine: Engine) -> tuple[str, tuple[str, ...]]:
-    """The daemon's default runtime and the runtimes it registers (``_judged_info``)."""
-    _, _, default_runtime, registered = await _judged_info(engine)
-    return default_runtime, registered
 
 
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -325,7 +335,7 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
     """Refuse a runtime the daemon lacks and resolve GPUs, before any container exists.
 
     The runtime is ``plan_runtime``'s (crun by default where a runc-default Docker daemon
-    registers it); its ``/info`` facts are kept per socket a minute (``runtime_facts``), as
+    registers it); its ``/info`` facts are kept per socket a minute (``info_facts``), as
     the one-shot path's hot loop would otherwise ask for them on every run. The GPU cursor
     advances only when devices were chosen by count. A Podman service that cannot enforce the
     limits (rootless on cgroup v1: no controllers) is refused (its answer is read once), and
@@ -347,14 +357,15 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
             check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
     if engine.is_podman and spec.runtime is None and spec.gpus is None:
         return DaemonPlan(host_rlimits=host_rlimits)
-    default_runtime, registered = await runtime_facts(engine)
+    facts = await info_facts(engine)
     runtime = plan_runtime(
         spec.runtime,
         podman=engine.is_podman,
-        default_runtime=default_runtime,
-        registered=registered,
+        default_runtime=facts.default_runtime,
+        registered=facts.registered,
         fsize_bytes=spec.limits.fsize_bytes,
         gpus=spec.gpus is not None,
+        remapped=facts.remapped,
     )
     if spec.gpus is None:
         return DaemonPlan(runtime=runtime, host_rlimits=host_rlimits)

@@ -38,11 +38,15 @@ def spec_runtime(cell: str) -> str | None:
 
 def planned_default_runtime(witness: Witness) -> str:
     """The runtime a spec that names none runs under on the witness's daemon, from its own
-    ``/info``: crun where a Docker daemon's default is runc and it registers crun (its
-    compat API aside, Podman runs its service's default), else the daemon's default."""
+    ``/info``: crun where a Docker daemon's default is runc, it registers crun and it does not
+    remap container uids (userns-remap, rootless); Podman runs its service's default (its
+    compat API ignores the runtime); else the daemon's default."""
     info = witness.get("/info")
     default = str(info.get("DefaultRuntime") or "runc")
-    if not witness.is_podman() and default == "runc" and "crun" in (info.get("Runtimes") or {}):
+    security = " ".join(info.get("SecurityOptions") or [])
+    remapped = "name=userns" in security or "name=rootless" in security
+    crun = "crun" in (info.get("Runtimes") or {})
+    if not witness.is_podman() and default == "runc" and crun and not remapped:
         return "crun"
     return default
 

@@ -66,6 +66,12 @@ def test_gpus_keep_the_daemon_default() -> None:
     assert _plan(gpus=True) is None
 
 
+def test_a_remapping_daemon_keeps_its_default() -> None:
+    # userns-remap or rootless: crun failed execs right after a start there under load
+    assert _plan(remapped=True) is None
+    assert _plan("crun", remapped=True) == "crun"  # named: the caller's choice
+
+
 @pytest.mark.parametrize(("asked", "name"), [("runc", "runc"), ("gvisor", "runsc")])
 def test_a_named_runtime_is_taken_as_named(asked: str, name: str) -> None:
     assert _plan(asked) == name
@@ -146,9 +152,13 @@ class _Daemon:
 
     is_podman = False
 
-    def __init__(self, default_runtime: str = "runc") -> None:
+    def __init__(self, default_runtime: str = "runc", security: tuple[str, ...] = ()) -> None:
         runtimes = {name: {"path": name} for name in DOCKER_RUNTIMES}
-        doc = {"DefaultRuntime": default_runtime, "Runtimes": runtimes}
+        doc = {
+            "DefaultRuntime": default_runtime,
+            "Runtimes": runtimes,
+            "SecurityOptions": ["name=seccomp,profile=default", *security],
+        }
         self.reply = msgspec.json.decode(msgspec.json.encode(doc), type=InfoReply)
         self.calls = 0
         self.socket_path = f"/stub/{uuid.uuid4().hex}.sock"  # preflight keeps facts per socket
@@ -174,3 +184,13 @@ async def test_the_shell_plans_the_default_from_one_info_a_minute() -> None:
     assert daemon.calls == 1  # the one-shot path's hot loop does not ask again
     plan = await check_daemon(_Daemon("runsc"), spec(), GpuCursor())  # type: ignore[arg-type]
     assert plan.runtime is None  # the operator's runsc is kept
+
+
+async def test_the_shell_reads_a_remapping_daemon_from_its_security_options() -> None:
+    limits = Limits(cpus=1, memory_bytes=64 * MiB, pids=8, output_bytes=MiB, timeout_s=5)
+    asked = SandboxSpec(image="img", command=["true"], limits=limits)
+    remapped = _Daemon(security=("name=userns",))
+    plan = await check_daemon(remapped, asked, GpuCursor())  # type: ignore[arg-type]
+    assert plan.runtime is None  # the daemon's runc, as on the old default
+    plain = await check_daemon(_Daemon(), asked, GpuCursor())  # type: ignore[arg-type]
+    assert plain.runtime == "crun"  # the control: the same daemon without the remap
