@@ -20,6 +20,11 @@ apart:
 - ``/proc/stat`` gives the machine's busy and idle time; what is busy but in none of the above
   is "other" (another load on the machine, the kernel's own threads).
 
+``sbxkit`` runs under sbxkit's default runtime (crun where a runc-default Docker daemon registers
+it, as this benchmark's daemon does: docs/backends.md); ``sbxkit_runc`` names runc, the runtime
+that was the default before, so one run shows what the choice saves. ``docker_py`` runs under
+the daemon's default (runc).
+
 Contenders alternate whole runs (A, B, C, A, B, C …) as in ``bench humaneval``. Each figure is
 CPU milliseconds per job: the delta over a run divided by its jobs, median over runs.
 """
@@ -58,6 +63,7 @@ SUMMARY = (
 CONTENDERS = humaneval.CONTENDERS
 LABELS = {
     **humaneval.LABELS,
+    "sbxkit_runc": "sbxkit run_many, runc (named: the default before crun)",
     "sbxkit_crun": "sbxkit run_many, crun",
     "docker_py_crun": "docker-py, thread pool, crun",
 }
@@ -341,7 +347,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             facts = await machine_facts(engine)
 
             async def run_all(key: str) -> dict[str, Any]:
-                runtime = "crun" if key.endswith("_crun") else None
+                runtime = next((r for r in ("crun", "runc") if key.endswith(f"_{r}")), None)
                 if key.startswith("sbxkit"):
                     return await humaneval.sbxkit_all(
                         engine,
@@ -424,7 +430,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         return None if value is None else float(value)
 
     ratios: dict[str, Any] = {}
-    pairs = [(k, "docker_py") for k in ("sbxkit", "sbxkit_pooled", "sbxkit_crun")]
+    pairs = [(k, "docker_py") for k in ("sbxkit", "sbxkit_pooled", "sbxkit_crun", "sbxkit_runc")]
     pairs += [("sbxkit_crun", "docker_py_crun")]
     for key, base_key in pairs if complete else []:
         if key not in contenders or base_key not in contenders:

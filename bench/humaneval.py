@@ -6,14 +6,16 @@ run as ``python3 -c PROGRAM`` in ``sbxkit-test/python:latest`` at 8 in parallel;
 passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B …):
 
 ``sbxkit``
-    ``sbxkit._consumers.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner.
+    ``sbxkit._consumers.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner,
+    sbxkit's default runtime (crun where a runc-default Docker daemon registers it, as the test
+    daemon does; docs/backends.md, "The default runtime").
 ``sbxkit_pooled``
     The same through a pool of 8 (``open_pool`` opened with the run, so its own warm-up is in
     the wall time; ``run_many(..., pool=pool)``, docs/pool.md).
 ``docker_py``
-    ``ThreadPoolExecutor(8)`` on one ``DockerClient``: create → start → wait → (stderr on
-    failure) → remove(force, v) per problem — ``containers.run(..., remove=True)`` without
-    following the logs.
+    ``ThreadPoolExecutor(8)`` on one ``DockerClient`` under the daemon's default runtime
+    (runc): create → start → wait → (stderr on failure) → remove(force, v) per problem —
+    ``containers.run(..., remove=True)`` without following the logs.
 
 Same bounds for both (cpus 1 — a quota is a ceiling, so 8 run at once even on 2 cores; memory
 128 MiB, pids 64, no network). A probe polls the daemon (10 Hz, the benchmark's own client) and
