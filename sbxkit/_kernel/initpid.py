@@ -7,6 +7,10 @@ in it; the init is the one whose parent is not among them (the shell waiting for
 and anything it started, descend from it). One daemon round trip less on every cold run; the
 pid found is verified like any other (``ContainerInit.verified``), and where the layout is not
 known or the list does not answer, ``State.Pid`` does.
+
+The layout is kept per daemon socket **and runtime**: on cgroup v2 with the systemd driver runc
+leaves the init in the container's scope while crun moves it into a child of it, so one runtime's
+layout would send every run of the other to ``State.Pid``.
 """
 
 from __future__ import annotations
@@ -14,20 +18,23 @@ from __future__ import annotations
 __all__ = ["cgroup_layout_known", "init_pid_on_host", "learn_cgroup_layout", "pick_init"]
 
 _ID = "\0id\0"
-_layouts: dict[str, str] = {}
-"""Per daemon socket: its containers' memory cgroup directory, the id replaced by ``_ID``."""
+_layouts: dict[tuple[str, str | None], str] = {}
+"""Per daemon socket and runtime (None: the daemon's default): its containers' memory cgroup
+directory, the id replaced by ``_ID``."""
 
 
-def learn_cgroup_layout(socket_path: str, cgroup_directory: str | None, container_id: str) -> None:
+def learn_cgroup_layout(
+    socket_path: str, runtime: str | None, cgroup_directory: str | None, container_id: str
+) -> None:
     """Remember where ``socket_path``'s daemon put ``container_id``'s memory cgroup (its
-    verified init's, ``OomWatch.directory``)."""
+    verified init's, ``OomWatch.directory``) under ``runtime``."""
     if cgroup_directory is not None and cgroup_directory.count(container_id) == 1:
-        _layouts[socket_path] = cgroup_directory.replace(container_id, _ID)
+        _layouts[socket_path, runtime] = cgroup_directory.replace(container_id, _ID)
 
 
-def cgroup_layout_known(socket_path: str) -> bool:
-    """``init_pid_on_host`` can answer for ``socket_path``'s containers."""
-    return socket_path in _layouts
+def cgroup_layout_known(socket_path: str, runtime: str | None) -> bool:
+    """``init_pid_on_host`` can answer for ``socket_path``'s containers under ``runtime``."""
+    return (socket_path, runtime) in _layouts
 
 
 def pick_init(pids: list[int], parents: dict[int, int]) -> int | None:
@@ -37,9 +44,9 @@ def pick_init(pids: list[int], parents: dict[int, int]) -> int | None:
     return roots[0] if len(roots) == 1 else None
 
 
-def init_pid_on_host(socket_path: str, container_id: str) -> int | None:
+def init_pid_on_host(socket_path: str, runtime: str | None, container_id: str) -> int | None:
     """The host pid of ``container_id``'s init from its cgroup's process list, or None."""
-    layout = _layouts.get(socket_path)
+    layout = _layouts.get((socket_path, runtime))
     if layout is None:
         return None
     try:

@@ -83,6 +83,8 @@ async def start_on_fifos(
     io_dir: str,
     start: Callable[[], Awaitable[None]],
     launched: OwnerLaunch | None = None,
+    *,
+    runtime: str | None,
 ) -> tuple[KernelIO, Exited, Evidence]:
     """Open the host's ends, ``start()`` the container, hold its init, wait for the shell's
     word; the streams (the caller closes them), how to wait for the exit, and which evidence
@@ -92,7 +94,8 @@ async def start_on_fifos(
     shell's word or the daemon's answer to that start (whose work after the start then
     overlaps the payload's run); the init is held either way while the shell waits for its
     go line — where the host does not know the daemon's cgroup layout yet, once the daemon
-    answered (its ``State.Pid`` names the init from then on)."""
+    answered (its ``State.Pid`` names the init from then on). ``runtime``: the create body's
+    (``HostConfig.Runtime``), whose cgroup layout the init is looked for in."""
     io = KernelIO.of(open_host_ends(Path(io_dir)))  # opens only: the FIFOs never block here
     try:
         if launched is None:
@@ -101,12 +104,12 @@ async def start_on_fifos(
             await launched.said_or_launched(
                 functools.partial(trio.lowlevel.wait_readable, io.stderr.fileno())
             )
-            if not cgroup_layout_known(engine.socket_path):
+            if not cgroup_layout_known(engine.socket_path, runtime):
                 await launched.launch_answer()  # State.Pid is the daemon's once it answered
         exited: Exited
         evidence: Evidence = "kernel"
         try:
-            io.init = await _verified_init(engine, container_id)
+            io.init = await _verified_init(engine, container_id, runtime)
             exited = io.init.exited
             died = exited
         except InitUnverified:
@@ -120,16 +123,17 @@ async def start_on_fifos(
     return io, exited, evidence
 
 
-async def _verified_init(engine: Engine, container_id: str) -> ContainerInit:
+async def _verified_init(engine: Engine, container_id: str, runtime: str | None) -> ContainerInit:
     """The started container's init, verified: found on the host where its daemon's cgroup
-    layout is known (``initpid``), else by ``State.Pid``. ``InitUnverified`` if neither is."""
-    pid = init_pid_on_host(engine.socket_path, container_id)
+    layout under ``runtime`` is known (``initpid``), else by ``State.Pid``. ``InitUnverified``
+    if neither is."""
+    pid = init_pid_on_host(engine.socket_path, runtime, container_id)
     if pid is not None:
         with contextlib.suppress(InitUnverified):
             return ContainerInit.verified(pid, container_id)
     pid = (await engine.container_inspect(container_id)).state.pid
     init = ContainerInit.verified(pid, container_id)
-    learn_cgroup_layout(engine.socket_path, init.oom.directory, container_id)
+    learn_cgroup_layout(engine.socket_path, runtime, init.oom.directory, container_id)
     return init
 
 
@@ -146,6 +150,7 @@ async def started_on_fifos(
         box.plan.io_dir,
         functools.partial(box.start, launched=launched),
         box if box.launched_by_owner else None,
+        runtime=box.plan.body.host_config.runtime if box.plan.body.host_config else None,
     )
     try:
         yield io, exited, evidence

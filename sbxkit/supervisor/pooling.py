@@ -415,7 +415,9 @@ class Pooling(Admitting):
             if io_dir is None:
                 await start()
             else:
-                started = await start_on_fifos(engine, container_id, io_dir, start)
+                host = template.body.host_config
+                runtime = host.runtime if host is not None else None
+                started = await start_on_fifos(engine, container_id, io_dir, start, runtime=runtime)
                 live.parked_io = ParkedIO(*started)
                 await started[0].stdin.send_all(GO_LINE)  # the parked shell reads its claim now
         except (SbxError, NotAlive, OSError) as exc:

@@ -434,14 +434,23 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
     assert not witness.image_exists(reference)
 
 
+CRUN_ON_V2 = pytest.mark.xfail(
+    os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
+    reason="known gap: under crun on cgroup v2 (systemd driver) the init is not found in the "
+    "learned cgroup's process list and each run asks State.Pid instead (docs/backends.md)",
+    strict=True,
+)
+
+
+@pytest.mark.parametrize("named", ["runc", pytest.param("crun", marks=CRUN_ON_V2)])
 async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
-    engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch, named: str
 ) -> None:
-    """The first kernel path run on a daemon learns its cgroup layout from State.Pid; later
-    runs find their init in its cgroup's process list, and the post-create check is made on
-    the supervisor's inspection (``Created.inspected``): the caller asks the daemon for no
-    inspection at all, with the same kernel evidence."""
-    first = await run(spec(busybox, "exit 3"), engine=engine)
+    """The first kernel path run on a daemon learns its cgroup layout (per runtime) from
+    State.Pid; later runs find their init in its cgroup's process list, and the post-create
+    check is made on the supervisor's inspection (``Created.inspected``): the caller asks the
+    daemon for no inspection at all, with the same kernel evidence."""
+    first = await run(spec(busybox, "exit 3", runtime=named), engine=engine)
     assert (first.evidence, first.exit_code) == ("kernel", 3), first
     inspected: list[str] = []
     inspect = engine.container_inspect
@@ -451,7 +460,7 @@ async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
         return await inspect(container_id)
 
     monkeypatch.setattr(engine, "container_inspect", counted)
-    second = await run(spec(busybox, "echo found; exit 4"), engine=engine)
+    second = await run(spec(busybox, "echo found; exit 4", runtime=named), engine=engine)
     assert (second.evidence, second.exit_code, second.stdout) == ("kernel", 4, b"found\n")
     assert inspected == [], (inspected, first, second)
 

@@ -21,15 +21,17 @@ def test_the_init_is_the_one_process_whose_parent_is_outside() -> None:
 
 def test_a_learned_layout_finds_another_containers_init(tmp_path: Path) -> None:
     socket = f"/run/test-{os.getpid()}.sock"
-    assert init_pid_on_host(socket, SECOND) is None  # nothing learned: State.Pid answers
-    learn_cgroup_layout(socket, str(tmp_path / "docker" / FIRST), FIRST)
-    assert init_pid_on_host(socket, SECOND) is None  # no such cgroup
+    assert init_pid_on_host(socket, "runc", SECOND) is None  # nothing learned: State.Pid answers
+    learn_cgroup_layout(socket, "runc", str(tmp_path / "docker" / FIRST), FIRST)
+    assert init_pid_on_host(socket, "runc", SECOND) is None  # no such cgroup
     group = tmp_path / "docker" / SECOND
     group.mkdir(parents=True)
     child = subprocess.Popen(["sleep", "30"])
     try:
         (group / "cgroup.procs").write_text(f"{child.pid}\n{os.getpid()}\n")
-        assert init_pid_on_host(socket, SECOND) == os.getpid()  # the child's parent is inside
+        assert (
+            init_pid_on_host(socket, "runc", SECOND) == os.getpid()
+        )  # the child's parent is inside
     finally:
         child.kill()
         child.wait()
@@ -37,7 +39,25 @@ def test_a_learned_layout_finds_another_containers_init(tmp_path: Path) -> None:
 
 def test_a_path_without_the_id_exactly_once_teaches_nothing(tmp_path: Path) -> None:
     socket = f"/run/test-none-{os.getpid()}.sock"
-    learn_cgroup_layout(socket, str(tmp_path / "elsewhere"), FIRST)
-    learn_cgroup_layout(socket, f"/sys/fs/cgroup/memory/{FIRST}/{FIRST}", FIRST)
-    learn_cgroup_layout(socket, None, FIRST)
-    assert init_pid_on_host(socket, SECOND) is None
+    learn_cgroup_layout(socket, "runc", str(tmp_path / "elsewhere"), FIRST)
+    learn_cgroup_layout(socket, "runc", f"/sys/fs/cgroup/memory/{FIRST}/{FIRST}", FIRST)
+    learn_cgroup_layout(socket, "runc", None, FIRST)
+    assert init_pid_on_host(socket, "runc", SECOND) is None
+
+
+def test_each_runtime_has_its_own_layout(tmp_path: Path) -> None:
+    """On cgroup v2 with the systemd driver crun moves the init into a child of the scope that
+    runc leaves it in: a layout learned under one runtime is not used for the other."""
+    socket = f"/run/test-runtimes-{os.getpid()}.sock"
+    learn_cgroup_layout(socket, "runc", str(tmp_path / f"docker-{FIRST}.scope"), FIRST)
+    learn_cgroup_layout(
+        socket, "crun", str(tmp_path / f"docker-{FIRST}.scope" / "container"), FIRST
+    )
+    runc_group = tmp_path / f"docker-{SECOND}.scope"
+    crun_group = runc_group / "container"
+    crun_group.mkdir(parents=True)
+    (runc_group / "cgroup.procs").write_text("")  # a scope whose processes are in its child
+    (crun_group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    assert init_pid_on_host(socket, "crun", SECOND) == os.getpid()
+    assert init_pid_on_host(socket, "runc", SECOND) is None  # runc's layout: the empty scope
+    assert init_pid_on_host(socket, None, SECOND) is None  # the default's: not learned yet
