@@ -327,6 +327,9 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
     ratios: dict[str, Any] = {}
     if complete:
         ratios["sbxkit/docker_py wall time"] = ratio_of_medians(walls["sbxkit"], walls["docker_py"])
+        ratios["sbxkit_pooled/docker_py wall time"] = ratio_of_medians(
+            walls["sbxkit_pooled"], walls["docker_py"]
+        )
         ratios["sbxkit_pooled/sbxkit wall time"] = ratio_of_medians(
             walls["sbxkit_pooled"], walls["sbxkit"]
         )
