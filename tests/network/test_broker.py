@@ -608,14 +608,19 @@ async def test_a_killed_supervisor_closes_the_injected_connections(
 
 TICK = r"""
 import hashlib, time, urllib.request
-while True:
+def ca():
     with open("/run/sbxkit/broker/ca.pem", "rb") as handle:
-        ca = hashlib.sha256(handle.read()).hexdigest()[:12]
+        return hashlib.sha256(handle.read()).hexdigest()[:12]
+while True:
+    before = ca()
     try:
         urllib.request.urlopen("https://other-name.sbxkit.test:8443/tick", timeout=2).read()
-        print("ok", time.time(), ca, flush=True)
+        verdict, why = "ok", ""
     except Exception as error:
-        print("refused", time.time(), ca, type(error).__name__, flush=True)
+        verdict, why = "refused", type(error).__name__
+    after = ca()
+    # A probe the rewrite of the broker files fell within says nothing of either CA.
+    print(verdict if before == after else "moved", time.time(), after, why, flush=True)
     time.sleep(0.05)
 """
 
