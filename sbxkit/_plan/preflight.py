@@ -313,14 +313,6 @@ async def info_facts(engine: Engine) -> InfoFacts:
     return kept
 
 
-async def check_rootless_limits(engine: Engine) -> None:
-    """Refuse a rootless Docker daemon that cannot hold the limits (``check_rootless_docker``),
-    before any container (its ``/info`` judged once a minute per socket: ``info_facts``)."""
-    refused = (await info_facts(engine)).rootless_refusal
-    if refused is not None:
-        raise SpecError(refused.field, refused.rule)
-
-
 class DaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
     """What the daemon's ``/info`` decided: the runtime's daemon name and the CDI GPU ids."""
 
@@ -340,11 +332,12 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
     advances only when devices were chosen by count. A Podman service that cannot enforce the
     limits (rootless on cgroup v1: no controllers) is refused (its answer is read once), and
     so is a runtime other than its default, which its compat API would silently ignore; so is
-    a rootless Docker daemon that cannot hold the limits (``check_rootless_limits``).
+    a rootless Docker daemon that cannot hold the limits (``InfoFacts.rootless_refusal``).
     Rootless Podman on v2 drops the rlimits: the host sets them (``DaemonPlan.host_rlimits``).
     """
-    if not engine.is_podman:
-        await check_rootless_limits(engine)
+    facts = None if engine.is_podman else await info_facts(engine)  # read once per plan
+    if facts is not None and facts.rootless_refusal is not None:
+        raise SpecError(facts.rootless_refusal.field, facts.rootless_refusal.rule)
     host_rlimits = False
     if engine.is_podman:
         host = await engine.podman_host()
@@ -357,7 +350,8 @@ async def check_daemon(engine: Engine, spec: SandboxSpec, gpu_cursor: GpuCursor)
             check_podman_runtime(spec.runtime, (await engine.cached_info()).default_runtime)
     if engine.is_podman and spec.runtime is None and spec.gpus is None:
         return DaemonPlan(host_rlimits=host_rlimits)
-    facts = await info_facts(engine)
+    if facts is None:
+        facts = await info_facts(engine)
     runtime = plan_runtime(
         spec.runtime,
         podman=engine.is_podman,
