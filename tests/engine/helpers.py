@@ -342,6 +342,15 @@ def actions(events: list[dict[str, Any]]) -> list[str]:
     return [str(e.get("Action") or e.get("status")) for e in events]
 
 
+def created_here(events: list[dict[str, Any]]) -> list[str]:
+    """The ``Action`` of each event of a container created within ``events``' window. The
+    daemon logs a ``start`` once its start call is done, which can be after a kernel path
+    run already returned at its payload's exit: an earlier run's late ``start`` is not this
+    window's."""
+    ids = {e.get("id") for e in events if actions([e]) == ["create"]}
+    return actions([e for e in events if e.get("id") in ids])
+
+
 EXEC_PROBE_TIMEOUT_S = 5.0
 """A witness exec is a short probe; one that does not answer in this long saw nothing."""
 

@@ -33,6 +33,7 @@ from tests.engine.helpers import (
     container_file_lines,
     containers_with_marker,
     create_plain_container,
+    created_here,
     delete_image,
     host_processes_of,
     image_volumes,
@@ -484,14 +485,14 @@ async def test_a_name_moved_to_another_image_is_planned_again(
         assert (second.status, second.stdout) == ("exited", b"42\n"), second
         events = witness.events(since, time.time(), type=["container"])
         assert actions(events).count("create") == 2  # the stale plan's, removed unstarted
-        assert actions(events).count("start") == 1
+        assert created_here(events).count("start") == 1
         helper = create_plain_container(witness, busybox, unique("moving-helper"))
         with_volume = commit_with_volume(witness, helper, "sbxkit-test/volume", unique("mv"))
         tag_image(witness, with_volume, *moving.split(":"))
         since = time.time()
         with pytest.raises(ImageError, match="VOLUME"):
             await run(spec(moving, "echo ran"), engine=engine)
-        assert "start" not in actions(witness.events(since, time.time(), type=["container"]))
+        assert "start" not in created_here(witness.events(since, time.time(), type=["container"]))
         # Removed within the 10 s: the run planned on the old inspection fails at the create
         # (nothing starts); the next one inspects afresh and is refused as missing.
         tag_image(witness, busybox, *moving.split(":"))
@@ -503,7 +504,7 @@ async def test_a_name_moved_to_another_image_is_planned_again(
             await run(spec(moving, "echo gone"), engine=engine)
         with pytest.raises(ImageError, match="not present locally"):
             await run(spec(moving, "echo gone"), engine=engine)
-        assert "start" not in actions(witness.events(since, time.time(), type=["container"]))
+        assert "start" not in created_here(witness.events(since, time.time(), type=["container"]))
     finally:
         if helper is not None:
             witness.remove(helper)
