@@ -5,6 +5,7 @@ is an exit; a real OOM stays ``oom_killed`` with the daemon's evidence."""
 from __future__ import annotations
 
 import threading
+import time
 
 import trio
 
@@ -133,11 +134,33 @@ async def test_a_payloads_own_exit_137_is_an_exit(
     assert result.kill_evidence is None
 
 
+def missed_by_docker_20_10_on_cgroup_v2(
+    witness: Witness, result: sbxkit.RunResult, since: float
+) -> bool:
+    """Docker 20.10 on cgroup v2 misses some OOM kills of a container's init: containerd's
+    watch of ``memory.events`` loses the race with the scope's removal, so neither the flag
+    nor an ``oom`` event ever comes (docs/backends.md). True only for that daemon, a result
+    on the daemon's evidence, and no ``oom`` event for the container even now, after the
+    run: sbxkit reported the exit the daemon saw, and nothing the daemon said was lost."""
+    info = witness.get("/info")
+    if not (str(info.get("ServerVersion", "")).startswith("20.10.")):
+        return False
+    if str(info.get("CgroupVersion")) != "2" or result.evidence != "daemon":
+        return False
+    oom = {"type": ["container"], "container": [result.container_id], "event": ["oom"]}
+    return not witness.events(since, time.time(), **oom)
+
+
 async def test_a_real_oom_is_oom_killed_on_the_daemons_evidence(
-    oneshot: OneShot, engine: Engine, python_image: str
+    oneshot: OneShot, engine: Engine, python_image: str, witness: Witness
 ) -> None:
     code = "b = bytearray(200 << 20)"
+    since = time.time()
     result = await oneshot(python_spec(python_image, code, memory_bytes=32 << 20), engine=engine)
+    if result.status == "exited" and missed_by_docker_20_10_on_cgroup_v2(witness, result, since):
+        # The daemon's own miss, reported as the exit it is: a signal exit, no evidence.
+        assert (result.exit_code, result.oom_evidence, result.kill_evidence) == (137, None, None)
+        return
     assert result.status == "oom_killed", result
     assert result.oom_evidence in ("State.OOMKilled",) or "oom event" in (result.oom_evidence or "")
 
