@@ -21,6 +21,8 @@ BUSYBOX = os.environ.get("SBXKIT_TEST_BUSYBOX_IMAGE", "sbxkit-test/busybox:lates
 PYTHON = os.environ.get("SBXKIT_TEST_PYTHON_IMAGE", "sbxkit-test/python:latest")
 PYDATA = os.environ.get("SBXKIT_TEST_PYDATA_IMAGE", "sbxkit-test/pydata:latest")
 """The python image with numpy, pandas and matplotlib (scripts/engine-up, from wheels)."""
+EVENTS_MARGIN_S = 2.0
+"""How much earlier than a window the daemon is asked for its events (``Witness.events``)."""
 LEASE_LABEL = "sbxkit.lease"
 RUN_LABEL = "sbxkit-test.run"
 THIS_RUN = dict(
@@ -96,13 +98,20 @@ class Witness:
             time.sleep(0.05)
 
     def events(self, since: float, until: float, **filters: list[str]) -> list[dict[str, Any]]:
-        """Daemon events in [since, until] (unix seconds) matching the filters."""
-        params = {"since": f"{since:.9f}", "until": f"{until:.9f}"}
+        """Daemon events in [since, until] (unix seconds) matching the filters.
+
+        The daemon is asked from ``EVENTS_MARGIN_S`` earlier and the window is cut here, on
+        each event's ``timeNano``: it walks its buffer from the newest back and stops at the
+        first event older than ``since``, and two events logged at once can be stored out of
+        their timestamps' order, so an event just inside the window could be skipped."""
+        params = {"since": f"{since - EVENTS_MARGIN_S:.9f}", "until": f"{until:.9f}"}
         if filters:
             params["filters"] = json.dumps(filters)
         response = self.session.get(self.base + "/events", params=params, timeout=30)
         response.raise_for_status()
-        return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+        found = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+        low, high = int(since * 1e9), int(until * 1e9)
+        return [e for e in found if low <= int(e.get("timeNano", e.get("time", 0) * 10**9)) <= high]
 
     def remove(self, container_id: str) -> None:
         self.session.delete(
