@@ -155,10 +155,13 @@ class ServiceCore:
             lease, first=partial(remove_io_dir, io_root(self.state.path), lease)
         )
         self.let_uid_go(lease)
-        self.records.pop(lease, None)
+        record = self.records.pop(lease, None)
         self.held.pop(lease, None)
         self._release(lease)  # its memory is free only once the container is confirmed gone
-        self.uncertain_changed.set()
+        # Only an uncertain record's end is news to the event watcher: any other's woke it
+        # once a lease for nothing (a record removed never makes one uncertain).
+        if record is not None and record.state == "uncertain":
+            self.uncertain_changed.set()
 
     def stats(self) -> str:
         """Counters for operators and the benchmark (fsyncs per lease, admission waits)."""
