@@ -146,13 +146,14 @@ class ServiceCore:
         if held is not None:
             held.release()
 
-    async def _forget(self, lease: str) -> None:
+    async def _forget(self, lease: str, *, durable: bool = True) -> None:
         # The container is confirmed gone: its kernel path FIFOs (sbxkit/kernel) go too,
         # whoever made them — a killed caller leaves none behind. So does the hold on its uid.
         # Removed in the journal's worker thread, just before the record's unlink: off the
         # event loop, where it waited behind the journal's fsyncs on the same filesystem.
+        # ``durable=False``: the daemon removed the container (``Journal.delete``).
         await self.journal.delete(
-            lease, first=partial(remove_io_dir, io_root(self.state.path), lease)
+            lease, first=partial(remove_io_dir, io_root(self.state.path), lease), durable=durable
         )
         self.let_uid_go(lease)
         record = self.records.pop(lease, None)
