@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import msgspec
 import trio
@@ -160,16 +161,14 @@ class OwnedContainer:
     async def said_or_launched(self, said: Callable[[], Awaitable[None]]) -> bool:
         """For a container its owner starts: ``said()`` came first (True), or the daemon's
         answer to the start (False); a refused start raises the daemon's error."""
-        owner = self._owner
-        assert isinstance(owner, LaunchingOwner)
-        assert self.launched_by_owner
+        assert self.launched_by_owner  # set only for a LaunchingOwner (owned_container)
+        owner = cast(LaunchingOwner, self._owner)  # a runtime Protocol check costs ~16 µs
         return await owner.said_or_launched(self.lease, self.container_id, said)
 
     async def launch_answer(self) -> None:
         """For a container its owner starts: once the daemon answered the start."""
-        owner = self._owner
-        assert isinstance(owner, LaunchingOwner)
-        assert self.launched_by_owner
+        assert self.launched_by_owner  # set only for a LaunchingOwner (owned_container)
+        owner = cast(LaunchingOwner, self._owner)
         await owner.launch_answer(self.lease, self.container_id)
 
     async def release(self) -> None:
@@ -374,10 +373,9 @@ async def owned_container(
         box = OwnedContainer(
             engine=engine, plan=plan, container_id=container_id, began=began, owner=owner
         )
-        box.launched_by_owner = (
-            launching is not None
-            and isinstance(owner, LaunchingOwner)
-            and owner.launching(plan.lease)
+        # ``launching`` is set only for a LaunchingOwner (``owner_launch`` checked it).
+        box.launched_by_owner = launching is not None and cast(LaunchingOwner, owner).launching(
+            plan.lease
         )
         yield box
     finally:

@@ -216,14 +216,22 @@ class StateDir:
 
 class _Operation:
     """One queued record write (``record``) or delete (``lease``), its completion and outcome.
-    ``first``: blocking work a delete does in the worker thread before the unlink."""
+    ``first``: blocking work a delete does in the worker thread before the unlink.
+    ``durable``: its group fsyncs the directory for it (every write does; a delete may wait
+    for the next group that does, ``Journal.delete``)."""
 
     def __init__(
-        self, record: LeaseRecord | None, lease: str, first: Callable[[], None] | None = None
+        self,
+        record: LeaseRecord | None,
+        lease: str,
+        first: Callable[[], None] | None = None,
+        *,
+        durable: bool = True,
     ) -> None:
         self.record = record
         self.lease = lease
         self.first = first
+        self.durable = durable or record is not None
         self.done = trio.Event()
         self.error: BaseException | None = None
 
@@ -292,7 +300,9 @@ class Journal:
                 operation.error = exc
             else:
                 staged.append(operation)
-        if staged:
+        # A group of deletes that need not be durable yet makes no fsync: the next group's
+        # directory fsync covers their unlinks too.
+        if any(operation.durable for operation in staged):
             try:
                 self.state.fsync_dir()
                 fsyncs += 1
@@ -331,16 +341,25 @@ class Journal:
         self.writes += 1
         return operation
 
-    async def delete(self, lease: str, first: Callable[[], None] | None = None) -> None:
+    async def delete(
+        self, lease: str, first: Callable[[], None] | None = None, *, durable: bool = True
+    ) -> None:
         """Delete a lease's record; ``first`` (blocking: a lease's FIFO directory removed, say)
         runs in the worker thread just before the unlink, never on the event loop, where a
-        directory operation waits behind the journal's fsyncs on the same filesystem."""
-        await self._submit(_Operation(None, lease, first))
+        directory operation waits behind the journal's fsyncs on the same filesystem.
+
+        ``durable=False``: return once the record is unlinked, its directory fsync left to the
+        next group that makes one (a write's). For a record whose container the daemon
+        confirmed removed: if a crash loses the unlink, the record comes back as one whose
+        container recovery finds gone (``NotFound``) and releases — what a crash just before
+        the delete leaves already."""
+        await self._submit(_Operation(None, lease, first, durable=durable))
         self.deletes += 1
 
     @property
     def fsyncs(self) -> int:
-        """fsync calls made: one per record written, one per group's directory."""
+        """fsync calls made: one per record written, one per group's directory (a group of
+        non-durable deletes alone makes none)."""
         return self._fsyncs
 
 

@@ -20,6 +20,7 @@ Every call runs under a deadline. trio, OS and h11 exceptions never escape: they
 from __future__ import annotations
 
 import errno
+import functools
 import select
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -116,6 +117,18 @@ PODMAN_HINTS: dict[str, str] = {
     ),
 }
 """What to do about a Podman ``cause`` whose message does not say it."""
+
+
+_END = h11.EndOfMessage()  # immutable: one for every request
+
+
+@functools.lru_cache(maxsize=32)
+def _checked_headers(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    """``Host`` and ``headers`` as h11 validates them (it raises ``LocalProtocolError`` on a
+    bad name or value), once per distinct set: a call's fixed headers are a handful of
+    constants (``Content-Type``, ``Upgrade``)."""
+    probe = h11.Request(method="GET", target="/", headers=[("Host", "docker"), *headers])
+    return tuple(probe.headers.raw_items())
 
 
 class _Connection:
@@ -303,16 +316,18 @@ class Transport:
     def _request_events(
         method: str, target: str, body: bytes | None, headers: Headers
     ) -> list[h11.Event]:
-        all_headers = [("Host", "docker"), *headers]
-        if body is not None:
-            all_headers.append(("Content-Length", str(len(body))))
-        else:
-            all_headers.append(("Content-Length", "0"))
-        events: list[h11.Event] = [h11.Request(method=method, target=target, headers=all_headers)]
+        # The fixed headers were validated by h11 once (``_checked_headers``); what changes
+        # per call — the length we compute, the method and the target — h11 still checks.
+        length = str(len(body)).encode() if body is not None else b"0"
+        request = h11.Request(
+            method=method.encode("ascii"),
+            target=target.encode("ascii"),
+            headers=[*_checked_headers(tuple(headers)), (b"Content-Length", length)],
+            _parsed=True,
+        )
         if body:
-            events.append(h11.Data(data=body))
-        events.append(h11.EndOfMessage())
-        return events
+            return [request, h11.Data(data=body), _END]
+        return [request, _END]
 
     async def _read_head(self, conn: _Connection) -> h11.Response | h11.InformationalResponse:
         event = await conn.next_event()
@@ -322,8 +337,10 @@ class Transport:
 
     @staticmethod
     def _headers(event: h11.Response | h11.InformationalResponse) -> dict[str, str]:
+        # ``raw_items`` is a list; iterating ``event.headers`` goes item by item through its
+        # Sequence methods.
         return {
-            bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in event.headers
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers.raw_items()
         }
 
     # -- the three call shapes -----------------------------------------------------------------

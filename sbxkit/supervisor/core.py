@@ -146,19 +146,23 @@ class ServiceCore:
         if held is not None:
             held.release()
 
-    async def _forget(self, lease: str) -> None:
+    async def _forget(self, lease: str, *, durable: bool = True) -> None:
         # The container is confirmed gone: its kernel path FIFOs (sbxkit/kernel) go too,
         # whoever made them — a killed caller leaves none behind. So does the hold on its uid.
         # Removed in the journal's worker thread, just before the record's unlink: off the
         # event loop, where it waited behind the journal's fsyncs on the same filesystem.
+        # ``durable=False``: the daemon removed the container (``Journal.delete``).
         await self.journal.delete(
-            lease, first=partial(remove_io_dir, io_root(self.state.path), lease)
+            lease, first=partial(remove_io_dir, io_root(self.state.path), lease), durable=durable
         )
         self.let_uid_go(lease)
-        self.records.pop(lease, None)
+        record = self.records.pop(lease, None)
         self.held.pop(lease, None)
         self._release(lease)  # its memory is free only once the container is confirmed gone
-        self.uncertain_changed.set()
+        # Only an uncertain record's end is news to the event watcher: any other's woke it
+        # once a lease for nothing (a record removed never makes one uncertain).
+        if record is not None and record.state == "uncertain":
+            self.uncertain_changed.set()
 
     def stats(self) -> str:
         """Counters for operators and the benchmark (fsyncs per lease, admission waits)."""

@@ -329,7 +329,9 @@ class Leases(ServiceCore):
                 await live.launching.wait()
         error = await self._remove_container(engine, lease, container_id)
         if error is None:
-            await self._forget(lease)
+            # A created record whose container is gone: its deletion's fsync is grouped
+            # with the next write's (a lost unlink is a record recovery finds gone).
+            await self._forget(lease, durable=False)
             await live.peer.send(Closed(lease=lease))
             return
         log(f"lease {lease}: removal failed ({error}); record kept, the reaper retries")

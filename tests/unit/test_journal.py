@@ -425,6 +425,30 @@ async def test_the_journal_counter_matches_the_real_fsyncs(
     assert os.listdir(state.path) == []
 
 
+async def test_a_delete_not_durable_yet_waits_for_the_next_directory_fsync(
+    state: StateDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record whose container the daemon removed is unlinked at once and fsyncs nothing of
+    its own: the next write's directory fsync, after the unlink, makes it durable."""
+    journal = Journal(state)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(journal.serve)
+        first = record()
+        await journal.write(first)
+        await journal.write(rec.created(first, "f" * 64))
+        spy = FsyncSpy(monkeypatch)
+        await journal.delete(LEASE_A, durable=False)
+        assert os.listdir(state.path) == []
+        assert spy.events == []
+        await journal.write(record(LEASE_B))
+        assert spy.events == ["fsync:file", "rename", "fsync:dir"]
+        await journal.delete(LEASE_B)  # durable: its own directory fsync, as before
+        assert spy.events[-1] == "fsync:dir"
+        nursery.cancel_scope.cancel()
+    assert journal.fsyncs == 4 + 3
+    assert os.listdir(state.path) == []
+
+
 async def test_a_journal_operation_error_reaches_its_submitter(state: StateDir) -> None:
     journal = Journal(state)
     async with trio.open_nursery() as nursery:

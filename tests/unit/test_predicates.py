@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import unicodedata
+
 import pytest
 
 from sbxkit._consumers import grants
@@ -22,6 +25,13 @@ def test_c0_del_and_c1_are_control_characters(ch: str) -> None:
 @pytest.mark.parametrize("text", ["plain", "ünïcödé", "tab\u00a0nbsp", "", "日本"])
 def test_printable_text_is_not(text: str) -> None:
     assert not has_control(text)
+
+
+def test_control_is_exactly_unicode_category_cc() -> None:
+    """The regex behind ``has_control`` agrees with ``unicodedata`` on every code point."""
+    for code in range(sys.maxunicode + 1):
+        ch = chr(code)
+        assert has_control(ch) == (unicodedata.category(ch) == "Cc"), hex(code)
 
 
 @pytest.mark.parametrize("ch", CONTROLS)
