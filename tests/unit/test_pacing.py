@@ -1,14 +1,20 @@
-"""The adaptive in-flight limit's rule (sbxkit/_consumers/pacing.py, pure): scripted CPU and
-throughput only, so nothing here depends on the load of the machine that runs it."""
+"""The adaptive in-flight limit of a batch without ``parallel`` (sbxkit/_consumers/pacing.py,
+its shell sbxkit/_consumers/paced.py): scripted CPU and throughput only, so nothing here
+depends on the load of the machine that runs it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
+import trio
+import trio.testing
 from hypothesis import given
 
+from sbxkit._consumers.harness import JobResult, run_many
+from sbxkit._consumers.paced import PARALLEL_CAP, PaceStep, Pacing, default_parallel
 from sbxkit._consumers.pacing import (
     HOLD_WINDOWS,
     SATURATED,
@@ -18,8 +24,10 @@ from sbxkit._consumers.pacing import (
     busy_share,
     parse_proc_stat,
 )
-
-PARALLEL_CAP = 64
+from sbxkit._model.result import RunResult
+from sbxkit._model.spec import SandboxSpec
+from sbxkit.errors import SpecError
+from tests.unit.test_harness import FakeRunner, backend_of, fake_result, jobs_of
 
 Curve = Callable[[int], Window]
 
@@ -153,3 +161,207 @@ def test_the_busy_share_between_two_readings() -> None:
     assert busy_share(CpuTimes(10, 100), CpuTimes(60, 200)) == 0.5
     assert busy_share(CpuTimes(10, 100), CpuTimes(10, 100)) == 0.0  # no time: idle
     assert busy_share(CpuTimes(0, 0), CpuTimes(500, 400)) == 1.0  # clamped
+
+
+class ScriptedCpu:
+    """Cumulative CPU times whose k-th window (between reading k and k+1) has the busy share
+    ``shares[k]`` (the last one repeats)."""
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares = shares
+        self.readings = 0
+        self.busy = 0.0
+
+    def __call__(self) -> CpuTimes:
+        if self.readings:
+            index = min(self.readings - 1, len(self.shares) - 1)
+            self.busy += self.shares[index] * 100
+        self.readings += 1
+        return CpuTimes(busy=self.busy, total=100.0 * (self.readings - 1))
+
+
+class SimHost:
+    """A backend on a mock host of ``cores`` cores: a job waits ``wait_s`` and computes
+    ``cpu_s``, its computing stretched when the jobs in flight ask more than the cores have
+    (processor sharing, plus 1 % contention per job in flight); durations vary by a fixed
+    cycle so the jobs do not move in lockstep. ``cpu`` reads the host's cumulative busy
+    time, as ``/proc/stat`` would."""
+
+    kind = "sim"
+    CYCLE = (0.7, 1.3, 0.9, 1.1, 0.8, 1.2)
+
+    def __init__(self, cores: int, cpu_s: float, wait_s: float) -> None:
+        self.cores = cores
+        self.cpu_s = cpu_s
+        self.wait_s = wait_s
+        self.active = 0
+        self.peak = 0
+        self.runs = 0
+        self.busy = 0.0
+        self.began: float | None = None
+        self.last = 0.0
+
+    def _demand(self) -> float:
+        """Cores the jobs in flight would keep busy."""
+        return self.active * self.cpu_s / (self.cpu_s + self.wait_s)
+
+    def _advance(self) -> None:
+        now = trio.current_time()
+        if self.began is None:
+            self.began = self.last = now
+        self.busy += min(1.0, self._demand() / self.cores) * (now - self.last)
+        self.last = now
+
+    def cpu(self) -> CpuTimes:
+        self._advance()
+        assert self.began is not None
+        return CpuTimes(busy=self.busy, total=self.last - self.began)
+
+    async def run_once(self, spec: SandboxSpec, stdin: bytes | None = None, **_: Any) -> RunResult:
+        self._advance()
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        factor = self.CYCLE[self.runs % len(self.CYCLE)]
+        self.runs += 1
+        stretch = max(1.0, self._demand() / self.cores) * (1 + 0.01 * self.active)
+        try:
+            await trio.sleep(factor * (self.wait_s + self.cpu_s * stretch))
+        finally:
+            self._advance()
+            self.active -= 1
+        return fake_result("sim")
+
+
+def limit_at(steps: list[PaceStep], start: int, when: float) -> int:
+    limit = start
+    for step in steps:
+        if step.at <= when:
+            limit = step.after
+    return limit
+
+
+def replay(start: int, floor: int, cap: int, steps: list[PaceStep]) -> list[int]:
+    """What the pure rule says for the windows the batch measured."""
+    pacer = Pacer(start, floor=floor, cap=cap)
+    return [pacer.observe(step.window) for step in steps]
+
+
+def assert_never_above_the_limit(
+    results: list[JobResult], steps: list[PaceStep], start: int
+) -> None:
+    """Each job started while fewer than the limit then in force were in flight."""
+    for job in results:
+        in_flight = sum(
+            1 for other in results if other.started_at <= job.started_at < other.finished_at
+        )
+        assert in_flight <= limit_at(steps, start, job.started_at), job.id
+
+
+async def test_a_batch_of_waiting_jobs_on_idle_cores_climbs_to_the_cap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    host = SimHost(cores=2, cpu_s=0.01, wait_s=1.0)
+    steps: list[PaceStep] = []
+    pacing = Pacing(cpu=host.cpu, on_window=steps.append, start=8, floor=2, cap=PARALLEL_CAP)
+    results = await run_many(jobs_of(1000), backend=backend_of(host), pacing=pacing)
+    assert all(r.ok for r in results)
+    limits = [s.after for s in steps]
+    assert limits[:5] == [10, 12, 15, 18, 22]
+    assert limits == sorted(limits)
+    assert limits[-1] == PARALLEL_CAP
+    assert host.peak == PARALLEL_CAP
+    assert limits == replay(8, 2, PARALLEL_CAP, steps)
+    assert_never_above_the_limit(results, steps, 8)
+
+
+@pytest.mark.parametrize(("wait_s", "knee"), [(0.05, 10 / 3), (0.3, 10.0)])
+async def test_a_cpu_bound_batch_settles_near_where_it_saturates_the_cores(
+    autojump_clock: trio.testing.MockClock, wait_s: float, knee: float
+) -> None:
+    """A job of 75 ms of CPU on 2 cores (HumanEval's, roughly): the cores are saturated from
+    ``knee`` jobs in flight on."""
+    host = SimHost(cores=2, cpu_s=0.075, wait_s=wait_s)
+    steps: list[PaceStep] = []
+    pacing = Pacing(cpu=host.cpu, on_window=steps.append, start=8, floor=2, cap=PARALLEL_CAP)
+    results = await run_many(jobs_of(600), backend=backend_of(host), pacing=pacing)
+    assert all(r.ok for r in results)
+    settled = [s.after for s in steps][-20:]
+    assert len(steps) >= 40
+    assert min(settled) >= 2
+    assert knee * 0.6 <= sorted(settled)[10] <= knee * 1.25, settled
+    assert max(settled) <= knee * 1.25 + 1, settled
+    assert [s.after for s in steps] == replay(8, 2, PARALLEL_CAP, steps)
+    assert_never_above_the_limit(results, steps, 8)
+
+
+async def test_the_limit_follows_a_scripted_cpu(autojump_clock: trio.testing.MockClock) -> None:
+    """Two idle windows, then saturated cores for good: up twice, then down (a cut may be
+    undone and held, but within five windows one stands)."""
+    host = SimHost(cores=2, cpu_s=0.01, wait_s=1.0)
+    steps: list[PaceStep] = []
+    script = ScriptedCpu([0.2, 0.2, 1.0])
+    pacing = Pacing(cpu=script, on_window=steps.append, start=8, floor=2, cap=PARALLEL_CAP)
+    results = await run_many(jobs_of(300), backend=backend_of(host), pacing=pacing)
+    limits = [s.after for s in steps]
+    assert limits[:2] == [10, 12]
+    assert min(limits[2 : 2 + HOLD_WINDOWS + 2]) < 12
+    assert [s.window.busy for s in steps][:4] == [0.2, 0.2, 1.0, 1.0]
+    assert limits == replay(8, 2, PARALLEL_CAP, steps)
+    assert_never_above_the_limit(results, steps, 8)
+
+
+async def test_the_tail_of_a_batch_is_not_judged(autojump_clock: trio.testing.MockClock) -> None:
+    """Once every job has started, throughput falls as the batch drains: not the limit's
+    doing, so no window is judged then."""
+    fake = FakeRunner(seconds=1.0)
+    steps: list[PaceStep] = []
+    pacing = Pacing(cpu=ScriptedCpu([0.1]), on_window=steps.append, start=8, floor=2, cap=64)
+    results = await run_many(jobs_of(40), backend=backend_of(fake), pacing=pacing)
+    last_start = max(r.started_at for r in results)
+    assert steps
+    assert all(step.at <= last_start for step in steps)
+
+
+async def test_without_a_script_the_limit_starts_at_the_cores_worth() -> None:
+    pacer = Pacing().pacer()
+    assert pacer.limit == default_parallel()
+    assert pacer.adaptive
+    assert pacer.cap == PARALLEL_CAP
+
+
+@pytest.mark.parametrize(
+    ("pacing", "field"),
+    [
+        (Pacing(start=0), "pacing.start"),
+        (Pacing(floor=True), "pacing.floor"),  # type: ignore[arg-type]
+        (Pacing(cap=2.5), "pacing.cap"),  # type: ignore[arg-type]
+        (Pacing(floor=9, cap=8), "pacing.floor"),
+    ],
+)
+async def test_bad_pacing_is_refused_before_anything_runs(pacing: Pacing, field: str) -> None:
+    fake = FakeRunner()
+    with pytest.raises(SpecError) as refused:
+        await run_many(jobs_of(3), backend=backend_of(fake), pacing=pacing)
+    assert refused.value.field == field
+    assert fake.peak == 0
+
+
+async def test_pacing_beside_an_explicit_parallel_is_refused() -> None:
+    fake = FakeRunner()
+    with pytest.raises(SpecError, match="pacing: adapts a batch without parallel"):
+        await run_many(jobs_of(3), parallel=2, backend=backend_of(fake), pacing=Pacing())
+    assert fake.peak == 0
+
+
+async def test_an_exception_from_on_window_stops_the_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakeRunner(seconds=1.0)
+
+    def refuse(step: PaceStep) -> None:
+        raise RuntimeError("stop")
+
+    pacing = Pacing(cpu=ScriptedCpu([0.1]), on_window=refuse, start=4, floor=1, cap=8)
+    with pytest.raises(RuntimeError, match="stop"):
+        await run_many(jobs_of(40), backend=backend_of(fake), pacing=pacing)
+    assert fake.active == 0
