@@ -14,9 +14,13 @@ completed jobs over at least ``WINDOW_MIN_S``. A window measures two things:
 
 The rule, applied at the end of each window:
 
-1. **A move that cost throughput is undone.** If the limit changed at the previous window and
-   throughput fell by more than ``TOLERANCE`` since, the limit returns to what it was and holds
-   there for ``HOLD_WINDOWS`` windows (the knee is between the two).
+1. **A move that cost throughput is undone.** If throughput fell more than ``TOLERANCE`` below
+   the best of the last ``MEMORY_WINDOWS`` windows (since the last undo), at a limit that never
+   came within ``TOLERANCE`` of that best, the limit returns to the lowest limit that did, and
+   holds there for ``HOLD_WINDOWS`` windows. Against the best, not the previous window: a
+   run of small cuts, each within the noise of the one before, must not slide the limit far
+   below where throughput was; to the lowest good limit: as many in flight as that throughput
+   needs, no more.
 2. Otherwise, **cores with idle time: raise** by a quarter (at least one): more in flight is
    cheap while the cores are not the bottleneck — an I/O-bound batch climbs to the cap.
 3. **Saturated cores (busy share ≥ ``SATURATED``): lower** by an eighth (at least one): on busy
@@ -35,6 +39,7 @@ import msgspec
 
 __all__ = [
     "HOLD_WINDOWS",
+    "MEMORY_WINDOWS",
     "SATURATED",
     "TOLERANCE",
     "WINDOW_MIN_JOBS",
@@ -52,6 +57,8 @@ TOLERANCE = 0.1
 """A fall in throughput larger than this fraction counts as a loss (windows are noisy)."""
 HOLD_WINDOWS = 3
 """Windows the limit stays put after a move was undone."""
+MEMORY_WINDOWS = 16
+"""The windows a loss is judged against: older ones may have seen another load."""
 WINDOW_MIN_JOBS = 8
 """A window is at least this many completed jobs (and at least the current limit)."""
 WINDOW_MIN_S = 0.2
@@ -106,8 +113,8 @@ class Pacer:
         self.cap = cap
         self.adaptive = True
         self.limit = self._clamp(start)
-        self._previous: tuple[int, float] | None = None
-        """The limit and throughput of the previous window."""
+        self._seen: list[tuple[int, float]] = []
+        """The limit and throughput of the last windows since the last undo, oldest first."""
         self._hold = 0
 
     @classmethod
@@ -132,19 +139,19 @@ class Pacer:
         """Judge one window run at the current limit; returns the limit from now on."""
         if not self.adaptive:
             return self.limit
-        previous, self._previous = self._previous, (self.limit, window.throughput)
+        seen = self._seen
+        self._seen = [*seen, (self.limit, window.throughput)][-MEMORY_WINDOWS:]
         if self._hold > 0:
             self._hold -= 1
             return self.limit
-        if (
-            previous is not None
-            and previous[0] != self.limit
-            and window.throughput < previous[1] * (1 - TOLERANCE)
-        ):
-            self.limit = previous[0]
+        best = max((throughput for _, throughput in seen), default=0.0)
+        good = {limit for limit, throughput in seen if throughput >= best * (1 - TOLERANCE)}
+        # A loss at a limit that did well before is the windows' noise, not a move's doing.
+        if good and window.throughput < best * (1 - TOLERANCE) and self.limit not in good:
+            self.limit = min(good)
             self._hold = HOLD_WINDOWS
-            # The window at the restored limit is compared with this one, not with the move.
-            self._previous = None
+            # Measured afresh from here: the host's load may have moved every figure.
+            self._seen = []
             return self.limit
         if window.busy >= SATURATED:
             self.limit = self._clamp(self.limit - max(1, self.limit // 8))
