@@ -355,7 +355,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                         programs,
                         pooled=key == "sbxkit_pooled",
                         runtime=runtime,
-                        parallel=args.parallel,
+                        parallel=None if key == "sbxkit_auto" else args.parallel,
                     )
                 return await trio.to_thread.run_sync(
                     humaneval.dockerpy_all, client, pool, args.image, programs, runtime

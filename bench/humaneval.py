@@ -9,9 +9,13 @@ passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B 
     ``sbxkit._consumers.harness.run_many(164 jobs, parallel=8, engine=engine)``, default owner,
     sbxkit's default runtime (crun where a runc-default Docker daemon registers it, as the test
     daemon does; docs/backends.md, "The default runtime").
+``sbxkit_auto``
+    ``run_many`` with no ``parallel``: the adaptive limit (sbxkit/_consumers/pacing.py), from
+    ``default_parallel()`` (8 on 2 cores) moving with the host's CPU busy share and the batch's
+    throughput; the limits it went through are reported.
 ``sbxkit_pooled``
-    The same through a pool of 8 (``open_pool`` opened with the run, so its own warm-up is in
-    the wall time; ``run_many(..., pool=pool)``, docs/pool.md).
+    The same as ``sbxkit`` through a pool of 8 (``open_pool`` opened with the run, so its own
+    warm-up is in the wall time; ``run_many(..., pool=pool)``, docs/pool.md).
 ``docker_py``
     ``ThreadPoolExecutor(8)`` on one ``DockerClient`` under the daemon's default runtime
     (runc): create → start → wait → (stderr on failure) → remove(force, v) per problem —
@@ -20,7 +24,8 @@ passes when the program exits 0. Contenders, alternating whole runs (A, B, A, B 
 Same bounds for both (cpus 1 — a quota is a ceiling, so 8 run at once even on 2 cores; memory
 128 MiB, pids 64, no network). A probe polls the daemon (10 Hz, the benchmark's own client) and
 reports each contender's peak of sandboxes in flight at once (its containers that exist: being
-started, running or being removed): it must reach 8. All 164
+started, running or being removed): it must reach 8 (``sbxkit_auto``: whatever its limit
+allowed). All 164
 must pass under both; a deliberately broken solution (HumanEval/0 returning the opposite
 answer) must fail under both — it runs once per contender before the measured runs and is
 reported. Measured: wall time for all 164 (median over runs); compared as a ratio from the
@@ -52,6 +57,7 @@ from bench.suite import (
     summarise,
 )
 from sbxkit._consumers.harness import Job, run_many
+from sbxkit._consumers.paced import Pacing
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.engine.client import Engine, open_engine
@@ -69,9 +75,10 @@ PIDS = 64
 TIMEOUT_S = 60.0
 DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 1
-CONTENDERS = ("sbxkit", "sbxkit_pooled", "docker_py")
+CONTENDERS = ("sbxkit", "sbxkit_auto", "sbxkit_pooled", "docker_py")
 LABELS = {
     "sbxkit": "sbxkit run_many",
+    "sbxkit_auto": "sbxkit run_many, adaptive parallel",
     "sbxkit_pooled": "sbxkit run_many, pool of 8",
     "docker_py": "docker-py, thread pool",
 }
@@ -142,18 +149,25 @@ async def sbxkit_all(
     *,
     pooled: bool = False,
     runtime: str | None = None,
-    parallel: int = PARALLEL,
+    parallel: int | None = PARALLEL,
+    limits: list[int] | None = None,
 ) -> dict[str, Any]:
-    key = "sbxkit_pooled" if pooled else "sbxkit"
+    """``parallel`` None: the adaptive limit, each move appended to ``limits``."""
+    key = "sbxkit_pooled" if pooled else "sbxkit" if parallel is not None else "sbxkit_auto"
     jobs = [
         Job(id=task, spec=sandbox_spec(image, code, key, runtime))
         for task, code in programs.items()
     ]
     if pooled:
+        assert parallel is not None
         backend = DockerBackend(engine=engine)
         shape = sandbox_spec(image, "", key, runtime)  # every job's shape: only the program
         async with open_pool(shape, size=parallel, backend=backend) as pool:
             results = await run_many(jobs, parallel=parallel, backend=backend, pool=pool)
+    elif parallel is None:
+        seen = limits if limits is not None else []
+        pacing = Pacing(on_window=lambda step: seen.append(step.after))
+        results = await run_many(jobs, engine=engine, pacing=pacing)
     else:
         results = await run_many(jobs, parallel=parallel, engine=engine)
     verdicts: dict[str, Any] = {}
@@ -230,6 +244,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     passes: dict[str, list[int]] = {k: [] for k in CONTENDERS}
     pooled_runs: dict[str, list[int]] = {k: [] for k in CONTENDERS}
     failures: dict[str, dict[str, Any]] = {k: {} for k in CONTENDERS}
+    auto_limits: list[list[int]] = []
     broken_outcome: dict[str, Any] = {}
     errors: list[str] = []
     leaks = LeakCheck(args.socket, NAME)
@@ -242,6 +257,11 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         await trio.to_thread.run_sync(activity.start)
 
         async def run_all(key: str, chosen: dict[str, str]) -> dict[str, Any]:
+            if key == "sbxkit_auto":
+                auto_limits.append([])
+                return await sbxkit_all(
+                    engine, args.image, chosen, parallel=None, limits=auto_limits[-1]
+                )
             if key.startswith("sbxkit"):
                 return await sbxkit_all(engine, args.image, chosen, pooled=key == "sbxkit_pooled")
             return await trio.to_thread.run_sync(dockerpy_all, client, pool, args.image, chosen)
@@ -288,7 +308,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             errors.append(f"{key}: not every canonical solution passed: {failures[key]}")
         if broken_outcome.get(key, {}).get("passed", True):
             errors.append(f"{key}: the broken solution did not fail: {broken_outcome.get(key)}")
-        if not errors and probe.peaks.get(key, 0) < PARALLEL:
+        if not errors and key != "sbxkit_auto" and probe.peaks.get(key, 0) < PARALLEL:
             errors.append(f"{key}: at most {probe.peaks.get(key, 0)} in flight, not {PARALLEL}")
     return {
         "args": args,
@@ -300,6 +320,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         "failures": failures,
         "broken": broken_outcome,
         "peaks": probe.peaks,
+        "auto_limits": auto_limits[-rounds:] if rounds else [],
         "facts": facts,
         "errors": errors,
         "leaks": found,
@@ -333,6 +354,12 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         ratios["sbxkit_pooled/sbxkit wall time"] = ratio_of_medians(
             walls["sbxkit_pooled"], walls["sbxkit"]
         )
+        ratios["sbxkit_auto/sbxkit wall time"] = ratio_of_medians(
+            walls["sbxkit_auto"], walls["sbxkit"]
+        )
+        ratios["sbxkit_auto/docker_py wall time"] = ratio_of_medians(
+            walls["sbxkit_auto"], walls["docker_py"]
+        )
     return {
         "bench": NAME,
         "summary": SUMMARY,
@@ -356,12 +383,14 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             },
             "broken_solution": {"task": BROKEN_TASK, "solution": BROKEN_SOLUTION},
         },
+        "auto_limits_per_run": m["auto_limits"],
         "contenders": contenders,
         "ratios": ratios,
         "targets": [
             {
                 "expression": f"all {n} canonical solutions pass under both; "
-                f"the broken one fails under both; both have {PARALLEL} in flight at once",
+                f"the broken one fails under both; both have {PARALLEL} in flight at once "
+                "(sbxkit_auto: as its limit allows, not checked)",
                 "met": not m["errors"],
             }
         ],
@@ -419,6 +448,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     out += runs
+    out += ["", "Adaptive limits, window by window, per measured run (from 8):", ""]
+    out += [
+        f"- {' '.join(str(n) for n in run) or '(no window judged)'}"
+        for run in report["auto_limits_per_run"]
+    ]
     out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
         verdict = "**met**" if target["met"] else "**not met**"

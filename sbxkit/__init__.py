@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from sbxkit._consumers.interp_pool import InterpreterPool, open_interpreter_pool
     from sbxkit._consumers.interpreter import Interpreter, open_interpreter
     from sbxkit._consumers.oneshot import run
+    from sbxkit._consumers.paced import PaceStep, Pacing
     from sbxkit._consumers.process_log import ProcessExit
     from sbxkit._consumers.processes import Process
     from sbxkit._consumers.pty import PtySession, open_pty
@@ -187,6 +188,8 @@ __all__ = [
     "NotFound",
     "OutputGrant",
     "Owner",
+    "PaceStep",
+    "Pacing",
     "PhaseTimings",
     "Pool",
     "PoolPerShape",

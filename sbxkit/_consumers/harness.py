@@ -11,9 +11,9 @@ run until its memory fits the host's budget (docs/operations.md, "Capacity and a
 refuses at once, as that job's error, one that never could. ``run_many`` itself only bounds its
 own share (``Admission``, pure):
 
-- at most ``parallel`` jobs are in flight; when the caller names none, ``default_parallel``:
-  ``PARALLEL_PER_CORE`` per core this process may run on (``os.sched_getaffinity``), at most
-  ``PARALLEL_CAP`` — a job spends much of its wall time waiting on the daemon, not on a core;
+- at most ``parallel`` jobs are in flight; when the caller names none, a limit that starts at
+  ``default_parallel()`` and moves with each window's CPU busy share and throughput, between
+  one per core and ``PARALLEL_CAP`` (``pacing.py``: the rule; ``paced.py``: its shell);
 - optionally, a budget of the caller's own (``host_memory_bytes``, ``host_cpus``): the summed
   ``limits.memory_bytes`` / ``limits.cpus`` of this batch's jobs in flight stay within it (a
   batch that must leave room for others). Off by default: the supervisor already admits;
@@ -26,15 +26,13 @@ Failures are per job: an ``SbxError`` (or any other exception) of one run become
 error result (the error's class and message), and the batch goes on. A supervisor whose hard
 bounds are momentarily used up (``CapacityExhausted``: records or connections, e.g. another
 client shares it) is waited for, with backoff, up to ``capacity_wait_s``. Cancelling
-``run_many`` cancels every run in flight; each
-removes its container (shielded) before the cancellation propagates; jobs not yet started
-never start.
+``run_many`` cancels every run in flight; each removes its container (shielded) before the
+cancellation propagates; jobs not yet started never start.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +41,15 @@ from typing import Protocol
 import msgspec
 import trio
 
+from sbxkit._consumers.paced import (
+    PARALLEL_CAP,
+    PARALLEL_PER_CORE,
+    PacedLimit,
+    PaceStep,
+    Pacing,
+    default_parallel,
+)
+from sbxkit._consumers.pacing import Pacer
 from sbxkit._lifecycle.owner import Owner
 from sbxkit._model.call_checks import check_stdin
 from sbxkit._model.result import RunResult
@@ -68,6 +75,8 @@ __all__ = [
     "JobId",
     "JobResult",
     "Need",
+    "PaceStep",
+    "Pacing",
     "default_parallel",
     "need_of",
     "run_many",
@@ -307,6 +316,10 @@ async def _run_job(
         delay = min(delay * 2, ceiling)
 
 
+def _unchanged(parallel: int) -> None:
+    pass
+
+
 async def _cold(index: int, job: Job, backend: Backend) -> RunResult:
     return await backend.run_once(job.spec, job.stdin)
 
@@ -317,11 +330,12 @@ async def _job_runner(
     pool_backend: Callable[[], Backend],
     jobs: Sequence[Job],
     parallel: int,
-) -> AsyncIterator[JobRunner]:
+) -> AsyncIterator[tuple[JobRunner, Callable[[int], None]]]:
     """How the batch runs a job: cold, from the caller's pool, or from a pool per shape
-    opened (and closed) here."""
+    opened (and closed) here; and what follows a new in-flight limit (the pools per shape
+    park no more than it)."""
     if pool is None:
-        yield _cold
+        yield _cold, _unchanged
         return
     if isinstance(pool, Pool):
         # The pool parks no more than this batch's jobs still to claim (Pool.batch).
@@ -330,7 +344,7 @@ async def _job_runner(
             async def claim(index: int, job: Job, backend: Backend) -> RunResult:
                 return await batch.run(index, job.spec, job.stdin)
 
-            yield claim
+            yield claim, _unchanged
         return
     backend = pool_backend()
     assert isinstance(backend, DockerBackend)  # run_many refused any other
@@ -340,22 +354,7 @@ async def _job_runner(
         async def claim_by_shape(index: int, job: Job, backend: Backend) -> RunResult:
             return await pools.run(index, job.spec, job.stdin, backend)
 
-        yield claim_by_shape
-
-
-PARALLEL_PER_CORE = 4
-"""Jobs in flight per core when the caller names no ``parallel`` (README.md, harness mode,
-has the figures that chose it)."""
-PARALLEL_CAP = 64
-"""... and never more than this many: each one in flight holds a container and its memory."""
-
-
-def default_parallel(cores: int | None = None) -> int:
-    """``PARALLEL_PER_CORE`` per core (``cores``, else those this process may run on), at
-    least one core's worth and at most ``PARALLEL_CAP``."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(PARALLEL_PER_CORE, min(PARALLEL_CAP, PARALLEL_PER_CORE * (cores or 1)))
+        yield claim_by_shape, pools.set_parallel
 
 
 @plain_async  # its nursery's errors (and Ctrl-C) leave as themselves, not as a group
@@ -376,11 +375,15 @@ async def run_many(
     pool: Pool | PoolPerShape | None = None,
     cluster: ClusterRunner | None = None,
     ahead: int | None = None,
+    pacing: Pacing | None = None,
 ) -> list[JobResult]:
     """Run every job once, at most ``parallel`` at a time (and within ``host_memory_bytes`` /
     ``host_cpus`` of summed limits, when given: this batch's own share of the host).
-    ``parallel`` None: ``default_parallel()``, from the host's cores (required with
-    ``cluster``, whose nodes' cores are not this host's).
+    ``parallel`` None: a limit that starts at ``default_parallel()``, from the host's cores,
+    and moves with the host's CPU busy share and the batch's throughput, window by window
+    (sbxkit/_consumers/pacing.py; ``pacing`` injects the CPU reading, bounds the limit and
+    hears each move). ``parallel`` is required with ``cluster``, whose nodes' cores are not
+    this host's; a ``parallel`` given is the limit for the whole batch.
 
     Returns one ``JobResult`` per job, in input order; ``on_result`` (synchronous) is called
     with each as it completes, ``on_start`` with a job's id as the batch starts it.
@@ -436,11 +439,15 @@ async def run_many(
             host_memory_bytes=host_memory_bytes,
             host_cpus=host_cpus,
         )
+    pacer: Pacer | None = None
     if parallel is None:
         if cluster is not None:
             reason = "give it with cluster=: this host's cores say nothing of the cluster's"
             raise SpecError("parallel", reason)
-        parallel = default_parallel()
+        pacer = (pacing if pacing is not None else Pacing()).pacer()
+        parallel = pacer.limit
+    elif pacing is not None:
+        raise SpecError("pacing", "adapts a batch without parallel; a parallel given is fixed")
     admission = Admission(parallel, caller_budget(host_memory_bytes, host_cpus))
     if isinstance(pool, PoolPerShape):
         pool.check()
@@ -464,7 +471,20 @@ async def run_many(
         return await cluster.run_jobs(batch)
 
     async def dispatch(backend_for_job: Callable[[], Backend]) -> list[JobResult]:
-        async with _job_runner(pool, backend_for_job, job_list, parallel) as runner:
+        async with _job_runner(pool, backend_for_job, job_list, admission.parallel) as (
+            runner,
+            resize,
+        ):
+
+            def set_limit(limit: int) -> None:
+                admission.parallel = limit
+                resize(limit)  # the pools per shape park for the limit in force
+
+            pace = (
+                None
+                if pacer is None
+                else PacedLimit(pacer, pacing if pacing is not None else Pacing(), set_limit)
+            )
             return await _dispatch(
                 backend_for_job,
                 job_list,
@@ -475,6 +495,7 @@ async def run_many(
                 on_start,
                 runner,
                 ahead,
+                pace,
             )
 
     if backend is not None:
@@ -515,12 +536,18 @@ async def _dispatch(
     on_start: StartCallback | None,
     runner: JobRunner,
     ahead: int | None = None,
+    pace: PacedLimit | None = None,
 ) -> list[JobResult]:
     results: list[JobResult | None] = [None] * len(jobs)
     earliest = [0]  # the first index without a result
     begun = trio.current_time()
     freed = [trio.Event()]
+    dispatched = [0]  # jobs the dispatcher has started
     callback_error: list[BaseException] = []
+
+    def wake() -> None:
+        freed[0].set()
+        freed[0] = trio.Event()
 
     async with trio.open_nursery() as nursery:
 
@@ -536,26 +563,28 @@ async def _dispatch(
                     done = JobResult(id=job.id, result=outcome)
             finally:
                 admission.release(need)
-                freed[0].set()
-                freed[0] = trio.Event()
+                wake()
             done = msgspec.structs.replace(
                 done, queued_s=started - begun, started_at=started, finished_at=finished
             )
             results[index] = done
             while earliest[0] < len(results) and results[earliest[0]] is not None:
                 earliest[0] += 1
-            if on_result is not None:
-                try:
+            try:
+                if pace is not None and pace.job_done(queue_left=dispatched[0] < len(jobs)):
+                    wake()  # a higher limit: the head of the queue may start now
+                if on_result is not None:
                     on_result(done)
-                except Exception as exc:
-                    callback_error.append(exc)
-                    nursery.cancel_scope.cancel()
+            except Exception as exc:
+                callback_error.append(exc)
+                nursery.cancel_scope.cancel()
 
         for index, (job, need) in enumerate(zip(jobs, needs, strict=True)):
             while ahead is not None and index - earliest[0] >= ahead:
                 await freed[0].wait()
             while not admission.admit(need):
                 await freed[0].wait()
+            dispatched[0] += 1
             if on_start is not None:
                 on_start(job.id)
             nursery.start_soon(work, index, job, need, trio.current_time())

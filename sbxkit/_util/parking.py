@@ -95,6 +95,15 @@ class ParkingBudget:
         """``poke()`` whenever room is given back."""
         self._listeners.append(poke)
 
+    def resize(self, total: int) -> None:
+        """A new bound (a batch's in-flight limit moved). Lower than what is held: no more is
+        taken until enough is given back; higher: the listeners are told of the room."""
+        grew = total > self.total
+        self.total = total
+        if grew:
+            for poke in self._listeners:
+                poke()
+
     def take(self) -> bool:
         if self.held >= self.total:
             return False

@@ -76,6 +76,8 @@ WHERE: dict[str, str] = {
     "Job": "sbxkit._consumers.harness",
     "JobError": "sbxkit._consumers.harness",
     "JobResult": "sbxkit._consumers.harness",
+    "PaceStep": "sbxkit._consumers.paced",
+    "Pacing": "sbxkit._consumers.paced",
     "LEASE_LABEL": "sbxkit._plan.policy",
     "Limits": "sbxkit._model.spec",
     "MiB": "sbxkit._model.spec",

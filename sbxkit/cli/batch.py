@@ -11,7 +11,8 @@ and the exit status is 2.
 
 Output: one JSON object per line and per job, in completion order (``--order input``: in the
 jobs' order, a line held while a job before it runs; locally no job starts more than 4 ×
-``--parallel`` places after the earliest one running, which bounds what is held) — the shape
+``--parallel`` places after the earliest one running, 4 × ``PARALLEL_CAP`` without it, which
+bounds what is held) — the shape
 ``sbxkit run --json`` prints, ``id`` first (sbxkit/_grammar/result_doc.py, docs/cli.md):
 ``status`` (``exited``, ``timed_out``, ``output_exceeded``, ``oom_killed``, ``killed``,
 ``disk_exceeded``, or ``error``), ``exit_code``, ``stdout``/``stderr`` (UTF-8 with replacement;
@@ -144,8 +145,9 @@ MAX_JOBS_BYTES = 256 * 1024 * 1024
 """Every job is decoded before anything runs, so the jobs file is held in memory: 256 MiB."""
 PROGRESS_INTERVAL_S = 0.5
 ORDER_AHEAD = 4
-"""``--order input``: no job starts more than 4 × ``--parallel`` places after the earliest one
-still running, so at most that many lines wait for it (a local batch's bound)."""
+"""``--order input``: no job starts more than 4 × ``--parallel`` (without it, 4 ×
+``PARALLEL_CAP``: the adaptive limit may climb that far) places after the earliest one still
+running, so at most that many lines wait for it (a local batch's bound)."""
 DESCRIPTION = (
     "Run a JSONL file of jobs in parallel, one result line per job appended to RESULTS; ids "
     "already there are skipped, so the same command resumes."
@@ -269,9 +271,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help=f"at most N sandboxes at once (default {PARALLEL_PER_CORE} per core of this host, "
-        f"at most {PARALLEL_CAP}: {default_parallel()} here; with --ray: as many "
-        "as the accepted nodes advertise)",
+        help=f"at most N sandboxes at once, fixed (default: adaptive, from "
+        f"{PARALLEL_PER_CORE} per core of this host, {default_parallel()} here, moving with "
+        f"the host's CPU busy share and the batch's throughput between one per core and "
+        f"{PARALLEL_CAP}; with --ray: as many as the accepted nodes advertise)",
     )
     parser.add_argument(
         "--ray",
@@ -317,7 +320,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="completion",
         help="completion (default): each line as its job completes; input: in the jobs' "
         f"order (a line waits while an earlier job runs; no job starts more than "
-        f"{ORDER_AHEAD} x --parallel places after the earliest one running)",
+        f"{ORDER_AHEAD} x --parallel, or {ORDER_AHEAD} x {PARALLEL_CAP} without it, places "
+        "after the earliest one running)",
     )
     add_output_encoding(parser)
     parser.add_argument(
@@ -362,7 +366,7 @@ async def run_batch(
     writer: ResultsWriter,
     progress: Progress,
     *,
-    parallel: int,
+    parallel: int | None,
     memory_budget: int | None,
     cpu_budget: float | None,
     backend: Backend | None,
@@ -376,7 +380,8 @@ async def run_batch(
     the batch (every run removes its container first) and raise Interrupted. ``pool_options``
     pre-start containers of each shape of the batch to claim, ``size`` per shape at most and
     ``parallel`` in all (docs/pool.md). ``cluster`` runs them on a Ray cluster instead (every
-    attempt gets a line, docs/cluster.md). ``order`` writes the lines in the jobs' order
+    attempt gets a line, docs/cluster.md). ``parallel`` None: ``run_many``'s adaptive limit
+    (locally; a cluster needs one). ``order`` writes the lines in the jobs' order
     (``--order input``); ``encoding`` is the output's in them (``--output-encoding``)."""
 
     def on_result(done: JobResult) -> None:
@@ -423,18 +428,19 @@ async def run_batch(
                 on_start=progress.start,
                 backend=backend,
                 pool=pool,
-                ahead=None if order is None else ORDER_AHEAD * parallel,
+                ahead=None if order is None else ORDER_AHEAD * (parallel or PARALLEL_CAP),
             )
 
     await cancel_on_signals(work, *([tick] if progress.enabled else []))
 
 
 def batch_pool(args: argparse.Namespace, profile: Profile | None) -> PoolOptions | None:
-    """The profile's ``[sandbox.docker.pool]``, or ``--pool`` (a pool of ``--parallel``)."""
+    """The profile's ``[sandbox.docker.pool]``, or ``--pool`` (a pool of ``--parallel``; without
+    it, of the batch's limit in force, which moves: ``PARALLEL_CAP`` per shape at most)."""
     configured = profile.sandbox.docker.pool if profile is not None else None
     if configured is not None:
         return configured
-    return PoolOptions(size=args.parallel) if args.pool else None
+    return PoolOptions(size=args.parallel or PARALLEL_CAP) if args.pool else None
 
 
 def refuse_beside_ray(args: argparse.Namespace, profile: Profile | None) -> None:
@@ -476,9 +482,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     else:
         if profile is not None:
             check_host_files(profile)  # else every line would fail on it, one by one
-        args.parallel = args.parallel or default_parallel()
-        # --parallel bounds the containers that exist, as run_many's own backend does; and a
-        # batch that printed its summary has left nothing behind, not even for a moment.
+        # --parallel (or the adaptive limit) bounds the containers that exist, as run_many's
+        # own backend does; and a batch that printed its summary has left nothing behind.
         backend = cli_backend(
             profile, socket_path=args.socket, settings=settings, wait_for_removal=True
         )
@@ -513,7 +518,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 pending,
                 writer,
                 progress,
-                parallel=args.parallel or CLUSTER_PARALLEL,
+                parallel=(args.parallel or CLUSTER_PARALLEL)
+                if args.ray is not None
+                else args.parallel,
                 memory_budget=memory_budget,
                 cpu_budget=cpu_budget,
                 backend=backend,

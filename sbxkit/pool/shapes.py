@@ -8,7 +8,8 @@ batch goes on. The sizes are ``pool_sizes``'s (``sizing.py``): the shapes of the
 ``parallel`` jobs still to start, at most ``size`` per shape. One ``ParkingBudget`` of
 ``parallel`` bounds them all: the containers the pools hold unclaimed (being created, parked,
 being removed) never exceed the batch's parallelism, even while one shape's pool shrinks as
-another's grows.
+another's grows. A batch whose limit moves (``run_many`` without ``parallel``) calls
+``set_parallel``: the sizes and the budget follow the limit in force.
 
 A job claims a parked container of its own shape when one is there and runs cold otherwise:
 no job waits for a refill. Jobs a pool cannot serve (a command starting with ``-``, a time
@@ -131,6 +132,13 @@ class ShapePools:
         for key, size in sizes.items():
             if key not in self.pools and key not in self._refused:
                 self._open(key, size)
+
+    def set_parallel(self, parallel: int) -> None:
+        """The batch's in-flight limit moved (an adaptive batch): park for the new one."""
+        self.parallel = min(parallel, MAX_POOL_SIZE)
+        self.per_shape = min(self.options.size or parallel, self.parallel)
+        self.budget.resize(self.parallel)
+        self.rebalance()
 
     def _leave(self, index: int) -> None:
         key = self._pending.pop(index, None)

@@ -166,6 +166,23 @@ def test_order_input_writes_the_lines_in_the_jobs_order_with_every_byte(
     assert witness.containers(label=f"{TEST_LABEL}={label}") == []
 
 
+def test_a_batch_without_parallel_runs_every_job_under_its_adaptive_limit(
+    witness: Witness, busybox: str, tmp_path: Path, batch_path: list[str]
+) -> None:
+    """No ``--parallel``: the limit adapts (to the host's real load here, so only what no load
+    can change is checked): every job has its line, in order, and nothing is left."""
+    label = unique("adaptive")
+    lines = [job(i, busybox, f"echo {i}", label) for i in range(24)]
+    jobs = write_jobs(tmp_path / "jobs.jsonl", lines)
+    out = tmp_path / "results.jsonl"
+    proc = batch(witness, jobs, out, "--order", "input", *batch_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()
+    docs = result_lines(out)
+    assert [doc["id"] for doc in docs] == list(range(24))
+    assert [doc["stdout"] for doc in docs] == [f"{i}\n" for i in range(24)]
+    assert witness.containers(label=f"{TEST_LABEL}={label}") == []
+
+
 def test_resume_reruns_exactly_the_jobs_without_a_line(
     witness: Witness, busybox: str, tmp_path: Path, batch_path: list[str]
 ) -> None:

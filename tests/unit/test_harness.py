@@ -29,6 +29,7 @@ from sbxkit._consumers.harness import (
     need_of,
     run_many,
 )
+from sbxkit._consumers.paced import Pacing
 from sbxkit._grammar.result_doc import ErrorDoc, ErrorResultDoc
 from sbxkit._model.result import PhaseTimings, RunResult
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
@@ -271,10 +272,14 @@ def test_the_default_parallelism_follows_the_cores(cores: int | None, expected: 
     assert default_parallel(cores) == expected
 
 
-async def test_run_many_without_parallel_runs_the_cores_worth_at_once(
+async def test_run_many_without_parallel_starts_with_the_cores_worth_at_once(
     fake: FakeRunner, autojump_clock: trio.testing.MockClock
 ) -> None:
-    results = await run_many(jobs_of(3 * default_parallel()), backend=backend_of(fake))
+    from tests.unit.test_pacing import ScriptedCpu  # saturated cores: the limit never rises
+
+    pacing = Pacing(cpu=ScriptedCpu([1.0]))
+    jobs = jobs_of(3 * default_parallel())
+    results = await run_many(jobs, backend=backend_of(fake), pacing=pacing)
     assert fake.peak == default_parallel()
     assert all(r.ok for r in results)
 

@@ -104,3 +104,36 @@ def test_a_batch_parks_at_most_its_parallelism_and_a_pools_ceiling() -> None:
     narrow = ShapePools(backend, specs, parallel=4, options=PoolPerShape(size=2))
     assert (wide.budget.total, wide.per_shape) == (MAX_POOL_SIZE, MAX_POOL_SIZE)
     assert (narrow.budget.total, narrow.per_shape) == (4, 2)
+
+
+def test_a_parking_budget_resized_pokes_only_when_it_grows() -> None:
+    budget = ParkingBudget(2)
+    pokes: list[int] = []
+    budget.listen(lambda: pokes.append(budget.total))
+    assert [budget.take(), budget.take()] == [True, True]
+    budget.resize(1)  # below what is held: nothing more until enough is given back
+    assert pokes == []
+    budget.give_back()
+    assert not budget.take()
+    budget.resize(3)
+    assert pokes == [1, 3]
+    assert [budget.take(), budget.take(), budget.take()] == [True, True, False]
+
+
+def test_a_batchs_pools_follow_its_limit_as_it_moves() -> None:
+    backend = DockerBackend(socket_path="/nonexistent/docker.sock")  # never contacted
+    pools = ShapePools(backend, [SPEC] * 40, parallel=8, options=PoolPerShape())
+    sizes: list[tuple[int, int, int]] = []
+    pools.rebalance = lambda: sizes.append(  # type: ignore[method-assign]
+        (pools.parallel, pools.per_shape, pools.budget.total)
+    )
+    pools.set_parallel(12)
+    pools.set_parallel(3)
+    pools.set_parallel(1000)
+    assert sizes == [(12, 12, 12), (3, 3, 3), (MAX_POOL_SIZE, MAX_POOL_SIZE, MAX_POOL_SIZE)]
+    sized = ShapePools(backend, [SPEC] * 40, parallel=8, options=PoolPerShape(size=5))
+    sized.rebalance = lambda: None  # type: ignore[method-assign]
+    sized.set_parallel(12)
+    assert (sized.per_shape, sized.budget.total) == (5, 12)
+    sized.set_parallel(3)
+    assert (sized.per_shape, sized.budget.total) == (3, 3)
