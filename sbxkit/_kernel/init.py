@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sbxkit._kernel.memevents import EventReads, hierarchical_events, kills_since, oom_kill_count
+from sbxkit._kernel.memevents import (
+    EventReads,
+    hierarchical_events,
+    kills_since,
+    lasting_parent,
+    oom_kill_count,
+)
 from sbxkit._kernel.pidfd import (
     exit_status,
     open_pidfd,
@@ -86,9 +92,9 @@ class OomWatch:
     cgroup was still there, else either; 2 or more, an OOM. Where that cannot decide (the
     registration failed) the ``oom_kill`` count is read at the exit, if still there. On v2
     (no eventfd) ``memory.events`` is watched while the init's exit is waited for
-    (``EventsWatch``)."""
+    (``EventsWatch``); ``container_id`` names the groups that go with the container."""
 
-    def __init__(self, cgroups: str) -> None:
+    def __init__(self, cgroups: str, container_id: str | None = None) -> None:
         found = memory_cgroup_of(cgroups) if cgroups else None
         self.directory = found[0] if found else None
         v1 = found is not None and found[1] == "v1"
@@ -99,7 +105,7 @@ class OomWatch:
         if found is not None and v1:
             self.eventfd = _register_oom_eventfd(found[0])
         elif found is not None:
-            self.events = EventsWatch(found[0])
+            self.events = EventsWatch(found[0], lasting_parent(found[0], container_id))
         self._events: int | None = None
         self._count: int | None = None
         self._alive = False
@@ -172,10 +178,11 @@ class EventsWatch:
     while the init's exit is waited for (a change wakes a poll for ``POLLPRI``), and after the
     exit with its parent's again. ``kills`` decides on those reads (``memevents.kills_since``):
     the cgroup is usually gone by the exit, and then the last count seen, or the parent's
-    unchanged count, tells."""
+    unchanged count, tells. ``parent``: the ancestor read (``memevents.lasting_parent``; the
+    direct parent if not given)."""
 
-    def __init__(self, directory: str) -> None:
-        self.parent = f"{os.path.dirname(directory)}/memory.events"
+    def __init__(self, directory: str, parent: str | None = None) -> None:
+        self.parent = f"{parent or os.path.dirname(directory)}/memory.events"
         self.fd: int | None = None
         self.poller: select.epoll | None = None
         self.last: int | None = None
@@ -300,10 +307,12 @@ class ContainerInit:
     """The container's init process, held as a pidfd; ``close`` releases it. ``oom``: what
     its memory cgroup tells the host about OOM kills in the sandbox (``OomWatch``)."""
 
-    def __init__(self, pidfd: int, pid: int, cgroups: str = "") -> None:
+    def __init__(
+        self, pidfd: int, pid: int, cgroups: str = "", container_id: str | None = None
+    ) -> None:
         self.pidfd = pidfd
         self.pid = pid
-        self.oom = OomWatch(cgroups)
+        self.oom = OomWatch(cgroups, container_id)
 
     async def oom_kills_since(self) -> int | None:
         """OOM kills in the sandbox while it ran; None when only the daemon can tell."""
@@ -326,7 +335,7 @@ class ContainerInit:
                 raise InitUnverified(f"pid {pid}: {exc.strerror}") from None
             if container_id not in groups:
                 raise InitUnverified(f"pid {pid} is not in the container's cgroup")
-            init = cls(pidfd, pid, groups)
+            init = cls(pidfd, pid, groups, container_id)
         except BaseException:
             os.close(pidfd)
             raise
@@ -336,7 +345,7 @@ class ContainerInit:
         return init
 
     @classmethod
-    def adopt(cls, pidfd: int) -> ContainerInit:
+    def adopt(cls, pidfd: int, container_id: str | None = None) -> ContainerInit:
         """A pidfd verified by someone else (a pool's parked container, handed over): its
         pid and memory cgroup are read again, for the OOM-kill count."""
         pid, groups = 0, ""
@@ -348,7 +357,7 @@ class ContainerInit:
             if pid > 0:
                 with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as file:
                     groups = file.read()
-        init = cls(pidfd, pid, groups if pid > 0 and still_running(pidfd) else "")
+        init = cls(pidfd, pid, groups if pid > 0 and still_running(pidfd) else "", container_id)
         return init
 
     def running(self) -> bool:

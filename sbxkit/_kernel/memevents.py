@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EventReads", "hierarchical_events", "kills_since", "oom_kill_count", "parse_events"]
+__all__ = [
+    "EventReads",
+    "hierarchical_events",
+    "kills_since",
+    "lasting_parent",
+    "oom_kill_count",
+    "parse_events",
+]
 
 LOCAL_EVENTS_OPTION = "memory_localevents"
 
@@ -52,6 +59,16 @@ def hierarchical_events(mountinfo: str, has_local_events: bool) -> bool:
         if fields[4] == "/sys/fs/cgroup" and fs_fields[0] == "cgroup2":
             return LOCAL_EVENTS_OPTION not in fs_fields[2].split(",")
     return False
+
+
+def lasting_parent(directory: str, container_id: str | None) -> str:
+    """The cgroup above ``directory`` whose count is read at the exit: the nearest ancestor
+    above every component named after the container, which goes with it (under the systemd
+    driver runc's group is the ``docker-ID.scope``, crun's a ``container`` child of it: the
+    slice above outlives both); the direct parent when no component names it."""
+    parts = directory.rstrip("/").split("/")
+    named = [index for index, part in enumerate(parts) if container_id and container_id in part]
+    return "/".join(parts[: named[0] if named else -1]) or "/"
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ async def _hand_over(engine: Engine, owner: SupervisedOwner, claimed: Claimed, l
     if fds:  # the kernel path: the claim line goes into its ``in`` FIFO
         async with KernelIO.of(HostEnds(*fds[:3])) as io:
             if len(fds) == 4:
-                io.init = ContainerInit.adopt(fds[3])
+                io.init = ContainerInit.adopt(fds[3], claimed.container_id)
             await io.stdin.send_all(line)
         return
     attach = await engine.container_attach(claimed.container_id, stdin=True)
@@ -312,7 +312,7 @@ async def claimed_transport(
         io = KernelIO.of(HostEnds(*fds[:3]))
         exited: Exited
         if claimed.evidence == "kernel" and len(fds) == 4:
-            io.init = ContainerInit.adopt(fds[3])
+            io.init = ContainerInit.adopt(fds[3], container_id)
             exited = io.init.exited
         else:
             waiter = await engine.container_wait(container_id, "next-exit")

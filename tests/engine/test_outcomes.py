@@ -435,15 +435,7 @@ async def test_an_image_with_a_volume_is_refused_and_nothing_runs(
     assert not witness.image_exists(reference)
 
 
-CRUN_ON_V2 = pytest.mark.xfail(
-    os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
-    reason="known gap: under crun on cgroup v2 (systemd driver) the init is not found in the "
-    "learned cgroup's process list and each run asks State.Pid instead (docs/backends.md)",
-    strict=True,
-)
-
-
-@pytest.mark.parametrize("named", ["runc", pytest.param("crun", marks=CRUN_ON_V2)])
+@pytest.mark.parametrize("named", ["runc", "crun"])
 async def test_a_cold_runs_init_is_found_on_the_host_once_the_layout_is_known(
     engine: Engine, busybox: str, monkeypatch: pytest.MonkeyPatch, named: str
 ) -> None:

@@ -7,7 +7,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from sbxkit._kernel.initpid import init_pid_on_host, learn_cgroup_layout, pick_init
+from sbxkit._kernel.init import memory_cgroup_of
+from sbxkit._kernel.initpid import (
+    cgroup_layout_known,
+    init_pid_on_host,
+    learn_cgroup_layout,
+    pick_init,
+)
 
 FIRST, SECOND = "a" * 64, "b" * 64
 
@@ -61,3 +67,28 @@ def test_each_runtime_has_its_own_layout(tmp_path: Path) -> None:
     assert init_pid_on_host(socket, "crun", SECOND) == os.getpid()
     assert init_pid_on_host(socket, "runc", SECOND) is None  # runc's layout: the empty scope
     assert init_pid_on_host(socket, None, SECOND) is None  # the default's: not learned yet
+
+
+def test_the_layouts_seen_on_cgroup_v2_are_learned_and_picked(tmp_path: Path) -> None:
+    """As the v2 cell showed them (Docker 20.10, systemd driver, kernel 7.2): runc's init and
+    shell in the scope, crun's in its ``container`` child with the scope empty; the init is
+    docker-init, whose parent (the shim) is outside, the shell its child."""
+    runc_line = f"0::/system.slice/docker-{FIRST}.scope\n"
+    crun_line = f"0::/system.slice/docker-{FIRST}.scope/container\n"
+    runc_dir, crun_dir = memory_cgroup_of(runc_line), memory_cgroup_of(crun_line)
+    assert runc_dir == (f"/sys/fs/cgroup/system.slice/docker-{FIRST}.scope", "v2")
+    assert crun_dir == (f"/sys/fs/cgroup/system.slice/docker-{FIRST}.scope/container", "v2")
+    assert pick_init([1027, 1039], {1027: 1005, 1039: 1027}) == 1027  # runc: init, sh
+    assert pick_init([1250, 1253], {1250: 1238, 1253: 1250}) == 1250  # crun: init, sh
+    socket = f"/run/test-v2-{os.getpid()}.sock"
+    root = str(tmp_path)
+    learn_cgroup_layout(socket, "crun", crun_dir[0].replace("/sys/fs/cgroup", root), FIRST)
+    learn_cgroup_layout(socket, "runc", runc_dir[0].replace("/sys/fs/cgroup", root), FIRST)
+    assert cgroup_layout_known(socket, "crun")
+    assert cgroup_layout_known(socket, "runc")
+    scope = tmp_path / "system.slice" / f"docker-{SECOND}.scope"
+    (scope / "container").mkdir(parents=True)
+    (scope / "cgroup.procs").write_text("")
+    (scope / "container" / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    assert init_pid_on_host(socket, "crun", SECOND) == os.getpid()
+    assert init_pid_on_host(socket, "runc", SECOND) is None

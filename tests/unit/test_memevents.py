@@ -16,6 +16,7 @@ from sbxkit._kernel.memevents import (
     EventReads,
     hierarchical_events,
     kills_since,
+    lasting_parent,
     oom_kill_count,
     parse_events,
 )
@@ -163,3 +164,35 @@ async def test_a_v2_init_waits_with_its_memory_events_watched() -> None:
         assert await watch.kills() is None
     finally:
         watch.close()
+
+
+RUNC_V2 = f"/sys/fs/cgroup/system.slice/docker-{'a' * 64}.scope"
+CRUN_V2 = f"{RUNC_V2}/container"
+
+
+def test_the_parent_read_at_the_exit_outlives_the_container() -> None:
+    """Under the systemd driver runc's group is the container's scope and crun's a
+    ``container`` child of it; the scope goes with the container, so both read the slice."""
+    slice_ = "/sys/fs/cgroup/system.slice"
+    assert lasting_parent(RUNC_V2, "a" * 64) == slice_
+    assert lasting_parent(CRUN_V2, "a" * 64) == slice_
+    assert lasting_parent(f"/sys/fs/cgroup/docker/{'a' * 64}", "a" * 64) == "/sys/fs/cgroup/docker"
+    assert lasting_parent(CRUN_V2, None) == RUNC_V2  # no id (nothing to tell): the direct parent
+    assert lasting_parent(CRUN_V2, "b" * 64) == RUNC_V2
+    assert lasting_parent(f"/{'a' * 64}", "a" * 64) == "/"
+
+
+def test_crun_watches_the_slice_not_its_own_scope() -> None:
+    """``OomWatch`` with the container's id reads the slice above crun's scope at the exit."""
+    watch = OomWatch(f"0::{CRUN_V2.removeprefix('/sys/fs/cgroup')}\n", "a" * 64)
+    try:
+        assert watch.events is not None
+        assert watch.events.parent == "/sys/fs/cgroup/system.slice/memory.events"
+    finally:
+        watch.close()
+    bare = OomWatch(f"0::{CRUN_V2.removeprefix('/sys/fs/cgroup')}\n")
+    try:
+        assert bare.events is not None
+        assert bare.events.parent == f"{RUNC_V2}/memory.events"
+    finally:
+        bare.close()
