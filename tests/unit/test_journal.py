@@ -407,6 +407,15 @@ def test_a_failed_fsync_leaves_neither_temp_nor_record(
     assert os.listdir(state.path) == []
 
 
+async def serve_a_created_lease(journal: Journal, nursery: trio.Nursery) -> None:
+    """Start ``journal``'s worker in ``nursery``; journal LEASE_A's creating record, then its
+    created one."""
+    nursery.start_soon(journal.serve)
+    first = record()
+    await journal.write(first)
+    await journal.write(rec.created(first, "f" * 64))
+
+
 async def test_the_journal_counter_matches_the_real_fsyncs(
     state: StateDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -414,10 +423,7 @@ async def test_the_journal_counter_matches_the_real_fsyncs(
     spy = FsyncSpy(monkeypatch)
     journal = Journal(state)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(journal.serve)
-        first = record()
-        await journal.write(first)
-        await journal.write(rec.created(first, "f" * 64))
+        await serve_a_created_lease(journal, nursery)
         await journal.delete(LEASE_A)
         nursery.cancel_scope.cancel()
     assert spy.fsyncs == 5
@@ -432,10 +438,7 @@ async def test_a_delete_not_durable_yet_waits_for_the_next_directory_fsync(
     its own: the next write's directory fsync, after the unlink, makes it durable."""
     journal = Journal(state)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(journal.serve)
-        first = record()
-        await journal.write(first)
-        await journal.write(rec.created(first, "f" * 64))
+        await serve_a_created_lease(journal, nursery)
         spy = FsyncSpy(monkeypatch)
         await journal.delete(LEASE_A, durable=False)
         assert os.listdir(state.path) == []
