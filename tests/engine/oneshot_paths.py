@@ -79,12 +79,14 @@ async def held_run(
     spec = _labelled(spec)
     parked, started = True, True
     try:
-        await backend.warm(spec)
-    except PoolUnavailable:
-        parked = False  # e.g. an image without /bin/sh: the run goes cold
-    except Exception:
-        parked = started = False  # e.g. a missing image: the claim runs cold and meets it
-    try:
+        # A cancel can land in the warm-up (a slow machine parks the container, which the
+        # test sees running, before the poll that says so): the pool is ended all the same.
+        try:
+            await backend.warm(spec)
+        except PoolUnavailable:
+            parked = False  # e.g. an image without /bin/sh: the run goes cold
+        except Exception:
+            parked = started = False  # e.g. a missing image: the claim runs cold and meets it
         result = await backend.run_once(spec, stdin, on_output=on_output)
     finally:
         if started:
