@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import re
 import select
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -120,6 +121,8 @@ PODMAN_HINTS: dict[str, str] = {
 
 
 _END = h11.EndOfMessage()  # immutable: one for every request
+_TARGET = re.compile(rb"[!-~]+")
+"""A request target h11 would accept: visible ASCII, no space or control byte."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -316,12 +319,16 @@ class Transport:
     def _request_events(
         method: str, target: str, body: bytes | None, headers: Headers
     ) -> list[h11.Event]:
-        # The fixed headers were validated by h11 once (``_checked_headers``); what changes
-        # per call — the length we compute, the method and the target — h11 still checks.
+        # The fixed headers were validated by h11 once (``_checked_headers``). ``_parsed``
+        # skips h11's own checks, so the target (which carries names a caller typed) is
+        # checked here; the method is one of this module's constants, the length ours.
+        raw_target = target.encode("ascii")
+        if not _TARGET.fullmatch(raw_target):
+            raise h11.LocalProtocolError(f"illegal request target {target!r}")
         length = str(len(body)).encode() if body is not None else b"0"
         request = h11.Request(
             method=method.encode("ascii"),
-            target=target.encode("ascii"),
+            target=raw_target,
             headers=[*_checked_headers(tuple(headers)), (b"Content-Length", length)],
             _parsed=True,
         )
