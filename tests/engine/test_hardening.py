@@ -294,20 +294,24 @@ def assert_oom_outcome(result: RunResult, podman: bool) -> None:
 async def test_a_large_python_allocation_is_oom_killed(
     oneshot: OneShot, runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
+    # 32 MiB step by step, then one 64 MiB block: a loop of small steps at the ceiling can
+    # thrash on the container's own file pages instead (btrfs storage: 3 of 10 plain
+    # `docker run`s, docs/security.md), and the run is then the timeout it is.
     code = (
         "chunks = []\n"
-        "while True:\n"
+        "for _ in range(32):\n"
         "    chunks.append(b'x' * (1 << 20))\n"
         "    print(len(chunks), flush=True)\n"
+        "chunks.append(b'x' * (64 << 20))\n"
+        "print('survived', flush=True)\n"
     )
     result = await oneshot(
         python_spec(python_image, code, memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
     assert_oom_outcome(result, witness.is_podman())
-    mib_held = [int(n) for n in text(result.stdout).split()]
-    assert mib_held, result  # it did allocate ...
-    assert max(mib_held) < 64  # ... and died before holding the whole limit
+    # It did allocate, and died in the block that would have held more than the whole limit.
+    assert text(result.stdout).split() == [str(n) for n in range(1, 33)], result
 
 
 async def test_tail_of_dev_zero_is_oom_killed(

@@ -183,8 +183,12 @@ async def test_an_interpreter_killed_by_oom_is_reported_as_such(
         spec(python_image, runtime, memory_bytes=64 * 1024 * 1024), engine=engine
     ) as interp:
         with pytest.raises(InterpreterDied) as died:
+            # One block past the limit, not small steps that can thrash at it (the hardening
+            # test's note).
             await interp.run_code(
-                "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 20))", timeout=15
+                "blocks = [bytearray(1 << 20) for _ in range(32)]\n"
+                "blocks.append(bytearray(64 << 20))",
+                timeout=15,
             )
         if witness.is_podman():
             # Podman 4.3 gives no evidence of an OOM (docs/backends.md): the kill is the
