@@ -51,6 +51,7 @@ import trio
 from bench import common, humaneval
 from bench.harness import ContenderFailed, machine_facts, say
 from bench.suite import LeakCheck, default_python, dockerpy_client, fmt, summarise
+from sbxkit._consumers.pacing import parse_proc_stat
 from sbxkit._kernel.cgroup_stats import parse_counter, parse_keyed
 from sbxkit._kernel.scripts import io_root
 from sbxkit.engine.client import open_engine
@@ -148,9 +149,8 @@ def process_cpu_s(pid: int) -> float:
 
 def machine_s() -> tuple[float, float]:
     """The machine's busy and idle CPU seconds since boot (idle + iowait is idle)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) * TICK_S, idle * TICK_S
+    times = parse_proc_stat(Path("/proc/stat").read_text())
+    return times.busy * TICK_S, (times.total - times.busy) * TICK_S
 
 
 def self_cpu_s() -> float:
