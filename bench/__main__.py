@@ -9,6 +9,8 @@ target was missed: benchmarks measure, tests assert.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from bench import (
     throughput,
     warm_interpreter,
 )
+from bench.suite import RUN_LABEL
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ def main(argv: Sequence[str]) -> int:
         selected = [BENCHMARKS[name]]
     else:
         selected = list(BENCHMARKS.values())
+    # A bench run is a session of its own on a daemon a test suite may share: without a run
+    # label of its own, the suite's witness takes its sandboxes for the suite's leaks and
+    # removes them mid-run. Under the suite (SBXKIT_LABELS already set) the suite's stays.
+    os.environ.setdefault("SBXKIT_LABELS", f"{RUN_LABEL}=bench-{secrets.token_hex(4)}")
     status = 0
     for bench in selected:
         status = max(status, bench.main(_parser(bench).parse_args(args)))

@@ -24,6 +24,9 @@ from bench.harness import say, write_atomically, write_json
 from bench.rawapi import EventWatch, RawEngine
 
 BENCH_LABEL = "sbxkit.bench"
+RUN_LABEL = "sbxkit-test.run"
+"""The label by which a test session's leak witness tells its own sandboxes from another
+session's on a shared daemon (tests/witness.py): a bench run carries a value of its own."""
 T = TypeVar("T")
 
 
