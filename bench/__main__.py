@@ -31,6 +31,7 @@ from bench import (
     streaming,
     supervised,
     throughput,
+    waiting,
     warm_interpreter,
 )
 from bench.suite import RUN_LABEL
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         cluster_parallel,
         network,
         warm_interpreter,
+        waiting,
     )
 }
 """Registered benchmarks, by name; add new modules to the tuple above."""
