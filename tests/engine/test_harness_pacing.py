@@ -9,7 +9,6 @@ import trio
 
 from sbxkit._consumers.harness import Job, JobResult, run_many
 from sbxkit._consumers.paced import PaceStep, Pacing
-from sbxkit._consumers.pacing import HOLD_WINDOWS
 from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import spec, unique
@@ -71,9 +70,12 @@ async def test_the_batch_follows_the_limit_a_scripted_cpu_moves(
 
     limits = [step.after for step in steps]
     assert limits[:2] == [5, 6], steps  # idle: up a quarter, at least one
-    assert min(limits[2 : 2 + HOLD_WINDOWS + 2]) < 6, steps  # saturated: a cut stands
     assert [step.window.busy for step in steps][:3] == [0.2, 0.2, 1.0]
-    assert limits == replay(4, 2, 8, steps)  # the rule's moves for what was measured
+    # Saturated from the third window: a cut, or a raise while more in flight still pays,
+    # as the measured throughput says (tests/unit/test_pacing.py has both, scripted): the
+    # batch makes the rule's moves for what it measured.
+    assert len(steps) > 2, steps
+    assert limits == replay(4, 2, 8, steps)
 
     started = {r.id: r.started_at for r in results}
     most = 0

@@ -115,6 +115,17 @@ def test_a_small_loss_is_noise_not_a_reason_to_undo() -> None:
     assert pacer.observe(Window(busy=0.2, throughput=91.0)) == 15  # within 10 %: up again
 
 
+def test_saturated_cores_still_climb_while_more_in_flight_pays() -> None:
+    """Jobs that wait on busy cores: each raise still brings more than a tenth over the best
+    at any lower limit, so saturation does not stop the climb; once a raise stops paying,
+    saturated cores lower the limit again."""
+    pacer = Pacer(16, floor=1, cap=64)
+    assert pacer.observe(Window(busy=0.5, throughput=100.0)) == 20  # idle: up
+    assert pacer.observe(Window(busy=0.95, throughput=125.0)) == 25  # saturated, paying: up
+    assert pacer.observe(Window(busy=0.95, throughput=140.0)) == 31  # 12 % over 125: up
+    assert pacer.observe(Window(busy=0.95, throughput=145.0)) == 28  # 3.6 %: no longer pays
+
+
 def test_saturation_is_a_busy_share_at_or_above_the_threshold() -> None:
     assert Pacer(16, cap=64).observe(Window(busy=SATURATED, throughput=1.0)) == 14
     assert Pacer(16, cap=64).observe(Window(busy=SATURATED - 0.01, throughput=1.0)) == 20
@@ -335,17 +346,26 @@ async def test_a_cpu_bound_batch_settles_near_where_it_saturates_the_cores(
     assert adaptive <= 1.1 * min(fixed.values()), (adaptive, fixed)
 
 
-async def test_the_limit_follows_a_scripted_cpu(autojump_clock: trio.testing.MockClock) -> None:
-    """Two idle windows, then saturated cores for good: up twice, then down (a cut may be
-    undone and held, but within five windows one stands)."""
-    host = SimHost(cores=2, cpu_s=0.01, wait_s=1.0)
+@pytest.mark.parametrize("climbs", [False, True])
+async def test_the_limit_follows_a_scripted_cpu(
+    autojump_clock: trio.testing.MockClock, climbs: bool
+) -> None:
+    """Two idle windows, then saturated cores for good: up twice, then down where more in
+    flight no longer pays (jobs of 75 ms of CPU: a cut may be undone and held, but within five
+    windows one stands); on up where it still does (jobs of 10 ms that wait 1 s: throughput
+    rises with every raise, whatever the busy share says)."""
+    host = SimHost(cores=2, cpu_s=0.01, wait_s=1.0) if climbs else SimHost(2, 0.075, 0.05)
     steps: list[PaceStep] = []
     script = ScriptedCpu([0.2, 0.2, 1.0])
     pacing = Pacing(cpu=script, on_window=steps.append, start=8, floor=2, cap=PARALLEL_CAP)
     results = await run_many(jobs_of(300), backend=backend_of(host), pacing=pacing)
     limits = [s.after for s in steps]
     assert limits[:2] == [10, 12]
-    assert min(limits[2 : 2 + HOLD_WINDOWS + 2]) < 12
+    if climbs:
+        assert limits == sorted(limits)
+        assert limits[-1] > 12, limits
+    else:
+        assert min(limits[2 : 2 + HOLD_WINDOWS + 2]) < 12, limits
     assert [s.window.busy for s in steps][:4] == [0.2, 0.2, 1.0, 1.0]
     assert limits == replay(8, 2, PARALLEL_CAP, steps)
     assert_never_above_the_limit(results, steps, 8)
