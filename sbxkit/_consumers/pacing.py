@@ -21,8 +21,11 @@ The rule, applied at the end of each window:
    run of small cuts, each within the noise of the one before, must not slide the limit far
    below where throughput was; to the lowest good limit: as many in flight as that throughput
    needs, no more.
-2. Otherwise, **cores with idle time: raise** by a quarter (at least one): more in flight is
-   cheap while the cores are not the bottleneck — an I/O-bound batch climbs to the cap.
+2. Otherwise, **cores with idle time: raise** toward where they would saturate — the limit
+   times ``SATURATED`` over the busy share (which grows about in proportion to the jobs in
+   flight), at least a quarter more (at least one) and at most ``RAISE_AT_MOST`` times: more
+   in flight is cheap while the cores are not the bottleneck — an I/O-bound batch climbs to
+   the cap in a few windows, not one quarter a window.
 3. **Saturated cores (busy share ≥ ``SATURATED``): lower** by an eighth (at least one): on busy
    cores fewer in flight do the same work with less contention, until a cut costs throughput
    and rule 1 puts it back — a CPU-bound batch settles at the knee of its curve. **Unless more
@@ -44,6 +47,7 @@ import msgspec
 __all__ = [
     "HOLD_WINDOWS",
     "MEMORY_WINDOWS",
+    "RAISE_AT_MOST",
     "SATURATED",
     "TOLERANCE",
     "WINDOW_MIN_JOBS",
@@ -59,6 +63,9 @@ SATURATED = 0.9
 """A busy share at or above this: the cores are the bottleneck."""
 TOLERANCE = 0.1
 """A fall in throughput larger than this fraction counts as a loss (windows are noisy)."""
+RAISE_AT_MOST = 2.0
+"""An idle window multiplies the limit by at most this (its estimate of where the cores would
+saturate may be far off: the host's other tenants, a window's noise)."""
 HOLD_WINDOWS = 3
 """Windows the limit stays put after a move was undone."""
 MEMORY_WINDOWS = 16
@@ -164,5 +171,14 @@ class Pacer:
         if window.busy >= SATURATED and not paying:
             self.limit = self._clamp(self.limit - max(1, self.limit // 8))
         else:
-            self.limit = self._clamp(self.limit + max(1, self.limit // 4))
+            self.limit = self._clamp(self._raised(window.busy))
         return self.limit
+
+    def _raised(self, busy: float) -> int:
+        """A quarter more (at least one); on idle cores up to where they would saturate."""
+        step = max(1, self.limit // 4)
+        if busy < SATURATED:
+            # The busy share grows about in proportion to the jobs in flight.
+            toward = int(self.limit * min(RAISE_AT_MOST, SATURATED / max(busy, 1e-9)))
+            step = max(step, toward - self.limit)
+        return self.limit + step
