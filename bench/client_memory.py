@@ -390,12 +390,9 @@ def build_report(
             "ylabel": "KiB per sandbox (median, whiskers min–max)",
             "groups": ["RSS delta / n", "tracemalloc delta / n"],
             "series": [
-                {
-                    "label": LABELS[k],
-                    "median": [contenders[k][f"{m}_kib_per_sandbox"].get("median") for m in MODES],
-                    "low": [contenders[k][f"{m}_kib_per_sandbox"].get("min") for m in MODES],
-                    "high": [contenders[k][f"{m}_kib_per_sandbox"].get("max") for m in MODES],
-                }
+                common.min_max_series(
+                    LABELS[k], [contenders[k][f"{m}_kib_per_sandbox"] for m in MODES]
+                )
                 for k in keys
             ]
             if complete

@@ -432,6 +432,16 @@ async def stop_and_sweep(
 # --- the end of a run ----------------------------------------------------------------------------
 
 
+def min_max_series(label: str, summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One plot series, a bar per group: each summary's median, whiskers min–max."""
+    return {
+        "label": label,
+        "median": [s.get("median") for s in summaries],
+        "low": [s.get("min") for s in summaries],
+        "high": [s.get("max") for s in summaries],
+    }
+
+
 def publish(args: argparse.Namespace, name: str, report: dict[str, Any], text: str) -> int:
     """A suite benchmark's end: print the markdown, write JSON + markdown + PNG to ``--out``
     (``bench/results`` by default), exit status 0 only for a complete, leak-free run."""

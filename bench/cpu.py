@@ -461,12 +461,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "ylabel": "CPU ms per job (median, whiskers min–max)",
             "groups": [CATEGORY_LABELS[c] for c in CATEGORIES],
             "series": [
-                {
-                    "label": LABELS[k],
-                    "median": [contenders[k][c].get("median") for c in CATEGORIES],
-                    "low": [contenders[k][c].get("min") for c in CATEGORIES],
-                    "high": [contenders[k][c].get("max") for c in CATEGORIES],
-                }
+                common.min_max_series(LABELS[k], [contenders[k][c] for c in CATEGORIES])
                 for k in order
             ]
             if complete

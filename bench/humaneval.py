@@ -399,13 +399,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "ylabel": "wall seconds for all (median, whiskers min–max)",
             "groups": [f"{n} problems"],
             "series": [
-                {
-                    "label": LABELS[k],
-                    "median": [contenders[k]["wall_s"].get("median")],
-                    "low": [contenders[k]["wall_s"].get("min")],
-                    "high": [contenders[k]["wall_s"].get("max")],
-                }
-                for k in CONTENDERS
+                common.min_max_series(LABELS[k], [contenders[k]["wall_s"]]) for k in CONTENDERS
             ]
             if complete
             else [],

@@ -131,15 +131,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             "title": f"{args.jobs} jobs of sleep {args.sleep:g}: fixed {PARALLEL} vs adaptive",
             "ylabel": "wall seconds for the batch (median, whiskers min–max)",
             "groups": [f"{args.jobs} jobs"],
-            "series": [
-                {
-                    "label": key,
-                    "median": [summarise(walls[key]).get("median")],
-                    "low": [summarise(walls[key]).get("min")],
-                    "high": [summarise(walls[key]).get("max")],
-                }
-                for key in CONTENDERS
-            ]
+            "series": [common.min_max_series(key, [summarise(walls[key])]) for key in CONTENDERS]
             if complete
             else [],
         },
