@@ -31,14 +31,16 @@ UPPER = "import sys\nfor line in sys.stdin:\n    print(line.strip().upper(), flu
 ANSWER = 'while read -r l; do echo "got $l"; done'
 
 
-async def read_until(process: Process, cursor: int, wanted: bytes, seconds: float = 10.0) -> bytes:
-    """Read from ``cursor`` (waiting) until ``wanted`` is in what came; return what came."""
+async def read_until(
+    process: Process, cursor: int, wanted: bytes, seconds: float = 10.0, *, lines: int = 1
+) -> bytes:
+    """Read from ``cursor`` (waiting) until ``wanted`` came ``lines`` times; return what came."""
     seen = b""
     with trio.fail_after(seconds):
-        while wanted not in seen:
+        while seen.count(wanted) < lines:
             data, cursor, done = await process.read(cursor, wait=1.0)
             seen += data
-            assert not done or wanted in seen, seen
+            assert not done or seen.count(wanted) >= lines, seen
     return seen
 
 
@@ -256,7 +258,10 @@ async def test_processes_die_with_the_session(
 
 
 async def test_pty_echoes_and_resizes(runtime: str | None, busybox: str, engine: Engine) -> None:
-    script = 'echo ready; read -r l; echo "got $l"; read -r l; stty size'
+    script = (
+        'echo ready; read -r l; echo "got $l"; '
+        'while read -r l; do [ "$l" = q ] && exit; stty size; done'
+    )
     async with open_sandbox(session_spec(busybox, runtime), engine=engine) as sandbox:
         process = await sandbox.start(["sh", "-c", script], pty=True)
         seen = await read_until(process, 0, b"ready")
@@ -267,8 +272,20 @@ async def test_pty_echoes_and_resizes(runtime: str | None, busybox: str, engine:
         assert seen.index(b"hello\r\n") < seen.index(b"got hello\r\n")
         cursor += len(seen)
         await process.resize(30, 100)
-        await process.write(b"\n")
-        seen = await read_until(process, cursor, b"30 100")
+        # Docker applies a resize before it answers. Podman hands it to conmon and answers at
+        # once (podman#10710), so a line typed just after it can be read at the old size:
+        # there the size is asked again until it shows (docs/backends.md, Podman).
+        answers = []
+        for _ in range(40 if engine.is_podman else 1):
+            await process.write(b"\n")
+            seen = await read_until(process, cursor, b"\r\n", lines=2)  # the echo, the answer
+            cursor += len(seen)
+            answers.append(seen)
+            if b"30 100" in seen:
+                break
+            await trio.sleep(0.05)
+        assert b"30 100" in answers[-1], answers
+        await process.write(b"q\n")
         ended = await process.wait(10)
         assert (ended.status, ended.exit_code) == ("exited", 0)
 
