@@ -106,6 +106,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             with trio.CancelScope(shield=True):
                 found = await common.stop_and_sweep(facts, activity, leaks)
     complete = not errors and all(len(w) == rounds for w in walls.values())
+    wall_s = {k: summarise(walls[k]) for k in CONTENDERS}
     return {
         "bench": NAME,
         "summary": SUMMARY,
@@ -119,7 +120,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             "image": args.image,
             "order": "alternating whole runs: " + " → ".join(CONTENDERS),
         },
-        "wall_s": {k: summarise(walls[k]) for k in CONTENDERS},
+        "wall_s": wall_s,
         "samples_wall_s": {k: [round(w, 3) for w in walls[k]] for k in CONTENDERS},
         "adaptive_limits_per_run": limits[-rounds:] if complete else limits,
         "ratios": (
@@ -131,7 +132,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
             "title": f"{args.jobs} jobs of sleep {args.sleep:g}: fixed {PARALLEL} vs adaptive",
             "ylabel": "wall seconds for the batch (median, whiskers min–max)",
             "groups": [f"{args.jobs} jobs"],
-            "series": [common.min_max_series(key, [summarise(walls[key])]) for key in CONTENDERS]
+            "series": [common.min_max_series(key, [wall_s[key]]) for key in CONTENDERS]
             if complete
             else [],
         },
