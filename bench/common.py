@@ -62,6 +62,15 @@ def order_contenders(
     return [by_key[k] for k in wanted] + rest
 
 
+def chosen_keys(text: str, labels: Mapping[str, str], bench: str) -> tuple[str, ...]:
+    """``--contenders``: comma-separated keys of ``labels``, in round order."""
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in labels]
+    if unknown or not keys:
+        raise SystemExit(f"bench {bench}: --contenders {text!r}: choose from {', '.join(labels)}")
+    return keys
+
+
 def cli_contender(key: str, label: str, command: Sequence[str], env: dict[str, str]) -> Contender:
     """A contender that runs a command line (the docker CLI) and must exit 0."""
 

@@ -332,7 +332,7 @@ def per_job(before: Snapshot, after: Snapshot, jobs: int) -> dict[str, float]:
 
 async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     programs = humaneval.load_programs(args.limit)
-    contenders = chosen(args.contenders)
+    contenders = common.chosen_keys(args.contenders, LABELS, NAME)
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in contenders}
     errors: list[str] = []
     engine_box = PrivateEngine(args.name)
@@ -403,14 +403,6 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
         "leaks": found,
         "leftovers": leaks.leftovers,
     }
-
-
-def chosen(text: str) -> tuple[str, ...]:
-    keys = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in keys if k not in LABELS]
-    if unknown or not keys:
-        raise SystemExit(f"bench cpu: --contenders {text!r}: choose from {', '.join(LABELS)}")
-    return keys
 
 
 def build_report(m: dict[str, Any]) -> dict[str, Any]:

@@ -99,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="discarded whole runs per contender (default 0: the broken-solution run warms up)",
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help=f"comma-separated, in round order, of {', '.join(LABELS)} (default all)",
+    )
     common.add_daemon_arguments(parser, default_python())
 
 
@@ -238,12 +243,13 @@ class PeakProbe:
 
 
 async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
+    keys = common.chosen_keys(args.contenders, LABELS, NAME)
     programs = load_programs(args.limit)
     broken = {f"{BROKEN_TASK} (broken)": broken_program()}
-    walls: dict[str, list[float]] = {k: [] for k in CONTENDERS}
-    passes: dict[str, list[int]] = {k: [] for k in CONTENDERS}
-    pooled_runs: dict[str, list[int]] = {k: [] for k in CONTENDERS}
-    failures: dict[str, dict[str, Any]] = {k: {} for k in CONTENDERS}
+    walls: dict[str, list[float]] = {k: [] for k in keys}
+    passes: dict[str, list[int]] = {k: [] for k in keys}
+    pooled_runs: dict[str, list[int]] = {k: [] for k in keys}
+    failures: dict[str, dict[str, Any]] = {k: {} for k in keys}
     auto_limits: list[list[int]] = []
     broken_outcome: dict[str, Any] = {}
     errors: list[str] = []
@@ -268,12 +274,12 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
 
         try:
             # The broken solution first: it doubles as each contender's warm-up.
-            for key in CONTENDERS:
+            for key in keys:
                 broken_outcome[key] = (await run_all(key, broken))[next(iter(broken))]
             say(f"{NAME}: broken solution → {broken_outcome}")
-            say(f"{NAME}: {rounds} runs × {CONTENDERS}, {len(programs)} problems at {PARALLEL}")
+            say(f"{NAME}: {rounds} runs × {keys}, {len(programs)} problems at {PARALLEL}")
             for round_no in range(-args.warmup, rounds):
-                for key in CONTENDERS:
+                for key in keys:
                     t0 = time.perf_counter()
                     try:
                         async with trio.open_nursery() as nursery:
@@ -303,7 +309,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                 await trio.to_thread.run_sync(lambda: pool.shutdown(wait=True))
                 client.close()
                 found = await common.stop_and_sweep(facts, activity, leaks)
-    for key in CONTENDERS:
+    for key in keys:
         if any(p != len(programs) for p in passes[key]):
             errors.append(f"{key}: not every canonical solution passed: {failures[key]}")
         if broken_outcome.get(key, {}).get("passed", True):
@@ -313,6 +319,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     return {
         "args": args,
         "rounds": rounds,
+        "keys": keys,
         "n": len(programs),
         "walls": walls,
         "passes": passes,
@@ -329,7 +336,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
 
 
 def build_report(m: dict[str, Any]) -> dict[str, Any]:
-    args, rounds, n, walls = m["args"], m["rounds"], m["n"], m["walls"]
+    args, rounds, n, walls, keys = m["args"], m["rounds"], m["n"], m["walls"], m["keys"]
     complete = not m["errors"] and all(len(w) == rounds for w in walls.values())
     contenders = {
         k: {
@@ -343,23 +350,20 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "peak_in_flight": m["peaks"].get(k),
             "samples_wall_s": [round(w, 3) for w in walls[k]],
         }
-        for k in CONTENDERS
+        for k in keys
     }
-    ratios: dict[str, Any] = {}
-    if complete:
-        ratios["sbxkit/docker_py wall time"] = ratio_of_medians(walls["sbxkit"], walls["docker_py"])
-        ratios["sbxkit_pooled/docker_py wall time"] = ratio_of_medians(
-            walls["sbxkit_pooled"], walls["docker_py"]
-        )
-        ratios["sbxkit_pooled/sbxkit wall time"] = ratio_of_medians(
-            walls["sbxkit_pooled"], walls["sbxkit"]
-        )
-        ratios["sbxkit_auto/sbxkit wall time"] = ratio_of_medians(
-            walls["sbxkit_auto"], walls["sbxkit"]
-        )
-        ratios["sbxkit_auto/docker_py wall time"] = ratio_of_medians(
-            walls["sbxkit_auto"], walls["docker_py"]
-        )
+    pairs = [
+        ("sbxkit", "docker_py"),
+        ("sbxkit_pooled", "docker_py"),
+        ("sbxkit_pooled", "sbxkit"),
+        ("sbxkit_auto", "sbxkit"),
+        ("sbxkit_auto", "docker_py"),
+    ]
+    ratios = {
+        f"{num}/{den} wall time": ratio_of_medians(walls[num], walls[den])
+        for num, den in pairs
+        if complete and num in walls and den in walls
+    }
     return {
         "bench": NAME,
         "summary": SUMMARY,
@@ -371,7 +375,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "problems": n,
             "parallel": PARALLEL,
             "image": args.image,
-            "order": "alternating whole runs: " + " → ".join(CONTENDERS),
+            "order": "alternating whole runs: " + " → ".join(keys),
             "program": "prompt + canonical_solution + '\\n' + test + '\\n' "
             "+ 'check(entry_point)\\n'",
             "command": ["python3", "-c", "PROGRAM"],
@@ -398,9 +402,7 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
             "title": f"HumanEval: {n} canonical solutions, {PARALLEL} in parallel",
             "ylabel": "wall seconds for all (median, whiskers min–max)",
             "groups": [f"{n} problems"],
-            "series": [
-                common.min_max_series(LABELS[k], [contenders[k]["wall_s"]]) for k in CONTENDERS
-            ]
+            "series": [common.min_max_series(LABELS[k], [contenders[k]["wall_s"]]) for k in keys]
             if complete
             else [],
         },
@@ -442,11 +444,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     out += runs
-    out += ["", "Adaptive limits, window by window, per measured run (from 8):", ""]
-    out += [
-        f"- {' '.join(str(n) for n in run) or '(no window judged)'}"
-        for run in report["auto_limits_per_run"]
-    ]
+    if "sbxkit_auto" in report["contenders"]:
+        out += ["", "Adaptive limits, window by window, per measured run (from 8):", ""]
+        out += [
+            f"- {' '.join(str(n) for n in run) or '(no window judged)'}"
+            for run in report["auto_limits_per_run"]
+        ]
     out += common.ratio_table_md(report["ratios"])
     for target in report["targets"]:
         verdict = "**met**" if target["met"] else "**not met**"
