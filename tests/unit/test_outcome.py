@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sbxkit._lifecycle.outcome import Verdict, classify_exit, docker_time, signal_number
+from sbxkit._lifecycle.outcome import (
+    Verdict,
+    classify_exit,
+    docker_time,
+    evidence_grace,
+    signal_number,
+)
 from sbxkit.engine.models import Event, EventActor
 
 
@@ -84,3 +90,13 @@ def test_parse_usage_reads_both_cgroup_versions() -> None:
     assert (v2.cgroup, v2.memory_peak_bytes) == ("v2", None)  # memory.peak needs Linux 5.19
     assert v2.cpu_time_s == pytest.approx(0.0015)
     assert parse_usage("") == parse_usage("v1\n-\n-\n")
+
+
+@pytest.mark.parametrize(
+    ("round_trip_s", "grace_s"),
+    [(0.0, 1.0), (0.002, 1.0), (0.02, 1.0), (0.06, 3.0), (0.1, 5.0), (1.0, 10.0), (-1.0, 1.0)],
+)
+def test_the_evidence_grace_follows_a_slow_daemon(round_trip_s: float, grace_s: float) -> None:
+    """1 s where the daemon answers in milliseconds; 50 round trips where it answers slowly
+    (an emulated CPU: its oom event comes late alike); never past 10 s."""
+    assert evidence_grace(round_trip_s) == pytest.approx(grace_s)
