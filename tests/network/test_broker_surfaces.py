@@ -44,7 +44,7 @@ from tests.network.test_broker import (
     running_api,
 )
 from tests.network.test_broker import network as broker_network
-from tests.network.test_ports import ECHO, echoed
+from tests.network.test_ports import ECHO, echoed, host_listeners
 from tests.supervision import (
     auto_launched_supervisors,
     private_state_dir,
@@ -106,13 +106,7 @@ def refused(host_port: int) -> bool:
 
 def listeners(host_port: int) -> set[int]:
     """The pids holding a listening TCP socket on ``host_port`` (this namespace's table)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table, encoding="ascii") as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == host_port:
-                    inodes.add(f"socket:[{fields[9]}]")
+    inodes = {f"socket:[{row.split()[9]}]" for row in host_listeners(host_port)}
     pids = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
