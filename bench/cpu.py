@@ -23,7 +23,9 @@ apart:
 ``sbxkit`` runs under sbxkit's default runtime (crun where a runc-default Docker daemon registers
 it, as this benchmark's daemon does: docs/backends.md); ``sbxkit_runc`` names runc, the runtime
 that was the default before, so one run shows what the choice saves. ``docker_py`` runs under
-the daemon's default (runc).
+the daemon's default (runc). ``sbxkit_inproc`` is ``run_many`` with ``InProcessOwner``: no
+supervisor, so no guarantee that a killed caller leaves nothing (docker-py's own class), which
+shows what the supervisor's share of a job is.
 
 Contenders alternate whole runs (A, B, C, A, B, C …) as in ``bench humaneval``. Each figure is
 CPU milliseconds per job: the delta over a run divided by its jobs, median over runs.
@@ -54,6 +56,7 @@ from bench.suite import LeakCheck, default_python, dockerpy_client, fmt, summari
 from sbxkit._consumers.pacing import parse_proc_stat
 from sbxkit._kernel.cgroup_stats import parse_counter, parse_keyed
 from sbxkit._kernel.scripts import io_root
+from sbxkit._lifecycle.owner import InProcessOwner
 from sbxkit.engine.client import open_engine
 
 NAME = "cpu"
@@ -64,6 +67,7 @@ SUMMARY = (
 CONTENDERS = humaneval.CONTENDERS
 LABELS = {
     **humaneval.LABELS,
+    "sbxkit_inproc": "sbxkit run_many, in-process owner (no supervisor)",
     "sbxkit_runc": "sbxkit run_many, runc (named: the default before crun)",
     "sbxkit_crun": "sbxkit run_many, crun",
     "docker_py_crun": "docker-py, thread pool, crun",
@@ -356,6 +360,7 @@ async def measure(args: argparse.Namespace, rounds: int) -> dict[str, Any]:
                         pooled=key == "sbxkit_pooled",
                         runtime=runtime,
                         parallel=None if key == "sbxkit_auto" else args.parallel,
+                        owner_factory=InProcessOwner if key == "sbxkit_inproc" else None,
                     )
                 return await trio.to_thread.run_sync(
                     humaneval.dockerpy_all, client, pool, args.image, programs, runtime
@@ -422,7 +427,8 @@ def build_report(m: dict[str, Any]) -> dict[str, Any]:
         return None if value is None else float(value)
 
     ratios: dict[str, Any] = {}
-    pairs = [(k, "docker_py") for k in ("sbxkit", "sbxkit_pooled", "sbxkit_crun", "sbxkit_runc")]
+    mains = ("sbxkit", "sbxkit_pooled", "sbxkit_inproc", "sbxkit_crun", "sbxkit_runc")
+    pairs = [(k, "docker_py") for k in mains]
     pairs += [("sbxkit_crun", "docker_py_crun")]
     for key, base_key in pairs if complete else []:
         if key not in contenders or base_key not in contenders:

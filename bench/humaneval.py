@@ -56,7 +56,7 @@ from bench.suite import (
     peer_body,
     summarise,
 )
-from sbxkit._consumers.harness import Job, run_many
+from sbxkit._consumers.harness import Job, OwnerFactory, run_many
 from sbxkit._consumers.paced import Pacing
 from sbxkit._model.spec import Limits, MiB, SandboxSpec
 from sbxkit.backends.docker import DockerBackend
@@ -156,8 +156,10 @@ async def sbxkit_all(
     runtime: str | None = None,
     parallel: int | None = PARALLEL,
     limits: list[int] | None = None,
+    owner_factory: OwnerFactory | None = None,
 ) -> dict[str, Any]:
-    """``parallel`` None: the adaptive limit, each move appended to ``limits``."""
+    """``parallel`` None: the adaptive limit, each move appended to ``limits``;
+    ``owner_factory``: each run's owner instead of the supervisor (not with ``pooled``)."""
     key = "sbxkit_pooled" if pooled else "sbxkit" if parallel is not None else "sbxkit_auto"
     jobs = [
         Job(id=task, spec=sandbox_spec(image, code, key, runtime))
@@ -165,6 +167,7 @@ async def sbxkit_all(
     ]
     if pooled:
         assert parallel is not None
+        assert owner_factory is None  # a pool's parks are the backend's owner's
         backend = DockerBackend(engine=engine)
         shape = sandbox_spec(image, "", key, runtime)  # every job's shape: only the program
         async with open_pool(shape, size=parallel, backend=backend) as pool:
@@ -172,9 +175,11 @@ async def sbxkit_all(
     elif parallel is None:
         seen = limits if limits is not None else []
         pacing = Pacing(on_window=lambda step: seen.append(step.after))
-        results = await run_many(jobs, engine=engine, pacing=pacing)
+        results = await run_many(jobs, engine=engine, pacing=pacing, owner_factory=owner_factory)
     else:
-        results = await run_many(jobs, parallel=parallel, engine=engine)
+        results = await run_many(
+            jobs, parallel=parallel, engine=engine, owner_factory=owner_factory
+        )
     verdicts: dict[str, Any] = {}
     for done in results:
         if done.result is None:
