@@ -61,6 +61,13 @@ class Witness:
         options = self.get("/info").get("SecurityOptions") or []
         return any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
 
+    def is_rootless_docker(self) -> bool:
+        """A Docker daemon whose ``/info`` says it runs rootless."""
+        if self.is_podman():
+            return False
+        options = self.get("/info").get("SecurityOptions") or []
+        return any("name=rootless" in item for item in options)
+
     def sandbox_uids(self) -> UidRange:
         """Where a sandbox that names no user gets its uid on this daemon (sbxkit._model.uids)."""
         return MAPPED_UIDS if self.maps_uids() else HOST_UIDS

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from sbxkit._lifecycle.uid_holds import host_id_problem
-from sbxkit._model.result import RunResult
 from sbxkit._model.spec import MiB
 from sbxkit.engine.client import Engine
 from tests.engine.helpers import (
     assert_half_fits_double_does_not,
+    assert_oom_outcome,
     fill_half_then_double,
     python_spec,
     spec,
@@ -278,19 +278,6 @@ async def test_a_fork_loop_hits_the_pids_ceiling(
         assert "can't fork" in text(result.stderr)
 
 
-def assert_oom_outcome(result: RunResult, podman: bool) -> None:
-    """An OOM kill is ``oom_killed`` on the daemon's evidence. Podman 4.3 here gives none:
-    ``OOMKilled`` stays unset (conmon drops its oom marker into the service's working
-    directory) and its events say only ``died``, so the kill is reported as the exit it is,
-    137, never as an OOM nobody proved (docs/backends.md)."""
-    if podman:
-        assert (result.status, result.exit_code, result.oom_evidence) == ("exited", 137, None)
-        return
-    assert result.status == "oom_killed", result
-    assert result.oom_evidence
-    assert result.exit_code is None  # the kernel's kill: no answer of the payload's
-
-
 async def test_a_large_python_allocation_is_oom_killed(
     oneshot: OneShot, runtime: str | None, engine: Engine, python_image: str, witness: Witness
 ) -> None:
@@ -309,7 +296,7 @@ async def test_a_large_python_allocation_is_oom_killed(
         python_spec(python_image, code, memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
-    assert_oom_outcome(result, witness.is_podman())
+    assert_oom_outcome(result, witness)
     # It did allocate, and died in the block that would have held more than the whole limit.
     assert text(result.stdout).split() == [str(n) for n in range(1, 33)], result
 
@@ -321,7 +308,7 @@ async def test_tail_of_dev_zero_is_oom_killed(
         spec(busybox, "tail /dev/zero", memory_bytes=64 * MiB, runtime=runtime), engine=engine
     )
 
-    assert_oom_outcome(result, witness.is_podman())
+    assert_oom_outcome(result, witness)
 
 
 CGROUP_PROBE = """

@@ -192,7 +192,7 @@ async def test_an_interpreter_killed_by_oom_is_reported_as_such(
             )
         if witness.is_podman():
             # Podman 4.3 gives no evidence of an OOM (docs/backends.md): the kill is the
-            # exit it is, never an OOM nobody proved (as test_hardening's assert_oom_outcome).
+            # exit it is, never an OOM nobody proved (as helpers.assert_oom_outcome).
             assert (died.value.status, died.value.exit_code) == ("exited", 137), died.value
             assert not died.value.evidence
         else:
