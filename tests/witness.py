@@ -58,15 +58,18 @@ class Witness:
         as its own ``/info`` says (Podman's ``/libpod/info``)."""
         if self.is_podman():  # its compat /info does not say rootless: /libpod/info does
             return bool(self.get("/v4.0.0/libpod/info")["host"]["security"]["rootless"])
-        options = self.get("/info").get("SecurityOptions") or []
-        return any(f"name={kind}" in item for item in options for kind in ("userns", "rootless"))
+        return bool(self._docker_remappings())
 
     def is_rootless_docker(self) -> bool:
         """A Docker daemon whose ``/info`` says it runs rootless."""
-        if self.is_podman():
-            return False
+        return not self.is_podman() and "rootless" in self._docker_remappings()
+
+    def _docker_remappings(self) -> set[str]:
+        """Which of ``userns`` and ``rootless`` a Docker daemon's ``/info`` ``SecurityOptions``
+        name."""
         options = self.get("/info").get("SecurityOptions") or []
-        return any("name=rootless" in item for item in options)
+        kinds = ("userns", "rootless")
+        return {kind for kind in kinds for item in options if f"name={kind}" in item}
 
     def sandbox_uids(self) -> UidRange:
         """Where a sandbox that names no user gets its uid on this daemon (sbxkit._model.uids)."""

@@ -69,6 +69,8 @@ from sbxkit.pool.transport import AttachTransport, ClaimTransport, FifoTransport
 __all__ = ["HeldPool", "PoolUnavailable", "PooledBackend"]
 
 WARM_POLL_S = 0.05
+WARM_WAIT_S = 30.0
+"""How long ``PooledBackend.warm`` waits for a park unless told."""
 
 
 class HeldPool(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,7 +158,7 @@ class PooledBackend(DockerBackend):
                 self.kernel_supervise,
             )
 
-    async def warm(self, spec: SandboxSpec | CheckedSpec, *, wait_s: float = 30.0) -> int:
+    async def warm(self, spec: SandboxSpec | CheckedSpec, *, wait_s: float = WARM_WAIT_S) -> int:
         """Start the supervisor's pool of ``spec``'s shape without running anything, and wait
         (at most ``wait_s``) until a container is parked; returns how many are. Raises
         ``PoolUnavailable`` with the supervisor's reason when it cannot park one."""

@@ -33,17 +33,16 @@ from sbxkit._util.stdin import StdinSource
 from sbxkit.backends.docker import DockerBackend
 from sbxkit.errors import PoolUnavailable
 from sbxkit.pool import open_pool
-from sbxkit.pool.held import HeldPool, PooledBackend
+from sbxkit.pool.held import WARM_WAIT_S, HeldPool, PooledBackend
 from tests.engine.runtimes import is_gvisor
 from tests.speed import bound
 from tests.witness import BUSYBOX, PYTHON
 
 OneShot = Callable[..., Awaitable[RunResult]]
 COMMAND_LABEL = "sbxkit.test.command"
-WARM_WAIT_S = 30.0
-"""``PooledBackend.warm``'s own default, stretched by the machine's slowness (tests/speed.py)."""
 WARM_CEILING_S = 300.0
-"""A park that takes longer is broken on any machine the suite runs on."""
+"""``PooledBackend.warm``'s own wait is stretched by the machine's slowness (tests/speed.py)
+up to this: a park that takes longer is broken on any machine the suite runs on."""
 
 
 async def pooled_run(
